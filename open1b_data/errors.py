@@ -1,0 +1,30 @@
+"""The one exception hierarchy of ``open1b_data``: every error a user can cause is an
+``Open1bDataError`` whose message names the offending value and says what to do."""
+
+
+class Open1bDataError(Exception):
+    """Base of every error raised on purpose by open1b_data."""
+
+
+class MixSpecError(Open1bDataError):
+    """An invalid mix definition (names the field and the bad value)."""
+
+
+class BuildError(Open1bDataError):
+    """build-mix cannot go on (e.g. the two encoders disagree, an output is inconsistent)."""
+
+
+class ManifestError(Open1bDataError):
+    """A built mix's manifest is missing, malformed, or does not match its files."""
+
+
+class ShardFormatError(Open1bDataError):
+    """A shard or document-lengths file fails its magic/version/count checks."""
+
+
+class StreamError(Open1bDataError):
+    """A stream request that cannot be served (bad window/step, world size, ...)."""
+
+
+class StateMismatchError(StreamError):
+    """A stream state, seek index or checkpoint belongs to a different mix or seed."""
