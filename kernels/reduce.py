@@ -22,6 +22,7 @@ caller pads with 0.0 (masked ``tl.load(..., other=0.0)``).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kernels.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
@@ -42,6 +43,22 @@ def next_pow2(n: int) -> int:
     if n < 1:
         raise ValueError(f"next_pow2 needs n >= 1, got {n}")
     return 1 << (n - 1).bit_length()
+
+
+def f32(v: float) -> float:
+    """``v`` rounded to the nearest float32 (ties to even), as a Python float.
+
+    Kernel scalar arguments and CPU constants go through this, so both paths start from
+    the same float32 value whatever the caller passed.
+    """
+    return float(np.float32(v))
+
+
+def reciprocal_f32(n: int) -> float:
+    """The correctly rounded float32 1/n: every "mean" or "average" multiplies by this."""
+    if not 0 < n < 2**24:
+        raise ValueError(f"reciprocal_f32 needs an integer count in (0, 2^24), got {n}")
+    return float(np.float32(1.0) / np.float32(n))
 
 
 def tree_sum_cpu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -84,11 +101,30 @@ if HAVE_TRITON:
         return tl.reshape(s, ())
 
     @triton.jit
+    def tree_sum_cols(x, R: tl.constexpr, N: tl.constexpr):
+        """Pairwise tree over the first axis of an (R, N) tile, R a power of two -> (N,)."""
+        return tree_sum_rows(tl.trans(x), N, R)
+
+    @triton.jit
+    def _tree_sum_cols_kernel(x_ptr, out_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
+        # Program (pid_m, pid_n) sums rows [pid_m*BM, +BM) of columns [pid_n*BN, +BN).
+        n_blocks = tl.cdiv(N, BN)
+        pid_m = tl.program_id(0) // n_blocks
+        pid_n = tl.program_id(0) % n_blocks
+        rows = pid_m * BM + tl.arange(0, BM)
+        cols = pid_n * BN + tl.arange(0, BN)
+        mask = (rows[:, None] < M) & (cols[None, :] < N)
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask, other=0.0)
+        tl.store(out_ptr + pid_m.to(tl.int64) * N + cols, tree_sum_cols(x, BM, BN), mask=cols < N)
+
+    @triton.jit
     def _tree_sum_rows_kernel(x_ptr, out_ptr, M, N, n_chunks,
                               ROWS: tl.constexpr, BLOCK: tl.constexpr):
-        # Program (pid_r, pid_c) sums chunk pid_c (BLOCK wide) of ROWS rows.
-        pid_r = tl.program_id(0)
-        pid_c = tl.program_id(1)
+        # Program (pid_r, pid_c) sums chunk pid_c (BLOCK wide) of ROWS rows; a 1-D grid
+        # (CUDA caps grid axes 1 and 2 at 65,535).
+        pid = tl.program_id(0)
+        pid_r = pid // n_chunks
+        pid_c = pid % n_chunks
         rows = pid_r * ROWS + tl.arange(0, ROWS)
         cols = pid_c * BLOCK + tl.arange(0, BLOCK)
         mask = (rows[:, None] < M) & (cols[None, :] < N)
@@ -106,11 +142,28 @@ def _tree_sum_rows_triton(x: torch.Tensor) -> torch.Tensor:
         block, rows = next_pow2(n), max(1, min(ROWS_PER_PROGRAM, MAX_BLOCK // next_pow2(n)))
     n_chunks = triton.cdiv(n, block)
     out = torch.empty((m, n_chunks), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(m, rows), n_chunks)
+    grid = (triton.cdiv(m, rows) * n_chunks,)
     _tree_sum_rows_kernel[grid](x, out, m, n, n_chunks, ROWS=rows, BLOCK=block, **LAUNCH_OPTIONS)
     if n_chunks == 1:
         return out[:, 0]
     return _tree_sum_rows_triton(out)
+
+
+COL_BM = 64  # rows per column-sum program (power of two)
+COL_BN = 64  # columns per column-sum program
+
+
+def tree_sum_cols_triton(x: torch.Tensor) -> torch.Tensor:
+    """(M, N) float32 contiguous -> (N,): the pairwise tree down each column, by recursive
+    aligned row blocks (no transpose copy)."""
+    m, n = x.shape
+    if m == 1:
+        return x[0]
+    bm = min(COL_BM, next_pow2(m))
+    out = torch.empty((triton.cdiv(m, bm), n), dtype=torch.float32, device=x.device)
+    grid = (out.shape[0] * triton.cdiv(n, COL_BN),)  # 1-D: CUDA caps axes 1 and 2 at 65,535
+    _tree_sum_cols_kernel[grid](x, out, m, n, BM=bm, BN=COL_BN, **LAUNCH_OPTIONS)
+    return tree_sum_cols_triton(out)
 
 
 def tree_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -119,6 +172,10 @@ def tree_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         return tree_sum_cpu(x, dim)
     if x.dtype != torch.float32:
         raise TypeError(f"tree sums are defined on float32, got {x.dtype}; convert first")
+    if x.shape[dim] == 0:
+        raise ValueError("tree sum over an empty dimension is undefined; check the shape")
+    if dim in (0, -x.dim()) and x.dim() >= 2:  # sum down the columns without transposing
+        return tree_sum_cols_triton(x.reshape(x.shape[0], -1).contiguous()).reshape(x.shape[1:])
     s = x.movedim(dim, -1)
     lead = s.shape[:-1]
     if s.shape[-1] == 0:

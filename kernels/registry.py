@@ -18,8 +18,10 @@ check covers a backward). ``cost(args)`` gives the work of one ``run`` so the sc
 report achieved bandwidth / throughput; count bytes as the minimum traffic an ideal
 kernel must move (read every input once, write every output once).
 
-Contract: a check must never mutate its ``args`` in place (the same args are reused for
-timing), or, if the op is in place by nature (AdamW), ``run`` clones what it mutates.
+Contract: ``run`` and ``torch_baseline`` must not mutate their ``args`` (the same args
+are reused for every repeat) unless the check sets ``fresh``: then the script calls
+``fresh(args)`` before every call, outside the timed region, and passes its result (for
+in-place ops such as AdamW and clipping).
 """
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ class GpuCheck:
         reference may be too slow at 1.0); the benchmark always uses ``bench_scale``.
     bench_scale: scale of the timed run (1.0 = Open-1B shapes).
     bound: ``"memory"`` (report fraction of bandwidth roofline) or ``"compute"``.
+    fresh(args): untimed copy of what ``run`` / ``torch_baseline`` mutate (in-place ops).
     describe(scale): human-readable shape string for the report.
     """
 
@@ -70,6 +73,7 @@ class GpuCheck:
     parity_scale: float = 1.0
     bench_scale: float = 1.0
     bound: str = "memory"
+    fresh: Callable[[Args], Args] | None = None
     notes: str = field(default="")
 
     def __post_init__(self) -> None:

@@ -1,0 +1,253 @@
+"""End-to-end build-mix throughput on the demo corpus, side by side with two anchors.
+
+Measured in ONE run on the same machine, the same kept texts and the same thread count:
+  1. pipeline   - ``build_mix`` stages (a) list + (c) read/filter/encode/shard/check +
+                  (d) merge, with the tokenizer already trained (training is timed apart);
+  2. encode_batch - HF ``Tokenizer.encode_batch`` of the built tokenizer over the same kept
+                  texts (batches of 1,000), RAYON_NUM_THREADS = workers;
+  3. datatrove  - the same texts (as plain JSON lines, so datatrove does less work than
+                  we do: no zstd/parquet decode, no filters) through datatrove's
+                  ``JsonlReader -> DocumentTokenizer`` on ``LocalPipelineExecutor`` with
+                  tasks = workers = ``--workers``.
+Throughput = MB of kept UTF-8 text / s and tokens / s, also per core (divided by workers).
+Writes the table, command, machine and date to ``benchmarks/results-build.md``.
+
+    .venv/bin/python benchmarks/build_throughput.py [--workers N] [--profile]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import io
+import json
+import os
+import platform
+import pstats
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def kept_texts(mix) -> list[str]:
+    from open1b_data.document import Document
+    from open1b_data.sources import list_inputs, read_input
+
+    return [item.text for spec in mix.sources for inp in list_inputs(spec)
+            for item in read_input(spec, inp) if isinstance(item, Document)]
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its reaped children."""
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
+def train(mix, out: str) -> float:
+    from open1b_data.build import ensure_tokenizer, list_all_inputs
+
+    t0 = time.perf_counter()
+    ensure_tokenizer(mix, out, list_all_inputs(mix))
+    return time.perf_counter() - t0
+
+
+def time_pipeline(mix, out: str, workers: int) -> tuple[float, float, object]:
+    """One full build of every input (the trained tokenizer is kept, markers removed)."""
+    from open1b_data.build import BuildOptions, build_mix
+
+    shutil.rmtree(os.path.join(out, "_work", "inputs"), ignore_errors=True)
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    result = build_mix(mix, out, BuildOptions(workers=workers, progress=False))
+    return time.perf_counter() - t0, cpu_seconds() - c0, result
+
+
+def time_encode_batch(tok_path: str, texts: list[str], threads: int) -> tuple[float, float, int]:
+    # A fresh interpreter: rayon sizes its thread pool once per process.
+    code = (
+        "import json,sys,time\n"
+        "from tokenizers import Tokenizer\n"
+        "tok=Tokenizer.from_file(sys.argv[1]); texts=json.load(open(sys.argv[2]))\n"
+        "tok.encode_batch(texts[:50])\n"
+        "t=time.perf_counter(); c=time.process_time(); n=0\n"
+        "for i in range(0,len(texts),1000):\n"
+        "    n+=sum(len(e.ids) for e in tok.encode_batch(texts[i:i+1000]))\n"
+        "print(json.dumps([time.perf_counter()-t,time.process_time()-c,n]))\n")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(texts, f)
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="true")
+    try:
+        out = subprocess.run([sys.executable, "-c", code, tok_path, f.name], env=env,
+                             check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    seconds, cpu, tokens = json.loads(out.strip().splitlines()[-1])
+    return seconds, cpu, tokens
+
+
+def time_fast_encoder(tok_path: str, texts: list[str]) -> tuple[float, float]:
+    """The encoder alone: ``FastEncoder.encode_batch`` in this process, one thread."""
+    from open1b_data.tokenizer import FastEncoder, load_tokenizer
+
+    fast = FastEncoder.from_tokenizer(load_tokenizer(tok_path))
+    fast.encode_batch(texts[:50])
+    t0, c0 = time.perf_counter(), time.process_time()
+    fast.encode_batch(texts)
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def time_datatrove(tok_path: str, texts: list[str], workers: int,
+                   tmp: str) -> tuple[float, float] | str:
+    try:
+        from datatrove.executor import LocalPipelineExecutor
+        from datatrove.pipeline.readers import JsonlReader
+        from datatrove.pipeline.tokens import DocumentTokenizer
+    except ImportError as e:
+        return f"datatrove not installed ({e}); pip install datatrove"
+    shutil.rmtree(os.path.join(tmp, "dt_out"), ignore_errors=True)
+    shutil.rmtree(os.path.join(tmp, "dt_logs"), ignore_errors=True)
+    src = os.path.join(tmp, "dt_in")
+    shutil.rmtree(src, ignore_errors=True)
+    os.makedirs(src)
+    for w in range(workers):  # one input file per task, as datatrove splits by file
+        with open(os.path.join(src, f"part-{w}.jsonl"), "w") as f:
+            for i in range(w, len(texts), workers):
+                f.write(json.dumps({"text": texts[i], "id": str(i)}) + "\n")
+    executor = LocalPipelineExecutor(
+        pipeline=[JsonlReader(src, text_key="text", id_key="id"),
+                  DocumentTokenizer(os.path.join(tmp, "dt_out"), tokenizer_name_or_path=tok_path,
+                                    eos_token="<|endoftext|>", shuffle_documents=False)],
+        tasks=workers, workers=workers, logging_dir=os.path.join(tmp, "dt_logs"))
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    executor.run()
+    return time.perf_counter() - t0, cpu_seconds() - c0
+
+
+def profile_one_build(mix, out: str) -> str:
+    """CPU-time cProfile of a single-process rebuild of every input (tokenizer trained,
+    modules imported: the steady state of one worker)."""
+    from open1b_data.build import BuildOptions, build_mix
+
+    shutil.rmtree(os.path.join(out, "_work", "inputs"), ignore_errors=True)
+    prof = cProfile.Profile(time.process_time)
+    prof.enable()
+    build_mix(mix, out, BuildOptions(workers=1, progress=False))
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+    return buf.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--manifest", default=None, help="mix TOML (default: the demo mix)")
+    ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved runs; best kept")
+    ap.add_argument("--profile", action="store_true", help="append a cProfile of one build")
+    ap.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "results-build.md"))
+    args = ap.parse_args()
+
+    from open1b_data.mixspec import default_mix_path, load_mix
+
+    mix = load_mix(args.manifest or default_mix_path())
+    w = args.workers
+    tmp = tempfile.mkdtemp(prefix="open1b-bench-")
+    best: dict[str, tuple[float, float]] = {}
+
+    def keep(name: str, wall: float, cpu: float) -> None:
+        if name not in best or wall < best[name][0]:
+            best[name] = (wall, cpu)
+
+    try:
+        out = os.path.join(tmp, "mix")
+        train_s = train(mix, out)
+        texts = kept_texts(mix)
+        mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+        tok_path = os.path.join(out, "tokenizer.json")
+        dt_note = None
+        for _ in range(args.repeat):  # interleaved, so load on the machine hits all alike
+            wall, cpu, result = time_pipeline(mix, out, w)
+            assert abs(mb * 1e6 - result.text_bytes) < 1, (mb, result.text_bytes)
+            keep("pipeline", wall, cpu)
+            wall, cpu, hf_tokens = time_encode_batch(tok_path, texts, w)
+            assert hf_tokens == result.tokens, (hf_tokens, result.tokens)
+            keep("encode_batch", wall, cpu)
+            keep("fast_encoder", *time_fast_encoder(tok_path, texts))
+            dt = time_datatrove(tok_path, texts, w, tmp)
+            if isinstance(dt, str):
+                dt_note = dt
+            else:
+                keep("datatrove", *dt)
+        prof = profile_one_build(mix, out) if args.profile else None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    tokens = result.tokens
+    names = {"pipeline": "build-mix pipeline (list+read+filter+encode+shard+check+merge)",
+             "encode_batch": "HF Tokenizer.encode_batch (same texts, same threads)",
+             "fast_encoder": "FastEncoder (tiktoken) alone, 1 thread (not a pipeline)",
+             "datatrove": "datatrove JsonlReader -> DocumentTokenizer (same texts)"}
+    # datatrove's workers are children of its forkserver, not of this process: no CPU time.
+    cores = {k: 1 if k == "fast_encoder" else w for k in best}
+    lines = [f"| {names[k]} | {s:.2f} | {c:.2f} | {mb / s:.2f} | {mb / s / cores[k]:.2f} | "
+             f"{mb / c:.2f} | {tokens / s / 1e6:.3f} | {tokens / s / cores[k] / 1e6:.3f} |"
+             if k != "datatrove" else
+             f"| {names[k]} | {s:.2f} | n/a | {mb / s:.2f} | {mb / s / w:.2f} | n/a | "
+             f"{tokens / s / 1e6:.3f} | {tokens / s / w / 1e6:.3f} |"
+             for k, (s, c) in best.items()]
+    p, hf = best["pipeline"], best["encode_batch"]
+    text = [
+        "# build-mix throughput (benchmarks/build_throughput.py)", "",
+        f"- command: `.venv/bin/python benchmarks/build_throughput.py --workers {w} "
+        f"--repeat {args.repeat}{' --profile' if args.profile else ''}`",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"- machine: nproc {os.cpu_count()}, usable {len(os.sched_getaffinity(0))}, "
+        f"CPU {cpu_model()}, Python {platform.python_version()}; load average at the end "
+        f"{os.getloadavg()[0]:.1f} (other jobs shared the machine when it is above {w})",
+        f"- mix: {mix.name} ({len(texts):,} kept documents, {mb:.2f} MB of text, {tokens:,} "
+        f"tokens, vocab {mix.tokenizer.vocab_size:,}); workers = threads = {w}; best of "
+        f"{args.repeat} interleaved runs per row",
+        f"- tokenizer training (timed apart, not in the pipeline row): {train_s:.2f} s", "",
+        "| what | wall s | CPU s | MB/s | MB/s per core | MB per CPU-s | Mtokens/s | "
+        "Mtokens/s per core |",
+        "|---|---|---|---|---|---|---|---|", *lines, "",
+        f"**pipeline / encode_batch = {hf[0] / p[0]:.2f}x** by wall time, "
+        f"{hf[1] / p[1]:.2f}x by CPU time (goal >= 4x).",
+    ]
+    if "datatrove" in best:
+        d = best["datatrove"]
+        text.append(f"**pipeline / datatrove = {d[0] / p[0]:.2f}x** by wall time (datatrove "
+                    f"reads plain JSON lines; we "
+                    f"read the upstream formats, filter, write zstd Parquet and run the "
+                    f"encoder-equivalence check).")
+    else:
+        text.append(f"datatrove: not measured: {dt_note}")
+    fe = best["fast_encoder"]
+    text.append(f"Encoder alone: FastEncoder used {fe[1]:.2f} CPU-s for what HF encode_batch "
+                f"did in {hf[1]:.2f} CPU-s ({hf[1] / fe[1]:.1f}x); the rest of the pipeline's "
+                f"CPU time is reading, filtering, shard writing, the equivalence check and "
+                f"process start.")
+    if prof:
+        text += ["", "## Profile (one process, every input, CPU time, sorted by own time)", "",
+                 "```", *prof.strip().splitlines()[:40], "```"]
+    report = "\n".join(text) + "\n"
+    with open(args.results, "w") as f:
+        f.write(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()

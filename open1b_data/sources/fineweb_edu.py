@@ -1,0 +1,38 @@
+"""FineWeb-Edu reader (``HuggingFaceFW/fineweb-edu``).
+
+Upstream layout: ``data/CC-MAIN-*/*.parquet`` with columns ``text, id, dump, url,
+file_path, language, language_score, token_count, score, int_score`` (``score`` is the
+classifier's float, ``int_score = round(clamp(score, 0, 5))``).
+
+Required per row: ``text`` (string), ``id`` (string, ``<urn:uuid:...>``; becomes
+``doc_id``) and every field a filter of the mix reads (Mix 0626: ``int_score`` >= 3).
+Only those columns are read, one row batch at a time (bounded memory).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from open1b_data.document import Document, Dropped
+from open1b_data.filters import metadata_fields
+from open1b_data.mixspec import SourceSpec
+from open1b_data.sources.records import (
+    Field, apply_metadata_filters, finish, get_fields, iter_parquet_rows,
+)
+
+FIELDS: list[Field] = [(("text",), (str,)), (("id",), (str,))]
+
+
+def read(spec: SourceSpec, path: str, url: str) -> Iterator[Document | Dropped]:
+    columns = ["text", "id", *metadata_fields(spec.filters)]
+    for item in iter_parquet_rows(url, path, columns):
+        if isinstance(item, Dropped):
+            yield item
+            continue
+        row, rec = item
+        values = get_fields(rec, FIELDS, path, row)
+        if isinstance(values, Dropped):
+            yield values
+            continue
+        text, doc_id = values
+        yield (apply_metadata_filters(spec.filters, rec, path, row)
+               or finish(spec.filters, text, doc_id, path, row))

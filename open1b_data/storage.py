@@ -1,0 +1,296 @@
+"""Storage: every byte the data pipeline reads or writes goes through these fsspec helpers,
+so a local path and an object-store URL (``s3://bucket/key``, ``hf://...``) behave alike.
+
+Contracts:
+- ``open_stream(url)`` yields decompressed bytes chunks. Compression is chosen from the
+  name: ``.zst`` *and* ``.zstd`` (DCLM's suffix, which fsspec does not infer) are zstd,
+  ``.gz`` is gzip, anything else is read as is. A zstd stream that ends inside a frame
+  raises ``TruncatedInputError`` *after* every complete chunk before the cut was yielded
+  (zstandard's own ``stream_reader`` ends silently on truncation, so we drive the
+  decompressor ourselves). Corrupt compressed data raises ``CorruptInputError``.
+- ``iter_lines(url)`` splits that stream on ``b"\\n"`` in bounded memory (one line at a
+  time); a partial last line of a truncated stream is never yielded.
+- ``list_files(root, patterns)`` is sorted by '/'-separated relative path and carries each
+  file's size and checksum: ``sha256`` hex of the bytes for local files (and for object
+  stores that publish it, e.g. HF LFS files), ``"etag:<ETag>"`` for object stores that
+  publish an ETag (cheaper than downloading the object to hash it).
+- Writes are atomic: local files are written to a temporary name in the same directory and
+  ``os.replace``d; object-store objects are uploaded with one PUT, which stores the object
+  whole or not at all (no half-written object is ever listed).
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import os
+import tempfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import fsspec
+import zstandard
+
+from open1b_data.errors import Open1bDataError
+
+CHUNK = 1 << 20  # bytes per read: large enough for object-store throughput
+FEED = 1 << 16   # compressed bytes per decompressor call (see _slices)
+
+
+class TruncatedInputError(Open1bDataError):
+    """A compressed stream ends inside a frame (e.g. an interrupted upload)."""
+
+
+class CorruptInputError(Open1bDataError):
+    """Compressed data that cannot be decoded (not a cut: bad bytes)."""
+
+
+def url_to_fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem and in-filesystem path of a local path or URL."""
+    return fsspec.core.url_to_fs(url)
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def join(root: str, rel: str) -> str:
+    """``root`` + '/'-separated ``rel``; works for local paths and URLs alike."""
+    return root.rstrip("/") + "/" + rel.lstrip("/")
+
+
+def compression_of(url: str) -> str | None:
+    name = url.rsplit("/", 1)[-1].lower()
+    if name.endswith((".zst", ".zstd")):
+        return "zstd"
+    if name.endswith(".gz"):
+        return "gzip"
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Reading
+
+def _slices(raw: IO[bytes], chunk: int) -> Iterator[bytes]:
+    """Compressed input in ``FEED``-byte slices of ``chunk``-byte reads: the decompressors
+    return all output of what they are fed, so feeding little keeps each output chunk
+    small (a slice of real text inflates ~5x; memory stays bounded on every input that
+    is not a deliberate decompression bomb)."""
+    while data := raw.read(chunk):
+        for i in range(0, len(data), FEED):
+            yield data[i:i + FEED]
+
+
+def _zstd_chunks(raw: IO[bytes], chunk: int) -> Iterator[bytes]:
+    dctx = zstandard.ZstdDecompressor()
+    obj = dctx.decompressobj()
+    in_frame = False   # fed bytes of a frame whose end we have not seen yet
+    total = 0
+    for data in _slices(raw, chunk):
+        total += len(data)
+        while data:
+            try:
+                out = obj.decompress(data)
+            except zstandard.ZstdError as e:
+                raise CorruptInputError(f"zstd data invalid near compressed byte {total}: "
+                                        f"{e}") from None
+            in_frame = True
+            if out:
+                yield out
+            if obj.eof:
+                # A zstd file may hold several frames back to back: start the next one on
+                # the bytes the finished frame did not use.
+                data = obj.unused_data
+                obj = dctx.decompressobj()
+                in_frame = False
+            else:
+                data = b""
+    if not total:
+        raise TruncatedInputError("empty file: no zstd frame at all")
+    if in_frame:
+        raise TruncatedInputError(f"zstd stream ends inside a frame after {total} "
+                                  f"compressed bytes")
+
+
+def _gzip_chunks(raw: IO[bytes], chunk: int) -> Iterator[bytes]:
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    in_member = False
+    total = 0
+    for data in _slices(raw, chunk):
+        total += len(data)
+        while data:
+            try:
+                out = d.decompress(data)
+            except zlib.error as e:
+                raise CorruptInputError(f"gzip data invalid near byte {total}: {e}") from None
+            in_member = True
+            if out:
+                yield out
+            if d.eof:  # concatenated gzip members are one stream, as `gunzip` reads them
+                data = d.unused_data
+                d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                in_member = False
+            else:
+                data = b""
+    if in_member:
+        raise TruncatedInputError(f"gzip stream ends inside a member after {total} bytes")
+
+
+def open_stream(url: str, chunk: int = CHUNK) -> Iterator[bytes]:
+    """Decompressed byte chunks of ``url`` (see module contract). Raises ``OSError`` /
+    ``FileNotFoundError`` when the file cannot be opened or read."""
+    fs, path = url_to_fs(url)
+    comp = compression_of(url)
+    with fs.open(path, "rb") as raw:
+        if comp == "zstd":
+            yield from _zstd_chunks(raw, chunk)
+        elif comp == "gzip":
+            yield from _gzip_chunks(raw, chunk)
+        else:
+            while data := raw.read(chunk):
+                yield data
+
+
+def iter_lines(url: str, chunk: int = CHUNK) -> Iterator[bytes]:
+    """Lines of the decompressed ``url`` without their ``\\n`` (a final line without a
+    newline is still a line; ``\\r`` is left to the JSON parser, which treats it as
+    whitespace)."""
+    parts: list[bytes] = []
+    for data in open_stream(url, chunk):
+        start = 0
+        nl = data.find(b"\n")
+        while nl >= 0:
+            if parts:
+                parts.append(data[start:nl])
+                yield b"".join(parts)
+                parts = []
+            else:
+                yield data[start:nl]
+            start = nl + 1
+            nl = data.find(b"\n", start)
+        if start < len(data):
+            parts.append(data[start:])
+    if parts:
+        yield b"".join(parts)
+
+
+def read_bytes(url: str) -> bytes:
+    """Whole (raw, not decompressed) object. ``FileNotFoundError`` if absent."""
+    fs, path = url_to_fs(url)
+    return fs.cat_file(path)
+
+
+def gunzip(data: bytes) -> bytes:
+    """Decompress a whole gzip object; ``CorruptInputError`` / ``TruncatedInputError``."""
+    try:
+        return gzip.decompress(data)
+    except EOFError as e:
+        raise TruncatedInputError(f"gzip object ends early: {e}") from None
+    except (OSError, zlib.error) as e:
+        raise CorruptInputError(f"not valid gzip: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# Listing and hashing
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One listed file: path relative to the listing root, absolute URL, size, checksum."""
+
+    path: str
+    url: str
+    size: int
+    checksum: str
+
+
+def sha256_of(url: str) -> str:
+    """Hex SHA-256 of the raw bytes of ``url``, streamed."""
+    fs, path = url_to_fs(url)
+    h = hashlib.sha256()
+    with fs.open(path, "rb") as f:
+        while data := f.read(CHUNK):
+            h.update(data)
+    return h.hexdigest()
+
+
+def checksum_of(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) -> str:
+    """A content identifier of one file, as cheap as the storage allows (module contract)."""
+    if not is_local(fs):
+        lfs = info.get("lfs")
+        if isinstance(lfs, dict) and isinstance(lfs.get("sha256"), str):
+            return lfs["sha256"]
+        etag = info.get("ETag") or info.get("etag")
+        if isinstance(etag, str) and etag.strip('"'):
+            return "etag:" + etag.strip('"')
+    return sha256_of(fs.unstrip_protocol(path) if not is_local(fs) else path)
+
+
+def list_files(root: str, patterns: tuple[str, ...] | list[str],
+               checksums: bool = True) -> list[FileInfo]:
+    """Files under ``root`` matching any glob pattern (``*``, ``?``, ``[]``, ``**``), sorted
+    by relative path, each once. Raises ``FileNotFoundError`` if ``root`` does not exist."""
+    fs, root_path = url_to_fs(root)
+    root_path = root_path.rstrip("/")
+    if not fs.exists(root_path):
+        raise FileNotFoundError(f"input root {root!r} does not exist")
+    found: dict[str, dict[str, Any]] = {}
+    for pattern in patterns:
+        hits = fs.glob(root_path + "/" + pattern.lstrip("/"), detail=True)
+        for p, info in hits.items():
+            if info.get("type") == "directory":
+                continue
+            rel = p[len(root_path) + 1:] if p.startswith(root_path + "/") else p
+            found[rel] = info
+    out = []
+    for rel in sorted(found):
+        info = found[rel]
+        full = root_path + "/" + rel
+        url = full if is_local(fs) else fs.unstrip_protocol(full)
+        out.append(FileInfo(path=rel, url=url, size=int(info.get("size") or 0),
+                            checksum=checksum_of(fs, full, info) if checksums else ""))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Writing
+
+def makedirs(url: str) -> None:
+    fs, path = url_to_fs(url)
+    if is_local(fs):
+        os.makedirs(path, exist_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_writer(url: str) -> Iterator[IO[bytes]]:
+    """A binary file handle whose content appears at ``url`` only if the block succeeds."""
+    fs, path = url_to_fs(url)
+    local = is_local(fs)
+    directory = os.path.dirname(path) if local else None
+    if local:
+        os.makedirs(directory or ".", exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            if local:
+                os.fsync(f.fileno())
+        if local:
+            os.replace(tmp, path)
+        else:
+            fs.put_file(tmp, path)  # one PUT: the object appears whole or not at all
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def atomic_write_bytes(url: str, data: bytes) -> None:
+    with atomic_writer(url) as f:
+        f.write(data)
+
+
+def exists(url: str) -> bool:
+    fs, path = url_to_fs(url)
+    return fs.exists(path)

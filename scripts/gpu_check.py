@@ -1,0 +1,316 @@
+"""GPU check of the reproducible-operations runtime: parity, PTX scan, speed vs PyTorch.
+
+Run it as-is on any machine with an NVIDIA GPU:
+
+    python scripts/gpu_check.py [--out gpu_check.json] [--only rmsnorm] [--repeats 20]
+
+For every ``GPU_CHECKS`` entry of every ``kernels.<noun>`` module (kernels/registry.py):
+1. parity: the op on CUDA (Triton) vs the CPU reference on the same inputs, bit for bit;
+   mismatched elements are counted per output (NaN positions must agree; payloads are
+   outside the contract). Shapes are the check's ``parity_scale`` of Open-1B's.
+2. PTX scan: every Triton kernel the op compiled is searched for instructions the
+   contract forbids: float fma/mad (contraction), ``.approx``, ``.ftz`` (flush to zero),
+   ``ex2``, ``lg2``, ``rsqrt``, ``div.full``.
+3. speed: median of CUDA-event timings of the op and of stock PyTorch doing the same job
+   (``torch_baseline``), same GPU, same run, at ``bench_scale``; ratio = torch / ours
+   (>= 1 means we are faster), achieved bandwidth against the memory roofline.
+It prints one markdown table and writes the same results as JSON (``--out``).
+
+Without CUDA it exits with status 2. ``--ptx-only`` needs no GPU: it compiles every
+kernel on the real launch path for sm_90 (the H200's architecture) without launching,
+and runs the PTX scan only.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import json
+import os
+import pkgutil
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import click
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
+
+import kernels  # noqa: E402
+from kernels import backend  # noqa: E402
+from kernels.registry import GpuCheck  # noqa: E402
+
+SKIP_MODULES = {"backend", "registry"}
+FORBIDDEN = {
+    "float fma/mad": re.compile(r"\b(?:fma|mad)\.[a-z0-9.]*\b(?:f16|bf16|f32|f64|f16x2|bf16x2)\b"),
+    ".approx": re.compile(r"\.approx\b"),
+    ".ftz": re.compile(r"\.ftz\b"),
+    "ex2": re.compile(r"\bex2\."),
+    "lg2": re.compile(r"\blg2\."),
+    "rsqrt": re.compile(r"\brsqrt\."),
+    "div.full": re.compile(r"\bdiv\.full\b"),
+}
+PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
+
+
+# ------------------------------------------------------------------ discovery
+def discover(only: str | None) -> tuple[list[tuple[str, GpuCheck]], list[dict]]:
+    checks, errors = [], []
+    for info in sorted(pkgutil.iter_modules(kernels.__path__), key=lambda m: m.name):
+        if info.name in SKIP_MODULES or info.name.startswith("_"):
+            continue
+        try:
+            module = importlib.import_module(f"kernels.{info.name}")
+        except Exception as exc:  # report and go on: one broken op must not hide the rest
+            errors.append({"module": info.name, "error": f"import failed: {exc!r}"})
+            continue
+        for check in getattr(module, "GPU_CHECKS", []):
+            if only is None or only in check.name:
+                checks.append((info.name, check))
+    return checks, errors
+
+
+# ------------------------------------------------------------------ kernel capture
+class KernelRecorder:
+    """Wraps JITFunction.run to record every compiled kernel (optionally without launching)."""
+
+    def __init__(self, compile_only: bool) -> None:
+        from triton.runtime.jit import JITFunction
+
+        self.jit_cls, self.original = JITFunction, JITFunction.run
+        self.compile_only = compile_only
+        self.kernels: dict[str, object] = {}
+
+    def __enter__(self) -> "KernelRecorder":
+        recorder = self
+
+        def run(fn, *args, grid, warmup, **kwargs):
+            kernel = recorder.original(fn, *args, grid=grid, warmup=warmup or recorder.compile_only,
+                                       **kwargs)
+            if kernel is not None:
+                recorder.kernels[f"{fn.fn.__module__}.{fn.fn.__name__}#{id(kernel)}"] = kernel
+            return kernel
+
+        self.jit_cls.run = run
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.jit_cls.run = self.original
+
+    def scan(self) -> dict[str, dict[str, int]]:
+        """{kernel name: {forbidden pattern: count}} for kernels with any hit."""
+        hits: dict[str, dict[str, int]] = {}
+        for name, kernel in self.kernels.items():
+            ptx = kernel.asm.get("ptx", "")
+            body = "\n".join(line for line in ptx.splitlines() if not line.lstrip().startswith("//"))
+            found = {k: len(p.findall(body)) for k, p in FORBIDDEN.items() if p.search(body)}
+            if found:
+                hits[name.split("#")[0]] = found
+        return hits
+
+
+class _OfflineDriver:
+    """Just enough of a Triton driver to compile for sm_90 on a machine without a GPU."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+# ------------------------------------------------------------------ measurements
+def mismatches(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Elements whose bits differ (NaN positions must agree; NaN payloads are not compared)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return max(a.numel(), b.numel())
+    a, b = a.detach().cpu().reshape(-1), b.detach().cpu().reshape(-1)
+    if a.is_floating_point():
+        na, nb = torch.isnan(a), torch.isnan(b)
+        itype = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        differ = (a.view(itype) != b.view(itype)) & ~(na & nb)
+        return int(differ.sum())
+    return int((a != b).sum())
+
+
+def call(check: GpuCheck, fn, args):
+    return fn(check.fresh(args) if check.fresh else args)
+
+
+def time_ms(check: GpuCheck, fn, args, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        call(check, fn, args)
+    times = []
+    for _ in range(repeats):
+        a = check.fresh(args) if check.fresh else args
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(a)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def run_check(module: str, check: GpuCheck, repeats: int, do_parity: bool, do_bench: bool,
+              peak_gbps: float | None) -> dict:
+    row: dict = {"name": check.name, "module": module, "notes": check.notes}
+    with KernelRecorder(compile_only=False) as rec:
+        if do_parity:
+            t0 = time.time()
+            gpu_out = call(check, check.run, check.make_inputs(check.parity_scale, "cuda"))
+            torch.cuda.synchronize()
+            gpu_out = [t.detach().cpu() for t in gpu_out]
+            cpu_out = call(check, check.run, check.make_inputs(check.parity_scale, "cpu"))
+            row["parity_shape"] = check.describe(check.parity_scale)
+            row["mismatched"] = [mismatches(a, b) for a, b in zip(gpu_out, cpu_out)]
+            row["elements"] = [t.numel() for t in gpu_out]
+            row["parity_s"] = round(time.time() - t0, 2)
+            del gpu_out, cpu_out
+        if do_bench:
+            args = check.make_inputs(check.bench_scale, "cuda")
+            ours = time_ms(check, check.run, args, repeats)
+            theirs = time_ms(check, check.torch_baseline, args, repeats)
+            cost = check.cost(args)
+            row.update(bench_shape=check.describe(check.bench_scale), ours_ms=ours, torch_ms=theirs,
+                       ratio=theirs / ours, gbps=cost.bytes / ours / 1e6,
+                       tflops=cost.flops / ours / 1e9, bound=check.bound)
+            if peak_gbps:
+                row["roofline"] = row["gbps"] / peak_gbps
+            del args
+    row["ptx_forbidden"] = rec.scan()
+    row["kernels"] = sorted({k.split("#")[0] for k in rec.kernels})
+    torch.cuda.empty_cache()
+    return row
+
+
+def ptx_only_check(module: str, check: GpuCheck, scale: float) -> dict:
+    row: dict = {"name": check.name, "module": module}
+    with KernelRecorder(compile_only=True) as rec, backend.force("triton"):
+        call(check, check.run, check.make_inputs(scale, "cpu"))
+    row["ptx_forbidden"] = rec.scan()
+    row["kernels"] = sorted({k.split("#")[0] for k in rec.kernels})
+    return row
+
+
+def short_error(exc: BaseException) -> str:
+    """One line: the innermost cause's type and message (Triton errors embed source)."""
+    root = exc
+    while root.__cause__ is not None:
+        root = root.__cause__
+    lines = [ln for ln in str(root).splitlines() if ln.strip() and ln.strip() != "^"]
+    return f"{type(root).__name__}: {lines[-1].strip() if lines else ''}"[:300]
+
+
+# ------------------------------------------------------------------ report
+def fmt_table(rows: list[dict]) -> str:
+    head = ("| op | parity shape | mismatched / elements | forbidden PTX | bench shape | ours ms "
+            "| torch ms | torch/ours | GB/s (roofline) |")
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['name']} | ERROR: {r['error'][:120]} |" + " |" * 7)
+            continue
+        mm = (" + ".join(str(m) for m in r["mismatched"]) + " / " + " + ".join(str(e) for e in r["elements"])
+              if "mismatched" in r else "-")
+        ptx = "none" if not r.get("ptx_forbidden") else "; ".join(
+            f"{k.split('.')[-1]}: {v}" for k, v in r["ptx_forbidden"].items())
+        bench = "| - | - | - | - | - |"
+        if "ours_ms" in r:
+            roof = f" ({100 * r['roofline']:.0f}%)" if "roofline" in r else ""
+            bench = (f"| {r['bench_shape']} | {r['ours_ms']:.3f} | {r['torch_ms']:.3f} | "
+                     f"{r['ratio']:.2f}x | {r['gbps']:.0f}{roof} |")
+        lines.append(f"| {r['name']} | {r.get('parity_shape', '-')} | {mm} | {ptx} {bench}")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(payload, f, indent=2)
+    os.replace(tmp, path)
+
+
+@click.command()
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("gpu_check.json"),
+              show_default=True, help="Where to write the JSON results.")
+@click.option("--only", default=None, help="Run only checks whose name contains this text.")
+@click.option("--repeats", default=20, show_default=True, help="Timed repeats per op (median).")
+@click.option("--no-parity", is_flag=True, help="Skip the CPU-reference parity comparison.")
+@click.option("--no-bench", is_flag=True, help="Skip the timing against stock PyTorch.")
+@click.option("--ptx-only", is_flag=True, help="No GPU needed: compile for sm_90 and scan PTX only.")
+@click.option("--ptx-scale", default=1 / 256, show_default=True, help="Input scale for --ptx-only.")
+@click.option("--peak-gbps", type=float, default=None,
+              help="Memory bandwidth for the roofline column (default: by GPU name).")
+def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps):
+    """Parity, PTX scan and speed of every kernels/ op on this machine's GPU."""
+    if not backend.HAVE_TRITON:
+        click.echo("gpu_check: triton is not installed; install the 'gpu' extra (pip install -e '.[gpu]').",
+                   err=True)
+        sys.exit(2)
+    if backend.interpreting():
+        click.echo("gpu_check: unset TRITON_INTERPRET; this script compiles real kernels.", err=True)
+        sys.exit(2)
+    checks, errors = discover(only)
+    meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "triton": __import__("triton").__version__,
+            "host": platform.node(), "python": platform.python_version()}
+    rows: list[dict] = [{"name": e["module"], **e} for e in errors]
+    if ptx_only:
+        from triton.runtime.driver import driver
+
+        driver.set_active(_OfflineDriver())
+        backend.triton_available = lambda: True  # compile-only: no launch ever happens
+        meta["device"] = "none (compile-only, target sm_90)"
+        for module, check in checks:
+            try:
+                rows.append(ptx_only_check(module, check, ptx_scale))
+            except Exception as exc:
+                rows.append({"name": check.name, "module": module, "error": short_error(exc),
+                             "traceback": traceback.format_exc()})
+        for r in rows:
+            status = r.get("error") or (r["ptx_forbidden"] or "clean")
+            click.echo(f"{r['name']:32s} kernels={len(r.get('kernels', []))} forbidden={status}")
+        write_json(out, {"meta": meta, "mode": "ptx-only", "results": rows})
+        sys.exit(1 if any(r.get("error") or r.get("ptx_forbidden") for r in rows) else 0)
+    if not torch.cuda.is_available():
+        click.echo("gpu_check: no CUDA device found. This script needs an NVIDIA GPU; "
+                   "use --ptx-only to compile and scan the kernels without one.", err=True)
+        sys.exit(2)
+    name = torch.cuda.get_device_name()
+    meta["device"] = name
+    peak = peak_gbps or next((v for k, v in PEAK_GBPS.items() if k in name), None)
+    meta["peak_gbps"] = peak
+    click.echo(f"gpu_check on {name}: {len(checks)} checks", err=True)
+    for module, check in checks:
+        click.echo(f"  {check.name} ...", err=True)
+        try:
+            rows.append(run_check(module, check, repeats, not no_parity, not no_bench, peak))
+        except Exception as exc:  # one failing op must not hide the others' results
+            rows.append({"name": check.name, "module": module, "error": short_error(exc),
+                         "traceback": traceback.format_exc()})
+            torch.cuda.empty_cache()
+        write_json(out, {"meta": meta, "mode": "full", "results": rows})  # partial results survive
+    click.echo(f"\n{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}\n")
+    click.echo(fmt_table(rows))
+    bad = any(r.get("error") or r.get("ptx_forbidden") or any(r.get("mismatched", [])) for r in rows)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

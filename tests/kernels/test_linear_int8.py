@@ -1,0 +1,178 @@
+"""W8A8 linear: bit parity of forward and backward (interpreter vs CPU reference), the
+exactly specified constants and dequantization, and accuracy against float64."""
+from __future__ import annotations
+
+import math
+import struct
+from decimal import Decimal, getcontext
+
+import pytest
+import torch
+
+from kernels import backend
+from kernels.int8_gemm import bf16_rne
+from kernels.linear_int8 import (INV_127, TWO_OVER_SQRT127, linear_int8, linear_int8_backward,
+                                 linear_int8_forward, quantize_cpu, rotate_quantize,
+                                 weight_step)
+
+needs_triton = pytest.mark.skipif(
+    not (backend.HAVE_TRITON and backend.interpreting()),
+    reason="Triton parity on CPU tensors needs triton and TRITON_INTERPRET=1",
+)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({torch.bfloat16: torch.int16, torch.float32: torch.int32}[t.dtype])
+
+
+def _case(m, k, n, seed, kind="normal"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(n, k, generator=g) * 0.02
+    dy = torch.randn(m, n, generator=g)
+    if kind == "extreme":
+        x[0] = x[0] * 1e-39  # subnormal activations
+        x[1] = x[1] * 50.0  # far beyond the clip range
+        w[0] = 0.0  # zero weight row: step 0, codes 0
+        w[1, 1:] = 1e-30  # one outlier: clipped weight codes
+        dy[2] = dy[2] * 1e-30
+    step = torch.tensor([3.0 / 127])
+    if kind == "tiny":  # subnormal activations and step: codes, products, dw all tiny
+        x = x * 1e-38
+        step = torch.tensor([3e-38 / 127])
+    return x.to(torch.bfloat16), w.to(torch.bfloat16), step, dy.to(torch.bfloat16)
+
+
+def test_constants_are_correctly_rounded():
+    getcontext().prec = 60
+    for value, exact in ((TWO_OVER_SQRT127, Decimal(2) / Decimal(127).sqrt()),
+                         (INV_127, Decimal(1) / Decimal(127))):
+        f = torch.tensor(value, dtype=torch.float32)
+        assert float(f) == value  # float32-exact literal
+        lo, hi = torch.nextafter(f, torch.tensor(0.0)), torch.nextafter(f, torch.tensor(1.0))
+        err = abs(Decimal(value) - exact)
+        assert err < abs(Decimal(float(lo)) - exact) and err < abs(Decimal(float(hi)) - exact)
+    assert struct.unpack("<I", struct.pack("<f", TWO_OVER_SQRT127))[0] == 0x3E35BB09
+
+
+@needs_triton
+@pytest.mark.parametrize("m,k,n,kind", [(33, 70, 45, "normal"), (20, 300, 17, "extreme"),
+                                        (5, 16, 260, "normal"), (18, 40, 24, "tiny")])
+def test_parity_forward_backward(m, k, n, kind):
+    x, w, s, dy = _case(m, k, n, m + k + n, kind)
+    outs = {}
+    for path in ("cpu", "triton"):
+        with backend.force(path):
+            outs[path] = (linear_int8_forward(x, w, s), *linear_int8_backward(dy, x, w, s))
+    for name, ref, got in zip(("y", "dx", "dw", "ds"), outs["cpu"], outs["triton"]):
+        assert ref.dtype == got.dtype and ref.shape == got.shape, name
+        assert torch.equal(_bits(ref), _bits(got)), name
+
+
+@needs_triton
+def test_fused_rotate_quantize_parity():
+    # the GPU's fused rotate + absmax + quantize kernel vs the three separate CPU ops, on
+    # the operand kinds the backward feeds it: bf16 (with subnormals), transposed views,
+    # float32 and int8 codes; an all-zero row has step 0
+    g = torch.Generator().manual_seed(8)
+    bf = (torch.randn(37, 300, generator=g) * 1e-38).to(torch.bfloat16)
+    bf[3] = 0.0
+    cases = [bf, bf.t(), torch.randn(20, 513, generator=g),
+             torch.randint(-127, 128, (90, 33), dtype=torch.int8, generator=g).t()]
+    for t in cases:
+        with backend.force("cpu"):
+            q0, s0 = rotate_quantize(t)
+        with backend.force("triton"):
+            q1, s1 = rotate_quantize(t)
+        assert torch.equal(q0, q1) and torch.equal(_bits(s0), _bits(s1))
+    assert s0.shape == (33,) and q0.shape == (33, 256)
+
+
+def test_forward_is_the_specified_dequantization():
+    x, w, s, _ = _case(40, 96, 24, 1)
+    sw = weight_step(w)
+    acc = quantize_cpu(x, s).long() @ quantize_cpu(w, sw).long().t()  # exact, int64
+    spec = bf16_rne((acc.to(torch.float64).to(torch.float32) * s) * sw[None, :])
+    assert torch.equal(_bits(linear_int8_forward(x, w, s)), _bits(spec))
+    # the weight step: 2 * mean|w| / sqrt(127), within 3 roundings of the exact value
+    exact = 2 * w.double().abs().mean(1) / math.sqrt(127)
+    assert ((sw.double() - exact).abs() <= 4 * 2.0**-24 * exact).all()
+
+
+def _references(x, w, s, dy):
+    """float64 STE/LSQ references built from the quantized operands."""
+    sw = weight_step(w)
+    x_hat = quantize_cpu(x, s).double() * s.double()
+    w_hat = quantize_cpu(w, sw).double() * sw.double()[:, None]
+    v = x.float() / s  # the contract's float32 quotient decides the clip range
+    inside = (v >= -127) & (v <= 127)
+    vw = w.float() / torch.where(sw == 0, 1.0, sw)[:, None]
+    dx_hat = dy.double() @ w_hat
+    t = torch.where(inside, torch.round(v.clamp(-127, 127)) - v, v.clamp(-127, 127)).double()
+    g = 1.0 / math.sqrt(x.numel() * 127)
+    return {"y": x_hat @ w_hat.t(), "dx": dx_hat * inside,
+            "dw": (dy.double().t() @ x_hat) * ((vw >= -127) & (vw <= 127)),
+            "ds": g * (dx_hat * t).sum(), "ds_l1": g * (dx_hat * t).abs().sum()}
+
+
+def test_accuracy_vs_float64():
+    x, w, s, dy = _case(256, 512, 384, 9)
+    y = linear_int8_forward(x, w, s)
+    dx, dw, ds = linear_int8_backward(dy, x, w, s)
+    ref = _references(x, w, s, dy)
+    # forward: exact integer GEMM, then 3 float32 roundings and one bf16 rounding (the
+    # absolute term covers the float64 reference's own rounding where acc == 0)
+    assert ((y.double() - ref["y"]).abs() <= 2.0**-8 * ref["y"].abs() + 1e-12).all()
+
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+    # int8 gradients after the Hadamard rotation: ~1-2% relative (Frobenius) error
+    assert rel(dx, ref["dx"]) < 0.03
+    assert rel(dw, ref["dw"]) < 0.02
+    assert abs(ds.item() - ref["ds"].item()) < 0.01 * ref["ds_l1"].item()
+
+
+def _q_rows(t):  # per-row absmax int8 without rotation, float64 dequantized
+    step = t.abs().amax(1, keepdim=True) / 127
+    return torch.round(t / step).clamp(-127, 127) * step
+
+
+def test_rotation_beats_plain_int8_with_outliers():
+    # Outliers along a GEMM's contraction dimension inflate every per-row int8 step; the
+    # Hadamard rotation spreads them over the block. dX contracts over output channels
+    # (outlier channels in dy), dW over tokens (outlier tokens in dy).
+    x, w, s, dy = _case(128, 256, 64, 4)
+    dy = dy.float()
+    dy[:, :3] *= 30.0
+    dy[:2, :] *= 30.0
+    dy = dy.to(torch.bfloat16)
+    dx, dw, _ = linear_int8_backward(dy, x, w, s)
+    ref = _references(x, w, s, dy)
+    sw = weight_step(w)
+    v = x.float() / s
+    w_hat = quantize_cpu(w, sw).double() * sw.double()[:, None]
+    x_hat = quantize_cpu(x, s).double() * s.double()
+    plain_dx = (_q_rows(dy.double()) @ _q_rows(w_hat.t()).t()) * ((v >= -127) & (v <= 127))
+    plain_dw = _q_rows(dy.double().t()) @ _q_rows(x_hat.t()).t()
+    assert (dx.double() - ref["dx"]).norm() < 0.6 * (plain_dx - ref["dx"]).norm()
+    assert (dw.double() - ref["dw"]).norm() < 0.5 * (plain_dw - ref["dw"]).norm()
+
+
+def test_autograd_wrapper_matches_functional():
+    x, w, s, dy = _case(24, 64, 32, 3)
+    x3 = x.reshape(2, 12, 64).clone().requires_grad_(True)
+    wp = w.clone().requires_grad_(True)
+    sp = s.clone().requires_grad_(True)
+    y = linear_int8(x3, wp, sp)
+    y.backward(dy.reshape(2, 12, 32))
+    dx, dw, ds = linear_int8_backward(dy, x, w, s)
+    assert torch.equal(_bits(y.reshape(24, 32)), _bits(linear_int8_forward(x, w, s)))
+    assert torch.equal(_bits(x3.grad.reshape(24, 64)), _bits(dx))
+    assert torch.equal(_bits(wp.grad), _bits(dw.to(torch.bfloat16)))
+    assert torch.equal(_bits(sp.grad), _bits(ds))
+
+
+def test_rejects_bad_step():
+    x, w, _, _ = _case(4, 8, 4, 0)
+    with pytest.raises(ValueError, match="s_x"):
+        linear_int8_forward(x, w, torch.tensor([1.0, 2.0]))

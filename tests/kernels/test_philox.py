@@ -1,0 +1,99 @@
+"""Philox4x32-10: published known answers, layout independence, init distribution."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import hashing, philox
+from kernels.backend import force, triton_available
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton + TRITON_INTERPRET=1 or CUDA")
+
+# Random123 kat_vectors (Salmon et al., SC'11): counter, key -> output.
+KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]
+SEED = 0x0123456789ABCDEF
+
+
+@pytest.mark.parametrize("counter,key,expected", KAT)
+def test_known_answers(counter, key, expected):
+    assert philox.philox4x32_10(torch.tensor(counter), key).tolist() == list(expected)
+
+
+def test_word_depends_only_on_position():
+    whole = philox.random_words_cpu(SEED, 3, 0, 1000)
+    assert torch.equal(philox.random_words_cpu(SEED, 3, 123, 77), whole[123:200])
+    a = philox.truncated_normal(SEED, 3, (10, 100))
+    b = philox.truncated_normal(SEED, 3, (1000,))
+    c = philox.truncated_normal(SEED, 3, (500,), offset=500)
+    assert torch.equal(a.reshape(-1), b) and torch.equal(b[500:], c)
+    assert not torch.equal(philox.random_words_cpu(SEED, 4, 0, 8), whole[:8])
+    assert not torch.equal(philox.random_words_cpu(SEED + 1, 3, 0, 8), whole[:8])
+
+
+def test_counter_layout():
+    # position p of stream s is word p % 4 of philox((p//4 lo, p//4 hi, s, 0), (seed lo, hi)).
+    p = (5 << 32) + 4 * 9 + 2
+    ctr = torch.tensor([(p // 4) & 0xFFFFFFFF, (p // 4) >> 32, 7, 0])
+    want = philox.philox4x32_10(ctr, (SEED & 0xFFFFFFFF, SEED >> 32))[2]
+    assert philox.random_words_cpu(SEED, 7, p, 1).item() == want.item()
+
+
+@needs_triton
+def test_triton_matches_cpu_bitwise():
+    for kind in ("words", "uniform", "normal"):
+        out = {}
+        for backend in ("cpu", "triton"):
+            with force(backend):
+                if kind == "words":
+                    out[backend] = philox.random_words(SEED, 5, 3, 1001)
+                elif kind == "uniform":
+                    out[backend] = philox.uniform(SEED, 5, (7, 13), offset=(1 << 33) + 1)
+                else:
+                    out[backend] = philox.truncated_normal(SEED, 5, (37, 29), std=0.02)
+        a, b = out["cpu"], out["triton"]
+        assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
+                           b.view(torch.int32) if b.is_floating_point() else b), kind
+
+
+def test_uniform_is_open_interval_and_exact_grid():
+    u = philox.uniform(SEED, 1, (100_000,))
+    assert (u > 0).all() and (u < 1).all()
+    k = u.double() * 2**23 - 0.5
+    assert torch.equal(k, k.round())
+
+
+def test_truncated_normal_distribution():
+    w = philox.truncated_normal(42, 0, (400_000,), std=0.02).double()
+    assert w.abs().max() <= 0.04 * (1 + 2**-23)
+    # Moments of N(0, 1) truncated to [-2, 2]: variance 1 - 2*2*phi(2)/(Phi(2)-Phi(-2)).
+    phi2 = math.exp(-2.0) / math.sqrt(2 * math.pi)
+    mass = math.erf(2 / math.sqrt(2))
+    std = 0.02 * math.sqrt(1 - 4 * phi2 / mass)
+    assert abs(w.mean().item()) < 5 * std / math.sqrt(w.numel())
+    assert abs(w.std().item() / std - 1) < 5e-3
+    # Inverse-CDF exactness: the empirical CDF matches the truncated normal's.
+    for t in (-0.03, -0.01, 0.0, 0.015):
+        z = t / 0.02
+        cdf = (math.erf(z / math.sqrt(2)) + mass) / (2 * mass)
+        assert abs((w <= t).double().mean().item() - cdf) < 3e-3
+
+
+def test_bad_ids_are_rejected():
+    with pytest.raises(ValueError, match="seed"):
+        philox.random_words_cpu(-1, 0, 0, 4)
+    with pytest.raises(ValueError, match="stream"):
+        philox.random_words_cpu(0, 2**32, 0, 4)
+
+
+def test_golden_init_digest():
+    golden = json.loads((Path(__file__).parents[1] / "assets" / "kernels_k1_golden.json").read_text())
+    w = philox.truncated_normal(42, 7, (2, 3000)).to(torch.bfloat16)
+    assert hashing.digest({"w": w}) == golden["philox_truncated_normal_seed42_stream7_2x3000"]

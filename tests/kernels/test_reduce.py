@@ -1,0 +1,71 @@
+"""The pairwise tree: CPU == Triton (interpreter) bit for bit, blockable, accurate."""
+import pytest
+import torch
+
+from kernels import reduce
+from kernels.backend import force, triton_available
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton + TRITON_INTERPRET=1 or CUDA")
+
+
+def naive_tree(values: list[float]) -> torch.Tensor:
+    """The definition, spelled out on Python lists of float32 0-d tensors."""
+    s = [torch.tensor(v, dtype=torch.float32) for v in values]
+    if len(s) == 1:
+        return s[0]
+    while len(s) & (len(s) - 1):
+        s.append(torch.tensor(0.0))
+    while len(s) > 1:
+        s = [s[i] + s[i + 1] for i in range(0, len(s), 2)]
+    return s[0]
+
+
+def test_cpu_tree_matches_the_definition():
+    g = torch.Generator().manual_seed(3)
+    for n in (1, 2, 3, 5, 8, 13, 64, 100):
+        x = torch.randn(n, generator=g) * torch.exp(torch.randn(n, generator=g) * 5)
+        assert torch.equal(reduce.tree_sum_cpu(x, 0).view(torch.int32),
+                           naive_tree(x.tolist()).view(torch.int32))
+    assert reduce.tree_sum_cpu(torch.tensor([-0.0]), 0).view(torch.int32).item() == -2**31
+    assert reduce.tree_sum_cpu(torch.tensor([-0.0, -0.0, -0.0]), 0).view(torch.int32).item() == 0
+
+
+def test_tree_is_blockable():
+    # First log2(B) levels over aligned blocks, then the tree over block partials.
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(7, 1000, generator=g) * 1e3
+    partials = reduce.tree_sum_cpu(torch.nn.functional.pad(x, (0, 24)).reshape(7, 8, 128), -1)
+    assert torch.equal(reduce.tree_sum_cpu(partials, -1), reduce.tree_sum_cpu(x, -1))
+
+
+@needs_triton
+@pytest.mark.parametrize("shape,dim", [((3, 1), -1), ((5, 7), -1), ((2, 4096), -1), ((3, 5000), -1),
+                                       ((1, 9001), -1), ((6, 33), 0), ((4, 3, 17), 1),
+                                       ((700, 3, 5), 0)])
+def test_triton_matches_cpu_bitwise(shape, dim):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(*shape, generator=g) * torch.exp(torch.randn(*shape, generator=g) * 20)
+    x.view(-1)[::7] = torch.randint(1, 1 << 23, ((x.numel() + 6) // 7,), generator=g,
+                                    dtype=torch.int32).view(torch.float32)  # subnormals
+    with force("cpu"):
+        a = reduce.tree_sum(x, dim)
+    with force("triton"):
+        b = reduce.tree_sum(x, dim)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def test_accuracy_against_float64():
+    g = torch.Generator().manual_seed(6)
+    x = torch.rand(64, 4096, generator=g)  # positive terms: error bound log2(n) * eps * sum
+    err = (reduce.tree_sum_cpu(x, -1).double() - x.double().sum(-1)).abs() / x.double().sum(-1)
+    assert err.max() <= 12 * 2**-24
+
+
+def test_reciprocal_and_errors():
+    assert reduce.reciprocal_f32(2048) == 2.0**-11
+    assert reduce.reciprocal_f32(3) == float(torch.tensor(1.0) / torch.tensor(3.0))
+    with pytest.raises(ValueError, match="got 0"):
+        reduce.reciprocal_f32(0)
+    with pytest.raises(TypeError, match="float32"):
+        reduce.tree_sum_cpu(torch.ones(3, dtype=torch.float64))
