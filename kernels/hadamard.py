@@ -82,8 +82,9 @@ if HAVE_TRITON:
     def fwht_tile(x, ROWS: tl.constexpr, B: tl.constexpr, LOG_B: tl.constexpr):
         """Unnormalized FWHT of every row of a (ROWS, B) float32 tile, stages h = 1..B/2."""
         for s in tl.static_range(LOG_B):
-            h: tl.constexpr = 1 << s
-            g = tl.reshape(x, (ROWS, B // (2 * h), 2, h))
+            # Written out rather than bound to a name: a constexpr cannot be rebound inside
+            # a static_range loop when compiled (the interpreter does not notice).
+            g = tl.reshape(x, (ROWS, B // (2 * (1 << s)), 2, 1 << s))
             g = tl.permute(g, (0, 1, 3, 2))  # (ROWS, groups, h, 2): the pair on the last axis
             a, b = tl.split(g)
             g = tl.join(a + b, a - b)  # (ROWS, groups, h, 2)

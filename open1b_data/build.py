@@ -196,6 +196,13 @@ def merge(mix: MixSpec, out: str, jobs: list[Job], found: dict[Job, dict | None]
     manifest = mf.assemble_manifest(mix.name, __version__, portable_definition(mix), tokenizer,
                                     _source_entries(mix, markers))
     mf.write_manifest(out, manifest)
+    # The stream's seek index for the mix's own seed is part of a finished build, so
+    # `stream-at` never has to replay the stream (other seeds: `StreamPlan.open(...,
+    # build_index=True)`). It is derived data, verified against the fingerprint on load.
+    from open1b_data import seekindex
+    from open1b_data.plan import StreamPlan
+
+    seekindex.ensure(StreamPlan.open(out, use_index=False))
     return manifest
 
 
