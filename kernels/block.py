@@ -26,6 +26,7 @@ import torch
 
 from kernels.attention import attention
 from kernels.linear_int8 import linear_int8
+from kernels.philox import truncated_normal
 from kernels.rmsnorm import EPS, qk_norm, rmsnorm
 from kernels.rope import THETA, rope
 from kernels.swiglu import swiglu
@@ -58,16 +59,20 @@ class BlockConfig:
 
 def init_params(cfg: BlockConfig, seed: int = 0, requires_grad: bool = True
                 ) -> dict[str, torch.Tensor]:
-    """Seeded parameters: ``w_<name>`` bf16, ``s_<name>`` float32 (1,), ``g_attn``/``g_mlp``."""
-    g = torch.Generator().manual_seed(seed)
+    """Seeded parameters: ``w_<name>`` bf16, ``s_<name>`` float32 (1,), ``g_attn``/``g_mlp``.
+
+    Drawn from the runtime's own Philox truncated normal (one stream per tensor), so the
+    parameters - and the golden hashes built on them - do not depend on torch's RNG.
+    """
     p: dict[str, torch.Tensor] = {}
-    for name, (n, k) in cfg.weight_shapes().items():
-        p[f"w_{name}"] = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(torch.bfloat16)
+    for stream, (name, (n, k)) in enumerate(cfg.weight_shapes().items()):
+        w = truncated_normal(seed, stream, (n, k), std=1.0 / math.sqrt(k))
+        p[f"w_{name}"] = w.to(torch.bfloat16)
         # LSQ step ~ 2 * E|x| / sqrt(127) for unit-RMS inputs (rounded to a short float)
         p[f"s_{name}"] = torch.tensor([0.125 if name in ("q", "k", "v", "gate_up") else 0.03125],
                                       dtype=torch.float32)
-    for name in ("g_attn", "g_mlp"):
-        p[name] = (1.0 + 0.1 * torch.randn(cfg.d_model, generator=g)).to(torch.bfloat16)
+    for stream, name in enumerate(("g_attn", "g_mlp"), start=len(p)):
+        p[name] = (1.0 + truncated_normal(seed, stream, (cfg.d_model,), std=0.1)).to(torch.bfloat16)
     if requires_grad:
         for t in p.values():
             t.requires_grad_(True)
