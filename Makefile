@@ -23,6 +23,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not gpu" --timeout=900
 
+# Installs the benchmark-only peers (datatrove); each benchmark's command is in BENCHMARKS.md.
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[test,bench]'
 
