@@ -142,21 +142,25 @@ if HAVE_TRITON:
         return (v.to(tl.int32) << 16).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _int8_mm_kernel(a_ptr, b_ptr, c_ptr, rs_ptr, cs_ptr, M, N, K,
-                        stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
-                        rs_stride,
-                        DEQUANT: tl.constexpr, OUT_BF16: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-        # Grouped program order so GROUP_M row tiles reuse the same b tiles from L2.
+    def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+        """(row tile, column tile) of this program in grouped order, so that GROUP_M row
+        tiles reuse the same b tiles from L2 (shared by every tiled GEMM kernel)."""
         pid = tl.program_id(0)
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = tl.cdiv(N, BLOCK_N)
         group = GROUP_M * num_n
         first_m = (pid // group) * GROUP_M
         size_m = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % group) % size_m
-        pid_n = (pid % group) // size_m
+        return first_m + (pid % group) % size_m, (pid % group) // size_m
+
+    @triton.jit
+    def _int8_mm_kernel(a_ptr, b_ptr, c_ptr, rs_ptr, cs_ptr, M, N, K,
+                        stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
+                        rs_stride,
+                        DEQUANT: tl.constexpr, OUT_BF16: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

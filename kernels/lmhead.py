@@ -51,6 +51,8 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
+    from kernels.int8_gemm import grouped_tile
+
 SLICES = 3  # default int8 slices per operand (2 is the faster, less accurate option)
 K_CHUNK = 32_768  # int32 level accumulators flushed into int64 this often
 MAX_K = 11_000_000  # K * 3 * 127^2 * (2^14 + 2^7 + 1) < 2^53: T exact in float64
@@ -197,14 +199,7 @@ if HAVE_TRITON:
     def _ozaki_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, c_ptr, M, N, K, SL: tl.constexpr,
                       K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-        pid = tl.program_id(0)
-        num_m = tl.cdiv(M, BLOCK_M)
-        num_n = tl.cdiv(N, BLOCK_N)
-        group = GROUP_M * num_n
-        first_m = (pid // group) * GROUP_M
-        size_m = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % group) % size_m
-        pid_n = (pid % group) // size_m
+        pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
