@@ -92,21 +92,30 @@ if HAVE_TRITON:
         return x
 
     @triton.jit
-    def _hadamard_kernel(x_ptr, y_ptr, R, K, KP, stride_r, stride_k, scale,
-                         IS_BF16: tl.constexpr, ROWS: tl.constexpr, B: tl.constexpr,
-                         LOG_B: tl.constexpr):
-        # Program (pid_r, pid_b) rotates block pid_b of ROWS rows.
-        pid_r = tl.program_id(0)
-        pid_b = tl.program_id(1)
-        rows = pid_r * ROWS + tl.arange(0, ROWS)
-        cols = pid_b * B + tl.arange(0, B)
+    def rotated_block(x_ptr, rows, j, R, K, stride_r, stride_k, scale,
+                      IS_BF16: tl.constexpr, ROWS: tl.constexpr, B: tl.constexpr,
+                      LOG_B: tl.constexpr):
+        """Block j (columns j*B ..) of ``rows``, loaded (zero past K) and rotated: the one
+        load-and-rotate used by this kernel and by the fused rotate+quantize kernels."""
+        cols = j * B + tl.arange(0, B)
         mask = (rows[:, None] < R) & (cols[None, :] < K)
         ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_r + cols[None, :] * stride_k
         if IS_BF16:
             x = widen_bf16_bits(tl.load(ptrs, mask=mask, other=0))
         else:
             x = tl.load(ptrs, mask=mask, other=0).to(tl.float32)
-        y = fwht_tile(x, ROWS, B, LOG_B) * scale
+        return fwht_tile(x, ROWS, B, LOG_B) * scale
+
+    @triton.jit
+    def _hadamard_kernel(x_ptr, y_ptr, R, K, KP, stride_r, stride_k, scale,
+                         IS_BF16: tl.constexpr, ROWS: tl.constexpr, B: tl.constexpr,
+                         LOG_B: tl.constexpr):
+        # Program (pid_r, pid_b) rotates block pid_b of ROWS rows.
+        pid_b = tl.program_id(1)
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = pid_b * B + tl.arange(0, B)
+        y = rotated_block(x_ptr, rows, pid_b, R, K, stride_r, stride_k, scale,
+                          IS_BF16, ROWS, B, LOG_B)
         tl.store(y_ptr + rows[:, None].to(tl.int64) * KP + cols[None, :], y,
                  mask=(rows[:, None] < R) & (cols[None, :] < KP))
 

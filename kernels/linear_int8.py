@@ -59,7 +59,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from kernels.hadamard import fwht_tile
+    from kernels.hadamard import rotated_block
     from kernels.int8_gemm import bf16_rne_bits, widen_bf16_bits
 
 Q_MAX = 127
@@ -172,19 +172,6 @@ if HAVE_TRITON:
 if HAVE_TRITON:
 
     @triton.jit
-    def _rotated_block(x_ptr, rows, j, R, K, stride_r, stride_k, scale,
-                       IS_BF16: tl.constexpr, ROWS: tl.constexpr, B: tl.constexpr,
-                       LOG_B: tl.constexpr):
-        cols = j * B + tl.arange(0, B)
-        mask = (rows[:, None] < R) & (cols[None, :] < K)
-        ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_r + cols[None, :] * stride_k
-        if IS_BF16:
-            x = widen_bf16_bits(tl.load(ptrs, mask=mask, other=0))
-        else:
-            x = tl.load(ptrs, mask=mask, other=0).to(tl.float32)
-        return fwht_tile(x, ROWS, B, LOG_B) * scale
-
-    @triton.jit
     def _rot_quant_kernel(x_ptr, q_ptr, s_ptr, R, K, KP, stride_r, stride_k, scale,
                           IS_BF16: tl.constexpr, ROWS: tl.constexpr, B: tl.constexpr,
                           LOG_B: tl.constexpr):
@@ -194,15 +181,15 @@ if HAVE_TRITON:
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         amax = tl.zeros((ROWS,), dtype=tl.float32)
         for j in range(0, KP // B):
-            y = _rotated_block(x_ptr, rows, j, R, K, stride_r, stride_k, scale,
-                               IS_BF16, ROWS, B, LOG_B)
+            y = rotated_block(x_ptr, rows, j, R, K, stride_r, stride_k, scale,
+                              IS_BF16, ROWS, B, LOG_B)
             amax = tl.maximum(amax, tl.max(tl.abs(y), axis=1))
         step = amax * INV_127_K
         tl.store(s_ptr + rows, step, mask=rows < R)
         div = tl.where(step == 0.0, 1.0, step)
         for j in range(0, KP // B):
-            y = _rotated_block(x_ptr, rows, j, R, K, stride_r, stride_k, scale,
-                               IS_BF16, ROWS, B, LOG_B)
+            y = rotated_block(x_ptr, rows, j, R, K, stride_r, stride_k, scale,
+                              IS_BF16, ROWS, B, LOG_B)
             v = tl.div_rn(y, div[:, None])
             v = tl.minimum(tl.maximum(v, -127.0), 127.0)
             cols = j * B + tl.arange(0, B)
