@@ -1,10 +1,14 @@
 """End-to-end build-mix throughput on the demo corpus, side by side with two anchors.
 
-Measured in ONE run on the same machine, the same kept texts and the same thread count:
+Measured in ONE run on the same machine and the same kept texts, at 1 thread and at
+``--workers`` threads:
   1. pipeline   - ``build_mix`` stages (a) list + (c) read/filter/encode/shard/check +
-                  (d) merge, with the tokenizer already trained (training is timed apart);
+                  (d) merge into an output holding only the trained tokenizer (training is
+                  timed apart), encoders loaded afresh as a command would;
   2. encode_batch - HF ``Tokenizer.encode_batch`` of the built tokenizer over the same kept
-                  texts (batches of 1,000), RAYON_NUM_THREADS = workers;
+                  texts (batches of 1,000), RAYON_NUM_THREADS = the same thread count;
+  -  fast encoder alone - ``FastEncoder`` (tiktoken) over the same texts at the same thread
+                  count: the ceiling of any pipeline built on it;
   3. datatrove  - the same texts (as plain JSON lines, so datatrove does less work than
                   we do: no zstd/parquet decode, no filters) through datatrove's
                   ``JsonlReader -> DocumentTokenizer`` on ``LocalPipelineExecutor`` with
@@ -65,11 +69,22 @@ def train(mix, out: str) -> float:
     return time.perf_counter() - t0
 
 
+def _keep_only_tokenizer(out: str) -> None:
+    """Back to "tokenizer trained, nothing built": shards, markers, manifest, index go."""
+    for name in os.listdir(out):
+        if name not in ("tokenizer.json", "_work"):
+            path = os.path.join(out, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+    shutil.rmtree(os.path.join(out, "_work", "inputs"), ignore_errors=True)
+
+
 def time_pipeline(mix, out: str, workers: int) -> tuple[float, float, object]:
-    """One full build of every input (the trained tokenizer is kept, markers removed)."""
+    """One full build of every input into an output that holds only the tokenizer."""
+    from open1b_data import build_task
     from open1b_data.build import BuildOptions, build_mix
 
-    shutil.rmtree(os.path.join(out, "_work", "inputs"), ignore_errors=True)
+    _keep_only_tokenizer(out)
+    build_task._WORKER.pop("encoders_key", None)  # a command loads its encoders once
     t0, c0 = time.perf_counter(), cpu_seconds()
     result = build_mix(mix, out, BuildOptions(workers=workers, progress=False))
     return time.perf_counter() - t0, cpu_seconds() - c0, result
@@ -98,11 +113,11 @@ def time_encode_batch(tok_path: str, texts: list[str], threads: int) -> tuple[fl
     return seconds, cpu, tokens
 
 
-def time_fast_encoder(tok_path: str, texts: list[str]) -> tuple[float, float]:
-    """The encoder alone: ``FastEncoder.encode_batch`` in this process, one thread."""
+def time_fast_encoder(tok_path: str, texts: list[str], threads: int) -> tuple[float, float]:
+    """The encoder alone: ``FastEncoder.encode_batch`` in this process."""
     from open1b_data.tokenizer import FastEncoder, load_tokenizer
 
-    fast = FastEncoder.from_tokenizer(load_tokenizer(tok_path))
+    fast = FastEncoder.from_tokenizer(load_tokenizer(tok_path), threads=threads)
     fast.encode_batch(texts[:50])
     t0, c0 = time.perf_counter(), time.process_time()
     fast.encode_batch(texts)
@@ -141,7 +156,10 @@ def profile_one_build(mix, out: str) -> str:
     modules imported: the steady state of one worker)."""
     from open1b_data.build import BuildOptions, build_mix
 
-    shutil.rmtree(os.path.join(out, "_work", "inputs"), ignore_errors=True)
+    from open1b_data import build_task
+
+    _keep_only_tokenizer(out)
+    build_task._WORKER.pop("encoders_key", None)
     prof = cProfile.Profile(time.process_time)
     prof.enable()
     build_mix(mix, out, BuildOptions(workers=1, progress=False))
@@ -178,37 +196,40 @@ def main() -> None:
         mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
         tok_path = os.path.join(out, "tokenizer.json")
         dt_note = None
+        threads = sorted({1, w})
         for _ in range(args.repeat):  # interleaved, so load on the machine hits all alike
-            wall, cpu, result = time_pipeline(mix, out, w)
-            assert abs(mb * 1e6 - result.text_bytes) < 1, (mb, result.text_bytes)
-            keep("pipeline", wall, cpu)
-            wall, cpu, hf_tokens = time_encode_batch(tok_path, texts, w)
-            assert hf_tokens == result.tokens, (hf_tokens, result.tokens)
-            keep("encode_batch", wall, cpu)
-            keep("fast_encoder", *time_fast_encoder(tok_path, texts))
+            for t in threads:
+                wall, cpu, result = time_pipeline(mix, out, t)
+                assert abs(mb * 1e6 - result.text_bytes) < 1, (mb, result.text_bytes)
+                keep(f"pipeline/{t}", wall, cpu)
+                wall, cpu, hf_tokens = time_encode_batch(tok_path, texts, t)
+                assert hf_tokens == result.tokens, (hf_tokens, result.tokens)
+                keep(f"encode_batch/{t}", wall, cpu)
+                keep(f"fast_encoder/{t}", *time_fast_encoder(tok_path, texts, t))
             dt = time_datatrove(tok_path, texts, w, tmp)
             if isinstance(dt, str):
                 dt_note = dt
             else:
-                keep("datatrove", *dt)
+                keep(f"datatrove/{w}", *dt)
         prof = profile_one_build(mix, out) if args.profile else None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     tokens = result.tokens
     names = {"pipeline": "build-mix pipeline (list+read+filter+encode+shard+check+merge)",
-             "encode_batch": "HF Tokenizer.encode_batch (same texts, same threads)",
-             "fast_encoder": "FastEncoder (tiktoken) alone, 1 thread (not a pipeline)",
-             "datatrove": "datatrove JsonlReader -> DocumentTokenizer (same texts)"}
-    # datatrove's workers are children of its forkserver, not of this process: no CPU time.
-    cores = {k: 1 if k == "fast_encoder" else w for k in best}
-    lines = [f"| {names[k]} | {s:.2f} | {c:.2f} | {mb / s:.2f} | {mb / s / cores[k]:.2f} | "
-             f"{mb / c:.2f} | {tokens / s / 1e6:.3f} | {tokens / s / cores[k] / 1e6:.3f} |"
-             if k != "datatrove" else
-             f"| {names[k]} | {s:.2f} | n/a | {mb / s:.2f} | {mb / s / w:.2f} | n/a | "
-             f"{tokens / s / 1e6:.3f} | {tokens / s / w / 1e6:.3f} |"
-             for k, (s, c) in best.items()]
-    p, hf = best["pipeline"], best["encode_batch"]
+             "encode_batch": "HF Tokenizer.encode_batch (anchor)",
+             "fast_encoder": "FastEncoder (tiktoken) alone: the pipeline's ceiling",
+             "datatrove": "datatrove JsonlReader -> DocumentTokenizer"}
+    lines = []
+    for key, (s, c) in sorted(best.items(), key=lambda kv: (int(kv[0].split("/")[1]),
+                                                            list(names).index(kv[0].split("/")[0]))):
+        name, t = key.split("/")
+        t = int(t)
+        # datatrove's workers are children of its forkserver, not of this process: no CPU.
+        cpu_cols = ("n/a", "n/a") if name == "datatrove" else (f"{c:.2f}", f"{mb / c:.2f}")
+        lines.append(f"| {t} | {names[name]} | {s:.2f} | {cpu_cols[0]} | {mb / s:.2f} | "
+                     f"{mb / s / t:.2f} | {cpu_cols[1]} | {tokens / s / 1e6:.3f} | "
+                     f"{tokens / s / t / 1e6:.3f} |")
     text = [
         "# build-mix throughput (benchmarks/build_throughput.py)", "",
         f"- command: `.venv/bin/python benchmarks/build_throughput.py --workers {w} "
@@ -218,31 +239,29 @@ def main() -> None:
         f"CPU {cpu_model()}, Python {platform.python_version()}; load average at the end "
         f"{os.getloadavg()[0]:.1f} (other jobs shared the machine when it is above {w})",
         f"- mix: {mix.name} ({len(texts):,} kept documents, {mb:.2f} MB of text, {tokens:,} "
-        f"tokens, vocab {mix.tokenizer.vocab_size:,}); workers = threads = {w}; best of "
-        f"{args.repeat} interleaved runs per row",
-        f"- tokenizer training (timed apart, not in the pipeline row): {train_s:.2f} s", "",
-        "| what | wall s | CPU s | MB/s | MB/s per core | MB per CPU-s | Mtokens/s | "
+        f"tokens, vocab {mix.tokenizer.vocab_size:,}); best of {args.repeat} interleaved "
+        f"runs per row",
+        f"- tokenizer training (timed apart, not in the pipeline rows): {train_s:.2f} s", "",
+        "| threads | what | wall s | CPU s | MB/s | MB/s per core | MB per CPU-s | Mtokens/s | "
         "Mtokens/s per core |",
-        "|---|---|---|---|---|---|---|---|", *lines, "",
-        f"**pipeline / encode_batch = {hf[0] / p[0]:.2f}x** by wall time, "
-        f"{hf[1] / p[1]:.2f}x by CPU time (goal >= 4x).",
+        "|---|---|---|---|---|---|---|---|---|", *lines, "",
     ]
-    if "datatrove" in best:
-        d = best["datatrove"]
-        text.append(f"**pipeline / datatrove = {d[0] / p[0]:.2f}x** by wall time (datatrove "
-                    f"reads plain JSON lines; we "
-                    f"read the upstream formats, filter, write zstd Parquet and run the "
-                    f"encoder-equivalence check).")
+    for t in threads:
+        p, hf, fe = best[f"pipeline/{t}"], best[f"encode_batch/{t}"], best[f"fast_encoder/{t}"]
+        text.append(f"- **{t} thread{'s' if t > 1 else ''}: pipeline / encode_batch = "
+                    f"{hf[0] / p[0]:.2f}x** by wall time, {hf[1] / p[1]:.2f}x by CPU time "
+                    f"(goal >= 4x); the fast encoder alone reaches {hf[0] / fe[0]:.2f}x "
+                    f"(wall), {hf[1] / fe[1]:.2f}x (CPU).")
+    if f"datatrove/{w}" in best:
+        d, p = best[f"datatrove/{w}"], best[f"pipeline/{w}"]
+        text.append(f"- **{w} threads: pipeline / datatrove = {d[0] / p[0]:.2f}x** by wall "
+                    f"time (datatrove reads plain JSON lines; we read the upstream formats, "
+                    f"filter, write zstd Parquet and run the encoder-equivalence check).")
     else:
-        text.append(f"datatrove: not measured: {dt_note}")
-    fe = best["fast_encoder"]
-    text.append(f"Encoder alone: FastEncoder used {fe[1]:.2f} CPU-s for what HF encode_batch "
-                f"did in {hf[1]:.2f} CPU-s ({hf[1] / fe[1]:.1f}x); the rest of the pipeline's "
-                f"CPU time is reading, filtering, shard writing, the equivalence check and "
-                f"process start.")
+        text.append(f"- datatrove: not measured: {dt_note}")
     if prof:
-        text += ["", "## Profile (one process, every input, CPU time, sorted by own time)", "",
-                 "```", *prof.strip().splitlines()[:40], "```"]
+        text += ["", "## Profile (one process, 1 thread, every input, CPU time, by own time)",
+                 "", "```", *prof.strip().splitlines()[:40], "```"]
     report = "\n".join(text) + "\n"
     with open(args.results, "w") as f:
         f.write(report)

@@ -14,7 +14,8 @@ completion order, and resumable after a kill at any point):
   when ``tokenizer.json`` is absent, select the sample, train, write the sample record
   then the tokenizer (both deterministic, atomic: racing tasks write identical bytes);
   (c) build the inputs this process owns (``--task i --tasks N``: global index % N == i)
-  with ``--workers`` processes (this one + spawned helpers), skipping inputs whose marker
+  with ``--workers`` threads, or processes for large builds (``--executor``, see
+  ``build_task.choose_executor``), skipping inputs whose marker
   matches the input's size/checksum and the tokenizer; (d) merge: once every input has a
   marker, assemble ``manifest.json`` from the markers alone. A build without ``--task``
   always merges; a ``--task`` run merges only if it finds every marker (the last task to
@@ -44,8 +45,8 @@ from open1b_data import __version__
 from open1b_data.build_report import Progress, SourceSummary, summarize
 from open1b_data.build_store import (dumps, exists, join, list_files, read_bytes, read_json,
                                      sweep_temporaries, write_json)
-from open1b_data.build_task import (TOKENIZER, Helpers, Job, input_record, run_jobs,
-                                    valid_marker)
+from open1b_data.build_task import (EXECUTORS, TOKENIZER, Job, Workers, choose_executor,
+                                    input_record, run_jobs, valid_marker)
 from open1b_data.errors import BuildError
 from open1b_data.mixspec import MixSpec
 
@@ -64,6 +65,7 @@ class BuildOptions:
     tasks: int = 1
     merge_only: bool = False
     progress: bool = True
+    executor: str = "auto"  # threads | processes | auto (build_task.choose_executor)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -72,6 +74,8 @@ class BuildOptions:
             raise BuildError(f"--tasks must be >= 1, got {self.tasks}")
         if self.task is not None and not 0 <= self.task < self.tasks:
             raise BuildError(f"--task must be in [0, --tasks={self.tasks}), got {self.task}")
+        if self.executor not in EXECUTORS:
+            raise BuildError(f"--executor must be one of {EXECUTORS}, got {self.executor!r}")
         if self.task is None and self.tasks != 1:
             raise BuildError("--tasks needs --task i (which of the N tasks this process is)")
 
@@ -189,10 +193,13 @@ def merge(mix: MixSpec, out: str, jobs: list[Job], found: dict[Job, dict | None]
     for job in sorted(jobs, key=lambda j: (_source_pos(mix, j.source), j.index)):
         markers[job.source].append(found[job])
     tok = tk.load_tokenizer(join(out, TOKENIZER))
-    fast = tk.FastEncoder.from_tokenizer(tok)
+    eot_id = tok.token_to_id(mix.tokenizer.eot)
+    if eot_id is None:
+        raise BuildError(f"{join(out, TOKENIZER)} has no {mix.tokenizer.eot!r} token; it was "
+                         f"not trained for this mix (delete it and build again)")
     tokenizer = {"path": TOKENIZER, "sha256": jobs[0].tokenizer_sha256 if jobs else
                  _sha256_of(join(out, TOKENIZER)), "vocab_size": tok.get_vocab_size(),
-                 "eot_id": int(fast.eot_id), "sample": read_json(join(out, SAMPLE_RECORD))}
+                 "eot_id": int(eot_id), "sample": read_json(join(out, SAMPLE_RECORD))}
     manifest = mf.assemble_manifest(mix.name, __version__, portable_definition(mix), tokenizer,
                                     _source_entries(mix, markers))
     mf.write_manifest(out, manifest)
@@ -232,15 +239,20 @@ def _source_entries(mix: MixSpec, markers: dict[str, list[dict[str, Any]]]) -> l
 
 def build_mix(mix: MixSpec, out: str, options: BuildOptions = BuildOptions()) -> BuildResult:
     """Build (a task's share of) ``mix`` into ``out``; merge when every input is built."""
-    # Helpers start first: their interpreter start overlaps listing and tokenizer training.
-    with Helpers(0 if options.merge_only else options.workers - 1) as helpers:
-        return _build(mix, out, options, helpers)
-
-
-def _build(mix: MixSpec, out: str, options: BuildOptions, helpers: Helpers) -> BuildResult:
     t0 = time.perf_counter()
-    progress = Progress(0, enabled=options.progress)
     inputs = list_all_inputs(mix)
+    owned = [i for g, i in enumerate(i for s in mix.sources for i in inputs[s.name])
+             if options.task is None or g % options.tasks == options.task]
+    kind = choose_executor(options.executor, sum(int(i.size) for i in owned), options.workers)
+    # Workers start before the tokenizer stage: spawned helpers' interpreter start
+    # overlaps tokenizer training.
+    with Workers(0 if options.merge_only else options.workers, kind).start() as workers:
+        return _build(mix, out, options, inputs, workers, t0)
+
+
+def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list[Any]],
+           workers: Workers, t0: float) -> BuildResult:
+    progress = Progress(0, enabled=options.progress)
     plan = json.loads(dumps({  # through JSON: compared with the plan file as read back
         "definition": portable_definition(mix),
         "inputs": {name: [input_record(i) for i in lst] for name, lst in inputs.items()}}))
@@ -268,9 +280,9 @@ def _build(mix: MixSpec, out: str, options: BuildOptions, helpers: Helpers) -> B
     progress.inputs_done = len(mine) - len(todo)
     progress.restart()  # rates count the input stage only, not listing and training
     if todo:
-        log.info("building %d inputs (%d already done) with %d worker(s)", len(todo),
-                 len(mine) - len(todo), options.workers)
-        run_jobs(todo, helpers, progress)
+        log.info("building %d inputs (%d already done) with %d worker %s", len(todo),
+                 len(mine) - len(todo), options.workers, workers.kind)
+        run_jobs(todo, workers, progress)
     progress.maybe_print(force=bool(todo))
     existing = set(list_files(out))
     found = {j: valid_marker(j, existing) for j in all_jobs}

@@ -14,10 +14,12 @@ documents (``sample_size``: 1% of them, between 2 and 64) is encoded by the refe
 tokenizer and the fast encoder (``check_equivalence``), and the ids stored in the written
 shard are read back and compared with the ids encoded; any difference raises ``BuildError``.
 
-``run_jobs`` runs tasks in this process and in ``Helpers``, ``workers - 1`` spawned
+``run_jobs`` runs tasks on ``Workers``: ``workers`` threads of this process (one shared
+encoder; the default for small builds), or this process plus ``workers - 1`` spawned
 processes (never forked: HF tokenizers' thread pool and fsspec clients do not survive a
 fork; helpers set ``TOKENIZERS_PARALLELISM=false`` since parallelism comes from the
-processes), and feeds per-batch counts (documents, tokens, text bytes) to a ``Progress``.
+processes); ``choose_executor`` picks. Per-batch counts (documents, tokens, text bytes)
+go to a ``Progress``.
 """
 from __future__ import annotations
 
@@ -26,10 +28,12 @@ import hashlib
 import logging
 import multiprocessing
 import os
+import queue as queue_mod
 import random
+import threading
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -41,7 +45,7 @@ from open1b_data.mixspec import MixSpec
 log = logging.getLogger("open1b_data.build")
 
 EQUIVALENCE_SAMPLE = 64  # at most this many documents per shard encoded by both encoders
-EQUIVALENCE_MIN = 2      # at least this many (or every document of a smaller shard)
+EQUIVALENCE_MIN = 1      # at least this many documents per shard
 ENCODE_BATCH_DOCS = 256  # documents per fast-encoder call: amortizes per-call overhead
 TOKENIZER = "tokenizer.json"
 
@@ -72,9 +76,10 @@ def input_record(inp: Any) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------
-# Stage (c): one input -> its shards and marker (runs in a worker process).
+# Stage (c): one input -> its shards and marker (runs in a worker thread or process).
 
 _WORKER: dict[str, Any] = {}
+_ENCODERS_LOCK = threading.Lock()
 
 
 def _init_worker(queue: Any) -> None:
@@ -84,14 +89,17 @@ def _init_worker(queue: Any) -> None:
 
 
 def _encoders(out: str, sha: str) -> tuple[Any, Any]:
+    """The HF tokenizer and the fast encoder, built once per process and shared by its
+    threads (both are safe to call from several threads)."""
     key = (out, sha)
-    if _WORKER.get("encoders_key") != key:
-        from open1b_data import tokenizer as tk
+    with _ENCODERS_LOCK:
+        if _WORKER.get("encoders_key") != key:
+            from open1b_data import tokenizer as tk
 
-        tok = tk.load_tokenizer(join(out, TOKENIZER))
-        _WORKER["encoders"] = (tok, tk.FastEncoder.from_tokenizer(tok))
-        _WORKER["encoders_key"] = key
-    return _WORKER["encoders"]
+            tok = tk.load_tokenizer(join(out, TOKENIZER))
+            _WORKER["encoders"] = (tok, tk.FastEncoder.from_tokenizer(tok))
+            _WORKER["encoders_key"] = key
+        return _WORKER["encoders"]
 
 
 def valid_marker(job: Job, existing: set[str]) -> dict[str, Any] | None:
@@ -112,8 +120,10 @@ def valid_marker(job: Job, existing: set[str]) -> dict[str, Any] | None:
     return m
 
 
-def build_input(job: Job) -> dict[str, Any]:
-    """Read, filter, encode and shard one input; check the encoders; write the marker."""
+def build_input(job: Job, report: Callable[[tuple[int, int, int]], None] | None = None
+                ) -> dict[str, Any]:
+    """Read, filter, encode and shard one input; check the encoders; write the marker.
+    ``report`` receives (documents, tokens, text bytes) after every encoded batch."""
     from open1b_data.document import Dropped
     from open1b_data.shards import ShardWriter, read_rows
     from open1b_data.sources import read_input
@@ -121,7 +131,6 @@ def build_input(job: Job) -> dict[str, Any]:
 
     spec = job.mix.source(job.source)
     tok, fast = _encoders(job.out, job.tokenizer_sha256)
-    queue = _WORKER.get("queue")
     writer = ShardWriter(job.prefix, job.source, job.mix.shards)
     dropped: Counter[str] = Counter()
     # A reservoir of documents per shard for the encoder check; the RNG is seeded by the
@@ -148,8 +157,8 @@ def build_input(job: Job) -> dict[str, Any]:
             tokens += len(arr)
             nbytes += len(text.encode("utf-8"))
         text_bytes += nbytes
-        if queue is not None:
-            queue.put((len(batch), sum(len(a) for a in ids), nbytes))
+        if report is not None:
+            report((len(batch), sum(len(a) for a in ids), nbytes))
         batch.clear()
 
     for item in read_input(spec, job.input):
@@ -192,12 +201,11 @@ def _reservoir_add(reservoirs: dict, seen: Counter, rng: random.Random, shard: i
 
 
 def sample_size(documents: int) -> int:
-    """Documents of one shard encoded by both encoders: 1% of them (rounded up), at least
-    ``EQUIVALENCE_MIN`` (all of a smaller shard) and at most ``EQUIVALENCE_SAMPLE``. The HF
-    reference encoder is ~10x slower than the fast one on the demo corpus, so a fixed 64
-    would cost more than encoding the demo's small shards; Mix 0626's shards (tens of
-    thousands of documents) get the full 64."""
-    return min(documents, EQUIVALENCE_SAMPLE, max(EQUIVALENCE_MIN, -(-documents // 100)))
+    """Documents of one shard encoded by both encoders: 1% of them (rounded down), at least
+    ``EQUIVALENCE_MIN`` and at most ``EQUIVALENCE_SAMPLE``. The HF reference encoder is
+    ~6x slower than the fast one, so the check costs about 6% of the encoding on small
+    shards and far less on Mix 0626's (tens of thousands of documents, 64 checked)."""
+    return min(documents, EQUIVALENCE_SAMPLE, max(EQUIVALENCE_MIN, documents // 100))
 
 
 def _check_shards(job: Job, tok: Any, fast: Any, entries: list[Any], reservoirs: dict,
@@ -212,7 +220,9 @@ def _check_shards(job: Job, tok: Any, fast: Any, entries: list[Any], reservoirs:
                              f"match the shard written (a bug in build_task.py); the build "
                              f"stops rather than trust an unchecked shard")
         picked = sorted(rng.sample(res, k), key=lambda item: item[0])
-        check_equivalence(tok, fast, [text for _, text, _ in picked])
+        # The fast side is the ids this build encoded and stored, not a fresh encoding.
+        check_equivalence(tok, fast, [text for _, text, _ in picked],
+                          [ids for _, _, ids in picked])
         url = join(job.out, e.path)
         stored = read_rows(url, [i - start for i, _, _ in picked])
         for (i, _, want), got in zip(picked, stored):
@@ -241,23 +251,51 @@ def _log_dropped(job: Job, item: Any) -> None:
 # --------------------------------------------------------------------------------------
 # Stage (c) driver: which inputs this process builds, and how.
 
-class Helpers:
-    """``n`` spawned helper processes, started early (``start``) so their interpreter start
-    and imports overlap this process's listing and tokenizer training."""
+EXECUTORS = ("auto", "threads", "processes")
+PROCESS_MIN_BYTES = 256 << 20  # "auto" spawns helpers only for this much input or more
 
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.pool: cf.ProcessPoolExecutor | None = None
+
+def choose_executor(executor: str, input_bytes: int, workers: int) -> str:
+    """``auto``: threads for small builds, processes for large ones.
+
+    Threads start instantly and share one encoder, and the encoders, zstd, Parquet and
+    hashing all release the GIL; but JSON decoding and the per-document Python hold it,
+    so threads stop scaling after a few cores. A spawned helper costs ~0.4 CPU-s to start
+    (interpreter, imports, encoder), which only pays off when each worker has many MB to
+    build. Either way the output bytes are the same (every job writes only its files)."""
+    if executor not in EXECUTORS:
+        raise BuildError(f"--executor must be one of {EXECUTORS}, got {executor!r}")
+    if executor != "auto":
+        return executor
+    return "processes" if workers > 2 and input_bytes >= PROCESS_MIN_BYTES else "threads"
+
+
+class Workers:
+    """Where jobs run: ``threads`` (``n`` threads of this process) or ``processes`` (this
+    process and ``n - 1`` spawned helpers, started by ``start`` as early as possible so
+    their interpreter start overlaps listing and tokenizer training)."""
+
+    def __init__(self, n: int, kind: str = "threads") -> None:
+        self.n, self.kind = n, kind
+        self.pool: cf.Executor | None = None
         self.queue: Any = None
-        if n > 0:
+
+    def start(self) -> Workers:
+        if self.pool is not None or self.n <= 1:
+            return self
+        if self.kind == "processes":
             ctx = multiprocessing.get_context("spawn")  # no fork: tokenizers' threads and
             self.queue = ctx.Queue()                    # fsspec clients do not survive one
-            self.pool = cf.ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
-                                               initargs=(self.queue,))
-            for _ in range(n):  # the pool spawns on demand: one warm-up task per helper
+            self.pool = cf.ProcessPoolExecutor(self.n - 1, mp_context=ctx,
+                                               initializer=_init_worker, initargs=(self.queue,))
+            for _ in range(self.n - 1):  # the pool spawns on demand: one warm-up per helper
                 self.pool.submit(_warm_up)
+        else:
+            self.queue = queue_mod.SimpleQueue()
+            self.pool = cf.ThreadPoolExecutor(self.n, thread_name_prefix="build")
+        return self
 
-    def __enter__(self) -> Helpers:
+    def __enter__(self) -> Workers:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -273,43 +311,57 @@ def _warm_up() -> None:
         importlib.import_module(name)
 
 
-def run_jobs(jobs: list[Job], helpers: Helpers, progress: Progress) -> None:
-    """Build ``jobs`` in this process and the helpers (this process would otherwise sit
-    idle while it waits: it takes the next job whenever every helper is busy)."""
+def _build_in_helper(job: Job) -> dict[str, Any]:
+    return build_input(job, _WORKER["queue"].put)
+
+
+def run_jobs(jobs: list[Job], workers: Workers, progress: Progress) -> None:
+    """Build ``jobs`` on ``workers``, feeding per-batch counts to ``progress``."""
     # Largest inputs first so the slowest input does not start last (order of completion
     # never changes the output: every job writes only its own files).
     todo = deque(sorted(jobs, key=lambda j: (-int(j.input.size), j.source, j.index)))
+    if workers.pool is None or len(jobs) < 2:
+        for job in todo:
+            build_input(job, lambda item: progress.add(*item))
+            progress.input_done()
+        return
+    if workers.kind == "threads":
+        pending = {workers.pool.submit(build_input, job, workers.queue.put): job for job in todo}
+        try:
+            while pending:
+                _collect(pending, workers.queue, progress, timeout=0.2)
+        except BaseException:
+            for fut in pending:
+                fut.cancel()
+            raise
+        return
+    _run_with_helpers(todo, workers, progress)
+
+
+def _run_with_helpers(todo: deque[Job], workers: Workers, progress: Progress) -> None:
+    """This process builds too (it would otherwise sit idle while it waits): it takes the
+    next job whenever every helper is busy."""
     pending: dict[cf.Future, Job] = {}
-    n = helpers.n if len(jobs) > 1 else 0
+    n = workers.n - 1
+    report = lambda item: progress.add(*item)  # noqa: E731
     try:
         while todo or pending:
             # This process is ready now, a helper may still be starting: it takes the
             # largest remaining input, the helpers the next ones.
-            mine = todo.popleft() if todo and n else None
+            mine = todo.popleft() if todo else None
             while todo and len(pending) < n:
                 job = todo.popleft()
-                pending[helpers.pool.submit(build_input, job)] = job
-            if mine is None and todo:
-                mine = todo.popleft()
+                pending[workers.pool.submit(_build_in_helper, job)] = job
             if mine is not None:
-                _build_here(mine, progress)
+                build_input(mine, report)
+                progress.input_done()
             if pending:
-                _collect(pending, helpers.queue, progress, timeout=0 if todo else 0.5)
+                _collect(pending, workers.queue, progress, timeout=0 if todo else 0.5)
     except BaseException:
         for fut in pending:
             fut.cancel()
         raise
-    if helpers.queue is not None:
-        _drain(helpers.queue, progress)
-
-
-def _build_here(job: Job, progress: Progress) -> None:
-    _WORKER["queue"] = _InlineQueue(progress)
-    try:
-        build_input(job)
-    finally:
-        _WORKER.pop("queue", None)
-    progress.input_done()
+    _drain(workers.queue, progress)
 
 
 def _collect(pending: dict[cf.Future, Job], queue: Any, progress: Progress,
@@ -328,19 +380,9 @@ def _collect(pending: dict[cf.Future, Job], queue: Any, progress: Progress,
         progress.input_done()
 
 
-class _InlineQueue:
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-
-    def put(self, item: tuple[int, int, int]) -> None:
-        self.progress.add(*item)
-
-
 def _drain(queue: Any, progress: Progress) -> None:
-    import queue as q
-
     while True:
         try:
             progress.add(*queue.get_nowait())
-        except q.Empty:
+        except queue_mod.Empty:
             return

@@ -39,7 +39,13 @@ def _default_workers() -> int:
               help="Output directory or URL (e.g. s3://bucket/mix); relative paths are "
                    "relative to the current directory.")
 @click.option("--workers", type=int, default=None,
-              help="Local worker processes. Default: the number of usable CPU cores.")
+              help="Local workers. Default: the number of usable CPU cores.")
+@click.option("--executor", type=click.Choice(["auto", "threads", "processes"]),
+              default="auto", show_default=True,
+              help="How workers run: threads of this process (instant start, one shared "
+                   "encoder) or spawned processes (scale past the GIL-bound parsing). auto: "
+                   "processes for >= 256 MB of input and more than 2 workers, else threads. "
+                   "The output is the same either way.")
 @click.option("--task", type=int, default=None,
               help="Build only inputs whose global index % --tasks == TASK (array jobs / "
                    "machines sharing one --out).")
@@ -50,8 +56,9 @@ def _default_workers() -> int:
 @click.option("--json", "as_json", is_flag=True,
               help="Print the result (summary, counts, fingerprint) as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
-def build_mix(manifest_path: str | None, out: str, workers: int | None, task: int | None,
-              tasks: int, merge_only: bool, as_json: bool, quiet: bool) -> None:
+def build_mix(manifest_path: str | None, out: str, workers: int | None, executor: str,
+              task: int | None, tasks: int, merge_only: bool, as_json: bool,
+              quiet: bool) -> None:
     """Build a mix: tokenizer, token shards and manifest.json (resumable, deterministic).
 
     Without --manifest this builds the embedded demo mix into build/demo-mix under the
@@ -65,7 +72,7 @@ def build_mix(manifest_path: str | None, out: str, workers: int | None, task: in
     path = manifest_path or default_mix_path()
     try:
         options = BuildOptions(workers=workers or _default_workers(), task=task, tasks=tasks,
-                               merge_only=merge_only, progress=not quiet)
+                               merge_only=merge_only, progress=not quiet, executor=executor)
         mix = load_mix(path)
         click.echo(f"build-mix: mix {mix.name!r} from {path} -> {out} (workers "
                    f"{options.workers}, task {task if task is not None else 'all'}"

@@ -303,7 +303,9 @@ def read_rows(url: str, indices: Sequence[int]) -> list[np.ndarray]:
             g = int(np.searchsorted(starts, int(i), side="right") - 1)
             wanted.setdefault(g, []).append(int(i))
         for g, idx in wanted.items():
-            docs = _tokens_of(pf.read_row_group(g, columns=["tokens"]).column("tokens"))
+            # One small row group: Arrow's thread pool costs more than it saves here.
+            docs = _tokens_of(pf.read_row_group(g, columns=["tokens"], use_threads=False)
+                              .column("tokens"))
             for i in idx:
                 got[i] = docs[i - int(starts[g])]
     return [got[int(i)] for i in indices]

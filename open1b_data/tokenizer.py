@@ -251,16 +251,17 @@ class FastEncoder:
         d = json.loads(tok.to_str())
         pattern = _split_pattern(d)
         special = {t["content"]: int(t["id"]) for t in d.get("added_tokens", [])}
+        vocab = {t: int(i) for t, i in d["model"]["vocab"].items() if t not in special}
+        # ByteLevel characters -> bytes in one C-level pass per token: each character
+        # maps to the latin-1 character of its byte, then encodes to that byte.
         dec = _byte_decoder()
-        ranks: dict[bytes, int] = {}
-        for token, idx in d["model"]["vocab"].items():
-            if token in special:
-                continue
-            try:
-                ranks[bytes(dec[c] for c in token)] = int(idx)
-            except KeyError:
-                raise BuildError(f"token {token!r} (id {idx}) is not byte-level; cannot build "
-                                 f"the fast encoder from this tokenizer") from None
+        stray = set("".join(vocab)) - dec.keys()
+        if stray:
+            token = next(t for t in vocab if not set(t) <= dec.keys())
+            raise BuildError(f"token {token!r} (id {vocab[token]}) is not byte-level; cannot "
+                             f"build the fast encoder from this tokenizer")
+        table = str.maketrans({c: chr(b) for c, b in dec.items()})
+        ranks = {t.translate(table).encode("latin-1"): i for t, i in vocab.items()}
         if len(special) != 1:
             raise BuildError(f"expected exactly one special token (the separator), got "
                              f"{sorted(special)}")
@@ -283,15 +284,22 @@ class FastEncoder:
             return list(pool.map(self.encode, texts))
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        return self.encoding.decode_bytes([int(i) for i in ids]).decode("utf-8")
+        ids = ids.tolist() if isinstance(ids, np.ndarray) else [int(i) for i in ids]
+        return self.encoding.decode_bytes(ids).decode("utf-8")
 
 
-def check_equivalence(tok: Any, fast: FastEncoder, texts: Sequence[str]) -> None:
-    """HF ``encode_batch`` and ``fast.encode_batch`` give identical ids on every text, and
-    both decode back to the text exactly; else ``BuildError`` naming the first difference."""
-    tok.encode_special_tokens = True
+def check_equivalence(tok: Any, fast: FastEncoder, texts: Sequence[str],
+                      ids: Sequence[np.ndarray] | None = None) -> None:
+    """HF ``encode_batch`` and the fast encoder give identical ids on every text, and they
+    decode back to the text exactly; else ``BuildError`` naming the first difference.
+    ``ids``: the fast encoder's ids for ``texts`` when the caller already has them (a build
+    checks the very ids it stores); encoded here otherwise."""
+    if not tok.encode_special_tokens:  # a setter: skip it when set (threads share ``tok``)
+        tok.encode_special_tokens = True
     ref = tok.encode_batch(list(texts), add_special_tokens=False)
-    got = fast.encode_batch(list(texts))
+    got = fast.encode_batch(list(texts)) if ids is None else list(ids)
+    if len(got) != len(ref):
+        raise BuildError(f"check_equivalence: {len(texts)} texts but {len(got)} id arrays")
     for n, (text, r, g) in enumerate(zip(texts, ref, got)):
         a = np.asarray(r.ids, dtype=np.int64)
         b = np.asarray(g, dtype=np.int64)

@@ -7,9 +7,10 @@ and the reasons stay uniform across formats.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from open1b_data import storage
@@ -34,7 +35,7 @@ def get_field(record: Mapping[str, Any], path: tuple[str, ...], kinds: tuple[typ
     never a number); else the ``Dropped`` that says which field is wrong."""
     value: Any = record
     for i, key in enumerate(path):
-        if not isinstance(value, Mapping):
+        if type(value) is not dict and not isinstance(value, Mapping):  # fast path: dict
             where = ".".join(path[:i])
             return Dropped("wrong_type", input, row,
                            f"field {where!r}: expected an object, got {type(value).__name__}")
@@ -49,7 +50,7 @@ def get_field(record: Mapping[str, Any], path: tuple[str, ...], kinds: tuple[typ
     return value
 
 
-def get_fields(record: Mapping[str, Any], fields: list[Field], input: str,
+def get_fields(record: Mapping[str, Any], fields: Sequence[Field], input: str,
                row: int) -> list[Any] | Dropped:
     """``get_field`` for each of ``fields`` in order; the first problem wins."""
     values = []
@@ -61,9 +62,11 @@ def get_fields(record: Mapping[str, Any], fields: list[Field], input: str,
     return values
 
 
-def filter_fields(spec: FilterSpec) -> list[Field]:
-    """The fields the metadata filters read, as top-level ``Field`` entries."""
-    return [((name,), kinds) for name, kinds in metadata_fields(spec).items()]
+@functools.lru_cache(maxsize=64)
+def filter_fields(spec: FilterSpec) -> tuple[Field, ...]:
+    """The fields the metadata filters read, as top-level ``Field`` entries (computed once
+    per filter spec: readers ask for every record)."""
+    return tuple(((name,), kinds) for name, kinds in metadata_fields(spec).items())
 
 
 def apply_metadata_filters(spec: FilterSpec, record: Mapping[str, Any], input: str,

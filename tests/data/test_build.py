@@ -89,13 +89,14 @@ def test_manifest_is_portable(reference, mix_path):
     assert "workers" not in text
 
 
-@pytest.mark.parametrize("how", ["workers2", "tasks2", "tasks3"])
+@pytest.mark.parametrize("how", ["threads3", "processes2", "tasks2", "tasks3"])
 def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_path, how):
     ref_out, _ = reference
     mix = load_mix(mix_path)
     out = str(tmp_path / "mix")
-    if how == "workers2":
-        build_mix(mix, out, BuildOptions(workers=2, **QUIET))
+    if how.startswith(("threads", "processes")):
+        executor, n = how[:-1], int(how[-1])
+        build_mix(mix, out, BuildOptions(workers=n, executor=executor, **QUIET))
     else:
         n = int(how[-1])
         # Tasks run in reverse order; only the last one (seeing every marker) merges.
@@ -107,6 +108,17 @@ def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_p
             assert build_mix(mix, out, BuildOptions(merge_only=True, **QUIET)).merged
     assert _files(Path(out)) == _files(ref_out)
     assert _files(Path(out), with_work=True) == _files(ref_out, with_work=True)
+
+
+def test_executor_choice():
+    from open1b_data.build_task import PROCESS_MIN_BYTES, choose_executor
+
+    assert choose_executor("auto", 10 << 20, 8) == "threads"  # small: no interpreter starts
+    assert choose_executor("auto", PROCESS_MIN_BYTES, 8) == "processes"
+    assert choose_executor("auto", PROCESS_MIN_BYTES, 2) == "threads"
+    assert choose_executor("processes", 1, 2) == "processes"
+    with pytest.raises(BuildError, match="--executor must be one of"):
+        BuildOptions(executor="fork")
 
 
 def test_task_does_not_merge_until_all_built(mix_path, tmp_path):

@@ -111,6 +111,20 @@ def test_check_equivalence_names_the_difference(trained):
         tk.check_equivalence(trained, skewed, ["fine text", "a needle in a haystack"])
 
 
+def test_check_equivalence_checks_given_ids(trained):
+    """A build passes the ids it stores; a wrong stored id fails the check."""
+    fast = tk.FastEncoder.from_tokenizer(trained)
+    texts = ["fine text", "a needle in a haystack"]
+    ids = fast.encode_batch(texts)
+    tk.check_equivalence(trained, fast, texts, ids)
+    bad = [ids[0], ids[1].copy()]
+    bad[1][-1] += 1
+    with pytest.raises(BuildError, match=r"document 1 at token"):
+        tk.check_equivalence(trained, fast, texts, bad)
+    with pytest.raises(BuildError, match="2 texts but 1 id arrays"):
+        tk.check_equivalence(trained, fast, texts, ids[:1])
+
+
 def test_loads_in_tokenizers_and_transformers(tmp_path, trained):
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
