@@ -78,8 +78,10 @@ def _check(a: torch.Tensor, b: torch.Tensor, row_scale, col_scale, out_dtype) ->
 def bf16_rne(x: torch.Tensor) -> torch.Tensor:
     """float32 -> bfloat16, round to nearest even by bit arithmetic (NaN -> 0x7FC0)."""
     b = x.contiguous().view(torch.int32)
-    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16  # carries into the exponent give +-inf
-    r = torch.where(torch.isnan(x), torch.full_like(r, 0x7FC0), r)
+    # (b + 0x7FFF + ((b >> 16) & 1)) >> 16, in place on one temporary (int32 adds commute);
+    # carries into the exponent give +-inf
+    r = (b >> 16).bitwise_and_(1).add_(0x7FFF).add_(b).bitwise_right_shift_(16)
+    r.masked_fill_(torch.isnan(x), 0x7FC0)
     return r.to(torch.int16).view(torch.bfloat16)
 
 
@@ -92,23 +94,37 @@ def bf16_operand(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 def dequantize_cpu(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
-                   out_dtype: torch.dtype) -> torch.Tensor:
-    """``rn(rn(float(acc) * row_scale[m]) * col_scale[n])`` then RNE to ``out_dtype``."""
-    y = acc.to(torch.float32) * row_scale.reshape(-1, 1)
-    y = y * col_scale.reshape(1, -1)
+                   out_dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``rn(rn(float(acc) * row_scale[m]) * col_scale[n])`` then RNE to ``out_dtype``.
+
+    ``out`` (float32, acc's shape) receives the float32 result instead of a new tensor.
+    """
+    y = acc.to(torch.float32) if out is None else out.copy_(acc)  # int32 -> fp32, RNE
+    y.mul_(row_scale.reshape(-1, 1)).mul_(col_scale.reshape(1, -1))  # in place: same bits
     return bf16_rne(y) if out_dtype == torch.bfloat16 else y
 
 
-def exact_int_mm_cpu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _mm_operand(t: torch.Tensor) -> torch.Tensor:
+    # oneDNN reads row-major and transposed (column-major) operands directly; copying a
+    # transposed weight-sized operand cost more than the GEMM itself
+    return t if t.is_contiguous() or t.t().is_contiguous() else t.contiguous()
+
+
+def exact_int_mm_cpu(a: torch.Tensor, b: torch.Tensor,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Exact int32 ``a @ b.T`` of int8 (M, K) and (N, K) on the CPU (K <= MAX_K).
 
     ``torch._int_mm`` (oneDNN) reads garbage when a dimension is 1 (a (7, 1) operand has
     the ambiguous strides (1, 1)), so small shapes take a float64 GEMM instead, which is
-    exact too: every partial sum is an integer below 2^53.
+    exact too: every partial sum is an integer below 2^53. Operands may be row-major or
+    transposed views (no copy); ``out`` (int32 (M, N), contiguous) receives the result.
     """
     if min(a.shape[0], a.shape[1], b.shape[0]) < 16:
-        return (a.to(torch.float64) @ b.to(torch.float64).t()).to(torch.int32)
-    return torch._int_mm(a.contiguous(), b.t().contiguous())
+        acc = (a.to(torch.float64) @ b.to(torch.float64).t()).to(torch.int32)
+        return acc if out is None else out.copy_(acc)
+    if out is None:
+        return torch._int_mm(_mm_operand(a), _mm_operand(b.t()))
+    return torch._int_mm(_mm_operand(a), _mm_operand(b.t()), out=out)
 
 
 def int8_mm_cpu(a: torch.Tensor, b: torch.Tensor, row_scale=None, col_scale=None,

@@ -50,10 +50,12 @@ import math
 import torch
 
 from kernels.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
-from kernels.hadamard import hadamard, padded_width
-from kernels.int8_gemm import MAX_K, bf16_operand, bf16_rne, int8_mm
-from kernels.reduce import tree_sum
+from kernels.hadamard import hadamard, hadamard_dim0_cpu_, padded_width
+from kernels.int8_gemm import (MAX_K, bf16_operand, bf16_rne, dequantize_cpu, exact_int_mm_cpu,
+                               int8_mm, int8_mm_cpu)
+from kernels.reduce import tree_sum, tree_sum_cpu
 from kernels.registry import Cost, GpuCheck, scaled, seeded_generator
+from kernels.workspace import scratch
 
 if HAVE_TRITON:
     import triton
@@ -75,20 +77,24 @@ if HAVE_TRITON:
     INV_127_K = tl.constexpr(INV_127)
 
 
-def _rne(v: torch.Tensor) -> torch.Tensor:
-    return (v + RND) - RND
-
-
 def _safe(s: torch.Tensor) -> torch.Tensor:
     return torch.where(s == 0, torch.ones_like(s), s)
+
+
+def _codes_(v: torch.Tensor) -> torch.Tensor:
+    """int8 ``rne(clamp(v, -127, 127))`` of float32 ``v``, clamping and rounding v in place.
+
+    ``torch.round`` is IEEE roundToIntegralTiesToEven, so on |v| <= 127 it gives the values
+    of ``(v + RND) - RND`` in one pass instead of two; the two differ only in the sign of
+    a zero result (round(-0.3) = -0.0), which an int8 code cannot carry.
+    """
+    return v.clamp_(-Q_MAX, Q_MAX).round_().to(torch.int8)
 
 
 # ------------------------------------------------------------------- CPU references
 def quantize_cpu(x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """q = rne(clamp(x / step, -127, 127)) as int8; step (R,) per row or (1,) per tensor."""
-    s = step.reshape(-1, 1)
-    v = x.to(torch.float32) / _safe(s)
-    return _rne(v.clamp(-Q_MAX, Q_MAX)).to(torch.int8)
+    return _codes_(x.to(torch.float32) / _safe(step.reshape(-1, 1)))
 
 
 def row_absmax_step_cpu(x: torch.Tensor) -> torch.Tensor:
@@ -101,12 +107,15 @@ def ste_cpu(g: torch.Tensor, x: torch.Tensor, step: torch.Tensor, want_term: boo
     """STE mask (and LSQ term g * dv/ds) of the quantizer at (x, step); see module doc."""
     v = x.to(torch.float32) / _safe(step.reshape(-1, 1))
     inside = (v >= -Q_MAX) & (v <= Q_MAX)
-    dx = torch.where(inside, g, torch.zeros_like(g))
+    dx = torch.where(inside, g, 0.0)
     dx = bf16_rne(dx) if out_bf16 else dx
     if not want_term:
         return dx, None
     vc = v.clamp(-Q_MAX, Q_MAX)
-    return dx, g * torch.where(inside, _rne(vc) - v, vc)
+    # t = rne(vc) - v inside, vc outside. round(vc) - v equals (vc + RND - RND) - v even
+    # for a zero rne: -0 - (-0) = +0 - (-0) = +0 and -0 - v = +0 - v for v != 0.
+    t = torch.where(inside, vc.round().sub_(v), vc)
+    return dx, t.mul_(g)
 
 
 # ------------------------------------------------------------------- Triton kernels
@@ -272,13 +281,15 @@ def ste(g: torch.Tensor, x: torch.Tensor, step: torch.Tensor, want_term: bool,
 
 
 # ------------------------------------------------------------------- the op
-def weight_step(w: torch.Tensor) -> torch.Tensor:
-    """Per-output-channel step sw[n] = rn(rn(tree_sum|w[n]| * INV_K) * TWO_OVER_SQRT127)."""
-    k = w.shape[1]
+def _inv_k(k: int) -> float:
     one = torch.tensor(1.0, dtype=torch.float32)
     kf = torch.tensor(float(k), dtype=torch.float32)  # float32 IEEE division, on the host
-    inv_k = float(one / kf)
-    mean = tree_sum(w.to(torch.float32).abs(), -1) * inv_k
+    return float(one / kf)
+
+
+def weight_step(w: torch.Tensor) -> torch.Tensor:
+    """Per-output-channel step sw[n] = rn(rn(tree_sum|w[n]| * INV_K) * TWO_OVER_SQRT127)."""
+    mean = tree_sum(w.to(torch.float32).abs(), -1) * _inv_k(w.shape[1])
     return mean * TWO_OVER_SQRT127
 
 
@@ -293,9 +304,98 @@ def _check(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor) -> None:
                          "and could overflow int32; split the batch")
 
 
+# The CPU path below gives the bits of the reference steps above (quantize_cpu,
+# weight_step, rotate_quantize, int8_mm, ste; tests/kernels/test_linear_int8.py compares
+# them) in an order that suits memory: weight-sized intermediates live in kernels.workspace,
+# the forward's codes are kept for the backward, and every rotation runs along dim 0
+# (hadamard_dim0_cpu_), so no weight-sized transpose is ever copied.
+def weight_codes_cpu(w: torch.Tensor):
+    """(q_w, sw, outside): quantize_cpu(w, sw) int8 (N, K), sw = weight_step(w) (N,), and
+    the bool (N, K) positions where w / sw leaves [-127, 127] (None when there are none)."""
+    n, k = w.shape
+    wf = scratch("linear.w", (n, k), torch.float32).copy_(w)
+    a = torch.abs(wf, out=scratch("linear.w_abs", (n, k), torch.float32))
+    sw = tree_sum_cpu(a, -1).mul_(_inv_k(k)).mul_(TWO_OVER_SQRT127)
+    div = _safe(sw)
+    # max_k |w[n, k] / s| = rn(max_k |w[n, k]| / s): a correctly rounded division by s > 0
+    # is monotone and sign-symmetric, so one division per row says whether any element is
+    # clipped (almost never: the step is ~22 mean|w| / 127 wide).
+    clipped = not bool((a.amax(1).div_(div) <= Q_MAX).all())
+    v = wf.div_(div.reshape(-1, 1))
+    outside = ((v >= -Q_MAX) & (v <= Q_MAX)).logical_not_() if clipped else None
+    return _codes_(v), sw, outside
+
+
+def _rotate_quantize_dim0_cpu(y: torch.Tensor):
+    """``rotate_quantize(t)`` for the (R, K) tensor t whose zero-padded float32 transpose
+    (Kp, R) is ``y`` (a scratch buffer, overwritten): codes^T (Kp, R) int8 and steps (R,),
+    the same bits."""
+    hadamard_dim0_cpu_(y, HADAMARD_BLOCK)
+    # max|y| per column = max(max y, -min y) (two read-only passes, no |y| copy); abs_ turns
+    # the -0 an all-zero column may give into the +0 of max|y|
+    step = torch.maximum(y.amax(0), y.amin(0).neg_()).abs_().mul_(INV_127)
+    return _codes_(y.div_(_safe(step))), step
+
+
+def _padded_t(name: str, t: torch.Tensor) -> torch.Tensor:
+    """float32 scratch (Kp, R) holding t (R, K) transposed, zero rows below K."""
+    kp = padded_width(t.shape[1], HADAMARD_BLOCK)
+    y = scratch(name, (kp, t.shape[0]), torch.float32)
+    y[: t.shape[1]].copy_(t.t())
+    y[t.shape[1]:].zero_()
+    return y
+
+
+def linear_int8_forward_cpu(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor):
+    """(y, codes): the forward's y and the codes ``linear_int8_backward_cpu`` reuses."""
+    _check(x, w, s_x)
+    sx = s_x.reshape(1).to(torch.float32)
+    q_w, sw, outside = weight_codes_cpu(w)
+    q_x = quantize_cpu(x, sx)
+    return int8_mm_cpu(q_x, q_w, sx, sw, torch.bfloat16), (q_x, q_w, sw, outside)
+
+
+def linear_int8_backward_cpu(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+                             s_x: torch.Tensor, codes=None, dw_dtype=torch.float32):
+    """``linear_int8_backward`` on the CPU; ``codes`` from ``linear_int8_forward_cpu``
+    (recomputed when None), dw returned in ``dw_dtype`` (float32 rounded by ``.to``)."""
+    _check(x, w, s_x)
+    m, k = x.shape
+    n = w.shape[0]
+    sx = s_x.reshape(1).to(torch.float32)
+    if codes is None:
+        codes = (quantize_cpu(x, sx), *weight_codes_cpu(w))
+    q_x, q_w, sw, outside = codes
+    dy = dy.to(torch.bfloat16)
+    # dX_hat = G @ w_hat, contraction over N: rotate w_hat^T's rows = w_hat's columns
+    np_ = padded_width(n, HADAMARD_BLOCK)
+    wt = scratch("linear.rot_w", (np_, k), torch.float32)
+    wt[:n].copy_(q_w).mul_(sw.reshape(-1, 1))  # w_hat = rn(q_w * sw[n])
+    wt[n:].zero_()
+    qb, sb = _rotate_quantize_dim0_cpu(wt)                          # (Np, K)
+    qa, sa = _rotate_quantize_dim0_cpu(_padded_t("linear.rot_g", dy))  # (Np, M)
+    dx_hat = dequantize_cpu(exact_int_mm_cpu(qa.t(), qb.t()), sa, sb, torch.float32)
+    # dW = G^T @ x_hat = s_x * (G^T @ q_x): contraction over M
+    qa2, sa2 = _rotate_quantize_dim0_cpu(_padded_t("linear.rot_g", dy.t()))   # (Mp, N)
+    qb2, sb2 = _rotate_quantize_dim0_cpu(_padded_t("linear.rot_x", q_x.t()))  # (Mp, K)
+    acc = exact_int_mm_cpu(qa2.t(), qb2.t(), out=scratch("linear.dw_acc", (n, k), torch.int32))
+    fresh = dw_dtype == torch.float32  # else a scratch float32, rounded into a new tensor
+    dw = torch.empty((n, k), dtype=torch.float32) if fresh else scratch("linear.dw", (n, k),
+                                                                         torch.float32)
+    dequantize_cpu(acc, sa2, sb2 * sx, torch.float32, out=dw)
+    if outside is not None:
+        dw.masked_fill_(outside, 0.0)  # = where(inside_w, dW, +0)
+    dx, term = ste_cpu(dx_hat, x, sx, want_term=True, out_bf16=True)
+    g = float(torch.tensor(1.0 / math.sqrt(m * k * Q_MAX), dtype=torch.float32))
+    ds = tree_sum_cpu(term.reshape(-1), 0) * g
+    return dx, (dw if fresh else dw.to(dw_dtype)), ds.reshape(s_x.shape)
+
+
 def linear_int8_forward(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor) -> torch.Tensor:
     """y (M, N) bf16 = dequant(q_x @ q_w^T); see the module docstring for every rounding."""
     _check(x, w, s_x)
+    if not use_triton(x):
+        return linear_int8_forward_cpu(x, w, s_x)[0]
     sx = s_x.reshape(1).to(torch.float32)
     sw = weight_step(w)
     return int8_mm(quantize(x, sx), quantize(w, sw), sx, sw, torch.bfloat16)
@@ -306,6 +406,8 @@ def linear_int8_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     """(dx bf16 (M, K), dw float32 (N, K), ds float32 like s_x) for upstream dy (M, N)."""
     _check(x, w, s_x)
     m, k = x.shape
+    if not use_triton(x) and min(m, k, w.shape[0]):
+        return linear_int8_backward_cpu(dy, x, w, s_x)
     sx = s_x.reshape(1).to(torch.float32)
     sw = weight_step(w)
     q_w = quantize(w, sw)
@@ -332,15 +434,23 @@ class LinearInt8Function(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, s_x):
-        ctx.save_for_backward(x, w, s_x)
-        y = linear_int8_forward(x.reshape(-1, x.shape[-1]), w, s_x)
+        x2 = x.reshape(-1, x.shape[-1])
+        if use_triton(x2):
+            y, codes = linear_int8_forward(x2, w, s_x), ()
+        else:  # keep the CPU forward's codes: the backward needs the same ones
+            y, codes = linear_int8_forward_cpu(x2, w, s_x)
+        ctx.save_for_backward(x, w, s_x, *codes)
         return y.reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
-        x, w, s_x = ctx.saved_tensors
-        dx, dw, ds = linear_int8_backward(dy.reshape(-1, w.shape[0]),
-                                          x.reshape(-1, x.shape[-1]), w, s_x)
+        x, w, s_x, *codes = ctx.saved_tensors
+        dy2, x2 = dy.reshape(-1, w.shape[0]), x.reshape(-1, x.shape[-1])
+        if use_triton(x2) or not min(x2.shape[0], x2.shape[1], w.shape[0]):
+            dx, dw, ds = linear_int8_backward(dy2, x2, w, s_x)
+        else:  # dw straight in w's dtype: the .to autograd would apply, minus a copy
+            dx, dw, ds = linear_int8_backward_cpu(dy2, x2, w, s_x, tuple(codes) or None,
+                                                  dw_dtype=w.dtype)
         return dx.reshape(x.shape), dw, ds
 
 

@@ -27,6 +27,7 @@ import torch
 
 from kernels.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
 from kernels.registry import Cost, GpuCheck, scaled, seeded_generator
+from kernels.workspace import scratch
 
 if HAVE_TRITON:
     import triton
@@ -65,6 +66,9 @@ def tree_sum_cpu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """The pairwise tree sum of float32 ``x`` along ``dim`` (CPU reference, any device)."""
     if x.dtype != torch.float32:
         raise TypeError(f"tree sums are defined on float32, got {x.dtype}; convert first")
+    dim = dim % x.dim()
+    if dim == 0 and x.dim() >= 2 and x.is_contiguous() and x.numel():
+        return _tree_sum_dim0(x)
     s = x.movedim(dim, -1)
     n = s.shape[-1]
     if n == 0:
@@ -72,10 +76,36 @@ def tree_sum_cpu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     pad = next_pow2(n) - n
     if pad:
         s = torch.cat([s, s.new_zeros(*s.shape[:-1], pad)], dim=-1)
+    if s.shape[-1] == 1:
+        return s[..., 0]
+    level = 0
     while s.shape[-1] > 1:
         pairs = s.reshape(*s.shape[:-1], s.shape[-1] // 2, 2)  # (..., m/2, 2)
-        s = pairs[..., 0] + pairs[..., 1]
-    return s[..., 0]
+        # levels ping-pong between two reused buffers (kernels.workspace: page faults)
+        out = scratch(f"reduce.tree{level % 2}", pairs.shape[:-1], torch.float32)
+        s = torch.add(pairs[..., 0], pairs[..., 1], out=out)
+        level += 1
+    return s[..., 0].clone()
+
+
+def _tree_sum_dim0(x: torch.Tensor) -> torch.Tensor:
+    # The same adds as the last-dim tree, s[i] = s[2i] + s[2i+1] along dim 0, where the two
+    # operands of every level are whole contiguous slices instead of stride-2 gathers.
+    n, rest = x.shape[0], x.shape[1:]
+    s = x
+    pad = next_pow2(n) - n
+    if pad:
+        s = torch.cat([s, s.new_zeros(pad, *rest)], dim=0)
+    if s.shape[0] == 1:
+        return s[0]
+    level = 0
+    while s.shape[0] > 1:
+        pairs = s.reshape(s.shape[0] // 2, 2, -1)  # (m/2, pair, rest)
+        out = scratch(f"reduce.tree{level % 2}", (pairs.shape[0], pairs.shape[2]),
+                      torch.float32)
+        s = torch.add(pairs[:, 0], pairs[:, 1], out=out)
+        level += 1
+    return s[0].reshape(rest).clone()
 
 
 if HAVE_TRITON:
