@@ -74,8 +74,11 @@ def tree_sum_cpu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if n == 0:
         raise ValueError("tree sum over an empty dimension is undefined; check the shape")
     pad = next_pow2(n) - n
-    if pad:
-        s = torch.cat([s, s.new_zeros(*s.shape[:-1], pad)], dim=-1)
+    if pad:  # zero-padded copy in a reused buffer (a fresh cat paid page faults)
+        padded = scratch("reduce.pad", (*s.shape[:-1], n + pad), torch.float32)
+        padded[..., :n].copy_(s)
+        padded[..., n:].zero_()
+        s = padded
     if s.shape[-1] == 1:
         return s[..., 0]
     level = 0
