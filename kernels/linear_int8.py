@@ -38,6 +38,15 @@ Backward (straight-through estimator, LSQ): with G = dL/dy (bf16),
   row-major order, t = rne(v) - v inside and the clamp bound (-127 or 127) outside,
   g = fp32(1 / sqrt(M*K*127)) computed in double on the host.
 
+CPU path (``linear_int8_forward_cpu`` / ``linear_int8_backward_cpu``, what ``force("cpu")``
+and the autograd wrapper run): the same bits as the steps above, computed in an order that
+suits memory - the forward's int8 codes are kept for the backward, rotations run along
+dim 0 in L2-sized tiles (``hadamard.hadamard_dim0_cpu_``), weight-sized passes in row
+slabs, intermediates in ``kernels.workspace``, ``rne`` as ``torch.round`` (the same value
+up to the sign of a zero, which neither an int8 code nor the term t can show), and a clamp
+skipped only where it provably changes nothing. tests/kernels/test_linear_int8_cpu.py
+checks it against the steps written out literally.
+
 Subnormals kept (IEEE). NaN/inf policy: inputs and steps must be finite (the trainer's
 gradient-norm check stops non-finite steps); non-finite values give unspecified int8
 codes, which is outside the parity contract. Tokens M <= int8_gemm.MAX_K (dW contracts
