@@ -84,7 +84,7 @@ def time_pipeline(mix, out: str, workers: int) -> tuple[float, float, object]:
     from open1b_data.build import BuildOptions, build_mix
 
     _keep_only_tokenizer(out)
-    build_task._WORKER.pop("encoders_key", None)  # a command loads its encoders once
+    build_task.forget_encoders()  # a command loads its encoders once
     t0, c0 = time.perf_counter(), cpu_seconds()
     result = build_mix(mix, out, BuildOptions(workers=workers, progress=False))
     return time.perf_counter() - t0, cpu_seconds() - c0, result
@@ -159,7 +159,7 @@ def profile_one_build(mix, out: str) -> str:
     from open1b_data import build_task
 
     _keep_only_tokenizer(out)
-    build_task._WORKER.pop("encoders_key", None)
+    build_task.forget_encoders()
     prof = cProfile.Profile(time.process_time)
     prof.enable()
     build_mix(mix, out, BuildOptions(workers=1, progress=False))

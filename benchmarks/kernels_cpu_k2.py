@@ -11,9 +11,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
 from kernels import backend
@@ -22,15 +19,12 @@ from kernels.int8_gemm import int8_mm
 from kernels.linear_int8 import linear_int8_backward, linear_int8_forward
 from kernels.lmhead import lmhead_backward, lmhead_forward
 from kernels.xent import xent_backward, xent_forward
+from benchmarks.kernels_cpu_ops import median_s  # one timing rule for both scripts
 
-def med(fn, n=3):
-    fn()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+
+def med(fn, n=3):  # median of n after one warm-up
+    return median_s(fn, n)
+
 
 g = torch.Generator().manual_seed(0)
 def row(name, ours, base):

@@ -79,6 +79,10 @@ class BuildOptions:
         if self.task is None and self.tasks != 1:
             raise BuildError("--tasks needs --task i (which of the N tasks this process is)")
 
+    def owns(self, g: int) -> bool:
+        """Whether this task builds input ``g`` (its index in the global input order)."""
+        return self.task is None or g % self.tasks == self.task
+
 
 @dataclass(frozen=True)
 class BuildResult:
@@ -242,7 +246,7 @@ def build_mix(mix: MixSpec, out: str, options: BuildOptions = BuildOptions()) ->
     t0 = time.perf_counter()
     inputs = list_all_inputs(mix)
     owned = [i for g, i in enumerate(i for s in mix.sources for i in inputs[s.name])
-             if options.task is None or g % options.tasks == options.task]
+             if options.owns(g)]
     kind = choose_executor(options.executor, sum(int(i.size) for i in owned), options.workers)
     # Workers start before the tokenizer stage: spawned helpers' interpreter start
     # overlaps tokenizer training.
@@ -273,7 +277,7 @@ def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list
             g += 1
     all_jobs = [j for _, j in jobs]
     mine = [] if options.merge_only else [
-        j for g, j in jobs if options.task is None or g % options.tasks == options.task]
+        j for g, j in jobs if options.owns(g)]
     existing = set(list_files(out))
     todo = [j for j in mine if valid_marker(j, existing) is None]
     progress.total_inputs = len(mine)

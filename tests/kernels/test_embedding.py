@@ -56,7 +56,8 @@ def test_accuracy_against_float64_and_autograd():
     assert torch.equal(y, w.float()[ids])
     dy32 = dy.float() * 1.37
     y.backward(dy32)
-    ref = torch.zeros(64, 32, dtype=torch.float64).index_add_(0, ids.reshape(-1), dy32.reshape(-1, 32).double())
+    ref = torch.zeros(64, 32, dtype=torch.float64).index_add_(
+        0, ids.reshape(-1), dy32.reshape(-1, 32).double())
     assert ((wr.grad.double() - ref).abs()).max() <= 1e-5 * ref.abs().max()
 
 
