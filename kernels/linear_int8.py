@@ -474,12 +474,14 @@ def linear_int8_forward(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor) -> 
 
 
 def linear_int8_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-                         s_x: torch.Tensor):
-    """(dx bf16 (M, K), dw float32 (N, K), ds float32 like s_x) for upstream dy (M, N)."""
+                         s_x: torch.Tensor, codes=None, dw_dtype=torch.float32):
+    """(dx bf16 (M, K), dw (N, K), ds float32 like s_x) for upstream dy (M, N); dw is the
+    float32 result, rounded to ``dw_dtype`` when that is narrower. ``codes``: what
+    ``linear_int8_forward_cpu`` returned, reused by the CPU path (others recompute)."""
     _check(x, w, s_x)
     m, k = x.shape
     if not use_triton(x) and min(m, k, w.shape[0]):
-        return linear_int8_backward_cpu(dy, x, w, s_x)
+        return linear_int8_backward_cpu(dy, x, w, s_x, codes, dw_dtype)
     sx = s_x.reshape(1).to(torch.float32)
     sw = weight_step(w)
     q_w = quantize(w, sw)
@@ -498,7 +500,7 @@ def linear_int8_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     dw, _ = ste(dw_raw, w, sw, want_term=False, out_bf16=False)
     g = float(torch.tensor(1.0 / math.sqrt(m * k * Q_MAX), dtype=torch.float32))
     ds = tree_sum(term.reshape(-1), 0) * g
-    return dx, dw, ds.reshape(s_x.shape)
+    return dx, dw.to(dw_dtype), ds.reshape(s_x.shape)
 
 
 class LinearInt8Function(torch.autograd.Function):
@@ -517,12 +519,9 @@ class LinearInt8Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, w, s_x, *codes = ctx.saved_tensors
-        dy2, x2 = dy.reshape(-1, w.shape[0]), x.reshape(-1, x.shape[-1])
-        if use_triton(x2) or not min(x2.shape[0], x2.shape[1], w.shape[0]):
-            dx, dw, ds = linear_int8_backward(dy2, x2, w, s_x)
-        else:  # dw straight in w's dtype: the .to autograd would apply, minus a copy
-            dx, dw, ds = linear_int8_backward_cpu(dy2, x2, w, s_x, tuple(codes) or None,
-                                                  dw_dtype=w.dtype)
+        # dw straight in w's dtype: the rounding autograd would apply, minus a copy
+        dx, dw, ds = linear_int8_backward(dy.reshape(-1, w.shape[0]), x.reshape(-1, x.shape[-1]),
+                                          w, s_x, tuple(codes) or None, dw_dtype=w.dtype)
         return dx.reshape(x.shape), dw, ds
 
 

@@ -67,48 +67,33 @@ def tree_sum_cpu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if x.dtype != torch.float32:
         raise TypeError(f"tree sums are defined on float32, got {x.dtype}; convert first")
     dim = dim % x.dim()
-    if dim == 0 and x.dim() >= 2 and x.is_contiguous() and x.numel():
-        return _tree_sum_dim0(x)
-    s = x.movedim(dim, -1)
-    n = s.shape[-1]
+    # Along dim 0 of a contiguous tensor every level's operands are whole contiguous
+    # slices; elsewhere the summed dim goes last, where they are stride-2 gathers.
+    axis = 0 if dim == 0 and x.dim() >= 2 and x.is_contiguous() else -1
+    s = x if axis == 0 else x.movedim(dim, -1)
+    n = s.shape[axis]
     if n == 0:
         raise ValueError("tree sum over an empty dimension is undefined; check the shape")
     pad = next_pow2(n) - n
     if pad:  # zero-padded copy in a reused buffer (a fresh cat paid page faults)
-        padded = scratch("reduce.pad", (*s.shape[:-1], n + pad), torch.float32)
-        padded[..., :n].copy_(s)
-        padded[..., n:].zero_()
+        shape = list(s.shape)
+        shape[axis] = n + pad
+        padded = scratch("reduce.pad", tuple(shape), torch.float32)
+        padded.narrow(axis, 0, n).copy_(s)
+        padded.narrow(axis, n, pad).zero_()
         s = padded
-    if s.shape[-1] == 1:
-        return s[..., 0]
     level = 0
-    while s.shape[-1] > 1:
-        pairs = s.reshape(*s.shape[:-1], s.shape[-1] // 2, 2)  # (..., m/2, 2)
+    while s.shape[axis] > 1:  # s[i] = s[2i] + s[2i+1] along the axis, level by level
+        if axis == 0:
+            pairs = s.reshape(s.shape[0] // 2, 2, *s.shape[1:])
+            a, b = pairs[:, 0], pairs[:, 1]
+        else:
+            pairs = s.reshape(*s.shape[:-1], s.shape[-1] // 2, 2)
+            a, b = pairs[..., 0], pairs[..., 1]
         # levels ping-pong between two reused buffers (kernels.workspace: page faults)
-        out = scratch(f"reduce.tree{level % 2}", pairs.shape[:-1], torch.float32)
-        s = torch.add(pairs[..., 0], pairs[..., 1], out=out)
+        s = torch.add(a, b, out=scratch(f"reduce.tree{level % 2}", a.shape, torch.float32))
         level += 1
-    return s[..., 0].clone()
-
-
-def _tree_sum_dim0(x: torch.Tensor) -> torch.Tensor:
-    # The same adds as the last-dim tree, s[i] = s[2i] + s[2i+1] along dim 0, where the two
-    # operands of every level are whole contiguous slices instead of stride-2 gathers.
-    n, rest = x.shape[0], x.shape[1:]
-    s = x
-    pad = next_pow2(n) - n
-    if pad:
-        s = torch.cat([s, s.new_zeros(pad, *rest)], dim=0)
-    if s.shape[0] == 1:
-        return s[0]
-    level = 0
-    while s.shape[0] > 1:
-        pairs = s.reshape(s.shape[0] // 2, 2, -1)  # (m/2, pair, rest)
-        out = scratch(f"reduce.tree{level % 2}", (pairs.shape[0], pairs.shape[2]),
-                      torch.float32)
-        s = torch.add(pairs[:, 0], pairs[:, 1], out=out)
-        level += 1
-    return s[0].reshape(rest).clone()
+    return s.select(axis, 0).clone()
 
 
 if HAVE_TRITON:
