@@ -36,7 +36,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from kernels.int8_gemm import widen_bf16_bits
+    from kernels.int8_gemm import load_f32
 
 BLOCK = 256  # default rotation block: a power of four (exact 1/16 normalization)
 ROWS_GPU = 16  # rows per program on the GPU
@@ -154,11 +154,7 @@ if HAVE_TRITON:
         cols = j * B + tl.arange(0, B)
         mask = (rows[:, None] < R) & (cols[None, :] < K)
         ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_r + cols[None, :] * stride_k
-        if IS_BF16:
-            x = widen_bf16_bits(tl.load(ptrs, mask=mask, other=0))
-        else:
-            x = tl.load(ptrs, mask=mask, other=0).to(tl.float32)
-        return fwht_tile(x, ROWS, B, LOG_B) * scale
+        return fwht_tile(load_f32(ptrs, mask, 0.0, IS_BF16), ROWS, B, LOG_B) * scale
 
     @triton.jit
     def _hadamard_kernel(x_ptr, y_ptr, R, K, KP, stride_r, stride_k, scale,

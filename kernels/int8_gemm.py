@@ -158,6 +158,16 @@ if HAVE_TRITON:
         return (v.to(tl.int32) << 16).to(tl.float32, bitcast=True)
 
     @triton.jit
+    def load_f32(ptrs, mask, other, IS_BF16: tl.constexpr):
+        """float32 tile of a tensor passed through ``bf16_operand``: bf16 bits widened
+        exactly (masked lanes +0; the interpreter widens bf16 subnormals wrongly), any
+        other float dtype converted (masked lanes ``other``)."""
+        if IS_BF16:
+            return widen_bf16_bits(tl.load(ptrs, mask=mask, other=0))
+        else:
+            return tl.load(ptrs, mask=mask, other=other).to(tl.float32)
+
+    @triton.jit
     def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
         """(row tile, column tile) of this program in grouped order, so that GROUP_M row
         tiles reuse the same b tiles from L2 (shared by every tiled GEMM kernel)."""

@@ -71,7 +71,7 @@ if HAVE_TRITON:
     import triton.language as tl
 
     from kernels.hadamard import rotated_block
-    from kernels.int8_gemm import bf16_rne_bits, widen_bf16_bits
+    from kernels.int8_gemm import bf16_rne_bits, load_f32
 
 Q_MAX = 127
 RND = 12582912.0  # 1.5 * 2^23
@@ -145,10 +145,7 @@ if HAVE_TRITON:
         cols = tl.program_id(1) * BK + tl.arange(0, BK)
         mask = (rows[:, None] < R) & (cols[None, :] < K)
         ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_r + cols[None, :] * stride_k
-        if IS_BF16:
-            x = widen_bf16_bits(tl.load(ptrs, mask=mask, other=0))
-        else:
-            x = tl.load(ptrs, mask=mask, other=0).to(tl.float32)
+        x = load_f32(ptrs, mask, 0.0, IS_BF16)
         s = tl.load(s_ptr + rows * s_stride, mask=rows < R, other=1.0)
         s = tl.where(s == 0.0, 1.0, s)
         v = tl.div_rn(x, s[:, None])
@@ -176,10 +173,7 @@ if HAVE_TRITON:
         mask = (rows[:, None] < R) & (cols[None, :] < K)
         off = rows[:, None].to(tl.int64) * K + cols[None, :]
         g = tl.load(g_ptr + off, mask=mask, other=0.0)
-        if IS_BF16:
-            x = widen_bf16_bits(tl.load(x_ptr + off, mask=mask, other=0))
-        else:
-            x = tl.load(x_ptr + off, mask=mask, other=0).to(tl.float32)
+        x = load_f32(x_ptr + off, mask, 0.0, IS_BF16)
         s = tl.load(s_ptr + rows * s_stride, mask=rows < R, other=1.0)
         s = tl.where(s == 0.0, 1.0, s)
         v = tl.div_rn(x, s[:, None])

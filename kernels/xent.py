@@ -46,7 +46,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from kernels.int8_gemm import widen_bf16_bits
+    from kernels.int8_gemm import load_f32
     from kernels.mathfn import exp_tl, log_tl
     from kernels.reduce import tree_sum_rows
 
@@ -119,14 +119,6 @@ def xent_backward_cpu(dloss: torch.Tensor, x: torch.Tensor, t: torch.Tensor,
 if HAVE_TRITON:
 
     @triton.jit
-    def _load_f32(ptrs, mask, other, IS_BF16: tl.constexpr):
-        # bf16 logits arrive as int16 bits (the interpreter widens bf16 subnormals wrongly)
-        if IS_BF16:
-            return widen_bf16_bits(tl.load(ptrs, mask=mask, other=0))
-        else:
-            return tl.load(ptrs, mask=mask, other=other)
-
-    @triton.jit
     def _xent_fwd_kernel(x_ptr, t_ptr, lse_ptr, row_ptr, M, V, stride_m, IS_BF16: tl.constexpr,
                          ROWS: tl.constexpr, CHUNK_C: tl.constexpr):
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -137,7 +129,7 @@ if HAVE_TRITON:
         for c0 in range(0, V, CHUNK_C):
             cols = c0 + tl.arange(0, CHUNK_C)
             valid = live[:, None] & (cols[None, :] < V)
-            x = _load_f32(base + cols[None, :], valid, float("-inf"), IS_BF16)
+            x = load_f32(base + cols[None, :], valid, float("-inf"), IS_BF16)
             x = tl.where(valid, x, float("-inf"))
             mn = tl.maximum(m, tl.max(x, axis=1))
             mn = tl.where(live, mn, 0.0)  # dead rows: keep the arithmetic finite
@@ -146,7 +138,7 @@ if HAVE_TRITON:
             m = mn
         lse = m + log_tl(tl.where(live, s, 1.0))  # dead rows: no log(0)
         t = tl.load(t_ptr + rows, mask=live, other=0)
-        xt = _load_f32(x_ptr + rows.to(tl.int64) * stride_m + t, live, 0.0, IS_BF16)
+        xt = load_f32(x_ptr + rows.to(tl.int64) * stride_m + t, live, 0.0, IS_BF16)
         row = (lse - xt) + Z_LOSS_K * (lse * lse)
         tl.store(lse_ptr + rows, lse, mask=live)
         tl.store(row_ptr + rows, row, mask=live)
@@ -157,7 +149,7 @@ if HAVE_TRITON:
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < V
-        x = _load_f32(x_ptr + row.to(tl.int64) * stride_m + cols, mask, 0.0, IS_BF16)
+        x = load_f32(x_ptr + row.to(tl.int64) * stride_m + cols, mask, 0.0, IS_BF16)
         lse = tl.load(lse_ptr + row)
         t = tl.load(t_ptr + row)
         g = tl.load(g_ptr)
