@@ -83,59 +83,46 @@ def _slices(raw: IO[bytes], chunk: int) -> Iterator[bytes]:
             yield data[i:i + FEED]
 
 
-def _zstd_chunks(raw: IO[bytes], chunk: int) -> Iterator[bytes]:
-    dctx = zstandard.ZstdDecompressor()
-    obj = dctx.decompressobj()
-    in_frame = False   # fed bytes of a frame whose end we have not seen yet
+# codec -> (new decompressor, its error type, what one self-contained unit is called, whether
+# an empty file is a truncated stream). Both decompressors share the zlib-style API
+# (decompress / eof / unused_data).
+_CODECS = {
+    "zstd": (lambda: zstandard.ZstdDecompressor().decompressobj(), zstandard.ZstdError,
+             "frame", True),
+    "gzip": (lambda: zlib.decompressobj(16 + zlib.MAX_WBITS), zlib.error, "member", False),
+}
+
+
+def _decompressed(raw: IO[bytes], chunk: int, codec: str) -> Iterator[bytes]:
+    """Decompressed chunks of ``raw``. Frames (zstd) or members (gzip) back to back are one
+    stream, as ``zstd -d`` and ``gunzip`` read them; bytes that are not the codec's raise
+    ``CorruptInputError``, a stream that stops inside a unit ``TruncatedInputError``."""
+    new, error, unit, empty_is_truncated = _CODECS[codec]
+    obj = new()
+    in_unit = False  # fed bytes of a unit whose end we have not seen yet
     total = 0
     for data in _slices(raw, chunk):
         total += len(data)
         while data:
             try:
                 out = obj.decompress(data)
-            except zstandard.ZstdError as e:
-                raise CorruptInputError(f"zstd data invalid near compressed byte {total}: "
+            except error as e:
+                raise CorruptInputError(f"{codec} data invalid near compressed byte {total}: "
                                         f"{e}") from None
-            in_frame = True
+            in_unit = True
             if out:
                 yield out
-            if obj.eof:
-                # A zstd file may hold several frames back to back: start the next one on
-                # the bytes the finished frame did not use.
+            if obj.eof:  # the next unit starts on the bytes the finished one did not use
                 data = obj.unused_data
-                obj = dctx.decompressobj()
-                in_frame = False
+                obj = new()
+                in_unit = False
             else:
                 data = b""
-    if not total:
-        raise TruncatedInputError("empty file: no zstd frame at all")
-    if in_frame:
-        raise TruncatedInputError(f"zstd stream ends inside a frame after {total} "
+    if not total and empty_is_truncated:
+        raise TruncatedInputError(f"empty file: no {codec} {unit} at all")
+    if in_unit:
+        raise TruncatedInputError(f"{codec} stream ends inside a {unit} after {total} "
                                   f"compressed bytes")
-
-
-def _gzip_chunks(raw: IO[bytes], chunk: int) -> Iterator[bytes]:
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    in_member = False
-    total = 0
-    for data in _slices(raw, chunk):
-        total += len(data)
-        while data:
-            try:
-                out = d.decompress(data)
-            except zlib.error as e:
-                raise CorruptInputError(f"gzip data invalid near byte {total}: {e}") from None
-            in_member = True
-            if out:
-                yield out
-            if d.eof:  # concatenated gzip members are one stream, as `gunzip` reads them
-                data = d.unused_data
-                d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                in_member = False
-            else:
-                data = b""
-    if in_member:
-        raise TruncatedInputError(f"gzip stream ends inside a member after {total} bytes")
 
 
 def open_stream(url: str, chunk: int = CHUNK) -> Iterator[bytes]:
@@ -144,10 +131,8 @@ def open_stream(url: str, chunk: int = CHUNK) -> Iterator[bytes]:
     fs, path = url_to_fs(url)
     comp = compression_of(url)
     with fs.open(path, "rb") as raw:
-        if comp == "zstd":
-            yield from _zstd_chunks(raw, chunk)
-        elif comp == "gzip":
-            yield from _gzip_chunks(raw, chunk)
+        if comp is not None:
+            yield from _decompressed(raw, chunk, comp)
         else:
             while data := raw.read(chunk):
                 yield data

@@ -16,9 +16,7 @@ from collections.abc import Iterator
 
 from open1b_data.document import Document, Dropped
 from open1b_data.mixspec import SourceSpec
-from open1b_data.sources.records import (
-    Field, apply_metadata_filters, finish, get_fields, iter_json_lines,
-)
+from open1b_data.sources.records import Field, iter_json_lines, text_document
 
 FIELDS: list[Field] = [(("text",), (str,)), (("metadata", "WARC-Record-ID"), (str,))]
 
@@ -27,12 +25,6 @@ def read(spec: SourceSpec, path: str, url: str) -> Iterator[Document | Dropped]:
     for row, parsed in iter_json_lines(url, path):
         if isinstance(parsed, Dropped):
             yield parsed
-            continue
-        obj, surrogates = parsed
-        values = get_fields(obj, FIELDS, path, row)
-        if isinstance(values, Dropped):
-            yield values
-            continue
-        text, doc_id = values
-        yield (apply_metadata_filters(spec.filters, obj, path, row)
-               or finish(spec.filters, text, doc_id, path, row, surrogates))
+        else:
+            obj, surrogates = parsed
+            yield text_document(spec.filters, obj, FIELDS, path, row, surrogates)

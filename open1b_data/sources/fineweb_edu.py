@@ -15,9 +15,7 @@ from collections.abc import Iterator
 from open1b_data.document import Document, Dropped
 from open1b_data.filters import metadata_fields
 from open1b_data.mixspec import SourceSpec
-from open1b_data.sources.records import (
-    Field, apply_metadata_filters, finish, get_fields, iter_parquet_rows,
-)
+from open1b_data.sources.records import Field, iter_parquet_rows, text_document
 
 FIELDS: list[Field] = [(("text",), (str,)), (("id",), (str,))]
 
@@ -27,12 +25,6 @@ def read(spec: SourceSpec, path: str, url: str) -> Iterator[Document | Dropped]:
     for item in iter_parquet_rows(url, path, columns):
         if isinstance(item, Dropped):
             yield item
-            continue
-        row, rec = item
-        values = get_fields(rec, FIELDS, path, row)
-        if isinstance(values, Dropped):
-            yield values
-            continue
-        text, doc_id = values
-        yield (apply_metadata_filters(spec.filters, rec, path, row)
-               or finish(spec.filters, text, doc_id, path, row))
+        else:
+            row, rec = item
+            yield text_document(spec.filters, rec, FIELDS, path, row)

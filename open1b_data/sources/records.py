@@ -112,6 +112,18 @@ def finish(spec: FilterSpec, text: str, doc_id: str, input: str, row: int,
     return Document(text=text, doc_id=doc_id, input=input, row=row)
 
 
+def text_document(spec: FilterSpec, record: Mapping[str, Any], fields: Sequence[Field],
+                  input: str, row: int, check_surrogates: bool = False) -> Document | Dropped:
+    """The record whose ``fields`` are (text, doc_id), through the metadata filters, the
+    content filter and ``finish``: what a reader with no per-source twist yields."""
+    values = get_fields(record, fields, input, row)
+    if isinstance(values, Dropped):
+        return values
+    text, doc_id = values
+    return (apply_metadata_filters(spec, record, input, row)
+            or finish(spec, text, doc_id, input, row, check_surrogates))
+
+
 def parse_json_line(line: bytes, input: str, row: int) -> tuple[dict, bool] | Dropped:
     """One JSON-lines line as ``(object, may_hold_surrogates)`` or the ``Dropped`` for it."""
     try:
