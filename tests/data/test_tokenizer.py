@@ -95,6 +95,36 @@ def test_hf_and_tiktoken_identical_and_round_trip(corpus, trained):
     assert all(np.array_equal(a, b) for a, b in zip(threaded, got))
 
 
+WHITESPACE_CASES = [
+    "a  b", "a \tb", "  \n  x", "x   ", "\u3000\u3000y", "1  2", "a  (b)", "tab\t\tend",
+    "\n\n    def f():\n        return 1\n", " \u00a0 word", "end  ", "  ", "\t", "x\r\n  \r\n y",
+    "it's  'll  \u2028\u2028z", "a\x0b\x0cb", "\u1680\u1680!", "  .  ,  ;"]
+
+
+def test_delegated_pattern_splits_the_same(corpus, trained):
+    """The faster spelling of the split pattern gives the same ids as the pattern itself."""
+    import tiktoken
+
+    from open1b_data.mixspec import LLAMA3_SPLIT
+
+    grouped = tk.delegated_pattern(LLAMA3_SPLIT)
+    assert grouped == "(?:" + LLAMA3_SPLIT[: -len(tk.LOOKAHEAD_TAIL)] + ")" + tk.LOOKAHEAD_TAIL
+    for other in (r"\s+(?!\S)|\s+", "a\\" + tk.LOOKAHEAD_TAIL, r"(?=x)y" + tk.LOOKAHEAD_TAIL,
+                  r"\p{L}+|\s+"):
+        assert tk.delegated_pattern(other) == other  # nothing to group, or unsafe to
+    fast = tk.FastEncoder.from_tokenizer(trained)
+    assert fast.encoding._pat_str == grouped
+    plain = tiktoken.Encoding(name="plain", pat_str=LLAMA3_SPLIT,
+                              mergeable_ranks=fast.encoding._mergeable_ranks,
+                              special_tokens=fast.encoding._special_tokens)
+    texts = corpus[1] + WHITESPACE_CASES
+    got = fast.encode_batch(texts)
+    for text, g in zip(texts, got):
+        want = plain.encode(text, allowed_special=set(), disallowed_special=())
+        assert g.tolist() == want, text[:80]
+    tk.check_equivalence(trained, fast, WHITESPACE_CASES)
+
+
 def test_check_equivalence_names_the_difference(trained):
     fast = tk.FastEncoder.from_tokenizer(trained)
 
