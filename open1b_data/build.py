@@ -46,7 +46,7 @@ from open1b_data.build_report import Progress, SourceSummary, summarize
 from open1b_data.build_store import (dumps, exists, join, list_files, read_bytes, read_json,
                                      sweep_temporaries, write_json)
 from open1b_data.build_task import (EXECUTORS, TOKENIZER, Job, Workers, choose_executor,
-                                    input_record, run_jobs, valid_marker)
+                                    hf_tokenizer, input_record, run_jobs, valid_marker)
 from open1b_data.errors import BuildError
 from open1b_data.mixspec import MixSpec
 
@@ -186,7 +186,6 @@ def _sha256_of(url: str) -> str:
 def merge(mix: MixSpec, out: str, jobs: list[Job], found: dict[Job, dict | None]) -> Any:
     """Assemble and write manifest.json from every input's marker; returns the manifest."""
     from open1b_data import manifest as mf
-    from open1b_data import tokenizer as tk
 
     missing = [j for j in jobs if found.get(j) is None]
     if missing:
@@ -196,13 +195,13 @@ def merge(mix: MixSpec, out: str, jobs: list[Job], found: dict[Job, dict | None]
     markers: dict[str, list[dict[str, Any]]] = {s.name: [] for s in mix.sources}
     for job in sorted(jobs, key=lambda j: (_source_pos(mix, j.source), j.index)):
         markers[job.source].append(found[job])
-    tok = tk.load_tokenizer(join(out, TOKENIZER))
+    sha = jobs[0].tokenizer_sha256 if jobs else _sha256_of(join(out, TOKENIZER))
+    tok = hf_tokenizer(out, sha)
     eot_id = tok.token_to_id(mix.tokenizer.eot)
     if eot_id is None:
         raise BuildError(f"{join(out, TOKENIZER)} has no {mix.tokenizer.eot!r} token; it was "
                          f"not trained for this mix (delete it and build again)")
-    tokenizer = {"path": TOKENIZER, "sha256": jobs[0].tokenizer_sha256 if jobs else
-                 _sha256_of(join(out, TOKENIZER)), "vocab_size": tok.get_vocab_size(),
+    tokenizer = {"path": TOKENIZER, "sha256": sha, "vocab_size": tok.get_vocab_size(),
                  "eot_id": int(eot_id), "sample": read_json(join(out, SAMPLE_RECORD))}
     manifest = mf.assemble_manifest(mix.name, __version__, portable_definition(mix), tokenizer,
                                     _source_entries(mix, markers))

@@ -16,23 +16,29 @@ ids stored in the written shard are read back and compared with them; any differ
 raises ``BuildError``.
 
 ``run_jobs`` runs tasks on ``Workers``: ``workers`` threads of this process (one shared
-encoder; the default for small builds), or this process plus ``workers - 1`` spawned
-processes (never forked: HF tokenizers' thread pool and fsspec clients do not survive a
-fork; helpers set ``TOKENIZERS_PARALLELISM=false`` since parallelism comes from the
-processes); ``choose_executor`` picks. Per-batch counts (documents, tokens, text bytes)
-go to a ``Progress``.
+encoder), or helper processes; ``choose_executor`` picks.
+On Linux helpers are forked once this process has loaded the encoders (milliseconds; they
+inherit imports and encoders); elsewhere they are spawned early so their interpreter start
+overlaps listing and tokenizer training. A fork is safe here: jobs reach helpers pickled
+(fsspec clients are rebuilt there; fsspec resets its event loop in a forked child), and
+helpers set ``TOKENIZERS_PARALLELISM=false`` before any HF call, so HF never touches the
+parent's thread pool (parallelism comes from the processes). Per-batch counts (documents,
+tokens, text bytes) go to a ``Progress``.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import hashlib
 import logging
 import multiprocessing
 import os
 import queue as queue_mod
 import random
+import sys
 import threading
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -101,6 +107,16 @@ def _encoders(out: str, sha: str) -> tuple[Any, Any]:
             _WORKER["encoders"] = (tok, tk.FastEncoder.from_tokenizer(tok))
             _WORKER["encoders_key"] = key
         return _WORKER["encoders"]
+
+
+def hf_tokenizer(out: str, sha: str) -> Any:
+    """The HF tokenizer: the one this process's jobs loaded, else read now."""
+    with _ENCODERS_LOCK:
+        if _WORKER.get("encoders_key") == (out, sha):
+            return _WORKER["encoders"][0]
+    from open1b_data import tokenizer as tk
+
+    return tk.load_tokenizer(join(out, TOKENIZER))
 
 
 def forget_encoders() -> None:
@@ -261,29 +277,45 @@ def _log_dropped(job: Job, item: Any) -> None:
 # Stage (c) driver: which inputs this process builds, and how.
 
 EXECUTORS = ("auto", "threads", "processes")
-PROCESS_MIN_BYTES = 256 << 20  # "auto" spawns helpers only for this much input or more
+PROCESS_MIN_BYTES = 256 << 20  # where helpers must be spawned, "auto" uses them from here on
 
 
-def choose_executor(executor: str, input_bytes: int, workers: int) -> str:
-    """``auto``: threads for small builds, processes for large ones.
+def start_method() -> str:
+    """How helper processes start: ``fork`` on Linux (fork is safe and cheap there, see
+    the module contract), ``spawn`` elsewhere (macOS frameworks break after a fork)."""
+    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
+        return "fork"
+    return "spawn"
 
-    Threads start instantly and share one encoder, and the encoders, zstd, Parquet and
-    hashing all release the GIL; but JSON decoding and the per-document Python hold it,
-    so threads stop scaling after a few cores. A spawned helper costs ~0.4 CPU-s to start
-    (interpreter, imports, encoder), which only pays off when each worker has many MB to
-    build. Either way the output bytes are the same (every job writes only its files)."""
+
+def choose_executor(executor: str, input_bytes: int, workers: int,
+                    method: str | None = None) -> str:
+    """``auto``: forked helper processes whenever there are 2+ workers and fork is the start
+    method; with spawned helpers, processes only for large builds.
+
+    Processes do not share a GIL (JSON decoding and per-document Python hold it) and
+    tiktoken scales better across processes than across threads of one process (measured
+    on the demo: 2 threads use 1.4x the CPU time of 1, 2 processes 1.15x). A forked helper
+    starts in milliseconds; a spawned one costs ~0.4 CPU-s (interpreter, imports,
+    encoders), which pays off only when each worker has many MB to build. Either way the
+    output bytes are the same (every job writes only its own files)."""
     if executor != "auto":  # validated by BuildOptions
         return executor
+    if workers < 2:
+        return "threads"
+    if (method or start_method()) == "fork":
+        return "processes"
     return "processes" if workers > 2 and input_bytes >= PROCESS_MIN_BYTES else "threads"
 
 
 class Workers:
-    """Where jobs run: ``threads`` (``n`` threads of this process) or ``processes`` (this
-    process and ``n - 1`` spawned helpers, started by ``start`` as early as possible so
-    their interpreter start overlaps listing and tokenizer training)."""
+    """Where jobs run: ``threads`` (``n`` threads of this process) or ``processes``: ``n``
+    helpers forked by ``start_helpers`` once this process holds what they should inherit,
+    or this process plus ``n - 1`` helpers spawned by ``start`` as early as possible."""
 
-    def __init__(self, n: int, kind: str = "threads") -> None:
+    def __init__(self, n: int, kind: str = "threads", method: str | None = None) -> None:
         self.n, self.kind = n, kind
+        self.method = method or start_method()
         self.pool: cf.Executor | None = None
         self.queue: Any = None
 
@@ -291,16 +323,31 @@ class Workers:
         if self.pool is not None or self.n <= 1:
             return self
         if self.kind == "processes":
-            ctx = multiprocessing.get_context("spawn")  # no fork: tokenizers' threads and
-            self.queue = ctx.Queue()                    # fsspec clients do not survive one
-            self.pool = cf.ProcessPoolExecutor(self.n - 1, mp_context=ctx,
-                                               initializer=_init_worker, initargs=(self.queue,))
-            for _ in range(self.n - 1):  # the pool spawns on demand: one warm-up per helper
-                self.pool.submit(_warm_up)
+            if self.method != "fork":
+                self.start_helpers()
         else:
             self.queue = queue_mod.SimpleQueue()
             self.pool = cf.ThreadPoolExecutor(self.n, thread_name_prefix="build")
         return self
+
+    def start_helpers(self) -> None:
+        if self.pool is not None:
+            return
+        ctx = multiprocessing.get_context(self.method)
+        self.queue = ctx.Queue()
+        with _parallelism_configured():
+            self.pool = cf.ProcessPoolExecutor(self.helpers, mp_context=ctx,
+                                               initializer=_init_worker, initargs=(self.queue,))
+            # Spawned helpers start on demand: one warm-up each. A fork pool forks all its
+            # helpers at the first submit, i.e. here, inside the environment set above.
+            for _ in range(self.helpers):
+                self.pool.submit(_warm_up)
+
+    @property
+    def helpers(self) -> int:
+        """Forked helpers do all the work (this process waits); with slow-starting spawned
+        helpers this process builds too."""
+        return self.n if self.method == "fork" else self.n - 1
 
     def __enter__(self) -> Workers:
         return self
@@ -310,11 +357,27 @@ class Workers:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
+@contextlib.contextmanager
+def _parallelism_configured() -> Iterator[None]:
+    """HF tokenizers prints a warning in a forked child whose parent used its thread pool,
+    unless ``TOKENIZERS_PARALLELISM`` is set; helpers turn it off first thing anyway."""
+    if "TOKENIZERS_PARALLELISM" in os.environ:
+        yield
+        return
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop("TOKENIZERS_PARALLELISM", None)
+
+
 def _warm_up() -> None:
     import importlib
 
     for name in ("pyarrow.parquet", "tiktoken", "tokenizers", "open1b_data.shards",
-                 "open1b_data.sources", "open1b_data.tokenizer"):  # build_input's imports
+                 "open1b_data.sources", "open1b_data.tokenizer", "open1b_data.sources.dclm",
+                 "open1b_data.sources.fineweb_edu", "open1b_data.sources.proof_pile_2",
+                 "open1b_data.sources.stack_v2"):  # build_input's imports
         importlib.import_module(name)
 
 
@@ -322,36 +385,53 @@ def _build_in_helper(job: Job) -> dict[str, Any]:
     return build_input(job, _WORKER["queue"].put)
 
 
+def _work_order(job: Job) -> tuple[int, int, str, int]:
+    """Largest inputs first, so the slowest one does not start last; inputs whose content
+    comes from a content store (Stack v2) before all, since their size is only that of the
+    metadata. Completion order never changes the output: every job writes its own files."""
+    fetches = job.mix.source(job.source).content_store is not None
+    return (0 if fetches else 1, -int(job.input.size), job.source, job.index)
+
+
 def run_jobs(jobs: list[Job], workers: Workers, progress: Progress) -> None:
     """Build ``jobs`` on ``workers``, feeding per-batch counts to ``progress``."""
-    # Largest inputs first so the slowest input does not start last (order of completion
-    # never changes the output: every job writes only its own files).
-    todo = deque(sorted(jobs, key=lambda j: (-int(j.input.size), j.source, j.index)))
+    todo = deque(sorted(jobs, key=_work_order))
     report = lambda item: progress.add(*item)  # noqa: E731 - jobs built in this thread
-    if workers.pool is None or len(jobs) < 2:
+    if workers.n <= 1 or len(jobs) < 2:
         for job in todo:
             build_input(job, report)
             progress.input_done()
         return
     if workers.kind == "threads":
-        pending = {workers.pool.submit(build_input, job, workers.queue.put): job for job in todo}
-        try:
-            while pending:
-                _collect(pending, workers.queue, progress, timeout=0.2)
-        except BaseException:
-            for fut in pending:
-                fut.cancel()
-            raise
-        return
-    _run_with_helpers(todo, workers, progress, report)
+        _wait_all({workers.pool.submit(build_input, job, workers.queue.put): job
+                   for job in todo}, workers.queue, progress)
+    elif workers.method == "fork":
+        _warm_up()  # imported and loaded once here, inherited by every helper
+        _encoders(todo[0].out, todo[0].tokenizer_sha256)
+        workers.start_helpers()
+        _wait_all({workers.pool.submit(_build_in_helper, job): job for job in todo},
+                  workers.queue, progress)
+    else:
+        _run_with_helpers(todo, workers, progress, report)
+
+
+def _wait_all(pending: dict[cf.Future, Job], queue: Any, progress: Progress) -> None:
+    try:
+        while pending:
+            _collect(pending, queue, progress, timeout=0.2)
+    except BaseException:
+        for fut in pending:
+            fut.cancel()
+        raise
+    _drain(queue, progress)
 
 
 def _run_with_helpers(todo: deque[Job], workers: Workers, progress: Progress,
                       report: Callable[[tuple[int, int, int]], None]) -> None:
-    """This process builds too (it would otherwise sit idle while it waits): it takes the
-    next job whenever every helper is busy."""
+    """With spawned helpers this process builds too (it would otherwise sit idle while they
+    start): it takes the next job whenever every helper is busy."""
     pending: dict[cf.Future, Job] = {}
-    n = workers.n - 1
+    n = workers.helpers
     try:
         while todo or pending:
             # This process is ready now, a helper may still be starting: it takes the

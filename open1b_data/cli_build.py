@@ -42,10 +42,10 @@ def _default_workers() -> int:
               help="Local workers. Default: the number of usable CPU cores.")
 @click.option("--executor", type=click.Choice(["auto", "threads", "processes"]),
               default="auto", show_default=True,
-              help="How workers run: threads of this process (instant start, one shared "
-                   "encoder) or spawned processes (scale past the GIL-bound parsing). auto: "
-                   "processes for >= 256 MB of input and more than 2 workers, else threads. "
-                   "The output is the same either way.")
+              help="How workers run: processes (scale past the GIL; forked on Linux, "
+                   "spawned elsewhere) or threads of this process. auto: processes for 2+ "
+                   "workers where they fork, else only for >= 256 MB of input and more than "
+                   "2 workers. The output is the same either way.")
 @click.option("--task", type=int, default=None,
               help="Build only inputs whose global index % --tasks == TASK (array jobs / "
                    "machines sharing one --out).")

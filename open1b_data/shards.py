@@ -77,6 +77,32 @@ def _sha256_file(path: str) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
+# Arrow columns from buffers: ``pa.array`` of a Python sequence or of a numpy array asks
+# pandas whether it is array-like, and importing pandas costs 0.3 s per process.
+
+def _from_numpy(a: np.ndarray) -> pa.Array:
+    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), a.size, [None, pa.py_buffer(a)])
+
+
+def _offsets(sizes: Sequence[int]) -> np.ndarray:
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    return offsets
+
+
+def _token_lists(toks: Sequence[np.ndarray]) -> pa.Array:
+    offsets = _offsets([t.size for t in toks])
+    values = np.concatenate(toks) if offsets[-1] else np.zeros(0, "<u4")
+    return pa.Array.from_buffers(SCHEMA.field("tokens").type, len(toks),
+                                 [None, pa.py_buffer(offsets)], children=[_from_numpy(values)])
+
+
+def _strings(items: Sequence[str]) -> pa.Array:
+    data = [s.encode("utf-8") for s in items]
+    return pa.Array.from_buffers(pa.string(), len(data), [
+        None, pa.py_buffer(_offsets([len(b) for b in data])), pa.py_buffer(b"".join(data))])
+
+
 class ShardWriter:
     """Writes ``<prefix>-<k:05d>.parquet`` (+ ``.lengths.npy``) for k = 0, 1, ...
 
@@ -149,13 +175,8 @@ class ShardWriter:
                 compression="zstd", compression_level=self.spec.zstd_level,
                 use_dictionary=["input"], write_statistics=False)
         toks, ids, inputs, rows = zip(*self._group)
-        offsets = np.zeros(len(toks) + 1, dtype=np.int32)
-        np.cumsum([t.size for t in toks], out=offsets[1:])
-        values = np.concatenate(toks) if offsets[-1] else np.zeros(0, "<u4")
-        table = pa.Table.from_arrays(
-            [pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32())),
-             pa.array(ids, pa.string()), pa.array(inputs, pa.string()),
-             pa.array(rows, pa.int64())], schema=SCHEMA)
+        table = pa.Table.from_arrays([_token_lists(toks), _strings(ids), _strings(inputs),
+                                      _from_numpy(np.asarray(rows, np.int64))], schema=SCHEMA)
         self._writer.write_table(table, row_group_size=len(toks))
         self._group = []
 
@@ -283,11 +304,29 @@ def read_lengths(url: str, documents: int | None = None) -> np.ndarray:
     return arr
 
 
-def _tokens_of(col: pa.ChunkedArray | pa.ListArray) -> list[np.ndarray]:
+def _numpy_view(a: pa.Array, dtype: type) -> np.ndarray:
+    """A null-free fixed-width Arrow array as a numpy view of its data buffer (what
+    ``to_numpy`` gives, without the pandas import ``to_numpy`` triggers)."""
+    return np.frombuffer(a.buffers()[1], dtype=dtype, count=len(a),
+                         offset=a.offset * np.dtype(dtype).itemsize)
+
+
+def list_parts(col: pa.ChunkedArray | pa.ListArray, url: str
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """A ``tokens`` column as (flat uint32 values, int64 offsets from 0): document d is
+    ``values[offsets[d]:offsets[d + 1]]``; zero-copy. A null anywhere is a format error."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    offsets = arr.offsets.to_numpy()
-    values = arr.values.to_numpy(zero_copy_only=False)
-    return [values[offsets[i]:offsets[i + 1]].copy() for i in range(len(arr))]
+    if arr.null_count or arr.values.null_count:
+        raise ShardFormatError(f"{url}: the tokens column holds nulls; shards never do "
+                               f"(rebuild the shard with build-mix)")
+    offsets = _numpy_view(arr.offsets, np.int32).astype(np.int64)
+    values = _numpy_view(arr.values, np.uint32)
+    return values[offsets[0]:offsets[-1]], offsets - offsets[0]
+
+
+def _tokens_of(col: pa.ChunkedArray | pa.ListArray, url: str) -> list[np.ndarray]:
+    values, offsets = list_parts(col, url)
+    return [values[offsets[i]:offsets[i + 1]].copy() for i in range(len(offsets) - 1)]
 
 
 def read_rows(url: str, indices: Sequence[int]) -> list[np.ndarray]:
@@ -305,7 +344,7 @@ def read_rows(url: str, indices: Sequence[int]) -> list[np.ndarray]:
         for g, idx in wanted.items():
             # One small row group: Arrow's thread pool costs more than it saves here.
             docs = _tokens_of(pf.read_row_group(g, columns=["tokens"], use_threads=False)
-                              .column("tokens"))
+                              .column("tokens"), url)
             for i in idx:
                 got[i] = docs[i - int(starts[g])]
     return [got[int(i)] for i in indices]
@@ -322,7 +361,7 @@ def iter_documents(url: str) -> Iterator[ShardRow]:
     with _open(url) as (pf, info):
         for g in range(len(info.row_group_rows)):
             t = pf.read_row_group(g)
-            toks = _tokens_of(t.column("tokens"))
+            toks = _tokens_of(t.column("tokens"), url)
             for arr, doc_id, inp, row in zip(toks, t.column("doc_id").to_pylist(),
                                              t.column("input").to_pylist(),
                                              t.column("row").to_pylist()):

@@ -321,7 +321,9 @@ def check_equivalence(tok: Any, fast: FastEncoder, texts: Sequence[str],
     checks the very ids it stores); encoded here otherwise."""
     if not tok.encode_special_tokens:  # a setter: skip it when set (threads share ``tok``)
         tok.encode_special_tokens = True
-    ref = tok.encode_batch(list(texts), add_special_tokens=False)
+    # encode_batch_fast: the same ids without offsets (~20% faster); offsets are only
+    # needed to name a difference, and then that one document is encoded again.
+    ref = tok.encode_batch_fast(list(texts), add_special_tokens=False)
     got = fast.encode_batch(list(texts)) if ids is None else list(ids)
     if len(got) != len(ref):
         raise BuildError(f"check_equivalence: {len(texts)} texts but {len(got)} id arrays")
@@ -331,7 +333,8 @@ def check_equivalence(tok: Any, fast: FastEncoder, texts: Sequence[str],
         if a.shape != b.shape or not np.array_equal(a, b):
             m = min(len(a), len(b))
             pos = int(np.argmax(a[:m] != b[:m])) if np.any(a[:m] != b[:m]) else m
-            off = r.offsets[pos][0] if pos < len(r.offsets) else len(text)
+            offsets = tok.encode(text, add_special_tokens=False).offsets
+            off = offsets[pos][0] if pos < len(offsets) else len(text)
             raise BuildError(
                 f"encoders disagree on document {n} at token {pos} (text offset {off}, "
                 f"{text[max(0, off - 20):off + 20]!r}): HF {a[pos:pos + 5].tolist()}, fast "

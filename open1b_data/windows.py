@@ -58,13 +58,6 @@ class ShardTokens:
         return self.flat[self.offsets[d]:self.offsets[d + 1]]
 
 
-def _list_parts(col) -> tuple[np.ndarray, np.ndarray]:
-    arr = col.combine_chunks() if hasattr(col, "combine_chunks") else col
-    offsets = arr.offsets.to_numpy().astype(np.int64)
-    values = arr.values.to_numpy(zero_copy_only=False)
-    return values[offsets[0]:offsets[-1]], offsets - offsets[0]
-
-
 class WindowReader:
     """Token content of windows of one plan (see module docstring)."""
 
@@ -123,8 +116,10 @@ class WindowReader:
             if hit is not None:
                 cache.move_to_end(shard)
                 return hit
+        from open1b_data.shards import list_parts
+
         col = self._read_tokens_column(source, shard)
-        flat, offsets = _list_parts(col)
+        flat, offsets = list_parts(col, self.shard_url(source, shard))
         lengths = self.view.lengths(source, shard)
         if offsets.shape[0] != lengths.shape[0] + 1 or not np.array_equal(
                 np.diff(offsets), lengths.astype(np.int64)):

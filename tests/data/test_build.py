@@ -89,13 +89,21 @@ def test_manifest_is_portable(reference, mix_path):
     assert "workers" not in text
 
 
-@pytest.mark.parametrize("how", ["threads3", "processes2", "tasks2", "tasks3"])
-def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_path, how):
+@pytest.mark.parametrize("how", ["threads3", "fork3", "spawn2", "tasks2", "tasks3"])
+def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_path, how,
+                                                      monkeypatch):
+    from open1b_data import build_task
+
     ref_out, _ = reference
     mix = load_mix(mix_path)
     out = str(tmp_path / "mix")
-    if how.startswith(("threads", "processes")):
-        executor, n = how[:-1], int(how[-1])
+    if how.startswith(("threads", "fork", "spawn")):
+        kind, n = how[:-1], int(how[-1])
+        if kind != "threads":  # helper processes, started the way the test names
+            if kind == "fork" and build_task.start_method() != "fork":
+                pytest.skip("fork is not the start method on this platform")
+            monkeypatch.setattr(build_task, "start_method", lambda: kind)
+        executor = "threads" if kind == "threads" else "processes"
         build_mix(mix, out, BuildOptions(workers=n, executor=executor, **QUIET))
     else:
         n = int(how[-1])
@@ -113,10 +121,15 @@ def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_p
 def test_executor_choice():
     from open1b_data.build_task import PROCESS_MIN_BYTES, choose_executor
 
-    assert choose_executor("auto", 10 << 20, 8) == "threads"  # small: no interpreter starts
-    assert choose_executor("auto", PROCESS_MIN_BYTES, 8) == "processes"
-    assert choose_executor("auto", PROCESS_MIN_BYTES, 2) == "threads"
-    assert choose_executor("processes", 1, 2) == "processes"
+    # Forked helpers start in milliseconds: processes whenever there are 2+ workers.
+    assert choose_executor("auto", 1, 2, method="fork") == "processes"
+    assert choose_executor("auto", 1, 1, method="fork") == "threads"
+    # Spawned helpers cost an interpreter start: only large builds on 3+ workers.
+    assert choose_executor("auto", 10 << 20, 8, method="spawn") == "threads"
+    assert choose_executor("auto", PROCESS_MIN_BYTES, 8, method="spawn") == "processes"
+    assert choose_executor("auto", PROCESS_MIN_BYTES, 2, method="spawn") == "threads"
+    assert choose_executor("processes", 1, 2, method="spawn") == "processes"
+    assert choose_executor("threads", PROCESS_MIN_BYTES, 8, method="fork") == "threads"
     with pytest.raises(BuildError, match="--executor must be one of"):
         BuildOptions(executor="fork")
 
