@@ -22,13 +22,14 @@ inherit imports and encoders); elsewhere they are spawned early so their interpr
 overlaps listing and tokenizer training. A fork is safe here: jobs reach helpers pickled
 (fsspec clients are rebuilt there; fsspec resets its event loop in a forked child), and
 helpers set ``TOKENIZERS_PARALLELISM=false`` before any HF call, so HF never touches the
-parent's thread pool (parallelism comes from the processes). Per-batch counts (documents,
+parent's thread pool (parallelism comes from the processes; ``load_tokenizer`` sets the
+variable in the parent, so HF does not warn about the fork either). A helper whose build
+process dies leaves (``_exit_with``). Per-batch counts (documents,
 tokens, text bytes) go to a ``Progress``.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import hashlib
 import logging
 import multiprocessing
@@ -37,8 +38,8 @@ import queue as queue_mod
 import random
 import sys
 import threading
+import time
 from collections import Counter, deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -53,6 +54,7 @@ log = logging.getLogger("open1b_data.build")
 
 EQUIVALENCE_SAMPLE = 64  # at most this many documents per shard encoded by both encoders
 EQUIVALENCE_MIN = 1      # at least this many documents per shard
+PARENT_POLL_S = 0.25     # how often a helper checks that its build process is alive
 ENCODE_BATCH_DOCS = 256  # documents per fast-encoder call: amortizes per-call overhead
 TOKENIZER = "tokenizer.json"
 
@@ -89,10 +91,21 @@ _WORKER: dict[str, Any] = {}
 _ENCODERS_LOCK = threading.Lock()
 
 
-def _init_worker(queue: Any) -> None:
+def _init_worker(queue: Any, parent: int) -> None:
     # Parallelism comes from the worker processes; HF tokenizers must not add threads.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER["queue"] = queue
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True,
+                     name="parent-watch").start()
+
+
+def _exit_with(parent: int) -> None:
+    """A helper whose build process died (SIGKILL, OOM) would wait for jobs forever: it
+    leaves as soon as it is orphaned. Whatever it was writing stays a temporary file,
+    which the next build sweeps."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
 
 
 def _encoders(out: str, sha: str) -> tuple[Any, Any]:
@@ -335,13 +348,13 @@ class Workers:
             return
         ctx = multiprocessing.get_context(self.method)
         self.queue = ctx.Queue()
-        with _parallelism_configured():
-            self.pool = cf.ProcessPoolExecutor(self.helpers, mp_context=ctx,
-                                               initializer=_init_worker, initargs=(self.queue,))
-            # Spawned helpers start on demand: one warm-up each. A fork pool forks all its
-            # helpers at the first submit, i.e. here, inside the environment set above.
-            for _ in range(self.helpers):
-                self.pool.submit(_warm_up)
+        self.pool = cf.ProcessPoolExecutor(self.helpers, mp_context=ctx,
+                                           initializer=_init_worker,
+                                           initargs=(self.queue, os.getpid()))
+        # Spawned helpers start on demand: one warm-up each (a fork pool forks them all at
+        # the first submit).
+        for _ in range(self.helpers):
+            self.pool.submit(_warm_up)
 
     @property
     def helpers(self) -> int:
@@ -355,20 +368,6 @@ class Workers:
     def __exit__(self, *exc: Any) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-@contextlib.contextmanager
-def _parallelism_configured() -> Iterator[None]:
-    """HF tokenizers prints a warning in a forked child whose parent used its thread pool,
-    unless ``TOKENIZERS_PARALLELISM`` is set; helpers turn it off first thing anyway."""
-    if "TOKENIZERS_PARALLELISM" in os.environ:
-        yield
-        return
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        yield
-    finally:
-        os.environ.pop("TOKENIZERS_PARALLELISM", None)
 
 
 def _warm_up() -> None:

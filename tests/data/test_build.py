@@ -2,6 +2,7 @@
 workers and task splits, kill-and-resume with a real SIGKILL, verify, bad inputs."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -151,7 +152,7 @@ def test_refuses_a_different_mix_in_the_same_out(mix_path, reference, tmp_path):
         build_mix(load_mix(other), str(out), BuildOptions(**QUIET))
 
 
-@pytest.mark.parametrize("when,workers", [("plan", 1), ("markers", 2)])
+@pytest.mark.parametrize("when,workers", [("plan", 1), ("plan", 2), ("markers", 2)])
 def test_kill_and_resume_is_byte_identical(tmp_path, reference, mix_path, when, workers):
     """SIGKILL the real CLI (its whole process group) early (while the tokenizer trains) or
     mid-way (after some inputs' markers), rerun the same command: identical bytes."""
@@ -181,9 +182,60 @@ def test_kill_and_resume_is_byte_identical(tmp_path, reference, mix_path, when, 
         assert done_before >= 2
     rerun = subprocess.run(cmd + ["--json"], env=env, capture_output=True, timeout=120)
     assert rerun.returncode == 0, rerun.stderr.decode()[-2000:]
+    # Helpers forked after tokenizer training: HF must not warn about the fork.
+    assert b"huggingface/tokenizers" not in rerun.stderr, rerun.stderr.decode()[-2000:]
     result = json.loads(rerun.stdout)
     assert result["merged"] and result["inputs_skipped"] >= done_before
     assert _files(out) == _files(ref_out)
+
+
+def _live_children(pid: int) -> set[int]:
+    """Running (not zombie) processes whose parent is ``pid``, from /proc."""
+    found = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+            if int(ppid) == pid and state != "Z":
+                found.add(int(d))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+def test_helpers_leave_when_the_build_process_dies(tmp_path, mix_path):
+    """SIGKILL only the build process: its forked helpers must not wait for jobs forever."""
+    cmd = [sys.executable, "-c", "from open1b_data.cli_build import build_mix; build_mix()",
+           "--manifest", str(mix_path), "--out", str(tmp_path / "mix"), "--workers", "2",
+           "--executor", "processes", "--quiet"]
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        helpers: set[int] = set()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None and not helpers:
+            helpers = _live_children(proc.pid)
+            time.sleep(0.002)
+        assert helpers, f"no helper seen: {proc.stderr.read().decode()[-2000:]}"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(h) for h in helpers):
+            time.sleep(0.05)
+        assert not any(_alive(h) for h in helpers), "helpers outlived their build process"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_encoder_disagreement_fails_the_build(mix_path, tmp_path, monkeypatch):
