@@ -77,7 +77,8 @@ def test_build_mix_reads_and_writes_s3(s3_endpoint, tmp_path):
     out = "s3://mixes/small"
     proc = subprocess.run(
         [sys.executable, "-c", "from open1b_data.cli_build import build_mix; build_mix()",
-         "--manifest", str(s3_toml), "--out", out, "--workers", "1", "--json", "--quiet"],
+         # 2 workers: helpers forked from a process whose s3fs client is live.
+         "--manifest", str(s3_toml), "--out", out, "--workers", "2", "--json", "--quiet"],
         env=dict(os.environ, PYTHONPATH=os.getcwd()), capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     result = json.loads(proc.stdout)
