@@ -8,7 +8,7 @@ Measured in ONE run on the same machine and the same kept texts, on 1 core and o
                   with the default executor (N forked worker processes on Linux);
   2. encode_batch - HF ``Tokenizer.encode_batch`` of the built tokenizer over the same kept
                   texts (batches of 1,000), RAYON_NUM_THREADS = the same thread count;
-  -  fast encoder alone - ``FastEncoder`` (tiktoken) over the same texts, in as many
+  -  fast encoder alone - ``FastEncoder`` (the backend a build uses) over the same texts, in as many
                   forked processes as the pipeline has workers: the ceiling of any
                   pipeline built on it;
   3. datatrove  - the same texts (as plain JSON lines, so datatrove does less work than
@@ -233,7 +233,7 @@ def main() -> None:
     names = {"pipeline": "build-mix pipeline (list+read+filter+encode+shard+check+merge; "
                          "N worker processes)",
              "encode_batch": "HF Tokenizer.encode_batch (anchor; N rayon threads)",
-             "fast_encoder": "FastEncoder (tiktoken) alone in N processes: the ceiling",
+             "fast_encoder": "FastEncoder (native backend) alone in N processes: the ceiling",
              "datatrove": "datatrove JsonlReader -> DocumentTokenizer"}
     lines = []
     for key, (s, c) in sorted(best.items(), key=lambda kv: (int(kv[0].split("/")[1]),

@@ -71,8 +71,12 @@ def test_training_is_byte_deterministic(tmp_path, corpus, trained):
     assert (tmp_path / "c.json").read_bytes() != a
 
 
-def test_hf_and_tiktoken_identical_and_round_trip(corpus, trained):
-    fast = tk.FastEncoder.from_tokenizer(trained)
+@pytest.mark.parametrize("backend", ["native", "tiktoken"])
+def test_hf_and_fast_encoder_identical_and_round_trip(corpus, trained, backend):
+    if backend == "native":
+        pytest.importorskip("open1b_data._bpe", reason="compiled encoder not built")
+    fast = tk.FastEncoder.from_tokenizer(trained, backend=backend)
+    assert fast.backend == backend
     assert fast.eot_id == 0
     texts = corpus[1] + corpus[0][:40] + [
         "", " ", "\n\n\t  x", "a literal <|endoftext|> inside text", "naïve café 日本語 🎉 e\u0301",
@@ -91,7 +95,7 @@ def test_hf_and_tiktoken_identical_and_round_trip(corpus, trained):
     assert n_tokens > 100_000  # a real amount of text was compared
     # The separator inside a document is text, not the separator id.
     assert 0 not in fast.encode("a literal <|endoftext|> inside text").tolist()
-    threaded = tk.FastEncoder.from_tokenizer(trained, threads=2).encode_batch(texts)
+    threaded = tk.FastEncoder.from_tokenizer(trained, threads=2, backend=backend).encode_batch(texts)
     assert all(np.array_equal(a, b) for a, b in zip(threaded, got))
 
 
@@ -112,7 +116,7 @@ def test_delegated_pattern_splits_the_same(corpus, trained):
     for other in (r"\s+(?!\S)|\s+", "a\\" + tk.LOOKAHEAD_TAIL, r"(?=x)y" + tk.LOOKAHEAD_TAIL,
                   r"\p{L}+|\s+"):
         assert tk.delegated_pattern(other) == other  # nothing to group, or unsafe to
-    fast = tk.FastEncoder.from_tokenizer(trained)
+    fast = tk.FastEncoder.from_tokenizer(trained, backend="tiktoken")
     assert fast.encoding._pat_str == grouped
     plain = tiktoken.Encoding(name="plain", pat_str=LLAMA3_SPLIT,
                               mergeable_ranks=fast.encoding._mergeable_ranks,

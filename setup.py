@@ -1,0 +1,7 @@
+"""The one compiled part: ``open1b_data._bpe`` (see open1b_data/_bpe.c). It is optional: where
+no C compiler is available the install goes on and ``FastEncoder`` uses tiktoken alone."""
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("open1b_data._bpe", ["open1b_data/_bpe.c"],
+                             depends=["open1b_data/_bpe_unicode.h"],
+                             extra_compile_args=["-O3", "-std=c11"], optional=True)])
