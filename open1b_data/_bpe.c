@@ -409,6 +409,7 @@ static PyObject *Encoder_encode(Encoder *self, PyObject *arg) {
 }
 
 static PyObject *Encoder_split(Encoder *self, PyObject *arg) {
+    (void)self; /* the split needs no ranks */
     Text t;
     if (text_of(arg, &t) < 0) return NULL;
     PyObject *ends = PyList_New(0);
@@ -460,9 +461,7 @@ PyMODINIT_FUNC PyInit__bpe(void) {
     if (PyType_Ready(&EncoderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    Py_INCREF(&EncoderType);
-    if (PyModule_AddObject(m, "Encoder", (PyObject *)&EncoderType) < 0) {
-        Py_DECREF(&EncoderType);
+    if (PyModule_AddObjectRef(m, "Encoder", (PyObject *)&EncoderType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
