@@ -90,7 +90,7 @@ def test_manifest_is_portable(reference, mix_path):
     assert "workers" not in text
 
 
-@pytest.mark.parametrize("how", ["threads3", "fork3", "spawn2", "tasks2", "tasks3"])
+@pytest.mark.parametrize("how", ["threads3", "fork3", "spawn2", "tasks2", "tasks3", "tiktoken1"])
 def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_path, how,
                                                       monkeypatch):
     from open1b_data import build_task
@@ -98,7 +98,11 @@ def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_p
     ref_out, _ = reference
     mix = load_mix(mix_path)
     out = str(tmp_path / "mix")
-    if how.startswith(("threads", "fork", "spawn")):
+    if how == "tiktoken1":  # the other encoder backend writes the same bytes
+        monkeypatch.setenv("OPEN1B_ENCODER", "tiktoken")
+        r = build_mix(mix, out, BuildOptions(workers=1, **QUIET))
+        assert build_task._encoders(out, r.manifest.tokenizer["sha256"])[1].backend == "tiktoken"
+    elif how.startswith(("threads", "fork", "spawn")):
         kind, n = how[:-1], int(how[-1])
         if kind != "threads":  # helper processes, started the way the test names
             if kind == "fork" and build_task.start_method() != "fork":
