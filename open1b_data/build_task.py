@@ -306,9 +306,9 @@ def choose_executor(executor: str, input_bytes: int, workers: int,
     """``auto``: forked helper processes whenever there are 2+ workers and fork is the start
     method; with spawned helpers, processes only for large builds.
 
-    Processes do not share a GIL (JSON decoding and per-document Python hold it) and
-    tiktoken scales better across processes than across threads of one process (measured
-    on the demo: 2 threads use 1.4x the CPU time of 1, 2 processes 1.15x). A forked helper
+    Processes do not share a GIL, and the native encoder, JSON decoding and per-document
+    Python hold it (tiktoken, the fallback encoder, releases it but scales poorly across
+    threads: on the demo 2 threads use 1.4x the CPU time of 1, 2 processes 1.15x). A forked helper
     starts in milliseconds; a spawned one costs ~0.4 CPU-s (interpreter, imports,
     encoders), which pays off only when each worker has many MB to build. Either way the
     output bytes are the same (every job writes only its own files)."""
