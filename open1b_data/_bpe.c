@@ -239,18 +239,29 @@ static int ids_reserve(Ids *b, size_t extra) {
 }
 
 /* ------------------------------------------------------------------------------------- */
-/* tiktoken's byte_pair_merge, step for step (same ranks, same leftmost tie-break). */
+/* tiktoken's byte_pair_merge: repeatedly merge the adjacent pair of parts whose joined bytes
+   have the lowest rank, the leftmost one on ties, until no joined pair has a rank. Short
+   pieces: tiktoken's own array scan. Long pieces: the same merges in O(n log n), with the
+   parts in a linked list and candidate merges in a heap ordered by (rank, start), so a
+   100 KB run of letters takes milliseconds, not seconds. */
 
-static int byte_pair_encode(const Table *ranks, const uint8_t *p, size_t n, Ids *out) {
-    size_t stack_start[64];
-    uint32_t stack_rank[64];
-    size_t *start = stack_start;
-    uint32_t *rank = stack_rank;
-    if (n + 1 > 64) {
-        start = malloc((n + 1) * sizeof(size_t));
-        rank = malloc((n + 1) * sizeof(uint32_t));
-        if (!start || !rank) { free(start); free(rank); return -1; }
+#define SHORT_PIECE 64
+
+/* The ids of the `count` parts starting at starts[0..count) (starts[count] is the end). */
+static int emit_parts(const Table *ranks, const uint8_t *p, const size_t *starts, size_t count,
+                      Ids *out) {
+    if (ids_reserve(out, count) < 0) return -1;
+    for (size_t k = 0; k < count; k++) {
+        uint32_t r = rank_of(ranks, p + starts[k], starts[k + 1] - starts[k]);
+        if (r == NO_RANK) return -2; /* a byte with no rank: not a byte-level vocabulary */
+        out->v[out->n++] = r;
     }
+    return 0;
+}
+
+static int merge_short(const Table *ranks, const uint8_t *p, size_t n, Ids *out) {
+    size_t start[SHORT_PIECE + 1];
+    uint32_t rank[SHORT_PIECE + 1];
     size_t parts = 0;
     uint32_t min_rank = NO_RANK;
     size_t min_i = 0;
@@ -275,14 +286,86 @@ static int byte_pair_encode(const Table *ranks, const uint8_t *p, size_t n, Ids 
         for (size_t k = 0; k + 1 < parts; k++)
             if (rank[k] < min_rank) { min_rank = rank[k]; min_i = k; }
     }
-    int rc = ids_reserve(out, parts - 1);
-    for (size_t k = 0; rc == 0 && k + 1 < parts; k++) {
-        uint32_t r = rank_of(ranks, p + start[k], start[k + 1] - start[k]);
-        if (r == NO_RANK) rc = -2; /* a byte with no rank: not a byte-level vocabulary */
-        out->v[out->n++] = r;
+    return emit_parts(ranks, p, start, parts - 1, out); /* the last start is the end, n */
+}
+
+typedef struct { uint32_t rank, pos, version; } Candidate;
+
+static inline int before(Candidate a, Candidate b) {
+    return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos);
+}
+
+static void heap_push(Candidate *h, size_t *size, Candidate c) {
+    size_t i = (*size)++;
+    while (i > 0 && before(c, h[(i - 1) / 2])) { h[i] = h[(i - 1) / 2]; i = (i - 1) / 2; }
+    h[i] = c;
+}
+
+static Candidate heap_pop(Candidate *h, size_t *size) {
+    Candidate top = h[0], last = h[--(*size)];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *size) break;
+        if (c + 1 < *size && before(h[c + 1], h[c])) c++;
+        if (!before(h[c], last)) break;
+        h[i] = h[c];
+        i = c;
     }
-    if (start != stack_start) { free(start); free(rank); }
+    if (*size) h[i] = last;
+    return top;
+}
+
+static int merge_long(const Table *ranks, const uint8_t *p, size_t n, Ids *out) {
+    /* Part i (a start offset) runs to next[i]; next[i] == n for the last part.
+       rank[i]: rank of joining part i and the part after it (NO_RANK for the last part). */
+    uint32_t *next = malloc((n + 1) * sizeof(uint32_t));
+    uint32_t *prev = malloc((n + 1) * sizeof(uint32_t));
+    uint32_t *rank = malloc((n + 1) * sizeof(uint32_t));
+    uint32_t *version = calloc(n + 1, sizeof(uint32_t));
+    Candidate *heap = malloc((3 * n + 1) * sizeof(Candidate));
+    size_t *starts = NULL;
+    size_t size = 0;
+    int rc = -1;
+    if (!next || !prev || !rank || !version || !heap) goto done;
+    for (size_t i = 0; i < n; i++) {
+        next[i] = (uint32_t)(i + 1);
+        prev[i] = (uint32_t)(i ? i - 1 : UINT32_MAX);
+        rank[i] = (i + 1 < n) ? rank_of(ranks, p + i, 2) : NO_RANK;
+        if (rank[i] != NO_RANK) heap_push(heap, &size, (Candidate){rank[i], (uint32_t)i, 0});
+    }
+    while (size) {
+        Candidate c = heap_pop(heap, &size);
+        uint32_t i = c.pos;
+        if (c.version != version[i] || rank[i] != c.rank) continue; /* stale or merged away */
+        uint32_t j = next[i];                                   /* merge i and j */
+        next[i] = next[j];
+        if (next[j] < n) prev[next[j]] = i;
+        rank[j] = NO_RANK;
+        version[j]++;
+        rank[i] = (next[i] < n) ? rank_of(ranks, p + i, next[next[i]] - i) : NO_RANK;
+        version[i]++;
+        if (rank[i] != NO_RANK) heap_push(heap, &size, (Candidate){rank[i], i, version[i]});
+        if (prev[i] != UINT32_MAX) {
+            uint32_t h = prev[i];
+            rank[h] = rank_of(ranks, p + h, next[i] - h);
+            version[h]++;
+            if (rank[h] != NO_RANK) heap_push(heap, &size, (Candidate){rank[h], h, version[h]});
+        }
+    }
+    size_t parts = 0;
+    starts = malloc((n + 1) * sizeof(size_t));
+    if (!starts) goto done;
+    for (size_t i = 0; i < n; i = next[i]) starts[parts++] = i;
+    starts[parts] = n;
+    rc = emit_parts(ranks, p, starts, parts, out);
+done:
+    free(next); free(prev); free(rank); free(version); free(heap); free(starts);
     return rc;
+}
+
+static int byte_pair_encode(const Table *ranks, const uint8_t *p, size_t n, Ids *out) {
+    return n <= SHORT_PIECE ? merge_short(ranks, p, n, out) : merge_long(ranks, p, n, out);
 }
 
 /* ------------------------------------------------------------------------------------- */

@@ -72,14 +72,17 @@ def test_ids_match_tiktoken_and_hf_on_real_text(trained, encoders):
 
 
 def test_long_pieces_and_a_full_cache_give_the_same_ids(encoders, monkeypatch):
-    """Pieces longer than the stack buffer and the cache limit, and more distinct pieces than
-    the cache holds (it is dropped and refilled): still tiktoken's ids."""
+    """Pieces longer than the cache limit (merged through the heap), and more distinct pieces
+    than the cache holds (it is dropped and refilled): still tiktoken's ids."""
     native, plain = encoders
     rng = random.Random(7)
     letters = "abcdefghijklmnopqrstuvwxyzéßπж"
     words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 12)))
              for _ in range(300_000)]
-    long_ones = ["x" * 5000, "ab" * 700, "".join(rng.choice(letters) for _ in range(3000))]
+    # Long pieces (> 64 bytes) take the heap-ordered merge: many ties, small alphabets.
+    long_ones = ["x" * 5000, "ab" * 700, "".join(rng.choice("ACGT") for _ in range(100_000))]
+    long_ones += ["".join(rng.choice(alphabet) for _ in range(rng.randint(60, 3000)))
+                  for alphabet in ("ab", "abc", "ACGT", "aé", letters) for _ in range(40)]
     text = " ".join(words + long_ones)
     got = native.encode(text)
     assert got.tolist() == plain.encode(text, allowed_special=set(), disallowed_special=())
