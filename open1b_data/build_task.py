@@ -16,16 +16,16 @@ ids stored in the written shard are read back and compared with them; any differ
 raises ``BuildError``.
 
 ``run_jobs`` runs tasks on ``Workers``: ``workers`` threads of this process (one shared
-encoder), or helper processes; ``choose_executor`` picks.
-On Linux helpers are forked once this process has loaded the encoders (milliseconds; they
-inherit imports and encoders); elsewhere they are spawned early so their interpreter start
-overlaps listing and tokenizer training. A fork is safe here: jobs reach helpers pickled
-(fsspec clients are rebuilt there; fsspec resets its event loop in a forked child), and
-helpers set ``TOKENIZERS_PARALLELISM=false`` before any HF call, so HF never touches the
-parent's thread pool (parallelism comes from the processes; ``load_tokenizer`` sets the
-variable in the parent, so HF does not warn about the fork either). A helper whose build
-process dies leaves (``_exit_with``). Per-batch counts (documents,
-tokens, text bytes) go to a ``Progress``.
+encoder), or helper processes; ``choose_executor`` picks. On Linux helpers are forked once
+this process has loaded the encoders (milliseconds; they inherit imports and encoders);
+elsewhere they are spawned early so their interpreter start overlaps listing and tokenizer
+training. A fork is safe here: jobs reach helpers pickled (fsspec clients are rebuilt there;
+fsspec resets its event loop in a forked child), and helpers set
+``TOKENIZERS_PARALLELISM=false`` before any HF call, so HF never touches the parent's thread
+pool (parallelism comes from the processes; ``load_tokenizer`` sets the variable in the
+parent, so HF does not warn about the fork either). A helper whose build process dies
+leaves (``_exit_with``). Per-batch counts (documents, tokens, text bytes) go to a
+``Progress``.
 """
 from __future__ import annotations
 
@@ -308,10 +308,10 @@ def choose_executor(executor: str, input_bytes: int, workers: int,
 
     Processes do not share a GIL, and the native encoder, JSON decoding and per-document
     Python hold it (tiktoken, the fallback encoder, releases it but scales poorly across
-    threads: on the demo 2 threads use 1.4x the CPU time of 1, 2 processes 1.15x). A forked helper
-    starts in milliseconds; a spawned one costs ~0.4 CPU-s (interpreter, imports,
-    encoders), which pays off only when each worker has many MB to build. Either way the
-    output bytes are the same (every job writes only its own files)."""
+    threads: on the demo 2 threads use 1.4x the CPU time of 1, 2 processes 1.15x). A
+    forked helper starts in milliseconds; a spawned one costs ~0.4 CPU-s (interpreter,
+    imports, encoders), which pays off only when each worker has many MB to build. Either
+    way the output bytes are the same (every job writes only its own files)."""
     if executor != "auto":  # validated by BuildOptions
         return executor
     if workers < 2:

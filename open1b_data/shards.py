@@ -316,6 +316,8 @@ def list_parts(col: pa.ChunkedArray | pa.ListArray, url: str
     """A ``tokens`` column as (flat uint32 values, int64 offsets from 0): document d is
     ``values[offsets[d]:offsets[d + 1]]``; zero-copy. A null anywhere is a format error."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if len(arr) == 0:
+        return np.zeros(0, np.uint32), np.zeros(1, np.int64)
     if arr.null_count or arr.values.null_count:
         raise ShardFormatError(f"{url}: the tokens column holds nulls; shards never do "
                                f"(rebuild the shard with build-mix)")

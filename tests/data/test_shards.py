@@ -120,6 +120,16 @@ def test_corrupt_and_foreign_files_raise(tmp_path):
                    tmp_path / "tokens.parquet")
     with pytest.raises(ShardFormatError, match="tokens.parquet: metadata says 1 tokens"):
         list(iter_documents(str(tmp_path / "tokens.parquet")))
+    # Nulls in the tokens column (a shard made by someone else): refused, never read as 0.
+    toks = t.column("tokens").to_pylist()
+    for name, bad_toks in (("nulldoc", [None] + toks[1:]),
+                           ("nullid", [toks[0][:1] + [None] + toks[0][2:]] + toks[1:])):
+        col = pa.array(bad_toks, pa.list_(pa.uint32()))
+        pq.write_table(t.set_column(0, "tokens", col).replace_schema_metadata(meta),
+                       tmp_path / f"{name}.parquet")
+        with pytest.raises(ShardFormatError, match=f"{name}.parquet: the tokens column holds "
+                                                   f"nulls"):
+            read_document(str(tmp_path / f"{name}.parquet"), 0)
     # Lengths files: wrong dtype, not npy, wrong count.
     np.save(tmp_path / "l.npy", np.zeros(3, np.int64))
     with pytest.raises(ShardFormatError, match="l.npy"):
