@@ -3,5 +3,6 @@ no C compiler is available the install goes on and ``FastEncoder`` uses tiktoken
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("open1b_data._bpe", ["open1b_data/_bpe.c"],
-                             depends=["open1b_data/_bpe_unicode.h"],
+                             depends=[f"open1b_data/_bpe_{h}.h" for h in
+                                      ("split", "table", "merge", "unicode")],
                              extra_compile_args=["-O3", "-std=c11"], optional=True)])
