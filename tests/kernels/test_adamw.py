@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from kernels import adamw
-from kernels.backend import force, triton_available
+from kernels.backend import force
+from tests.kernels.support import needs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton + TRITON_INTERPRET=1 or CUDA")
 
 
 def state(n, seed=0, pdtype=torch.bfloat16):

@@ -18,11 +18,8 @@ from kernels.attention_fixed import (
     fixed_rows,
     fixed_values,
 )
+from tests.kernels.support import bits, needs_interpreter
 
-needs_triton = pytest.mark.skipif(
-    not (backend.HAVE_TRITON and backend.interpreting()),
-    reason="Triton parity on CPU tensors needs triton and TRITON_INTERPRET=1",
-)
 
 # (batch, query heads, kv heads, seq, head dim, window)
 CASES = [
@@ -55,10 +52,6 @@ def _inputs(case, seed: int, kind: str = "normal"):
     return q, k, v, do, window
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
-
-
 def _both_paths(q, k, v, do, window):
     results = []
     for path in ("cpu", "triton"):
@@ -68,22 +61,22 @@ def _both_paths(q, k, v, do, window):
     return results
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}h{c[1]}/{c[2]}s{c[3]}d{c[4]}w{c[5]}")
 def test_triton_matches_cpu_bitwise(case):
     cpu, tri = _both_paths(*_inputs(case, seed=sum(case[:5])))
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), cpu, tri):
         assert a.shape == b.shape and a.dtype == b.dtype, name
-        mismatched = (_bits(a) != _bits(b)).sum().item()
+        mismatched = (bits(a) != bits(b)).sum().item()
         assert mismatched == 0, f"{name}: {mismatched} of {a.numel()} elements differ in bits"
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("kind", ["tiny", "peaked", "subnormal", "v_extreme"])
 def test_triton_matches_cpu_bitwise_extreme_magnitudes(kind):
     cpu, tri = _both_paths(*_inputs((1, 2, 1, 70, 16, 33), seed=7, kind=kind))
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), cpu, tri):
-        mismatched = (_bits(a) != _bits(b)).sum().item()
+        mismatched = (bits(a) != bits(b)).sum().item()
         assert mismatched == 0, (
             f"{kind} {name}: {mismatched} of {a.numel()} elements differ in bits"
         )
@@ -153,9 +146,9 @@ def test_autograd_function_matches_functional_api_and_float64():
     out = attention(*leaves, window=window)
     out.backward(do)
     f_out, f_lse = forward_cpu(q, k, v, window)
-    assert torch.equal(_bits(out.detach()), _bits(f_out))
+    assert torch.equal(bits(out.detach()), bits(f_out))
     for leaf, g in zip(leaves, backward_cpu(q, k, v, f_out, f_lse, do, window)):
-        assert torch.equal(_bits(leaf.grad), _bits(g))
+        assert torch.equal(bits(leaf.grad), bits(g))
     _, _, *ref = _reference(q, k, v, do, window)  # end to end, including the int8 forward's O
     for leaf, r in zip(leaves, ref):
         assert (leaf.grad.double() - r).abs().max() <= 0.05 * r.abs().max()
@@ -175,19 +168,19 @@ def test_hidden_keys_do_not_touch_the_output_bits(window):
             k2[:, :, : first - window + 1] = 7.0
             v2[:, :, : first - window + 1] = -3.0
         out2, lse2 = forward_cpu(q, k2, v2, window)
-        assert torch.equal(_bits(out2[:, :, first : last + 1]), _bits(out[:, :, first : last + 1]))
-        assert torch.equal(_bits(lse2[:, :, first : last + 1]), _bits(lse[:, :, first : last + 1]))
-        assert not torch.equal(_bits(out2[:, :, last + 1 :]), _bits(out[:, :, last + 1 :]))
+        assert torch.equal(bits(out2[:, :, first : last + 1]), bits(out[:, :, first : last + 1]))
+        assert torch.equal(bits(lse2[:, :, first : last + 1]), bits(lse[:, :, first : last + 1]))
+        assert not torch.equal(bits(out2[:, :, last + 1 :]), bits(out[:, :, last + 1 :]))
 
 
 def test_window_at_least_seq_is_fully_causal_bitwise():
     q, k, v, do, _ = _inputs((1, 2, 1, 90, 16, None), seed=8)
     a = forward_cpu(q, k, v, None)
     b = forward_cpu(q, k, v, 90)
-    assert all(torch.equal(_bits(x), _bits(y)) for x, y in zip(a, b))
+    assert all(torch.equal(bits(x), bits(y)) for x, y in zip(a, b))
     ga = backward_cpu(q, k, v, *a, do, None)
     gb = backward_cpu(q, k, v, *b, do, 1000)
-    assert all(torch.equal(_bits(x), _bits(y)) for x, y in zip(ga, gb))
+    assert all(torch.equal(bits(x), bits(y)) for x, y in zip(ga, gb))
 
 
 def test_fixed_point_products_are_exact():
@@ -246,7 +239,7 @@ def test_compiled_kernels_match_cpu_bitwise_on_gpu():
             {k: (t.cuda() if isinstance(t, torch.Tensor) else t) for k, t in args.items()}
         )
         for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), cpu, gpu):
-            mismatched = (_bits(a) != _bits(b.cpu())).sum().item()
+            mismatched = (bits(a) != bits(b.cpu())).sum().item()
             assert mismatched == 0, (
                 f"{check.name} {name}: {mismatched} of {a.numel()} elements differ"
             )

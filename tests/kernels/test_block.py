@@ -31,6 +31,7 @@ from kernels.backend import force, triton_available
 from kernels.block import BlockConfig, block_forward, init_params
 from kernels.linear_int8 import Q_MAX
 from kernels.philox import truncated_normal
+from tests.kernels.support import bits
 
 CFG = BlockConfig(d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn=128, window=16)
 BATCH, SEQ = 1, 72  # > one 64-key attention block: the online softmax crosses blocks
@@ -71,10 +72,6 @@ def cached(backend: str):
     return _CACHE[backend]
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
-
-
 # ---------------------------------------------------------------- 1. CPU vs Triton bits
 @needs_triton
 def test_block_cpu_triton_bit_parity():
@@ -83,7 +80,7 @@ def test_block_cpu_triton_bit_parity():
     for name in a:
         assert a[name] is not None, name
         assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
-        assert torch.equal(_bits(a[name]), _bits(b[name])), f"{name} differs cpu vs triton"
+        assert torch.equal(bits(a[name]), bits(b[name])), f"{name} differs cpu vs triton"
 
 
 # ---------------------------------------------------------------- 2. float64 reference

@@ -3,11 +3,11 @@ import pytest
 import torch
 
 from kernels import gradnorm
-from kernels.backend import force, triton_available
+from kernels.backend import force
 from kernels.reduce import tree_sum_cpu
+from tests.kernels.support import needs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton + TRITON_INTERPRET=1 or CUDA")
 
 
 def grads(scale, seed=0):

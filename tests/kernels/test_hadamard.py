@@ -9,11 +9,7 @@ import torch
 
 from kernels import backend
 from kernels.hadamard import hadamard, hadamard_cpu, padded_width
-
-needs_triton = pytest.mark.skipif(
-    not (backend.HAVE_TRITON and backend.interpreting()),
-    reason="Triton parity on CPU tensors needs triton and TRITON_INTERPRET=1",
-)
+from tests.kernels.support import needs_interpreter
 
 
 def _h64(block: int) -> torch.Tensor:
@@ -43,7 +39,7 @@ def _inputs(r, k, g, kind):
     return x
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("r,k,block,kind", [
     (5, 300, 256, "normal"), (70, 64, 16, "wide"), (3, 4, 4, "normal"),
     (33, 1000, 64, "subnormal"), (9, 200, 64, "bf16"),

@@ -7,15 +7,7 @@ import torch
 
 from kernels import backend
 from kernels.int8_gemm import MAX_K, bf16_rne, int8_mm, int8_mm_cpu
-
-needs_triton = pytest.mark.skipif(
-    not (backend.HAVE_TRITON and backend.interpreting()),
-    reason="Triton parity on CPU tensors needs triton and TRITON_INTERPRET=1",
-)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({torch.bfloat16: torch.int16, torch.float32: torch.int32}.get(t.dtype, t.dtype))
+from tests.kernels.support import bits, needs_interpreter
 
 
 def _ints(shape, g, lo=-128, hi=128):
@@ -30,7 +22,7 @@ def _both(*args, **kw):
     return ref, got
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (37, 129, 45), (64, 64, 64), (3, 300, 5),
                                    (7, 1, 5)])
 def test_parity_int32_and_dequant(m, k, n):
@@ -44,12 +36,12 @@ def test_parity_int32_and_dequant(m, k, n):
     cs = torch.rand(n, generator=g) + 0.5
     for out in (torch.float32, torch.bfloat16):
         ref, got = _both(a, b, rs, cs, out)
-        assert torch.equal(_bits(ref), _bits(got)), out
+        assert torch.equal(bits(ref), bits(got)), out
     ref, got = _both(a, b, torch.tensor([0.37]), cs, torch.bfloat16)  # per-tensor row scale
-    assert torch.equal(_bits(ref), _bits(got))
+    assert torch.equal(bits(ref), bits(got))
 
 
-@needs_triton
+@needs_interpreter
 def test_parity_strided_operands():
     g = torch.Generator().manual_seed(7)
     a, b = _ints((40, 70), g), _ints((70, 33), g)  # b^T is a transposed view
@@ -67,7 +59,7 @@ def test_cpu_is_exact_at_the_k_bound():
                     torch.zeros((1, MAX_K + 1), dtype=torch.int8))
 
 
-@pytest.mark.parametrize("path", ["cpu", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("path", ["cpu", pytest.param("triton", marks=needs_interpreter)])
 def test_int32_to_fp32_conversion_rounds_to_nearest_even(path):
     # K = 2,048 products of 127 * 127 (plus odd offsets) give |acc| > 2^24 with low bits set:
     # float(acc) must be the round-to-nearest-even value on both paths.
@@ -92,7 +84,7 @@ def test_bf16_rne_matches_torch_on_finite_values():
     ties = (torch.randint(0, 2**15, (512,), generator=g) << 16 | 0x8000).to(torch.int32)
     x = torch.cat([x, ties.view(torch.float32), torch.tensor([3.4e38, -3.4e38, 1e-45, -0.0])])
     x = x[torch.isfinite(x)]
-    assert torch.equal(_bits(bf16_rne(x)), _bits(x.to(torch.bfloat16)))
+    assert torch.equal(bits(bf16_rne(x)), bits(x.to(torch.bfloat16)))
 
 
 def test_dequant_accuracy_vs_float64():

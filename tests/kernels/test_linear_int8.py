@@ -14,15 +14,7 @@ from kernels.int8_gemm import bf16_rne
 from kernels.linear_int8 import (INV_127, TWO_OVER_SQRT127, linear_int8, linear_int8_backward,
                                  linear_int8_forward, quantize_cpu, rotate_quantize,
                                  weight_step)
-
-needs_triton = pytest.mark.skipif(
-    not (backend.HAVE_TRITON and backend.interpreting()),
-    reason="Triton parity on CPU tensors needs triton and TRITON_INTERPRET=1",
-)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({torch.bfloat16: torch.int16, torch.float32: torch.int32}[t.dtype])
+from tests.kernels.support import bits, needs_interpreter
 
 
 def _case(m, k, n, seed, kind="normal"):
@@ -55,7 +47,7 @@ def test_constants_are_correctly_rounded():
     assert struct.unpack("<I", struct.pack("<f", TWO_OVER_SQRT127))[0] == 0x3E35BB09
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("m,k,n,kind", [(33, 70, 45, "normal"), (20, 300, 17, "extreme"),
                                         (5, 16, 260, "normal"), (18, 40, 24, "tiny")])
 def test_parity_forward_backward(m, k, n, kind):
@@ -66,10 +58,10 @@ def test_parity_forward_backward(m, k, n, kind):
             outs[path] = (linear_int8_forward(x, w, s), *linear_int8_backward(dy, x, w, s))
     for name, ref, got in zip(("y", "dx", "dw", "ds"), outs["cpu"], outs["triton"]):
         assert ref.dtype == got.dtype and ref.shape == got.shape, name
-        assert torch.equal(_bits(ref), _bits(got)), name
+        assert torch.equal(bits(ref), bits(got)), name
 
 
-@needs_triton
+@needs_interpreter
 def test_fused_rotate_quantize_parity():
     # the GPU's fused rotate + absmax + quantize kernel vs the three separate CPU ops, on
     # the operand kinds the backward feeds it: bf16 (with subnormals), transposed views,
@@ -84,7 +76,7 @@ def test_fused_rotate_quantize_parity():
             q0, s0 = rotate_quantize(t)
         with backend.force("triton"):
             q1, s1 = rotate_quantize(t)
-        assert torch.equal(q0, q1) and torch.equal(_bits(s0), _bits(s1))
+        assert torch.equal(q0, q1) and torch.equal(bits(s0), bits(s1))
     assert s0.shape == (33,) and q0.shape == (33, 256)
 
 
@@ -93,7 +85,7 @@ def test_forward_is_the_specified_dequantization():
     sw = weight_step(w)
     acc = quantize_cpu(x, s).long() @ quantize_cpu(w, sw).long().t()  # exact, int64
     spec = bf16_rne((acc.to(torch.float64).to(torch.float32) * s) * sw[None, :])
-    assert torch.equal(_bits(linear_int8_forward(x, w, s)), _bits(spec))
+    assert torch.equal(bits(linear_int8_forward(x, w, s)), bits(spec))
     # the weight step: 2 * mean|w| / sqrt(127), within 3 roundings of the exact value
     exact = 2 * w.double().abs().mean(1) / math.sqrt(127)
     assert ((sw.double() - exact).abs() <= 4 * 2.0**-24 * exact).all()
@@ -166,10 +158,10 @@ def test_autograd_wrapper_matches_functional():
     y = linear_int8(x3, wp, sp)
     y.backward(dy.reshape(2, 12, 32))
     dx, dw, ds = linear_int8_backward(dy, x, w, s)
-    assert torch.equal(_bits(y.reshape(24, 32)), _bits(linear_int8_forward(x, w, s)))
-    assert torch.equal(_bits(x3.grad.reshape(24, 64)), _bits(dx))
-    assert torch.equal(_bits(wp.grad), _bits(dw.to(torch.bfloat16)))
-    assert torch.equal(_bits(sp.grad), _bits(ds))
+    assert torch.equal(bits(y.reshape(24, 32)), bits(linear_int8_forward(x, w, s)))
+    assert torch.equal(bits(x3.grad.reshape(24, 64)), bits(dx))
+    assert torch.equal(bits(wp.grad), bits(dw.to(torch.bfloat16)))
+    assert torch.equal(bits(sp.grad), bits(ds))
 
 
 def test_rejects_bad_step():

@@ -22,12 +22,9 @@ from kernels.int8_gemm import bf16_rne, exact_int_mm_cpu
 from kernels.linear_int8 import (INV_127, Q_MAX, RND, TWO_OVER_SQRT127, linear_int8,
                                  linear_int8_backward, linear_int8_forward)
 from kernels.reduce import tree_sum_cpu
+from tests.kernels.support import bits
 
 F32 = torch.float32
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1).view({torch.bfloat16: torch.int16, F32: torch.int32}[t.dtype])
 
 
 # ---------------------------------------------------------------- the spec, spelled out
@@ -135,9 +132,10 @@ def test_cpu_path_matches_spec(m, k, n, kind):
         ya.backward(dy.reshape(1, m, n))
     for got, ref in ((y, y_ref), (dx, dx_ref), (dw, dw_ref), (ds, ds_ref), (ya, y_ref),
                      (xa.grad, dx_ref), (sa.grad, ds_ref)):
-        assert got.dtype == ref.dtype and torch.equal(_bits(got), _bits(ref))
+        # The autograd outputs keep the (1, m, n) batch shape: compare the values, flat.
+        assert got.dtype == ref.dtype and torch.equal(bits(got).reshape(-1), bits(ref).reshape(-1))
     # the wrapper's bf16 dw is the float32 dw rounded by .to, as autograd would round it
-    assert torch.equal(_bits(wa.grad), _bits(dw_ref.to(torch.bfloat16)))
+    assert torch.equal(bits(wa.grad), bits(dw_ref.to(torch.bfloat16)))
 
 
 def test_round_is_the_rne_of_the_spec():
@@ -149,7 +147,7 @@ def test_round_is_the_rne_of_the_spec():
                                  126.5, -126.5, 127.49999, -127.49999])])
     vc = v.clamp(-Q_MAX, Q_MAX)
     assert torch.equal(vc.round().to(torch.int8), _rne(vc).to(torch.int8))
-    assert torch.equal(_bits(vc.round() - v), _bits(_rne(vc) - v))
+    assert torch.equal(bits(vc.round() - v), bits(_rne(vc) - v))
 
 
 @pytest.mark.parametrize("r,c,block", [(256, 3, 256), (512, 5000, 256), (768, 2100, 256),
@@ -161,7 +159,7 @@ def test_hadamard_dim0_is_the_transposed_reference(r, c, block):
     x.view(-1)[::11] = -0.0
     ref = hadamard_cpu(x.t().contiguous(), block).t()
     y = hadamard_dim0_cpu_(x.clone(), block)
-    assert torch.equal(_bits(ref.contiguous()), _bits(y))
+    assert torch.equal(bits(ref.contiguous()), bits(y))
 
 
 def test_int_mm_on_transposed_views():
@@ -184,9 +182,9 @@ def test_dim0_tree_is_the_last_dim_tree():
         x = torch.randn(*shape, generator=g) * torch.exp(torch.randn(*shape, generator=g) * 20)
         x.view(-1)[::5] = -0.0
         ref = tree_sum_cpu(x.movedim(0, -1).contiguous(), -1)  # last-dim path
-        assert torch.equal(_bits(tree_sum_cpu(x, 0)), _bits(ref))
-    assert torch.equal(_bits(tree_sum_cpu(torch.full((6, 3), -0.0), 0)),
-                       _bits(torch.zeros(3)))  # padding adds +0.0
+        assert torch.equal(bits(tree_sum_cpu(x, 0)), bits(ref))
+    assert torch.equal(bits(tree_sum_cpu(torch.full((6, 3), -0.0), 0)),
+                       bits(torch.zeros(3)))  # padding adds +0.0
 
 
 def test_scratch_reuses_and_releases():

@@ -9,11 +9,7 @@ import torch
 from kernels import backend, lmhead as lm
 from kernels.lmhead import (lmhead, lmhead_backward, lmhead_forward, ozaki_mm, ozaki_mm_cpu,
                             slice_rows_cpu)
-
-needs_triton = pytest.mark.skipif(
-    not (backend.HAVE_TRITON and backend.interpreting()),
-    reason="Triton parity on CPU tensors needs triton and TRITON_INTERPRET=1",
-)
+from tests.kernels.support import needs_interpreter
 
 
 def _case(m, k, v, seed, kind="normal"):
@@ -40,7 +36,7 @@ def _bound(a: torch.Tensor, b: torch.Tensor, exact: torch.Tensor, slices: int) -
     return k_term * sa[:, None] * sb[None, :] + 2.0**-24 * exact.abs()
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 @pytest.mark.parametrize("m,k,v,kind,slices", [
     (33, 70, 45, "normal", 3), (16, 300, 100, "wide", 3), (1, 5, 3, "normal", 3),
@@ -56,7 +52,7 @@ def test_parity_forward_backward(m, k, v, kind, slices):
         assert torch.equal(ref.view(torch.int32), got.view(torch.int32)), name
 
 
-@needs_triton
+@needs_interpreter
 def test_parity_across_chunk_flushes(monkeypatch):
     # a tiny K_CHUNK makes the kernel flush its int32 level accumulators into int64 often;
     # the exact integer result, hence the bits, must not change

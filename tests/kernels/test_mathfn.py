@@ -7,22 +7,14 @@ import pytest
 import torch
 
 from kernels import hashing, mathfn, philox
-from kernels.backend import force, triton_available
+from kernels.backend import force
+from tests.kernels.support import needs_triton, same_bits
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy overflow inside the interpreter
-needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton + TRITON_INTERPRET=1 or CUDA")
 
 SPECIALS = [0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"), float("nan"), 1e-45, -1e-45,
             1e-40, 1.17549435e-38, 3.4028235e38, -3.4028235e38, 88.72, 88.73, -103.9, -104.1,
             0.5, 0.999, -0.999, 0.9999999, 8192.0, 65536.0, 65537.0, 1e-30]
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit equality; NaN payloads do not count (see CONTRACT.md), NaN positions do."""
-    na, nb = torch.isnan(a), torch.isnan(b)
-    ia = a.view(torch.int32)[~na]
-    ib = b.view(torch.int32)[~nb]
-    return torch.equal(na, nb) and torch.equal(ia, ib)
 
 
 def inputs(name: str) -> torch.Tensor:

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from kernels import hashing, philox
-from kernels.backend import force, triton_available
+from kernels.backend import force
+from tests.kernels.support import needs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton + TRITON_INTERPRET=1 or CUDA")
 
 # Random123 kat_vectors (Salmon et al., SC'11): counter, key -> output.
 KAT = [

@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from kernels import reduce
-from kernels.backend import force, triton_available
+from kernels.backend import force
+from tests.kernels.support import needs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton + TRITON_INTERPRET=1 or CUDA")
 
 
 def naive_tree(values: list[float]) -> torch.Tensor:

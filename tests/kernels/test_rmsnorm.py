@@ -3,18 +3,10 @@ import pytest
 import torch
 
 from kernels import rmsnorm
-from kernels.backend import force, triton_available
+from kernels.backend import force
+from tests.kernels.support import needs_triton, same_bits
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton + TRITON_INTERPRET=1 or CUDA")
-
-
-def same_bits(a, b) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    itype = {2: torch.int16, 4: torch.int32}[a.element_size()]
-    na, nb = torch.isnan(a), torch.isnan(b)
-    return torch.equal(na, nb) and torch.equal(a.view(itype)[~na], b.view(itype)[~nb])
 
 
 def both_paths(x, gain, dy):

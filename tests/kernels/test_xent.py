@@ -7,15 +7,7 @@ import torch
 
 from kernels import backend
 from kernels.xent import CHUNK, Z_LOSS, xent, xent_backward, xent_forward
-
-needs_triton = pytest.mark.skipif(
-    not (backend.HAVE_TRITON and backend.interpreting()),
-    reason="Triton parity on CPU tensors needs triton and TRITON_INTERPRET=1",
-)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32)
+from tests.kernels.support import bits, needs_interpreter
 
 
 def _case(m, v, seed, kind="normal"):
@@ -42,7 +34,7 @@ def _float64(x, t):
     return loss.detach(), lse.detach(), xd.grad
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("m,v,kind", [(5, CHUNK + 900, "normal"), (9, 300, "extreme"),
                                       (4, 2 * CHUNK, "bf16"), (1, 1, "normal")])
 def test_parity(m, v, kind):
@@ -53,7 +45,7 @@ def test_parity(m, v, kind):
             loss, lse = xent_forward(x, t)
             outs[path] = (loss, lse, xent_backward(torch.tensor(0.75), x, t, lse))
     for name, ref, got in zip(("loss", "lse", "dlogits"), outs["cpu"], outs["triton"]):
-        assert torch.equal(_bits(ref), _bits(got)), name
+        assert torch.equal(bits(ref), bits(got)), name
 
 
 @pytest.mark.parametrize("kind", ["normal", "extreme"])
@@ -74,9 +66,9 @@ def test_autograd_wrapper_matches_functional():
     loss, lse = xent(xp, t)
     (2.0 * loss).backward()
     ref_loss, ref_lse = xent_forward(x, t)
-    assert torch.equal(_bits(loss), _bits(ref_loss)) and torch.equal(_bits(lse), _bits(ref_lse))
+    assert torch.equal(bits(loss), bits(ref_loss)) and torch.equal(bits(lse), bits(ref_lse))
     ref = xent_backward(torch.tensor(2.0), x, t, ref_lse)
-    assert torch.equal(_bits(xp.grad), _bits(ref))
+    assert torch.equal(bits(xp.grad), bits(ref))
 
 
 def test_rejects_bad_inputs():
@@ -87,7 +79,7 @@ def test_rejects_bad_inputs():
         xent_forward(x[0], t)
 
 
-@needs_triton
+@needs_interpreter
 def test_lmhead_xent_chain_parity():
     # the loss head as training composes it: bf16 hidden -> LM head -> fused loss, through
     # autograd on both paths; every output and gradient bit must agree
