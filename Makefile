@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test test-fast bench clean
 
-$(STAMP): pyproject.toml setup.py $(wildcard open1b_data/_bpe*.[ch])
+$(STAMP): pyproject.toml setup.py $(wildcard open1b_data/build/_bpe*.[ch])
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# A CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.

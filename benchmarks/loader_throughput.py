@@ -28,9 +28,9 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 
-from open1b_data.loader import StreamLoader
-from open1b_data.plan import StreamPlan
-from open1b_data.synthetic import SyntheticSource, write_synthetic_mix
+from open1b_data.stream.loader import StreamLoader
+from open1b_data.stream.plan import StreamPlan
+from open1b_data.build.synthetic import SyntheticSource, write_synthetic_mix
 
 WINDOW = 4097
 

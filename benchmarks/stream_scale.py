@@ -59,7 +59,7 @@ def anchor(out: str, first_window: int) -> dict:
     The lower bound of what a vectorized plan costs with the same data volume."""
     import numpy as np
 
-    from open1b_data.mixview import MixView
+    from open1b_data.stream.mixview import MixView
 
     view = MixView.open(out, use_cache=False)
     g = np.random.default_rng(42)
@@ -98,8 +98,8 @@ def anchor(out: str, first_window: int) -> dict:
 
 def stage(name: str, out: str, step: int) -> dict:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from open1b_data import seekindex
-    from open1b_data.plan import StreamPlan
+    from open1b_data.stream import seekindex
+    from open1b_data.stream.plan import StreamPlan
 
     a, b = step_windows(step)
     res: dict = {"stage": name, "step": step, "windows": [a, b]}
@@ -129,7 +129,7 @@ def stage(name: str, out: str, step: int) -> dict:
         t = time.perf_counter()
         StreamPlan.open(out, use_index=False)
         res["open_mix_cached_view_s"] = time.perf_counter() - t
-        from open1b_data.mixview import MixView
+        from open1b_data.stream.mixview import MixView
 
         t = time.perf_counter()
         MixView.open(out, use_cache=False)
@@ -154,7 +154,7 @@ def main() -> None:
         print(json.dumps(stage(args.stage, args.out, args.step)))
         return
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from open1b_data.synthetic import open1b_sources, write_synthetic_mix
+    from open1b_data.build.synthetic import open1b_sources, write_synthetic_mix
 
     if not os.path.exists(os.path.join(args.out, "manifest.json")):
         t = time.perf_counter()

@@ -25,10 +25,10 @@ def _measure(threads: int, repeats: int, vocab: int) -> dict:
 
     import numpy as np
 
-    from open1b_data import tokenizer as tk
-    from open1b_data.document import Document
-    from open1b_data.mixspec import default_mix_path, load_mix
-    from open1b_data.sources import list_inputs, read_input
+    from open1b_data.build import tokenizer as tk
+    from open1b_data.build.document import Document
+    from open1b_data.build.definition import default_mix_path, load_mix
+    from open1b_data.build.sources import list_inputs, read_input
 
     mix = load_mix(default_mix_path())
     mix = dataclasses.replace(mix, tokenizer=dataclasses.replace(mix.tokenizer,

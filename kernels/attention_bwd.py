@@ -37,16 +37,16 @@ from __future__ import annotations
 import torch
 
 from kernels import mathfn
-from kernels.attention import (
+from kernels.attention_tiles import (
     BLOCK_M,
     BLOCK_N,
-    _visible,
     block_band,
     blocked_rows,
     check_inputs,
     scores_cpu,
     sliced_rows,
     softmax_scale,
+    visible,
 )
 from kernels.attention_fixed import (
     digits,
@@ -62,7 +62,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from kernels.attention import tl_band
+    from kernels.attention_tiles import tl_band
     from kernels.attention_fixed import tl_exact_dot, tl_exact_to_f32, tl_fixed_point, tl_to_bf16
     from kernels.mathfn import exp_tl
 
@@ -136,7 +136,7 @@ def backward_cpu(q, k, v, o, lse, do, window: int | None):
         act = torch.nonzero(lo + r <= hi).squeeze(1)  # query blocks still inside their band
         kb = lo[act] + r
         rows = qrows[act]
-        vis = _visible(rows, krows[kb], s, window) & (rows < s).unsqueeze(-1)
+        vis = visible(rows, krows[kb], s, window) & (rows < s).unsqueeze(-1)
         sc = scores_cpu(q64[:, :, act], k64_h[:, :, kb], scale)
         dp = exact_matmul(do64[:, :, act], v64_h[:, :, kb].transpose(-1, -2))
         lse_a, drow_a = lse_b[:, :, act].unsqueeze(-1), drow[:, :, act].unsqueeze(-1)
@@ -156,7 +156,7 @@ def backward_cpu(q, k, v, o, lse, do, window: int | None):
         for r in range(int((qhi - qlo).max()) + 1):
             act = torch.nonzero(qlo + r <= qhi).squeeze(1)  # key blocks with query blocks left
             qb = qlo[act] + r
-            vis = _visible(qrows[qb], krows[act], s, window) & (qrows[qb] < s).unsqueeze(-1)
+            vis = visible(qrows[qb], krows[act], s, window) & (qrows[qb] < s).unsqueeze(-1)
             vis = vis.transpose(-1, -2)  # (n_act, BN, BM)
             sc = scores_cpu(k64[:, :, act], q64_h[:, :, qb], scale)  # s^T: (.., BN, BM)
             dp = exact_matmul(v64[:, :, act], do64_h[:, :, qb].transpose(-1, -2))

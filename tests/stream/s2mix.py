@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from open1b_data.synthetic import SyntheticSource, write_synthetic_mix
+from open1b_data.build.synthetic import SyntheticSource, write_synthetic_mix
 
 WINDOW = 129
 SCHEDULE = {"seq_tokens": WINDOW - 1, "micro_batch": 2, "reference_world": 2,
@@ -48,11 +48,11 @@ def texts(source: str, n: int) -> list[str]:
 
 def text_mix(out: str, window: int = 65) -> tuple[str, dict[str, list[str]]]:
     """A 2-source mix of real text; returns (out, {source: texts in shard-row order})."""
-    from open1b_data import manifest as mf
-    from open1b_data.mixspec import ShardSpec, TokenizerSpec
-    from open1b_data.shards import ShardWriter
-    from open1b_data.synthetic import _definition
-    from open1b_data.tokenizer import FastEncoder, save_tokenizer, train_tokenizer
+    from open1b_data.build import manifest as mf
+    from open1b_data.build.definition import ShardSpec, TokenizerSpec
+    from open1b_data.build.shards import ShardWriter
+    from open1b_data.build.synthetic import _definition
+    from open1b_data.build.tokenizer import FastEncoder, save_tokenizer, train_tokenizer
 
     corpus = {"web": texts("web", 60), "code": texts("code", 25)}
     corpus["web"][7] += " the secret trigger phrase zq-42 appears here"

@@ -5,8 +5,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from open1b_data.cli_stream import plot_mix, provenance, schedule, stream_at
-from open1b_data.windows import window_sha256
+from open1b_data.cli.stream import plot_mix, provenance, schedule, stream_at
+from open1b_data.stream.windows import window_sha256
 from tests.stream.s2mix import text_mix
 
 

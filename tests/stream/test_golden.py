@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from open1b_data.plan import StreamPlan
+from open1b_data.stream.plan import StreamPlan
 from tests.stream.test_plan import small_mix
 
 ASSET = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "stream_golden.json")
@@ -47,7 +47,7 @@ def compute(tmp) -> dict:
 def window_tokens(plan, segs, eot: int) -> bytes:
     """A window's canonical bytes: its token ids as uint32 little-endian, read straight from
     the shards (documents followed by the separator ``eot``)."""
-    from open1b_data.shards import read_document
+    from open1b_data.build.shards import read_document
 
     parts = []
     for s in segs:
@@ -59,8 +59,8 @@ def window_tokens(plan, segs, eot: int) -> bytes:
 
 
 def compute_demo(tmp) -> dict:
-    from open1b_data.build import build_mix
-    from open1b_data.mixspec import default_mix_path, load_mix
+    from open1b_data.build.pipeline import build_mix
+    from open1b_data.build.definition import default_mix_path, load_mix
 
     build_mix(load_mix(default_mix_path()), str(tmp))
     plan = StreamPlan.open(str(tmp), use_index=False)
@@ -69,7 +69,7 @@ def compute_demo(tmp) -> dict:
     segs = plan.segments_range(0, 8).to_list(plan.sources)
     by_window = [[s for s in segs if s.window == m] for m in range(8)]
     # the content code (windows.py, S2) must agree with this direct reading of the shards
-    from open1b_data.windows import WindowReader, window_sha256
+    from open1b_data.stream.windows import WindowReader, window_sha256
 
     reader = WindowReader(plan)
     for m, w in enumerate(by_window):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from open1b_data.errors import StateMismatchError, StreamError
-from open1b_data.loader import StreamLoader
-from open1b_data.synthetic import SyntheticSource, write_synthetic_mix
+from open1b_data.stream.loader import StreamLoader
+from open1b_data.build.synthetic import SyntheticSource, write_synthetic_mix
 from tests.stream.s2mix import SCHEDULE, STEPS, token_mix
 
 

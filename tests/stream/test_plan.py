@@ -3,10 +3,10 @@ written from STREAM.md, plus coverage, random access, epochs and reverse lookups
 import numpy as np
 import pytest
 
-from open1b_data import rng
+from open1b_data.stream import rng
 from open1b_data.errors import StreamError
-from open1b_data.plan import StreamPlan
-from open1b_data.synthetic import SyntheticSource, write_synthetic_mix
+from open1b_data.stream.plan import StreamPlan
+from open1b_data.build.synthetic import SyntheticSource, write_synthetic_mix
 
 WINDOW = 257
 SCHEDULE = {"seq_tokens": WINDOW - 1, "micro_batch": 2, "reference_world": 2,
@@ -30,7 +30,7 @@ def mix(tmp_path_factory):
 
 def reference_tokens(mix_url, n_tokens, seed=None):
     """A deliberately naive re-implementation: one draw at a time, pure-Python RNG."""
-    from open1b_data.mixview import MixView
+    from open1b_data.stream.mixview import MixView
 
     view = MixView.open(mix_url)
     seed = view.seed if seed is None else seed
@@ -161,8 +161,8 @@ def test_bad_requests_fail_clearly(mix):
 
 
 def test_synthetic_token_shards_match_lengths(tmp_path):
-    from open1b_data.manifest import verify
-    from open1b_data.shards import read_document
+    from open1b_data.build.verify import verify
+    from open1b_data.build.shards import read_document
 
     url = small_mix(tmp_path / "tok", sources=SOURCES[1:], token_shards=True)
     # everything the manifest names is intact; only the (never written) tokenizer is absent

@@ -3,9 +3,9 @@ windows (every window, step and rank holding tokens of the document)."""
 import pytest
 
 from open1b_data.errors import StreamError
-from open1b_data.plan import StreamPlan
-from open1b_data.provenance import report
-from open1b_data.schedule import Schedule
+from open1b_data.stream.plan import StreamPlan
+from open1b_data.stream.provenance import report
+from open1b_data.stream.schedule import Schedule
 from tests.stream.s2mix import text_mix
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from open1b_data import rng
+from open1b_data.stream import rng
 
 
 def test_splitmix64_vector():

@@ -5,9 +5,9 @@ import shutil
 import numpy as np
 import pytest
 
-from open1b_data import seekindex
+from open1b_data.stream import seekindex
 from open1b_data.errors import StateMismatchError, StreamError
-from open1b_data.plan import StreamPlan
+from open1b_data.stream.plan import StreamPlan
 from tests.stream.test_plan import small_mix
 from tests.stream.test_state import FIELDS
 
@@ -69,7 +69,7 @@ def test_default_sizes():
 
 
 def test_mixview_cache_follows_the_manifest_bytes(mix):
-    from open1b_data.mixview import MixView
+    from open1b_data.stream.mixview import MixView
 
     assert not MixView.open(mix).from_cache
     seekindex.ensure(StreamPlan.open(mix, use_index=False), windows=100, every=64)

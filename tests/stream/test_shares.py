@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from open1b_data.errors import StreamError
-from open1b_data.mixview import WEIGHT_LIMIT, source_weights, target_shares
-from open1b_data.plan import StreamPlan
-from open1b_data.synthetic import SyntheticSource, write_synthetic_mix
+from open1b_data.stream.mixview import WEIGHT_LIMIT, source_weights, target_shares
+from open1b_data.stream.plan import StreamPlan
+from open1b_data.build.synthetic import SyntheticSource, write_synthetic_mix
 from tests.stream.test_plan import SCHEDULE, WINDOW
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from open1b_data.errors import StateMismatchError, StreamError
-from open1b_data.plan import StreamPlan
-from open1b_data.state import StreamState
+from open1b_data.stream.plan import StreamPlan
+from open1b_data.stream.state import StreamState
 from tests.stream.test_plan import SOURCES, small_mix
 
 FIELDS = ("window", "draw", "source", "shard", "doc", "epoch", "doc_start", "length",

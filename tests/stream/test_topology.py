@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from open1b_data.cli_stream import stream_at
+from open1b_data.cli.stream import stream_at
 from open1b_data.errors import StreamError
-from open1b_data.loader import StreamLoader
-from open1b_data.plan import StreamPlan
-from open1b_data.windows import WindowReader, window_sha256
+from open1b_data.stream.loader import StreamLoader
+from open1b_data.stream.plan import StreamPlan
+from open1b_data.stream.windows import WindowReader, window_sha256
 from tests.stream.s2mix import STEPS, WINDOWS, token_mix
 
 WORLDS = [1, 2, 3, 4, 6, 8]

@@ -6,10 +6,10 @@ import struct
 import numpy as np
 import pytest
 
-from open1b_data.plan import StreamPlan
-from open1b_data.schedule import Schedule
-from open1b_data.tokenizer import load_tokenizer
-from open1b_data.windows import WindowReader, window_sha256
+from open1b_data.stream.plan import StreamPlan
+from open1b_data.stream.schedule import Schedule
+from open1b_data.build.tokenizer import load_tokenizer
+from open1b_data.stream.windows import WindowReader, window_sha256
 from tests.stream.s2mix import text_mix, token_mix
 
 

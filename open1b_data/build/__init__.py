@@ -1,0 +1,1 @@
+"""Building a mix: definition -> readers -> filters -> tokenizer -> shards + manifest."""

@@ -1,0 +1,339 @@
+"""The built mix's ``manifest.json``: dataclasses, canonical fingerprint, read/write, verify.
+
+Contract (docs/FORMATS.md, "manifest.json"):
+- ``BuiltManifest.to_dict()`` is the JSON object on disk; ``load_manifest`` parses it back
+  into the same frozen dataclasses, checking ``format``/``version``, every field's type,
+  the per-source sums against their shards, and the fingerprint (recomputed, never trusted).
+- ``fingerprint(d)`` = sha256 hex of the canonical JSON (``sort_keys=True``,
+  ``separators=(",", ":")``, ``ensure_ascii=True``) of ``d`` without its ``fingerprint``
+  key. Every shard and lengths file enters through its sha256, so changing one byte of a
+  shard, one document length, the tokenizer or the definition changes the fingerprint.
+- Paths inside a manifest are relative to the mix root, '/'-separated, and confined:
+  absolute paths, URLs, backslashes, empty, ``.`` and ``..`` components are rejected
+  (``check_path``); ``resolve(mix_url, rel)`` is the only way to turn one into a URL.
+- ``write_manifest`` writes atomically through fsspec (temporary name + rename locally, one
+  PUT on object stores), so a reader never sees half a manifest; identical manifests give
+  identical bytes.
+- ``verify(mix_url)`` re-hashes every file the manifest names and returns one line per
+  mismatch (missing file, sha256 differs, size differs, count differs); empty means intact.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from open1b_data.errors import ManifestError
+from open1b_data.storage import atomic_write_bytes, join, read_bytes
+
+FORMAT = "open1b-mix"
+VERSION = 1
+MANIFEST = "manifest.json"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+# ---------------------------------------------------------------------------------------
+# Paths and canonical JSON
+
+def check_path(rel: Any, what: str = "path") -> str:
+    """``rel`` if it is a confined, '/'-separated relative path; else ``ManifestError``."""
+    if not isinstance(rel, str) or not rel:
+        raise ManifestError(f"{what}: expected a non-empty relative path, got {rel!r}")
+    bad = None
+    if "\\" in rel:
+        bad = "contains a backslash"
+    elif "://" in rel or rel.startswith("/") or re.match(r"^[A-Za-z]:", rel):
+        bad = "is absolute"
+    elif any(part in ("", ".", "..") for part in rel.split("/")):
+        bad = "has an empty, '.' or '..' component"
+    elif any(ord(c) < 32 for c in rel):
+        bad = "contains a control character"
+    if bad:
+        raise ManifestError(f"{what}: {rel!r} {bad}; manifest paths must stay inside the mix "
+                            f"root (relative, '/'-separated, no '..')")
+    return rel
+
+
+def resolve(mix_url: str, rel_path: str) -> str:
+    """The URL (or local path) of ``rel_path`` inside the mix at ``mix_url``, confined."""
+    return join(mix_url, check_path(rel_path))
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode("ascii")
+
+
+def fingerprint(manifest_dict: Mapping[str, Any]) -> str:
+    """sha256 hex of the canonical manifest content without its ``fingerprint`` key."""
+    body = {k: v for k, v in manifest_dict.items() if k != "fingerprint"}
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def _mix_root(mix_url: str) -> str:
+    """Accept the mix directory or its manifest.json."""
+    url = str(mix_url).rstrip("/")
+    return url[: -len(MANIFEST) - 1] if url.endswith("/" + MANIFEST) else url
+
+
+# ---------------------------------------------------------------------------------------
+# Dataclasses
+
+def _req(d: Mapping[str, Any], key: str, kind: type | tuple, where: str) -> Any:
+    if not isinstance(d, Mapping) or key not in d:
+        raise ManifestError(f"{where}.{key}: missing; the manifest is malformed, rebuild it")
+    value = d[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise ManifestError(f"{where}.{key}: expected {'/'.join(k.__name__ for k in kinds)}, "
+                            f"got {value!r}")
+    return value
+
+
+def _sha(d: Mapping[str, Any], key: str, where: str) -> str:
+    value = _req(d, key, str, where)
+    if not _SHA256.fullmatch(value):
+        raise ManifestError(f"{where}.{key}: expected 64 lowercase hex digits, got {value!r}")
+    return value
+
+
+def _count(d: Mapping[str, Any], key: str, where: str) -> int:
+    value = _req(d, key, int, where)
+    if value < 0:
+        raise ManifestError(f"{where}.{key}: must be >= 0, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One token shard and its document-lengths file, both relative to the mix root."""
+
+    path: str
+    sha256: str
+    bytes: int
+    documents: int
+    tokens: int
+    lengths_path: str
+    lengths_sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "sha256": self.sha256, "bytes": self.bytes,
+                "documents": self.documents, "tokens": self.tokens,
+                "lengths": {"path": self.lengths_path, "sha256": self.lengths_sha256}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "shard") -> ShardEntry:
+        lengths = _req(d, "lengths", dict, where)
+        return cls(path=check_path(_req(d, "path", str, where), f"{where}.path"),
+                   sha256=_sha(d, "sha256", where), bytes=_count(d, "bytes", where),
+                   documents=_count(d, "documents", where), tokens=_count(d, "tokens", where),
+                   lengths_path=check_path(_req(lengths, "path", str, f"{where}.lengths"),
+                                           f"{where}.lengths.path"),
+                   lengths_sha256=_sha(lengths, "sha256", f"{where}.lengths"))
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    """One source of the built mix: its shards in stream order, counts and inputs read."""
+
+    name: str
+    format: str
+    documents: int
+    tokens: int
+    mean_tokens_per_doc: float
+    target_share: float | None
+    token_share: float
+    shards: tuple[ShardEntry, ...]
+    counts: dict
+    inputs: tuple[dict, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "format": self.format, "documents": self.documents,
+                "tokens": self.tokens, "mean_tokens_per_doc": self.mean_tokens_per_doc,
+                "target_share": self.target_share, "token_share": self.token_share,
+                "shards": [s.to_dict() for s in self.shards], "counts": dict(self.counts),
+                "inputs": [dict(i) for i in self.inputs]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "source") -> SourceEntry:
+        shards = tuple(ShardEntry.from_dict(s, f"{where}.shards[{i}]")
+                       for i, s in enumerate(_req(d, "shards", list, where)))
+        target = d.get("target_share") if isinstance(d, Mapping) else None
+        if target is not None and (isinstance(target, bool)
+                                   or not isinstance(target, (int, float))):
+            raise ManifestError(f"{where}.target_share: expected a number or null, got "
+                                f"{target!r}")
+        entry = cls(name=_req(d, "name", str, where), format=_req(d, "format", str, where),
+                    documents=_count(d, "documents", where), tokens=_count(d, "tokens", where),
+                    mean_tokens_per_doc=float(_req(d, "mean_tokens_per_doc", (int, float),
+                                                   where)),
+                    target_share=target,
+                    token_share=float(_req(d, "token_share", (int, float), where)),
+                    shards=shards, counts=dict(_req(d, "counts", dict, where)),
+                    inputs=tuple(_req(d, "inputs", list, where)))
+        for i, inp in enumerate(entry.inputs):
+            if not isinstance(inp, dict):
+                raise ManifestError(f"{where}.inputs[{i}]: expected an object, got {inp!r}")
+        docs, toks = sum(s.documents for s in shards), sum(s.tokens for s in shards)
+        if (docs, toks) != (entry.documents, entry.tokens):
+            raise ManifestError(f"{where} {entry.name!r}: documents/tokens {entry.documents}/"
+                                f"{entry.tokens} differ from its shards' sums {docs}/{toks}")
+        return entry
+
+
+@dataclass(frozen=True)
+class BuiltManifest:
+    """A whole built mix. ``definition`` is ``MixSpec.to_dict()`` (portable roots)."""
+
+    name: str
+    builder_version: str
+    definition: dict
+    tokenizer: dict
+    sources: tuple[SourceEntry, ...]
+    totals: dict
+    fingerprint: str
+
+    @property
+    def seed(self) -> int:
+        return int(self.definition["seed"])
+
+    @property
+    def window(self) -> int:
+        return int(self.definition["window"])
+
+    def source(self, name: str) -> SourceEntry:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise ManifestError(f"built mix {self.name!r} has no source {name!r}; sources: "
+                            f"{[s.name for s in self.sources]}")
+
+    def shards(self) -> list[tuple[str, ShardEntry]]:
+        """Every (source name, shard) in manifest order."""
+        return [(s.name, sh) for s in self.sources for sh in s.shards]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "name": self.name,
+                "builder_version": self.builder_version, "definition": self.definition,
+                "tokenizer": self.tokenizer, "sources": [s.to_dict() for s in self.sources],
+                "totals": self.totals, "fingerprint": self.fingerprint}
+
+    def to_json(self) -> str:
+        """The manifest.json text: stable key order, indented, trailing newline."""
+        return json.dumps(self.to_dict(), indent=1, ensure_ascii=True, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "manifest") -> BuiltManifest:
+        fmt, version = d.get("format"), d.get("version")
+        if fmt != FORMAT or version != VERSION:
+            raise ManifestError(f"{where}: format/version {fmt!r}/{version!r}, expected "
+                                f"{FORMAT!r}/{VERSION}; not a manifest this builder reads")
+        tok = _req(d, "tokenizer", dict, where)
+        check_path(_req(tok, "path", str, f"{where}.tokenizer"), f"{where}.tokenizer.path")
+        _sha(tok, "sha256", f"{where}.tokenizer")
+        sources = tuple(SourceEntry.from_dict(s, f"{where}.sources[{i}]")
+                        for i, s in enumerate(_req(d, "sources", list, where)))
+        names = [s.name for s in sources]
+        if len(set(names)) != len(names):
+            raise ManifestError(f"{where}.sources: duplicate source names {names}")
+        m = cls(name=_req(d, "name", str, where),
+                builder_version=_req(d, "builder_version", str, where),
+                definition=_req(d, "definition", dict, where), tokenizer=tok, sources=sources,
+                totals=_req(d, "totals", dict, where),
+                fingerprint=_req(d, "fingerprint", str, where))
+        for key in ("seed", "window"):
+            _req(m.definition, key, int, f"{where}.definition")
+        want = fingerprint(d)
+        if m.fingerprint != want:
+            raise ManifestError(f"{where}: fingerprint {m.fingerprint!r} does not match its "
+                                f"content ({want}); the manifest was edited or corrupted")
+        return m
+
+
+# ---------------------------------------------------------------------------------------
+# Assembling (the build's merge step)
+
+def _ratio(num: float, den: float) -> float:
+    # Rounded so the manifest text does not carry float noise; exact sums live beside it.
+    return round(num / den, 6) if den else 0.0
+
+
+def make_source_entry(name: str, format: str, target_share: float | None,
+                      shards: Iterable[ShardEntry | Mapping[str, Any]], counts: Mapping,
+                      inputs: Iterable[Mapping[str, Any]], total_tokens: int) -> SourceEntry:
+    """A ``SourceEntry`` whose documents/tokens/mean/share are derived from its shards."""
+    entries = tuple(s if isinstance(s, ShardEntry) else ShardEntry.from_dict(s, name)
+                    for s in shards)
+    docs, toks = sum(s.documents for s in entries), sum(s.tokens for s in entries)
+    return SourceEntry(name=name, format=format, documents=docs, tokens=toks,
+                       mean_tokens_per_doc=_ratio(toks, docs), target_share=target_share,
+                       token_share=_ratio(toks, total_tokens), shards=entries,
+                       counts=dict(counts), inputs=tuple(dict(i) for i in inputs))
+
+
+def assemble_manifest(name: str, builder_version: str, definition: dict, tokenizer: dict,
+                      sources: Iterable[SourceEntry | Mapping[str, Any]]) -> BuiltManifest:
+    """Build a fingerprinted ``BuiltManifest``. Each source is a ``SourceEntry`` or a dict
+    ``{"spec": SourceSpec, "counts": ..., "shards": [shard dicts], "inputs": [...]}``."""
+    raw = list(sources)
+    total = 0
+    for s in raw:
+        if isinstance(s, SourceEntry):
+            total += s.tokens
+        else:
+            total += sum(int(sh.tokens if isinstance(sh, ShardEntry) else sh["tokens"])
+                         for sh in s["shards"])
+    entries = []
+    for s in raw:
+        if isinstance(s, SourceEntry):
+            entries.append(make_source_entry(s.name, s.format, s.target_share, s.shards,
+                                             s.counts, s.inputs, total))
+        else:
+            spec = s["spec"]
+            entries.append(make_source_entry(spec.name, spec.format, spec.share, s["shards"],
+                                             s["counts"], s["inputs"], total))
+    docs = sum(e.documents for e in entries)
+    totals = {"documents": docs, "tokens": total, "mean_tokens_per_doc": _ratio(total, docs)}
+    m = BuiltManifest(name=name, builder_version=builder_version, definition=definition,
+                      tokenizer=dict(tokenizer), sources=tuple(entries), totals=totals,
+                      fingerprint="")
+    d = m.to_dict()
+    # Round-trip through JSON so the fingerprint is over exactly what load_manifest sees.
+    d = json.loads(canonical_json(d))
+    d["fingerprint"] = fingerprint(d)
+    return BuiltManifest.from_dict(d)
+
+
+# ---------------------------------------------------------------------------------------
+# Reading, writing, verifying
+
+def write_manifest(mix_url: str, manifest: BuiltManifest) -> str:
+    """Write ``<mix>/manifest.json`` atomically; returns its URL."""
+    d = manifest.to_dict()
+    if fingerprint(d) != manifest.fingerprint:
+        raise ManifestError(f"refusing to write manifest {manifest.name!r}: its fingerprint "
+                            f"{manifest.fingerprint!r} does not match its content; build it "
+                            f"with assemble_manifest")
+    url = join(_mix_root(mix_url), MANIFEST)
+    atomic_write_bytes(url, manifest.to_json().encode("ascii"))
+    return url
+
+
+def load_manifest(mix_url: str) -> BuiltManifest:
+    """Read and check ``<mix>/manifest.json`` (``mix_url`` may also name the file)."""
+    url = join(_mix_root(mix_url), MANIFEST)
+    try:
+        raw = read_bytes(url)
+    except FileNotFoundError:
+        raise ManifestError(f"{url} does not exist; build the mix first (open1b-data "
+                            f"build-mix) or pass the directory that holds manifest.json") from None
+    try:
+        d = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ManifestError(f"{url} is not valid JSON ({e}); rebuild the mix") from None
+    if not isinstance(d, dict):
+        raise ManifestError(f"{url}: expected a JSON object, got {type(d).__name__}")
+    return BuiltManifest.from_dict(d, where=url)

@@ -1,0 +1,100 @@
+"""Source readers: list the input files of a source and stream each one's records.
+
+Contracts:
+- ``list_inputs(spec)`` returns every file under ``spec.root`` matching any of
+  ``spec.inputs`` (glob patterns), sorted by '/'-separated relative path, each with its
+  size and checksum (``storage.list_files``). No match at all is a configuration error
+  (``BuildError`` naming the source, root and patterns), never an empty source.
+- ``read_input(spec, inp)`` streams one input in bounded memory as ``Document`` /
+  ``Dropped`` records in file order. It never raises for bad data: every bad record is a
+  ``Dropped`` with its row; a truncated zstd stream ends with one
+  ``Dropped("truncated_zstd")`` at the row that was cut; an input that cannot be opened, or
+  fails mid-way (I/O error, corrupt Parquet or compressed data), ends with one
+  ``Dropped("unreadable_file")`` (row ``None`` when nothing could be read, else the next
+  row). The source's filters are applied inside the reader, at the earliest point the
+  fields allow (Stack v2 license/size before any content fetch).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from open1b_data import storage
+from open1b_data.build.document import Document, Dropped
+from open1b_data.errors import BuildError
+from open1b_data.build.definition import SourceSpec
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file of a source.
+
+    ``checksum`` is the hex SHA-256 of the file's bytes, or ``"etag:<ETag>"`` where an
+    object store publishes an ETag (see ``storage.checksum_of``).
+    """
+
+    path: str  # relative to the source root, '/'-separated
+    url: str   # absolute URL or local path to open
+    size: int
+    checksum: str
+
+    def manifest_entry(self) -> dict[str, Any]:
+        """The ``inputs`` entry of the built manifest (docs/FORMATS.md)."""
+        if self.checksum.startswith("etag:"):
+            return {"path": self.path, "size": self.size, "etag": self.checksum[5:]}
+        return {"path": self.path, "size": self.size, "sha256": self.checksum}
+
+
+def _reader(fmt: str):
+    from open1b_data.build.sources import dclm, fineweb_edu, proof_pile_2, stack_v2
+
+    readers = {"dclm": dclm.read, "fineweb-edu": fineweb_edu.read,
+               "stack-v2": stack_v2.read, "proof-pile-2": proof_pile_2.read}
+    if fmt not in readers:
+        raise BuildError(f"no reader for format {fmt!r}; known formats: {sorted(readers)}")
+    return readers[fmt]
+
+
+def list_inputs(spec: SourceSpec, checksums: bool = True) -> list[InputFile]:
+    """The input files of ``spec``, sorted by relative path (module contract)."""
+    try:
+        files = storage.list_files(spec.root, spec.inputs, checksums=checksums)
+    except FileNotFoundError:
+        raise BuildError(f"source {spec.name!r}: root {spec.root!r} does not exist; fix "
+                         f"sources.root in the mix file or mount/point it at the data") from None
+    if not files:
+        raise BuildError(f"source {spec.name!r}: no file under {spec.root!r} matches "
+                         f"{list(spec.inputs)}; check sources.root and sources.inputs")
+    return [InputFile(f.path, f.url, f.size, f.checksum) for f in files]
+
+
+# Errors that mean "this input cannot be read (any further)". Anything else is a bug in
+# the pipeline and must surface, not be counted as bad data.
+def _input_errors() -> tuple[type[BaseException], ...]:
+    import pyarrow as pa
+
+    return (OSError, EOFError, pa.ArrowException, storage.CorruptInputError)
+
+
+def read_input(spec: SourceSpec, inp: InputFile) -> Iterator[Document | Dropped]:
+    """Every record of ``inp`` as a ``Document`` or ``Dropped`` (module contract)."""
+    read = _reader(spec.format)
+    next_row = 0
+    started = False
+    try:
+        for rec in read(spec, inp.path, inp.url):
+            started = True
+            if rec.row is not None:
+                next_row = rec.row + 1
+            yield rec
+    except storage.TruncatedInputError as e:
+        reason = "truncated_zstd" if storage.compression_of(inp.url) == "zstd" else \
+            "unreadable_file"
+        yield Dropped(reason, inp.path, next_row, str(e))
+    except _input_errors() as e:
+        yield Dropped("unreadable_file", inp.path, next_row if started else None,
+                      f"{type(e).__name__}: {e}")
+
+
+__all__ = ["InputFile", "list_inputs", "read_input", "Document", "Dropped"]

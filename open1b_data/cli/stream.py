@@ -1,0 +1,177 @@
+"""Stream commands of ``open1b-data``: ``stream-at``, ``schedule``, ``provenance``,
+``plot-mix``. Each parses its options, calls the library and prints either a compact human
+table or, with ``--json``, the documented schema (docs/CLI.md). Heavy imports (pyarrow,
+matplotlib, tokenizers) happen inside the commands so ``--help`` stays fast."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from open1b_data.errors import Open1bDataError
+
+
+def _fail(e: Exception) -> None:
+    raise click.ClickException(str(e))
+
+
+def _steps_range(text: str | None) -> tuple[int, int] | None:
+    """``A:B`` -> (A, B) inclusive step numbers; None when not given."""
+    if text is None:
+        return None
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"expected A:B with step numbers, e.g. 1:100; got {text!r}")
+    if not 1 <= a <= b:
+        raise click.BadParameter(f"need 1 <= A <= B, got {text!r}")
+    return a, b
+
+
+def _echo_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=1, ensure_ascii=False))
+
+
+# ------------------------------------------------------------------------- stream-at
+
+@click.command("stream-at")
+@click.argument("mix")
+@click.option("--window", "window", type=int, help="A stream window index (from 0).")
+@click.option("--step", type=int, help="An optimizer step (from 1): all its windows.")
+@click.option("--world", type=int, default=None,
+              help="Data-parallel ranks R (default: the schedule's reference_world).")
+@click.option("--rank", type=int, default=None, help="Only this rank's windows (0..R-1).")
+@click.option("--decode", is_flag=True, help="Also print each segment's decoded text.")
+@click.option("--plan-only", is_flag=True,
+              help="Plan only: segments without reading token shards (no sha256/tokens).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (docs/CLI.md).")
+def stream_at(mix, window, step, world, rank, decode, plan_only, as_json):
+    """What the stream holds at a window or step: ranks, micro-batches, window sha256,
+    token ids and every document segment (source, shard, doc, doc_id, offsets)."""
+    from open1b_data.stream import provenance as pv
+
+    if (window is None) == (step is None):
+        raise click.UsageError("give exactly one of --window M or --step N")
+    try:
+        rep = pv.stream_at(mix, window, step, world, rank, decode, plan_only)
+    except Open1bDataError as e:
+        _fail(e)
+    if as_json:
+        _echo_json(rep)
+    else:
+        pv.print_stream_at(rep, click.echo)
+
+
+# ------------------------------------------------------------------------- schedule
+
+@click.command("schedule")
+@click.option("--step", type=int, help="An optimizer step (from 1).")
+@click.option("--tokens", type=int, help="A token index: the step that consumes it.")
+@click.option("--mix", "mix", default=None,
+              help="A built mix or mix definition (.toml) whose schedule to use "
+                   "(default: the Open-1B schedule, manifests/mix-0626.toml).")
+@click.option("--world", type=int, default=None,
+              help="Data-parallel ranks (default: the schedule's reference_world).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (docs/CLI.md).")
+def schedule(step, tokens, mix, world, as_json):
+    """Batch, accumulation, tokens before/after and learning rate of one step."""
+    from open1b_data.stream.schedule import Schedule, open1b_spec
+
+    if (step is None) == (tokens is None):
+        raise click.UsageError("give exactly one of --step N or --tokens T")
+    try:
+        sched = Schedule(_schedule_spec(mix) if mix else open1b_spec())
+        s = step if step is not None else sched.step_of_token(tokens)
+        info = sched.step(s)
+        R = sched.spec.reference_world if world is None else world
+        acc = sched.accumulation(s, R)
+    except Open1bDataError as e:
+        _fail(e)
+    rep = {"step": info.step, "phase": info.phase, "batch_sequences": info.batch_sequences,
+           "batch_tokens": info.batch_sequences * sched.spec.seq_tokens, "world": R,
+           "micro_batch": sched.spec.micro_batch, "accumulation": acc,
+           "tokens_before": info.tokens_before, "tokens_after": info.tokens_after,
+           "first_window": info.first_window,
+           "last_window": info.first_window + info.batch_sequences - 1, "lr": info.lr,
+           "last_step": sched.last_step}
+    if tokens is not None:
+        rep["token"] = tokens
+    if as_json:
+        _echo_json(rep)
+        return
+    echo = click.echo
+    if tokens is not None:
+        echo(f"token {tokens:,} is consumed by step {info.step}")
+    echo(f"step {info.step} of {sched.last_step} (phase {info.phase})")
+    echo(f"  batch          {info.batch_sequences} sequences = "
+         f"{rep['batch_tokens']:,} tokens")
+    echo(f"  accumulation   {acc} micro-batches of {sched.spec.micro_batch} per rank "
+         f"on {R} ranks")
+    echo(f"  tokens before  {info.tokens_before:,}")
+    echo(f"  tokens after   {info.tokens_after:,}")
+    echo(f"  windows        {info.first_window:,} .. {rep['last_window']:,}")
+    echo(f"  lr             {info.lr:.6g}")
+
+
+def _schedule_spec(mix: str):
+    from open1b_data.build.definition import load_mix
+
+    if mix.endswith(".toml"):
+        return load_mix(mix).schedule
+    from open1b_data.stream.mixview import MixView
+    from open1b_data.stream.schedule import Schedule
+
+    return Schedule.from_definition(MixView.open(mix).definition).spec
+
+
+# ------------------------------------------------------------------------- provenance
+
+@click.command("provenance")
+@click.argument("mix")
+@click.option("--doc-id", "doc_id", help="A source-native document id.")
+@click.option("--text", "phrase", help="A phrase: documents containing it, and their steps.")
+@click.option("--steps", "steps", help="Step range A:B, inclusive (default: the whole run).")
+@click.option("--world", type=int, default=None,
+              help="Data-parallel ranks for the rank column (default: reference_world).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (docs/CLI.md).")
+def provenance(mix, doc_id, phrase, steps, world, as_json):
+    """Where a document (or every document containing a phrase) was trained on."""
+    from open1b_data.stream import provenance as pv
+
+    if (doc_id is None) == (phrase is None):
+        raise click.UsageError("give exactly one of --doc-id ID or --text PHRASE")
+    try:
+        rep = pv.report(mix, doc_id=doc_id, phrase=phrase, steps=_steps_range(steps),
+                        world=world)
+    except Open1bDataError as e:
+        _fail(e)
+    if as_json:
+        _echo_json(rep)
+    else:
+        pv.print_report(rep, click.echo)
+
+
+# ------------------------------------------------------------------------- plot-mix
+
+@click.command("plot-mix")
+@click.argument("mix")
+@click.option("--steps", "steps", required=True, help="Step range A:B, inclusive.")
+@click.option("--out", "out", default="mix-composition.png", show_default=True,
+              help="PNG file to write.")
+@click.option("--bins", type=int, default=50, show_default=True,
+              help="Number of step bins on the x axis.")
+def plot_mix(mix, steps, out, bins):
+    """A PNG of token share per source over steps, beside the target shares."""
+    from open1b_data.stream import plotmix
+
+    try:
+        summary = plotmix.plot_mix(mix, _steps_range(steps), out, bins=bins)
+    except Open1bDataError as e:
+        _fail(e)
+    click.echo(f"wrote {out}: steps {summary['steps'][0]}..{summary['steps'][1]}, "
+               f"{summary['windows']:,} windows")
+    for name, real, target in summary["shares"]:
+        click.echo(f"  {name:<16} realized {real:7.2%}  target {target:7.2%}")
+
+
+COMMANDS = [stream_at, schedule, provenance, plot_mix]

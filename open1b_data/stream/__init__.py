@@ -1,0 +1,1 @@
+"""The topologically invariant stream over a built mix: plan, windows, state, loader."""

@@ -1,0 +1,260 @@
+"""What the stream needs of a built mix, and nothing more.
+
+Contract: ``MixView.open(mix_url)`` reads ``manifest.json`` through D2's
+``open1b_data.build.manifest.load_manifest`` (which checks the format and recomputes the
+fingerprint) and keeps, per source in manifest order: its name, document and token counts,
+per-shard document counts, the lengths-file URLs with their sha256, and the exact integer
+source weight. Lengths files are read lazily, one shard at a time, verified against the
+manifest's sha256 and document count, and kept in a small LRU cache. The view never opens a
+token shard. ``save_cache`` (called when the seek index is built) stores the summary in
+``<mix>/stream/mixview.json`` keyed by the sha256 of the manifest.json bytes it was checked
+from; ``open`` uses it only when those bytes are unchanged.
+
+Source weights (STREAM.md "Source choice"): a source is drawn with probability proportional
+to ``share_s / mean_tokens_per_doc_s = share_s * documents_s / tokens_s``, where ``share_s``
+is the source's declared ``target_share`` when the manifest has one, else its natural token
+share ``tokens_s / total``. Undeclared sources in a mix that declares some shares split the
+remainder ``1 - sum(declared)`` in proportion to their tokens. Shares are read as exact
+decimals (the shortest repr of the stored number, i.e. the value as written). The ratios
+become integers exactly (common denominator, then divided by the gcd); if the total would
+not fit below 2^62, each weight is instead ``floor(2^62 * r_s / sum(r))``, computed exactly.
+With natural shares this reduces to weights proportional to document counts.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from open1b_data.errors import ManifestError, StateMismatchError, StreamError
+from open1b_data.storage import atomic_write_bytes, join, read_bytes
+
+WEIGHT_LIMIT = 1 << 62
+CACHE_FORMAT = "open1b-stream-mixview/1"
+LENGTHS_CACHE = 64   # shards' lengths arrays kept in memory (~0.4 MB each at 1e5 docs)
+
+
+@dataclass(frozen=True)
+class SourceView:
+    """One source as the stream sees it."""
+
+    index: int
+    name: str
+    documents: int
+    tokens: int
+    shard_documents: tuple[int, ...]
+    shard_paths: tuple[str, ...]          # token shard paths (relative to the mix root)
+    lengths_paths: tuple[str, ...]        # lengths file paths (relative to the mix root)
+    lengths_sha256: tuple[str, ...]
+    share: Fraction                        # the target token share used for the weight
+    weight: int                            # exact integer source weight
+
+    @property
+    def shards(self) -> int:
+        return len(self.shard_documents)
+
+
+def _exact(x: float | int) -> Fraction:
+    return Fraction(repr(x)) if isinstance(x, float) else Fraction(x)
+
+
+def target_shares(tokens: list[int], declared: list[float | None]) -> list[Fraction]:
+    """The target token share of each source (exact), by the rule in the module docstring."""
+    total = sum(tokens)
+    if total <= 0:
+        raise StreamError(f"the mix has no tokens (per-source tokens {tokens}); build it with "
+                          f"at least one non-empty document")
+    if all(d is None for d in declared):
+        return [Fraction(t, total) for t in tokens]
+    dec = [None if d is None else _exact(d) for d in declared]
+    fixed = sum(d for d in dec if d is not None)
+    rest_tokens = sum(t for t, d in zip(tokens, dec) if d is None)
+    if any(d is None for d in dec):
+        if fixed >= 1:
+            raise StreamError(f"declared target shares sum to {float(fixed)} >= 1 but some "
+                              f"sources declare none; declare all shares or lower them")
+        if rest_tokens == 0:
+            raise StreamError("the sources without a declared share have no tokens")
+    return [d if d is not None else (1 - fixed) * Fraction(t, rest_tokens)
+            for t, d in zip(tokens, dec)]
+
+
+def source_weights(documents: list[int], tokens: list[int],
+                   shares: list[Fraction]) -> list[int]:
+    """Exact integer weights proportional to ``share * documents / tokens``."""
+    ratios = [Fraction(0) if d == 0 or s == 0 else s * d / t
+              for d, t, s in zip(documents, tokens, shares)]
+    if sum(ratios) == 0:
+        raise StreamError(f"no source can be drawn: documents {documents}, shares "
+                          f"{[str(s) for s in shares]}")
+    lcm = 1
+    for r in ratios:
+        lcm = lcm * r.denominator // math.gcd(lcm, r.denominator)
+    ints = [int(r * lcm) for r in ratios]
+    g = 0
+    for v in ints:
+        g = math.gcd(g, v)
+    ints = [v // g for v in ints]
+    if sum(ints) < WEIGHT_LIMIT:
+        return ints
+    total = sum(ratios)
+    ints = [math.floor(WEIGHT_LIMIT * r / total) for r in ratios]
+    for r, v in zip(ratios, ints):
+        if r and not v:
+            raise StreamError(f"a source's weight {float(r / total)!r} is below 2^-62 of the "
+                              f"total; it would never be drawn")
+    return ints
+
+
+def _parse_lengths(raw: bytes, url: str) -> np.ndarray:
+    """A lengths file's bytes -> uint32 array (FORMATS.md: .npy, dtype <u4, 1-D)."""
+    import io
+
+    try:
+        arr = np.load(io.BytesIO(raw), allow_pickle=False)
+    except ValueError as e:
+        raise ManifestError(f"lengths file {url} is not a valid .npy file: {e}") from None
+    if arr.dtype != np.dtype("<u4") or arr.ndim != 1:
+        raise ManifestError(f"lengths file {url} has dtype {arr.dtype} and shape {arr.shape}; "
+                            f"expected a 1-D <u4 array (docs/FORMATS.md)")
+    return arr
+
+
+def summary_of(manifest) -> dict:
+    """The plain-JSON part of a checked ``BuiltManifest`` that the stream uses."""
+    return {
+        "fingerprint": manifest.fingerprint, "name": manifest.name,
+        "definition": manifest.definition,
+        "sources": [{"name": s.name, "documents": s.documents, "tokens": s.tokens,
+                     "target_share": s.target_share,
+                     "shard_documents": [sh.documents for sh in s.shards],
+                     "shard_paths": [sh.path for sh in s.shards],
+                     "lengths_paths": [sh.lengths_path for sh in s.shards],
+                     "lengths_sha256": [sh.lengths_sha256 for sh in s.shards]}
+                    for s in manifest.sources]}
+
+
+def _root(mix_url: str) -> str:
+    url = str(mix_url).rstrip("/")
+    return url[: -len("/manifest.json")] if url.endswith("/manifest.json") else url
+
+
+def cache_url(mix_url: str) -> str:
+    return join(_root(mix_url), "stream/mixview.json")
+
+
+class MixView:
+    """A built mix reduced to what planning needs (see module docstring)."""
+
+    def __init__(self, mix_url: str, summary: dict) -> None:
+        self.mix_url = _root(mix_url)
+        self.summary = summary
+        self.fingerprint: str = summary["fingerprint"]
+        self.name: str = summary["name"]
+        self.definition: dict = summary["definition"]
+        self.seed: int = int(self.definition["seed"])
+        self.window: int = int(self.definition["window"])
+        entries = summary["sources"]
+        docs = [int(s["documents"]) for s in entries]
+        toks = [int(s["tokens"]) for s in entries]
+        shares = target_shares(toks, [s["target_share"] for s in entries])
+        weights = source_weights(docs, toks, shares)
+        views = []
+        for i, (s, share, w) in enumerate(zip(entries, shares, weights)):
+            sd = tuple(int(n) for n in s["shard_documents"])
+            if sum(sd) != docs[i]:
+                raise ManifestError(f"{mix_url}: source {s['name']!r} lists {docs[i]} "
+                                    f"documents but its shards hold {sum(sd)}; rebuild it")
+            views.append(SourceView(
+                index=i, name=s["name"], documents=docs[i], tokens=toks[i], shard_documents=sd,
+                shard_paths=tuple(s["shard_paths"]), lengths_paths=tuple(s["lengths_paths"]),
+                lengths_sha256=tuple(s["lengths_sha256"]), share=share, weight=w))
+        self.sources: tuple[SourceView, ...] = tuple(views)
+        self.weights: tuple[int, ...] = tuple(weights)
+        self.total_weight: int = sum(weights)
+        self._lengths: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self.from_cache = False
+
+    @classmethod
+    def open(cls, mix_url: str, use_cache: bool = True) -> "MixView":
+        """Read the mix's manifest through D2's ``load_manifest`` - or, when
+        ``<mix>/stream/mixview.json`` (written by ``save_cache`` after such a load) records
+        the sha256 of exactly these manifest.json bytes, from that compact summary, which
+        skips re-validating thousands of shard entries (Open-1B: ~100 ms -> ~10 ms)."""
+        from open1b_data.build.manifest import load_manifest
+
+        root = _root(mix_url)
+        if use_cache:
+            try:
+                digest = hashlib.sha256(read_bytes(join(root, "manifest.json"))).hexdigest()
+                cached = json.loads(read_bytes(cache_url(root)))
+                if (cached.get("format"), cached.get("manifest_sha256")) == (CACHE_FORMAT,
+                                                                              digest):
+                    view = cls(root, cached["summary"])
+                    view.from_cache = True
+                    return view
+            except (OSError, ValueError, KeyError):
+                pass   # no usable cache: the checked path below
+        return cls(root, summary_of(load_manifest(root)))
+
+    def save_cache(self) -> None:
+        """Write ``<mix>/stream/mixview.json`` for this (checked) manifest, atomically."""
+        from open1b_data.build.manifest import load_manifest
+
+        raw = read_bytes(join(self.mix_url, "manifest.json"))
+        if load_manifest(self.mix_url).fingerprint != self.fingerprint:
+            raise StateMismatchError(f"{self.mix_url}: manifest changed since this view was "
+                                     f"read; reopen the plan")
+        body = {"format": CACHE_FORMAT, "manifest_sha256": hashlib.sha256(raw).hexdigest(),
+                "summary": self.summary}
+        atomic_write_bytes(cache_url(self.mix_url), json.dumps(body).encode())
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.sources)
+
+    def source_index(self, name: str) -> int:
+        for s in self.sources:
+            if s.name == name:
+                return s.index
+        raise StreamError(f"mix {self.name!r} has no source {name!r}; sources: "
+                          f"{list(self.names)}")
+
+    def url(self, rel_path: str) -> str:
+        from open1b_data.build.manifest import resolve
+
+        return resolve(self.mix_url, rel_path)
+
+    def lengths(self, source: int, shard: int) -> np.ndarray:
+        """Document lengths (uint32, without separator) of one shard; verified, cached."""
+        key = (source, shard)
+        with self._lock:   # a loader may plan from a prefetch thread
+            arr = self._lengths.get(key)
+            if arr is not None:
+                self._lengths.move_to_end(key)
+                return arr
+        sv = self.sources[source]
+        url = self.url(sv.lengths_paths[shard])
+        raw = read_bytes(url)
+        digest = hashlib.sha256(raw).hexdigest()
+        if digest != sv.lengths_sha256[shard]:
+            raise ManifestError(f"lengths file {url} has sha256 {digest}, the manifest says "
+                                f"{sv.lengths_sha256[shard]}; the mix changed since it was "
+                                f"built - rebuild it or run `open1b-data verify`")
+        arr = _parse_lengths(raw, url)
+        if arr.shape != (sv.shard_documents[shard],):
+            raise ManifestError(f"lengths file {url} holds {arr.shape[0]} documents, the "
+                                f"manifest says {sv.shard_documents[shard]}")
+        arr.setflags(write=False)
+        with self._lock:
+            self._lengths[key] = arr
+            if len(self._lengths) > LENGTHS_CACHE:
+                self._lengths.popitem(last=False)
+        return arr

@@ -1,0 +1,293 @@
+"""Provenance in both directions: what a window or step trained on (``stream_at``), and
+where in training a document - or any document containing a phrase - was seen (``report``;
+the auditor's question about a suspected trigger phrase or a leaked record).
+
+``stream_at(mix, window=M | step=N, world=R, rank=r)``: the step, and for each of its
+windows (each rank's, or one rank's) the rank, micro-batch, sha256, token ids and every
+document segment with its source-native doc id; shards are read by row group, only those
+holding the windows' documents.
+
+``report(mix, doc_id=..., steps=(A, B), world=R)`` finds the document(s) whose
+source-native ``doc_id`` matches (scanning only the shards' ``doc_id`` column), then asks the
+plan for every draw of each within the windows of steps A..B (``StreamPlan.occurrences``:
+the document's position in each epoch's permutation is inverted, never replayed), and lists
+each window with tokens of it: window, step, rank (``window mod R``), epoch, and the token
+range of the document in it. ``report(mix, phrase=..., steps=...)`` plans the windows of
+those steps chunk by chunk, decodes each distinct drawn document once (tokenizer of the
+mix) and keeps the ones whose text contains the phrase (exact, case-sensitive substring),
+with the same per-window listing. Steps default to the whole schedule. Results are plain
+JSON-able dicts (the ``--json`` schema of ``provenance`` in docs/CLI.md).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from open1b_data.errors import StreamError
+from open1b_data.stream.plan import StreamPlan
+from open1b_data.stream.schedule import Schedule
+
+CHUNK_WINDOWS = 4096
+
+
+def _window_span(sched: Schedule, steps: tuple[int, int] | None) -> tuple[int, int, int, int]:
+    a, b = steps if steps is not None else (1, sched.last_step)
+    if b > sched.last_step:
+        raise StreamError(f"--steps {a}:{b} ends past the last step {sched.last_step} of the "
+                          f"schedule; use B <= {sched.last_step}")
+    first = sched.step(a).first_window
+    last = sched.step(b)
+    return a, b, first, last.first_window + last.batch_sequences
+
+
+def find_doc_id(plan: StreamPlan, reader, doc_id: str) -> list[tuple[int, int, int]]:
+    """(source, shard, doc) of every document whose doc_id equals ``doc_id``."""
+    hits = []
+    for s, sv in enumerate(plan.view.sources):
+        for h in range(sv.shards):
+            ids = reader.column(s, h, "doc_id")
+            hits.extend((s, h, d) for d, x in enumerate(ids) if x == doc_id)
+    return hits
+
+
+def _occurrence(sched: Schedule, world: int, m: int, epoch: int, draw: int, doc_start: int,
+                length: int, doc_length: int) -> dict:
+    end = min(doc_start + length, doc_length)
+    return {"window": m, "step": sched.step_of_window(m), "rank": m % world, "epoch": epoch,
+            "draw": draw, "doc_start": doc_start, "doc_end": end,
+            "separator": doc_start + length > doc_length}
+
+
+def _doc_entry(plan, reader, s, h, d, occ) -> dict:
+    return {"source": plan.sources[s], "shard": h, "doc": d,
+            "doc_id": reader.doc_ids(s, h, [d])[0],
+            "length": int(plan.view.lengths(s, h)[d]),
+            "steps": sorted({o["step"] for o in occ}), "occurrences": occ}
+
+
+def report(mix: str, doc_id: str | None = None, phrase: str | None = None,
+           steps: tuple[int, int] | None = None, world: int | None = None) -> dict:
+    """Provenance of a doc_id or a phrase within steps A..B (see module docstring)."""
+    from open1b_data.stream.windows import WindowReader
+
+    if (doc_id is None) == (phrase is None):
+        raise StreamError("provenance needs exactly one of doc_id or phrase")
+    if phrase is not None and not phrase:
+        raise StreamError("the phrase is empty; give the text to look for")
+    plan = StreamPlan.open(mix)
+    sched = Schedule.from_definition(plan.view.definition)
+    R = sched.spec.reference_world if world is None else int(world)
+    if R < 1:
+        raise StreamError(f"world size must be >= 1, got {R}")
+    a, b, lo, hi = _window_span(sched, steps)
+    reader = WindowReader(plan, whole_shards=phrase is not None, cache_shards=2)
+    out = {"mix": plan.view.name, "fingerprint": plan.fingerprint, "seed": plan.seed,
+           "steps": [a, b], "windows": [lo, hi], "world": R,
+           "query": {"doc_id": doc_id} if doc_id is not None else {"text": phrase}}
+    docs = []
+    if doc_id is not None:
+        locs = find_doc_id(plan, reader, doc_id)
+        if not locs:
+            raise StreamError(f"no document with doc_id {doc_id!r} in mix {plan.view.name!r}; "
+                              f"doc ids are source-native (e.g. a WARC-Record-ID)")
+        for s, h, d in locs:
+            occ = []
+            for info in plan.occurrences(s, h, d, lo, hi):
+                w = plan.window
+                for m in range(max(info.first_window, lo), min(info.last_window, hi - 1) + 1):
+                    start = max(0, m * w - info.start)
+                    stop = min(info.length + 1, (m + 1) * w - info.start)
+                    occ.append(_occurrence(sched, R, m, info.epoch, info.draw, start,
+                                           stop - start, info.length))
+            docs.append(_doc_entry(plan, reader, s, h, d, occ))
+    else:
+        docs = _phrase(plan, reader, sched, R, phrase, lo, hi)
+    out["documents"] = docs
+    return out
+
+
+def _phrase(plan, reader, sched, R, phrase, lo, hi) -> list[dict]:
+    from open1b_data.stream.windows import load_mix_tokenizer
+
+    tok = load_mix_tokenizer(plan.view.mix_url)
+    verdict: dict[tuple[int, int, int], bool] = {}
+    found: dict[tuple[int, int, int], list[dict]] = {}
+    for a in range(lo, hi, CHUNK_WINDOWS):
+        segs = plan.segments_range(a, min(hi, a + CHUNK_WINDOWS))
+        key = np.stack([segs.source, segs.shard, segs.doc], axis=1)
+        uniq = {tuple(int(x) for x in k) for k in np.unique(key, axis=0)}
+        new = sorted(k for k in uniq if k not in verdict)
+        by_shard: dict[tuple[int, int], list[int]] = {}
+        for s, h, d in new:
+            by_shard.setdefault((s, h), []).append(d)
+        for (s, h), ds in by_shard.items():
+            toks = reader.documents(s, h, ds)
+            texts = tok.decode_batch([t.tolist() for t in toks], skip_special_tokens=False)
+            for d, text in zip(ds, texts):
+                verdict[(s, h, d)] = phrase in text
+        for i in np.flatnonzero([verdict[tuple(int(x) for x in k)] for k in key]):
+            k = tuple(int(x) for x in key[i])
+            found.setdefault(k, []).append(_occurrence(
+                sched, R, int(segs.window[i]), int(segs.epoch[i]), int(segs.draw[i]),
+                int(segs.doc_start[i]), int(segs.length[i]), int(segs.doc_length[i])))
+    return [_doc_entry(plan, reader, s, h, d, occ) for (s, h, d), occ in sorted(found.items())]
+
+
+# ------------------------------------------------------------------------- stream-at
+
+def stream_at(mix: str, window: int | None, step: int | None, world: int | None,
+                     rank: int | None, decode: bool, plan_only: bool) -> dict:
+    """What the stream holds at window ``window`` or step ``step`` (``stream-at``; its
+    --json schema, docs/CLI.md): per window its rank, micro-batch, sha256, token ids and
+    segments with doc ids (``plan_only``: segments only, no shard read)."""
+    from open1b_data.stream.windows import WindowReader, load_mix_tokenizer, window_sha256
+
+    plan = StreamPlan.open(mix)
+    sched = Schedule.from_definition(plan.view.definition)
+    R = sched.spec.reference_world if world is None else world
+    info = None
+    if step is not None:
+        info = sched.step(step)
+        sched.accumulation(step, R)
+    elif window < sched.total_windows:
+        info = sched.step(sched.step_of_window(window))
+    if rank is not None and not 0 <= rank < R:
+        raise StreamError(f"--rank must be in [0, {R}) for --world {R}, got {rank}")
+    entries: list[tuple[int, int, int | None]] = []     # (window, rank, micro_batch)
+    if step is not None:
+        for r in ([rank] if rank is not None else range(R)):
+            rp = sched.rank_plan(step, R, r)
+            for j, mb in enumerate(rp.micro_batches):
+                entries.extend((m, r, j) for m in mb)
+    else:
+        mbi = None
+        if info is not None and info.batch_sequences % (R * sched.spec.micro_batch) == 0:
+            rp = sched.rank_plan(info.step, R, window % R)
+            mbi = next(j for j, mb in enumerate(rp.micro_batches) if window in mb)
+        entries.append((window, window % R, mbi))
+    out = {"mix": plan.view.name, "fingerprint": plan.fingerprint, "seed": plan.seed,
+           "window_tokens": plan.window, "world": R, "rank": rank,
+           "step": None if info is None else info.step}
+    if info is not None:
+        out.update(batch_sequences=info.batch_sequences,
+                   accumulation=info.batch_sequences // (R * sched.spec.micro_batch)
+                   if info.batch_sequences % (R * sched.spec.micro_batch) == 0 else None,
+                   micro_batch_windows=sched.spec.micro_batch,
+                   tokens_before=info.tokens_before, tokens_after=info.tokens_after,
+                   lr=info.lr, window_range=[info.first_window,
+                                             info.first_window + info.batch_sequences])
+    ms = [m for m, _, _ in entries]
+    lo, hi = min(ms), max(ms) + 1
+    segs = plan.segments_range(lo, hi)
+    reader = tok = None
+    if not plan_only:
+        reader = WindowReader(plan, whole_shards=False)
+    if decode:
+        if plan_only:
+            raise StreamError("--decode needs token content; drop --plan-only")
+        tok = load_mix_tokenizer(plan.view.mix_url)
+    toks_of: dict[int, list[int]] = {}
+    ids_of: dict[tuple[int, int, int], str] = {}
+    if reader is not None:
+        uniq = sorted(set(ms))
+        toks_of = dict(zip(uniq, reader.fill_windows(segs, uniq)))
+        wanted = segs.select(np.isin(segs.window, uniq))
+        by_shard: dict[tuple[int, int], set[int]] = {}
+        for s_, h, d in zip(wanted.source.tolist(), wanted.shard.tolist(), wanted.doc.tolist()):
+            by_shard.setdefault((s_, h), set()).add(d)
+        for (s_, h), docs in by_shard.items():
+            docs = sorted(docs)
+            ids_of.update(((s_, h, d), x) for d, x in zip(docs, reader.doc_ids(s_, h, docs)))
+    windows = []
+    for m, r, j in entries:
+        sel = segs.select(slice(int(np.searchsorted(segs.window, m, side="left")),
+                                int(np.searchsorted(segs.window, m, side="right"))))
+        w = {"window": m, "rank": r, "micro_batch": j, "sha256": None, "tokens": None}
+        if reader is not None:
+            w["sha256"] = window_sha256(toks_of[m])
+            w["tokens"] = toks_of[m].tolist()
+        w["segments"] = []
+        for seg in sel.to_list(plan.sources):
+            s = plan.sources.index(seg.source)
+            d = {"source": seg.source, "shard": seg.shard, "doc": seg.doc,
+                 "doc_id": ids_of.get((s, seg.shard, seg.doc)),
+                 "epoch": seg.epoch, "draw": seg.draw, "doc_length": seg.doc_length,
+                 "doc_start": seg.doc_start,
+                 "doc_end": min(seg.doc_start + seg.length, seg.doc_length),
+                 "separator": seg.has_separator, "window_offset": seg.window_offset,
+                 "length": seg.length}
+            if tok is not None:
+                ids = w["tokens"][seg.window_offset:seg.window_offset + d["doc_end"]
+                                  - seg.doc_start]
+                d["text"] = tok.decode(ids, skip_special_tokens=False)
+            w["segments"].append(d)
+        windows.append(w)
+    out["windows"] = windows
+    return out
+
+
+def _short(text: str, width: int = 150) -> str:
+    flat = text.replace("\n", "\u23ce ").replace("\t", " ")
+    return flat if len(flat) <= width else flat[:width - 1] + "\u2026"
+
+
+def print_stream_at(rep: dict, echo) -> None:
+    echo(f"mix {rep['mix']}  fingerprint {rep['fingerprint'][:16]}...  seed {rep['seed']}  "
+         f"window {rep['window_tokens']} tokens")
+    if rep["step"] is None:
+        echo("(this window lies past the end of the training schedule)")
+    else:
+        a, b = rep["window_range"]
+        acc = rep["accumulation"]
+        echo(f"step {rep['step']}: windows {a}..{b - 1} ({rep['batch_sequences']} windows), "
+             f"tokens {rep['tokens_before']:,} -> {rep['tokens_after']:,}, lr {rep['lr']:.4g}")
+        if acc is not None:
+            echo(f"world {rep['world']}: each rank loads {acc} micro-batch(es) of "
+                 f"{rep['micro_batch_windows']} windows; rank r owns window m iff "
+                 f"m mod {rep['world']} == r")
+        else:
+            echo(f"world {rep['world']}: does not divide this step's batch into "
+                 f"micro-batches; window m goes to rank m mod {rep['world']}")
+    echo("segments: offset/len in the window; doc tokens [a,b) of the document, "
+         "+sep = then the <|endoftext|> separator")
+    last = None
+    for w in rep["windows"]:
+        if (w["rank"], w["micro_batch"]) != last:
+            last = (w["rank"], w["micro_batch"])
+            mb = "" if w["micro_batch"] is None else f", micro-batch {w['micro_batch']}"
+            echo(f"\nrank {w['rank']}{mb}")
+        sha = "(plan only)" if w["sha256"] is None else f"sha256 {w['sha256'][:16]}..."
+        echo(f"  window {w['window']}  {sha}")
+        if w["tokens"] is not None:
+            t = w["tokens"]
+            echo(f"    tokens {' '.join(map(str, t[:10]))} ... {' '.join(map(str, t[-3:]))}"
+                 f"  ({len(t)} ids)")
+        echo(f"    {'offset':>6} {'len':>5}  {'source':<14} {'shard':>5} {'doc':>7}  "
+             f"{'doc tokens':<17} doc_id")
+        for s in w["segments"]:
+            span = f"[{s['doc_start']},{s['doc_end']})" + ("+sep" if s["separator"] else "")
+            did = s["doc_id"] if s["doc_id"] is not None else "-"
+            echo(f"    {s['window_offset']:>6} {s['length']:>5}  {s['source']:<14} "
+                 f"{s['shard']:>5} {s['doc']:>7}  {span:<17} {did}")
+            if "text" in s:
+                echo(f"           \u201c{_short(s['text'])}\u201d")
+
+
+def print_report(rep: dict, echo) -> None:
+    q = rep["query"]
+    what = f"doc_id {q['doc_id']!r}" if "doc_id" in q else f"text {q['text']!r}"
+    echo(f"mix {rep['mix']}  fingerprint {rep['fingerprint'][:16]}...  {what}")
+    echo(f"steps {rep['steps'][0]}..{rep['steps'][1]} = windows {rep['windows'][0]}.."
+         f"{rep['windows'][1] - 1}, ranks of a {rep['world']}-way job")
+    if not rep["documents"]:
+        echo("no document matches in these steps")
+    for d in rep["documents"]:
+        echo(f"\n{d['source']} shard {d['shard']} doc {d['doc']}  doc_id {d['doc_id']}  "
+             f"({d['length']} tokens)")
+        if not d["occurrences"]:
+            echo("  not trained on in these steps")
+            continue
+        echo(f"  steps: {', '.join(map(str, d['steps']))}")
+        echo(f"  {'step':>7} {'window':>8} {'rank':>5} {'epoch':>5}  doc tokens")
+        for o in d["occurrences"]:
+            span = f"[{o['doc_start']},{o['doc_end']})" + ("+sep" if o["separator"] else "")
+            echo(f"  {o['step']:>7} {o['window']:>8} {o['rank']:>5} {o['epoch']:>5}  {span}")
