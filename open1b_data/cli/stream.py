@@ -38,28 +38,54 @@ def _echo_json(obj) -> None:
 @click.argument("mix")
 @click.option("--window", "window", type=int, help="A stream window index (from 0).")
 @click.option("--step", type=int, help="An optimizer step (from 1): all its windows.")
+@click.option("--steps", "steps",
+              help="Step range A:B, inclusive, with --stats: one line per step (at most 64).")
 @click.option("--world", type=int, default=None,
               help="Data-parallel ranks R (default: the schedule's reference_world).")
-@click.option("--rank", type=int, default=None, help="Only this rank's windows (0..R-1).")
+@click.option("--rank", type=int, default=None,
+              help="Only this rank's windows (0..R-1); with --window, the window's owner.")
 @click.option("--decode", is_flag=True, help="Also print each segment's decoded text.")
 @click.option("--plan-only", is_flag=True,
               help="Plan only: segments without reading token shards (no sha256/tokens).")
+@click.option("--stats", is_flag=True,
+              help="The batch's data statistics (unique-token ratio, tokens and documents "
+                   "per source, redrawn documents, longest run and repeat) instead of the "
+                   "window listing.")
+@click.option("--build-index", is_flag=True,
+              help="Build the mix's seek index first if it is missing or short (one pass "
+                   "over the schedule; ~1 min at Open-1B scale).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (docs/CLI.md).")
-def stream_at(mix, window, step, world, rank, decode, plan_only, as_json):
+def stream_at(mix, window, step, steps, world, rank, decode, plan_only, stats, build_index,
+              as_json):
     """What the stream holds at a window or step: ranks, micro-batches, window sha256,
-    token ids and every document segment (source, shard, doc, doc_id, offsets)."""
-    from open1b_data.stream import provenance as pv
+    token ids and every document segment (source, shard, doc, doc_id, offsets) - or, with
+    --stats, the batch's data statistics."""
+    from open1b_data.stream import inspect
 
-    if (window is None) == (step is None):
-        raise click.UsageError("give exactly one of --window M or --step N")
+    if sum(x is not None for x in (window, step, steps)) != 1:
+        raise click.UsageError("give exactly one of --window M, --step N or --steps A:B")
+    if steps is not None and not stats:
+        raise click.UsageError("--steps A:B lists statistics per step; add --stats (or "
+                               "give one --step N)")
+    if build_index:
+        click.echo("stream-at: loading or building the seek index...", err=True)
     try:
-        rep = pv.stream_at(mix, window, step, world, rank, decode, plan_only)
+        if steps is not None:
+            lines = None if as_json or decode or plan_only else inspect.StepLines(click.echo)
+            if decode or plan_only:
+                raise click.UsageError("--steps A:B --stats reads token content; drop "
+                                       "--decode and --plan-only")
+            rep = inspect.steps_stats(mix, _steps_range(steps), world, rank, build_index,
+                                      on_step=lines)
+        else:
+            rep = inspect.stream_at(mix, window, step, world, rank, decode, plan_only, stats,
+                                    build_index)
     except Open1bDataError as e:
         _fail(e)
     if as_json:
         _echo_json(rep)
-    else:
-        pv.print_stream_at(rep, click.echo)
+    elif steps is None:
+        inspect.print_stream_at(rep, click.echo)
 
 
 # ------------------------------------------------------------------------- schedule
