@@ -28,8 +28,26 @@ def _steps_range(text: str | None) -> tuple[int, int] | None:
     return a, b
 
 
+def _json_text(obj, indent: int = 0) -> str:
+    """JSON with one item per line, except that a list or object holding no list or object
+    goes on one line (a segment, a token list): the same data as ``json.dumps``, readable."""
+    if isinstance(obj, dict):
+        items, open_, close = list(obj.items()), "{", "}"
+    elif isinstance(obj, list):
+        items, open_, close = list(enumerate(obj)), "[", "]"
+    else:
+        return json.dumps(obj, ensure_ascii=False)
+    if not items or not any(isinstance(v, (dict, list)) for _, v in items):
+        return json.dumps(obj, ensure_ascii=False, separators=(", ", ": "))
+    pad = " " * (indent + 1)
+    keyed = isinstance(obj, dict)
+    lines = [pad + (json.dumps(k, ensure_ascii=False) + ": " if keyed else "")
+             + _json_text(v, indent + 1) for k, v in items]
+    return open_ + "\n" + ",\n".join(lines) + "\n" + " " * indent + close
+
+
 def _echo_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=1, ensure_ascii=False))
+    click.echo(_json_text(obj))
 
 
 # ------------------------------------------------------------------------- stream-at
