@@ -1,7 +1,11 @@
 """The mix definition: a TOML file in ``manifests/`` parsed once into frozen dataclasses.
 
 Contract: nothing downstream reads the raw TOML dict. ``load_mix(path)`` validates every
-field and raises ``MixSpecError`` naming the field (dotted path) and the offending value.
+field and raises ``MixSpecError`` naming the field (dotted path, e.g. ``sources[1].share``)
+and the offending value: a key no table defines is an error naming the nearest valid key
+(a typo must not silently change the data), every number is range-checked (the ranges are
+in docs/FORMATS.md), and declared source shares must sum to exactly 1 as written unless
+``[mix] shares = "proportional"`` (``_check_shares``).
 Relative input locations resolve against the TOML file's directory; URLs (``s3://...``)
 are kept as they are. ``MixSpec.to_dict()`` is the canonical, JSON-serializable form that
 the built manifest embeds (so a built mix records exactly what definition produced it).
@@ -12,8 +16,11 @@ import dataclasses
 import os
 import tomllib
 from dataclasses import dataclass, field
+from decimal import Decimal, localcontext
+from fractions import Fraction
 from typing import Any
 
+from open1b_data.build.tomltable import Interval, TomlTable
 from open1b_data.errors import MixSpecError
 
 FORMATS = ("dclm", "fineweb-edu", "stack-v2", "proof-pile-2")
@@ -112,7 +119,18 @@ class MixSpec:
     tokenizer: TokenizerSpec
     shards: ShardSpec
     schedule: ScheduleSpec
+    shares: str = "fractions"  # or "proportional": declared shares are normalized weights
     path: str = field(default="", compare=False)
+
+    def target_shares(self) -> tuple[float | None, ...]:
+        """Each source's target token share as the manifest records it (``target_share``):
+        the declared share, or with ``shares = "proportional"`` the share divided by their
+        sum (exact, then rounded once to the nearest float); None where none is declared
+        (the stream then splits what is left in proportion to tokens)."""
+        if self.shares != "proportional":
+            return tuple(s.share for s in self.sources)
+        total = sum(_exact(s.share) for s in self.sources)
+        return tuple(float(_exact(s.share) / total) for s in self.sources)
 
     def source(self, name: str) -> SourceSpec:
         for s in self.sources:
@@ -128,28 +146,32 @@ class MixSpec:
 
 
 # ---------------------------------------------------------------------------------------
-# Parsing: one small typed getter per kind of field, each naming the dotted field on error.
+# Parsing: every table through a ``TomlTable`` (unknown keys refused, every value typed and
+# range-checked, errors naming the dotted field). The valid keys of a table are the fields
+# of the dataclass it becomes.
 
-def _get(table: dict, key: str, where: str, kind: type | tuple, default: Any = ...) -> Any:
-    if key not in table:
-        if default is ...:
-            raise MixSpecError(f"{where}.{key}: missing required field; add it to the mix file")
-        return default
-    value = table[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds:
-        raise MixSpecError(f"{where}.{key}: expected {kind}, got {value!r}")
-    if not isinstance(value, kinds):
-        if float in kinds and isinstance(value, int):
-            return float(value)
-        raise MixSpecError(f"{where}.{key}: expected {'/'.join(k.__name__ for k in kinds)}, "
-                           f"got {value!r} ({type(value).__name__})")
-    return value
+def _keys(cls: type, *extra: str, skip: tuple[str, ...] = ()) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in skip) + extra
 
 
-def _positive(value: int | float, where: str) -> None:
-    if value <= 0:
-        raise MixSpecError(f"{where}: must be > 0, got {value!r}")
+TOP_KEYS = ("mix", "tokenizer", "shards", "schedule", "sources")
+MIX_KEYS = ("name", "seed", "window", "shares")
+SHARE_MODES = ("fractions", "proportional")
+
+# Valid ranges (docs/FORMATS.md "Valid values" states each and why).
+SEEDS = Interval(0, 2**64)
+VOCAB = Interval(257, 2**32)              # 256 byte tokens + the separator; uint32 ids
+AT_LEAST_1 = Interval(1)
+MAX_TOKEN_LENGTH = Interval(1, 2**16, hi_open=False)
+TOKENS_PER_SHARD = Interval(1, 2**30, hi_open=False)   # headroom below list<> int32 offsets
+ROWS_PER_GROUP = Interval(1, 2**31)
+ZSTD_LEVEL = Interval(1, 22, hi_open=False)
+NON_NEGATIVE = Interval(0)
+LR_PEAK = Interval(0, 1, lo_open=True, hi_open=False)
+RATIO = Interval(0, 1, hi_open=False)
+EDU_SCORE = Interval(0, 5, hi_open=False)  # FineWeb-Edu's score and int_score scale
+SHARE = Interval(0, 1, lo_open=True, hi_open=False)
+WEIGHT = Interval(0, lo_open=True)
 
 
 def _resolve(root: str, base_dir: str) -> str:
@@ -158,148 +180,159 @@ def _resolve(root: str, base_dir: str) -> str:
     return os.path.normpath(os.path.join(base_dir, root))
 
 
-def _parse_filters(t: dict, where: str) -> FilterSpec:
-    unknown = set(t) - {f.name for f in dataclasses.fields(FilterSpec)}
-    if unknown:
-        raise MixSpecError(f"{where}: unknown filter field(s) {sorted(unknown)}")
+def _parse_filters(t: TomlTable) -> FilterSpec:
     spec = FilterSpec(
-        drop_empty=_get(t, "drop_empty", where, bool, True),
-        score_field=_get(t, "score_field", where, str, None),
-        min_score=_get(t, "min_score", where, float, None),
-        license_field=_get(t, "license_field", where, str, None),
-        license_allowed=tuple(_get(t, "license_allowed", where, list, [])),
-        size_field=_get(t, "size_field", where, str, None),
-        max_bytes=_get(t, "max_bytes", where, int, None),
+        drop_empty=t.boolean("drop_empty", True),
+        score_field=t.string("score_field", None),
+        min_score=t.number("min_score", EDU_SCORE, None),
+        license_field=t.string("license_field", None),
+        license_allowed=t.strings("license_allowed", ()),
+        size_field=t.string("size_field", None),
+        max_bytes=t.integer("max_bytes", AT_LEAST_1, None),
     )
     if (spec.score_field is None) != (spec.min_score is None):
-        raise MixSpecError(f"{where}: score_field and min_score go together, got "
+        raise MixSpecError(f"{t.where}: score_field and min_score go together, got "
                            f"{spec.score_field!r} and {spec.min_score!r}")
     if (spec.license_field is None) != (not spec.license_allowed):
-        raise MixSpecError(f"{where}: license_field and license_allowed go together")
+        raise MixSpecError(f"{t.where}: license_field and license_allowed go together, got "
+                           f"{spec.license_field!r} and {list(spec.license_allowed)!r}")
     if (spec.size_field is None) != (spec.max_bytes is None):
-        raise MixSpecError(f"{where}: size_field and max_bytes go together")
-    if spec.max_bytes is not None:
-        _positive(spec.max_bytes, f"{where}.max_bytes")
+        raise MixSpecError(f"{t.where}: size_field and max_bytes go together, got "
+                           f"{spec.size_field!r} and {spec.max_bytes!r}")
     return spec
 
 
-def _parse_source(t: dict, where: str, base_dir: str) -> SourceSpec:
-    fmt = _get(t, "format", where, str)
+def _parse_source(t: TomlTable, base_dir: str, shares: str) -> SourceSpec:
+    fmt = t.string("format")
     if fmt not in FORMATS:
-        raise MixSpecError(f"{where}.format: unknown format {fmt!r}; expected one of {FORMATS}")
-    inputs = _get(t, "inputs", where, list)
-    if not inputs or not all(isinstance(i, str) and i for i in inputs):
-        raise MixSpecError(f"{where}.inputs: expected a non-empty list of glob patterns, "
-                           f"got {inputs!r}")
-    share = _get(t, "share", where, float, None)
-    if share is not None and not 0 < share <= 1:
-        raise MixSpecError(f"{where}.share: must be in (0, 1], got {share!r}")
-    store = _get(t, "content_store", where, str, None)
+        raise MixSpecError(f"{t.name('format')}: unknown format {fmt!r}; expected one of "
+                           f"{FORMATS}")
+    name = t.string("name")
+    if "/" in name:
+        raise MixSpecError(f"{t.name('name')}: must be a name without '/', got {name!r}")
+    store = t.string("content_store", None)
     if fmt == "stack-v2" and (store is None or "{blob_id}" not in store):
-        raise MixSpecError(f"{where}.content_store: stack-v2 needs a URL template containing "
-                           f"'{{blob_id}}', got {store!r}")
-    name = _get(t, "name", where, str)
-    if not name or "/" in name:
-        raise MixSpecError(f"{where}.name: must be a non-empty name without '/', got {name!r}")
+        raise MixSpecError(f"{t.name('content_store')}: stack-v2 needs a URL template "
+                           f"containing '{{blob_id}}', got {store!r}")
+    if fmt != "stack-v2" and store is not None:
+        raise MixSpecError(f"{t.name('content_store')}: only stack-v2 sources fetch content "
+                           f"by blob_id; remove it from this {fmt} source")
     return SourceSpec(
         name=name,
         format=fmt,
-        upstream=_get(t, "upstream", where, str),
-        root=_resolve(_get(t, "root", where, str), base_dir),
-        inputs=tuple(inputs),
-        filters=_parse_filters(_get(t, "filters", where, dict, {}), f"{where}.filters"),
-        share=share,
-        content_store=None if store is None else
-        (store if "://" in store or os.path.isabs(store) else _resolve(store, base_dir)),
+        upstream=t.string("upstream"),
+        root=_resolve(t.string("root"), base_dir),
+        inputs=t.strings("inputs"),  # glob patterns under root
+        filters=_parse_filters(t.table("filters", _keys(FilterSpec), required=False)),
+        share=t.number("share", SHARE if shares == "fractions" else WEIGHT, None),
+        content_store=None if store is None else _resolve(store, base_dir),
     )
 
 
-def _parse_schedule(t: dict, where: str) -> ScheduleSpec:
-    phases_raw = _get(t, "phases", where, list)
-    phases = []
-    for i, p in enumerate(phases_raw):
-        pw = f"{where}.phases[{i}]"
-        if not isinstance(p, dict):
-            raise MixSpecError(f"{pw}: expected a table, got {p!r}")
-        phase = Phase(_get(p, "start_tokens", pw, int), _get(p, "batch_sequences", pw, int))
-        _positive(phase.batch_sequences, f"{pw}.batch_sequences")
-        phases.append(phase)
-    if not phases or phases[0].start_tokens != 0:
-        raise MixSpecError(f"{where}.phases: the first phase must start at 0 tokens, got "
-                           f"{phases_raw!r}")
-    if any(b.start_tokens <= a.start_tokens for a, b in zip(phases, phases[1:])):
-        raise MixSpecError(f"{where}.phases: start_tokens must increase strictly, got "
-                           f"{[p.start_tokens for p in phases]}")
+def _exact(x: float) -> Fraction:
+    """A declared share as the exact decimal written (the stream reads it the same way)."""
+    return Fraction(repr(x))
+
+
+def _decimal(x: Fraction) -> str:
+    with localcontext() as ctx:
+        ctx.prec = 60
+        return str(Decimal(x.numerator) / Decimal(x.denominator))
+
+
+def _check_shares(sources: tuple[SourceSpec, ...], mode: str) -> None:
+    """The shares rule (docs/FORMATS.md "Source shares")."""
+    declared = [s for s in sources if s.share is not None]
+    total = sum((_exact(s.share) for s in declared), Fraction(0))
+    listed = ", ".join(f"{s.name}={s.share!r}" for s in declared)
+    undeclared = [s.name for s in sources if s.share is None]
+    if mode == "proportional":
+        if undeclared:
+            raise MixSpecError(f"mix.shares = \"proportional\" needs a share on every source; "
+                               f"{undeclared} declare none (add share = <weight> to each)")
+    elif declared and not undeclared and total != 1:
+        raise MixSpecError(f"sources[*].share: declared shares sum to {_decimal(total)}, not 1 "
+                           f"({listed}); fix them so they sum to exactly 1, or set [mix] "
+                           f"shares = \"proportional\" to have them normalized")
+    elif declared and undeclared and total >= 1:
+        raise MixSpecError(f"sources[*].share: declared shares sum to {_decimal(total)}, "
+                           f"leaving nothing for {undeclared}, which declare none ({listed}); "
+                           f"lower the shares below 1 in sum, or declare every source's share")
+
+
+def _parse_schedule(data: dict | TomlTable, where: str = "schedule") -> ScheduleSpec:
+    """``[schedule]``; also reads a built manifest's ``definition["schedule"]``."""
+    t = data if isinstance(data, TomlTable) else TomlTable(data, where, _keys(ScheduleSpec))
+    stop = t.integer("stop_tokens", AT_LEAST_1)
+    phases = tuple(Phase(p.integer("start_tokens", NON_NEGATIVE),
+                         p.integer("batch_sequences", AT_LEAST_1))
+                   for p in t.tables("phases", _keys(Phase)))
+    if phases[0].start_tokens != 0:
+        raise MixSpecError(f"{t.name('phases')}: the first phase must start at 0 tokens, got "
+                           f"{t.data['phases']!r}")
+    starts = [p.start_tokens for p in phases]
+    if any(b <= a for a, b in zip(starts, starts[1:])):
+        raise MixSpecError(f"{t.name('phases')}: start_tokens must increase strictly, got "
+                           f"{starts}")
+    if starts[-1] >= stop:
+        raise MixSpecError(f"{t.name('phases')}[{len(starts) - 1}].start_tokens: {starts[-1]:,} "
+                           f"is not below stop_tokens = {stop:,}; the phase would never run")
     spec = ScheduleSpec(
-        seq_tokens=_get(t, "seq_tokens", where, int),
-        micro_batch=_get(t, "micro_batch", where, int),
-        reference_world=_get(t, "reference_world", where, int),
-        phases=tuple(phases),
-        stop_tokens=_get(t, "stop_tokens", where, int),
-        lr_peak=_get(t, "lr_peak", where, float),
-        lr_final_ratio=_get(t, "lr_final_ratio", where, float),
-        warmup_tokens=_get(t, "warmup_tokens", where, int),
+        seq_tokens=t.integer("seq_tokens", Interval(1, 2**31 - 1)),
+        micro_batch=t.integer("micro_batch", AT_LEAST_1),
+        reference_world=t.integer("reference_world", AT_LEAST_1),
+        phases=phases,
+        stop_tokens=stop,
+        lr_peak=t.number("lr_peak", LR_PEAK),
+        lr_final_ratio=t.number("lr_final_ratio", RATIO),
+        warmup_tokens=t.integer("warmup_tokens", Interval(0, stop)),
     )
-    for name in ("seq_tokens", "micro_batch", "reference_world", "stop_tokens", "lr_peak"):
-        _positive(getattr(spec, name), f"{where}.{name}")
-    if not 0 <= spec.lr_final_ratio <= 1:
-        raise MixSpecError(f"{where}.lr_final_ratio: must be in [0, 1], got "
-                           f"{spec.lr_final_ratio!r}")
-    if not 0 <= spec.warmup_tokens < spec.stop_tokens:
-        raise MixSpecError(f"{where}.warmup_tokens: must be in [0, stop_tokens), got "
-                           f"{spec.warmup_tokens!r}")
     for i, p in enumerate(spec.phases):
         if p.batch_sequences % (spec.micro_batch * spec.reference_world):
             raise MixSpecError(
-                f"{where}.phases[{i}].batch_sequences: {p.batch_sequences} is not a multiple "
-                f"of micro_batch*reference_world = {spec.micro_batch * spec.reference_world}")
+                f"{t.name('phases')}[{i}].batch_sequences: {p.batch_sequences} is not a "
+                f"multiple of micro_batch*reference_world = "
+                f"{spec.micro_batch * spec.reference_world}")
     return spec
 
 
 def parse_mix(data: dict, base_dir: str = ".", path: str = "") -> MixSpec:
     """Validate a parsed TOML document into a ``MixSpec``."""
-    where = "mix"
-    m = _get(data, "mix", "", dict)
-    tok = _get(data, "tokenizer", "", dict)
-    sh = _get(data, "shards", "", dict)
-    sources_raw = _get(data, "sources", "", list)
-    if not sources_raw:
-        raise MixSpecError("sources: a mix needs at least one [[sources]] table")
-    sources = tuple(_parse_source(s, f"sources[{i}]", base_dir) for i, s in enumerate(sources_raw))
+    top = TomlTable(data, "", TOP_KEYS)
+    m = top.table("mix", MIX_KEYS)
+    shares = m.string("shares", "fractions")
+    if shares not in SHARE_MODES:
+        raise MixSpecError(f"mix.shares: must be one of {SHARE_MODES}, got {shares!r}")
+    sources = tuple(_parse_source(t, base_dir, shares)
+                    for t in top.tables("sources", _keys(SourceSpec)))
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise MixSpecError(f"sources: source names must be unique, got {names}")
-    tokenizer = TokenizerSpec(
-        vocab_size=_get(tok, "vocab_size", "tokenizer", int),
-        split_pattern=_get(tok, "split_pattern", "tokenizer", str, LLAMA3_SPLIT),
-        eot=_get(tok, "eot", "tokenizer", str, "<|endoftext|>"),
-        sample_bytes=_get(tok, "sample_bytes", "tokenizer", int, 100_000_000),
-        min_frequency=_get(tok, "min_frequency", "tokenizer", int, 2),
-        max_token_length=_get(tok, "max_token_length", "tokenizer", int, 32),
-    )
-    if not 257 <= tokenizer.vocab_size < 2**32:
-        raise MixSpecError(f"tokenizer.vocab_size: must be in [257, 2^32), got "
-                           f"{tokenizer.vocab_size!r}")
-    _positive(tokenizer.sample_bytes, "tokenizer.sample_bytes")
-    shards = ShardSpec(
-        tokens_per_shard=_get(sh, "tokens_per_shard", "shards", int),
-        docs_per_row_group=_get(sh, "docs_per_row_group", "shards", int, 1024),
-        zstd_level=_get(sh, "zstd_level", "shards", int, 3),
-    )
-    _positive(shards.tokens_per_shard, "shards.tokens_per_shard")
-    _positive(shards.docs_per_row_group, "shards.docs_per_row_group")
+    _check_shares(sources, shares)
+    tok = top.table("tokenizer", _keys(TokenizerSpec))
+    sh = top.table("shards", _keys(ShardSpec))
     spec = MixSpec(
-        name=_get(m, "name", where, str),
-        seed=_get(m, "seed", where, int),
-        window=_get(m, "window", where, int),
+        name=m.string("name"),
+        seed=m.integer("seed", SEEDS),
+        window=m.integer("window", AT_LEAST_1),
         sources=sources,
-        tokenizer=tokenizer,
-        shards=shards,
-        schedule=_parse_schedule(_get(data, "schedule", "", dict), "schedule"),
+        tokenizer=TokenizerSpec(
+            vocab_size=tok.integer("vocab_size", VOCAB),
+            split_pattern=tok.string("split_pattern", LLAMA3_SPLIT),
+            eot=tok.string("eot", "<|endoftext|>"),
+            sample_bytes=tok.integer("sample_bytes", AT_LEAST_1, 100_000_000),
+            min_frequency=tok.integer("min_frequency", AT_LEAST_1, 2),
+            max_token_length=tok.integer("max_token_length", MAX_TOKEN_LENGTH, 32),
+        ),
+        shards=ShardSpec(
+            tokens_per_shard=sh.integer("tokens_per_shard", TOKENS_PER_SHARD),
+            docs_per_row_group=sh.integer("docs_per_row_group", ROWS_PER_GROUP, 1024),
+            zstd_level=sh.integer("zstd_level", ZSTD_LEVEL, 3),
+        ),
+        schedule=_parse_schedule(top.table("schedule", _keys(ScheduleSpec))),
+        shares=shares,
         path=path,
     )
-    if not 0 <= spec.seed < 2**64:
-        raise MixSpecError(f"mix.seed: must be in [0, 2^64), got {spec.seed!r}")
     if spec.window != spec.schedule.seq_tokens + 1:
         raise MixSpecError(f"mix.window: must be schedule.seq_tokens + 1 = "
                            f"{spec.schedule.seq_tokens + 1} (inputs + shifted labels), got "

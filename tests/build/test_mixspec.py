@@ -112,3 +112,141 @@ def test_both_files_are_valid_toml_and_unknown_file_is_named(tmp_path):
         load_mix(bad)
     with pytest.raises(MixSpecError, match="does not exist"):
         load_mix(tmp_path / "nope.toml")
+
+
+# ---------------------------------------------------------------------------------------
+# Typos and out-of-range values: each of these used to be accepted, changing the data.
+
+def _demo_text() -> str:
+    with open(DEMO) as f:
+        return f.read()
+
+
+def _load_text(tmp_path, text: str):
+    path = tmp_path / "mix.toml"
+    path.write_text(text)
+    return load_mix(path)
+
+
+def _second(text: str, old: str, new: str) -> str:
+    """``text`` with the SECOND occurrence of ``old`` replaced (sources[1] = fineweb-edu)."""
+    first = text.index(old)
+    second = text.index(old, first + len(old))
+    return text[:second] + new + text[second + len(old):]
+
+
+@pytest.mark.parametrize("old,new,where,near", [
+    # [sources.filter] silently dropped FineWeb-Edu's edu-score filter.
+    ("[sources.filters]", "[sources.filter]", "sources[1].filter", "filters"),
+    ("share = 0.218", "shaer = 0.218", "sources[1].shaer", "share"),
+    ("share = 0.218", "share = 0.218\nweigth = 2", "sources[1].weigth", None),
+    ("min_score = 3", "min_scor = 3", "sources[1].filters.min_scor", "min_score"),
+    ("zstd_level = 3", "zstd_levle = 3", "shards.zstd_levle", "zstd_level"),
+    ("[[schedule.phases]]\nstart_tokens = 262_144",
+     "[[schedule.phases]]\nstart_token = 262_144\nstart_tokens = 262_144",
+     "schedule.phases[1].start_token", "start_tokens"),
+], ids=["filter", "shaer", "weigth", "min_scor", "zstd_levle", "start_token"])
+def test_unknown_keys_are_named_with_the_nearest_valid_one(tmp_path, old, new, where, near):
+    text = _demo_text()
+    edited = _second(text, old, new) if text.count(old) > 1 else text.replace(old, new)
+    assert edited != text
+    with pytest.raises(MixSpecError) as e:
+        _load_text(tmp_path, edited)
+    msg = str(e.value)
+    assert msg.startswith(where + ":"), msg
+    assert "\n" not in msg
+    if near:
+        assert f"did you mean {near!r}" in msg, msg
+    else:
+        assert "valid keys:" in msg and "share" in msg, msg
+
+
+@pytest.mark.parametrize("table", ["mix", "tokenizer", "shards", "schedule", "top"])
+def test_every_table_refuses_unknown_keys(table):
+    data = copy.deepcopy(_demo_data())
+    (data if table == "top" else data[table])["bogus_key"] = 1
+    with pytest.raises(MixSpecError, match=r"bogus_key: unknown key"):
+        parse_mix(data, base_dir=os.path.dirname(DEMO))
+
+
+def test_shares_must_sum_to_one_exactly(tmp_path):
+    text = _demo_text()
+    with pytest.raises(MixSpecError) as e:   # 0.9 + 0.218 + 0.125 + 0.184 = 1.427
+        _load_text(tmp_path, text.replace("share = 0.473", "share = 0.9"))
+    assert "sum to 1.427, not 1" in str(e.value) and "proportional" in str(e.value)
+    # Exact as written: 0.7 + 0.1 + 0.1 + 0.1 is 1 although its float sum is not.
+    for old, new in [("0.473", "0.7"), ("0.218", "0.1"), ("0.125", "0.1"), ("0.184", "0.1")]:
+        text = text.replace(f"share = {old}", f"share = {new}")
+    assert 0.7 + 0.1 + 0.1 + 0.1 != 1.0
+    assert [s.share for s in _load_text(tmp_path, text).sources] == [0.7, 0.1, 0.1, 0.1]
+    with pytest.raises(MixSpecError, match="sum to 1.0000001, not 1"):
+        _load_text(tmp_path, text.replace("share = 0.7", "share = 0.7000001"))
+
+
+def test_proportional_shares_are_normalized(tmp_path):
+    text = _demo_text().replace('seed = 42', 'seed = 42\nshares = "proportional"')
+    for old, new in [("0.473", "300.5"), ("0.218", "59.8"), ("0.125", "54.2"), ("0.184", "36")]:
+        text = text.replace(f"share = {old}", f"share = {new}")
+    m = _load_text(tmp_path, text)
+    assert m.shares == "proportional"
+    assert [s.share for s in m.sources] == [300.5, 59.8, 54.2, 36.0]
+    total = 300.5 + 59.8 + 54.2 + 36
+    assert m.target_shares() == pytest.approx((300.5 / total, 59.8 / total, 54.2 / total,
+                                               36 / total), rel=1e-15)
+    assert m.to_dict()["shares"] == "proportional"
+    with pytest.raises(MixSpecError, match=r"needs a share on every source.*proof-pile-2"):
+        _load_text(tmp_path, text.replace("share = 36", ""))
+    with pytest.raises(MixSpecError, match="mix.shares: must be one of"):
+        _load_text(tmp_path, text.replace('"proportional"', '"relative"'))
+
+
+def test_undeclared_sources_split_the_remainder(tmp_path):
+    text = _demo_text().replace("share = 0.218\n", "")
+    m = _load_text(tmp_path, text)   # 0.473 + 0.125 + 0.184 = 0.782 < 1: kept
+    assert m.source("fineweb-edu").share is None
+    assert m.target_shares()[1] is None
+    with pytest.raises(MixSpecError, match=r"sum to 1.027, leaving nothing for \['fineweb-edu'\]"):
+        _load_text(tmp_path, text.replace("share = 0.473", "share = 0.718"))
+
+
+RANGES = [
+    (("mix", "seed"), 2**64, "mix.seed: must be in [0, 2^64)"),
+    (("mix", "seed"), -1, "mix.seed: must be in [0, 2^64)"),
+    (("tokenizer", "vocab_size"), 2**32, "tokenizer.vocab_size: must be in [257, 2^32)"),
+    (("tokenizer", "sample_bytes"), 0, "tokenizer.sample_bytes: must be >= 1"),
+    (("tokenizer", "min_frequency"), 0, "tokenizer.min_frequency: must be >= 1"),
+    (("tokenizer", "max_token_length"), 0, "tokenizer.max_token_length: must be in [1, 2^16]"),
+    (("shards", "tokens_per_shard"), 2**31, "shards.tokens_per_shard: must be in [1, 2^30]"),
+    (("shards", "docs_per_row_group"), 0, "shards.docs_per_row_group: must be in [1, 2^31)"),
+    (("shards", "zstd_level"), 0, "shards.zstd_level: must be in [1, 22]"),
+    (("shards", "zstd_level"), 23, "shards.zstd_level: must be in [1, 22]"),
+    (("schedule", "seq_tokens"), 0, "schedule.seq_tokens: must be in [1,"),
+    (("schedule", "micro_batch"), 0, "schedule.micro_batch: must be >= 1"),
+    (("schedule", "reference_world"), 0, "schedule.reference_world: must be >= 1"),
+    (("schedule", "stop_tokens"), 0, "schedule.stop_tokens: must be >= 1"),
+    (("schedule", "lr_peak"), 0.0, "schedule.lr_peak: must be in (0, 1]"),
+    (("schedule", "lr_peak"), 4.5, "schedule.lr_peak: must be in (0, 1]"),
+    (("schedule", "lr_peak"), float("nan"), "schedule.lr_peak: must be in (0, 1], got nan"),
+    (("schedule", "lr_final_ratio"), -0.1, "schedule.lr_final_ratio: must be in [0, 1]"),
+    (("schedule", "warmup_tokens"), 1_200_000, "schedule.warmup_tokens: must be in [0, 1,200,000)"),
+    (("schedule", "phases", 2, "start_tokens"), 1_200_000, "schedule.phases[2].start_tokens"),
+    (("schedule", "phases", 0, "batch_sequences"), 0,
+     "schedule.phases[0].batch_sequences: must be >= 1"),
+    (("sources", 1, "filters", "min_score"), 30, "sources[1].filters.min_score: must be in [0, 5]"),
+    (("sources", 2, "filters", "max_bytes"), 0, "sources[2].filters.max_bytes: must be >= 1"),
+    (("sources", 2, "filters", "license_allowed"), [""],
+     "sources[2].filters.license_allowed: expected a non-empty list"),
+    (("sources", 0, "share"), float("inf"), "sources[0].share: must be in (0, 1]"),
+    (("sources", 0, "content_store"), "x/{blob_id}", "sources[0].content_store: only stack-v2"),
+]
+
+
+@pytest.mark.parametrize("path,value,expected", RANGES,
+                         ids=[".".join(map(str, r[0])) + f"={r[1]}" for r in RANGES])
+def test_numbers_are_range_checked(path, value, expected):
+    data = copy.deepcopy(_demo_data())
+    _set(path, value)(data)
+    with pytest.raises(MixSpecError) as e:
+        parse_mix(data, base_dir=os.path.dirname(DEMO))
+    assert expected in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
