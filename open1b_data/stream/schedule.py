@@ -18,7 +18,8 @@ Exact rule (STREAM.md section 8 restates it):
   last step gets exactly the final rate): ``lr_peak * t / warmup_tokens`` while ``t <
   warmup_tokens``; afterwards ``lr_final + (lr_peak - lr_final) * (1 + cos(pi * p)) / 2``
   with ``p = min(1, (t - warmup_tokens) / (stop_tokens - warmup_tokens))`` and ``lr_final =
-  lr_peak * lr_final_ratio``.
+  lr_peak * lr_final_ratio``. Binary64, in exactly this order; p is the exact rational and
+  cos(pi p) the correctly rounded value of ``cospi.py`` (libm's cos is not portable).
 * Rank r of an R-way data-parallel job owns window m iff ``m mod R == r``. Within a step a
   rank's ``B/R`` windows, ascending, are cut into micro-batches of ``micro_batch``
   consecutive ones; ``accumulation = B / (R * micro_batch)``. R with ``B mod (R *
@@ -30,11 +31,12 @@ Step lookup is closed form per phase (a few "runs" of equal batch), never a loop
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 from open1b_data.errors import StreamError
 from open1b_data.build.definition import ScheduleSpec, default_mix_path, load_mix
+from open1b_data.stream.cospi import cos_pi
 
 
 @dataclass(frozen=True)
@@ -156,8 +158,8 @@ class Schedule:
         if tokens < s.warmup_tokens:
             return s.lr_peak * tokens / s.warmup_tokens
         final = s.lr_peak * s.lr_final_ratio
-        p = min(1.0, (tokens - s.warmup_tokens) / (s.stop_tokens - s.warmup_tokens))
-        return final + (s.lr_peak - final) * 0.5 * (1.0 + math.cos(math.pi * p))
+        p = min(Fraction(1), Fraction(tokens - s.warmup_tokens, s.stop_tokens - s.warmup_tokens))
+        return final + (s.lr_peak - final) * 0.5 * (1.0 + cos_pi(p))   # cospi.py: portable
 
     def accumulation(self, step: int, world: int) -> int:
         """Micro-batches per rank in ``step`` for ``world`` ranks; refuses bad world sizes."""
