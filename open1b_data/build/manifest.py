@@ -159,7 +159,7 @@ class SourceEntry:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "source") -> SourceEntry:
-        shards = tuple(ShardEntry.from_dict(s, f"{where}.shards[{i}]")
+        shards = tuple(ShardEntry.from_dict(s, _shard_where(where, i, s))
                        for i, s in enumerate(_req(d, "shards", list, where)))
         target = d.get("target_share") if isinstance(d, Mapping) else None
         if target is not None and (isinstance(target, bool)
@@ -175,13 +175,48 @@ class SourceEntry:
                     shards=shards, counts=dict(_req(d, "counts", dict, where)),
                     inputs=tuple(_req(d, "inputs", list, where)))
         for i, inp in enumerate(entry.inputs):
-            if not isinstance(inp, dict):
-                raise ManifestError(f"{where}.inputs[{i}]: expected an object, got {inp!r}")
+            _check_input(inp, f"{where}.inputs[{i}]")
         docs, toks = sum(s.documents for s in shards), sum(s.tokens for s in shards)
         if (docs, toks) != (entry.documents, entry.tokens):
             raise ManifestError(f"{where} {entry.name!r}: documents/tokens {entry.documents}/"
                                 f"{entry.tokens} differ from its shards' sums {docs}/{toks}")
+        counted = [i["counts"] for i in entry.inputs if "counts" in i]
+        if counted and len(counted) == len(entry.inputs):
+            for key in ("read", "kept", "tokens"):
+                total = sum(c[key] for c in counted)
+                if total != entry.counts.get(key):
+                    raise ManifestError(f"{where} {entry.name!r}: counts.{key} "
+                                        f"{entry.counts.get(key)} differs from its inputs' sum "
+                                        f"{total}; the manifest is inconsistent, rebuild it")
         return entry
+
+
+def _shard_where(where: str, i: int, d: Any) -> str:
+    """Name a shard by its path (what a user can find) where the entry has one."""
+    path = d.get("path") if isinstance(d, Mapping) else None
+    return f"{where}.shards[{i}] {path!r}" if isinstance(path, str) else f"{where}.shards[{i}]"
+
+
+def _check_input(inp: Any, where: str) -> None:
+    """An ``inputs[]`` entry: an object with a path; when it carries per-input accounting
+    (builds since that was added), ``read = kept + sum(dropped)`` and confined shard paths."""
+    if not isinstance(inp, dict):
+        raise ManifestError(f"{where}: expected an object, got {inp!r}")
+    _req(inp, "path", str, where)
+    if "counts" not in inp:
+        return
+    c = _req(inp, "counts", dict, where)
+    dropped = _req(c, "dropped", dict, f"{where}.counts")
+    read, kept = _count(c, "read", f"{where}.counts"), _count(c, "kept", f"{where}.counts")
+    _count(c, "tokens", f"{where}.counts")
+    if read != kept + sum(dropped.values()):
+        raise ManifestError(f"{where} {inp['path']!r}: read {read} != kept {kept} + dropped "
+                            f"{sum(dropped.values())}; the manifest is inconsistent, rebuild it")
+    error = inp.get("first_error")
+    if error is not None:
+        _req(error, "reason", str, f"{where}.first_error")
+    for j, path in enumerate(_req(inp, "shards", list, where)):
+        check_path(path, f"{where}.shards[{j}]")
 
 
 @dataclass(frozen=True)
@@ -234,6 +269,10 @@ class BuiltManifest:
         tok = _req(d, "tokenizer", dict, where)
         check_path(_req(tok, "path", str, f"{where}.tokenizer"), f"{where}.tokenizer.path")
         _sha(tok, "sha256", f"{where}.tokenizer")
+        for i, f in enumerate(tokenizer_files(tok)[1:]):
+            check_path(_req(f, "path", str, f"{where}.tokenizer.directory.files[{i}]"),
+                       f"{where}.tokenizer.directory.files[{i}].path")
+            _sha(f, "sha256", f"{where}.tokenizer.directory.files[{i}]")
         sources = tuple(SourceEntry.from_dict(s, f"{where}.sources[{i}]")
                         for i, s in enumerate(_req(d, "sources", list, where)))
         names = [s.name for s in sources]
@@ -251,6 +290,16 @@ class BuiltManifest:
             raise ManifestError(f"{where}: fingerprint {m.fingerprint!r} does not match its "
                                 f"content ({want}); the manifest was edited or corrupted")
         return m
+
+
+def tokenizer_files(tokenizer: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every tokenizer file a manifest names, ``{"path", "sha256"}`` each: ``tokenizer.json``
+    first, then the transformers directory's files (absent in builds that predate it)."""
+    directory = tokenizer.get("directory") or {}
+    files = directory.get("files", []) if isinstance(directory, Mapping) else []
+    if not isinstance(files, list):
+        raise ManifestError(f"tokenizer.directory.files: expected a list, got {files!r}")
+    return [{"path": tokenizer.get("path"), "sha256": tokenizer.get("sha256")}, *files]
 
 
 # ---------------------------------------------------------------------------------------
@@ -277,7 +326,8 @@ def make_source_entry(name: str, format: str, target_share: float | None,
 def assemble_manifest(name: str, builder_version: str, definition: dict, tokenizer: dict,
                       sources: Iterable[SourceEntry | Mapping[str, Any]]) -> BuiltManifest:
     """Build a fingerprinted ``BuiltManifest``. Each source is a ``SourceEntry`` or a dict
-    ``{"spec": SourceSpec, "counts": ..., "shards": [shard dicts], "inputs": [...]}``."""
+    ``{"spec": SourceSpec, "counts": ..., "shards": [shard dicts], "inputs": [...]}`` with an
+    optional ``"target_share"`` (default: the spec's declared share)."""
     raw = list(sources)
     total = 0
     for s in raw:
@@ -293,7 +343,8 @@ def assemble_manifest(name: str, builder_version: str, definition: dict, tokeniz
                                              s.counts, s.inputs, total))
         else:
             spec = s["spec"]
-            entries.append(make_source_entry(spec.name, spec.format, spec.share, s["shards"],
+            entries.append(make_source_entry(spec.name, spec.format,
+                                             s.get("target_share", spec.share), s["shards"],
                                              s["counts"], s["inputs"], total))
     docs = sum(e.documents for e in entries)
     totals = {"documents": docs, "tokens": total, "mean_tokens_per_doc": _ratio(total, docs)}

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from open1b_data import __version__
-from open1b_data.build.report import Progress, SourceSummary, summarize
+from open1b_data.build.report import InputSummary, Progress, SourceSummary, summarize
 from open1b_data.build.store import (dumps, exists, join, list_files, read_bytes, read_json,
-                                     sweep_temporaries, write_json)
+                                     sweep_temporaries, write_bytes, write_json)
 from open1b_data.build.task import (EXECUTORS, TOKENIZER, Job, Workers, choose_executor,
                                     hf_tokenizer, input_record, run_jobs, valid_marker)
 from open1b_data.errors import BuildError
@@ -100,7 +100,15 @@ class BuildResult:
     tokens: int
     text_bytes: int
     fingerprint: str | None = None
+    # This run's inputs (every input once merged), in the global input order.
+    inputs: tuple[InputSummary, ...] = ()
     manifest: Any = field(default=None, repr=False)
+
+    @property
+    def unreadable(self) -> tuple[InputSummary, ...]:
+        """The inputs that were truncated or unreadable (``build-mix --strict`` fails on
+        them)."""
+        return tuple(i for i in self.inputs if i.unreadable)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -184,7 +192,9 @@ def _sha256_of(url: str) -> str:
 # Stage (d): merge the markers into manifest.json.
 
 def merge(mix: MixSpec, out: str, jobs: list[Job], found: dict[Job, dict | None]) -> Any:
-    """Assemble and write manifest.json from every input's marker; returns the manifest."""
+    """Assemble and write manifest.json from every input's marker; returns the manifest.
+    Writes the transformers tokenizer directory first (deterministic bytes: concurrent
+    merges write the same)."""
     from open1b_data.build import manifest as mf
 
     missing = [j for j in jobs if found.get(j) is None]
@@ -202,11 +212,27 @@ def merge(mix: MixSpec, out: str, jobs: list[Job], found: dict[Job, dict | None]
         raise BuildError(f"{join(out, TOKENIZER)} has no {mix.tokenizer.eot!r} token; it was "
                          f"not trained for this mix (delete it and build again)")
     tokenizer = {"path": TOKENIZER, "sha256": sha, "vocab_size": tok.get_vocab_size(),
-                 "eot_id": int(eot_id), "sample": read_json(join(out, SAMPLE_RECORD))}
+                 "eot_id": int(eot_id), "sample": read_json(join(out, SAMPLE_RECORD)),
+                 "directory": _write_transformers_directory(mix, out)}
     manifest = mf.assemble_manifest(mix.name, __version__, portable_definition(mix), tokenizer,
                                     _source_entries(mix, markers))
     mf.write_manifest(out, manifest)
     return manifest
+
+
+def _write_transformers_directory(mix: MixSpec, out: str) -> dict[str, Any]:
+    """``<out>/tokenizer/`` for ``transformers.AutoTokenizer.from_pretrained``; returns its
+    manifest record: the directory and each file's path and sha256."""
+    from open1b_data.build.tokenizer import HF_DIRECTORY, transformers_files
+
+    files = transformers_files(read_bytes(join(out, TOKENIZER)), mix.tokenizer.eot,
+                               mix.schedule.seq_tokens)
+    record = []
+    for name, data in sorted(files.items()):
+        rel = f"{HF_DIRECTORY}/{name}"
+        write_bytes(join(out, rel), data)
+        record.append({"path": rel, "sha256": hashlib.sha256(data).hexdigest()})
+    return {"path": HF_DIRECTORY, "files": record}
 
 
 def _source_pos(mix: MixSpec, name: str) -> int:
@@ -223,11 +249,19 @@ def _counts(markers: list[dict[str, Any]]) -> dict[str, Any]:
             "tokens": sum(m["tokens"] for m in markers)}
 
 
+def _input_entry(marker: dict[str, Any]) -> dict[str, Any]:
+    """A source's ``inputs[]`` entry: the file (path, size, checksum), its counts by reason,
+    its first bad record and the shards it wrote (docs/FORMATS.md)."""
+    return {**marker["input"], "counts": _counts([marker]),
+            "first_error": marker.get("first_error"),
+            "shards": [s["path"] for s in marker["shards"]]}
+
+
 def _source_entries(mix: MixSpec, markers: dict[str, list[dict[str, Any]]]) -> list[dict]:
-    return [{"spec": spec, "counts": _counts(markers[spec.name]),
+    return [{"spec": spec, "target_share": target, "counts": _counts(markers[spec.name]),
              "shards": [s for m in markers[spec.name] for s in m["shards"]],
-             "inputs": [m["input"] for m in markers[spec.name]]}
-            for spec in mix.sources]
+             "inputs": [_input_entry(m) for m in markers[spec.name]]}
+            for spec, target in zip(mix.sources, mix.target_shares())]
 
 
 # --------------------------------------------------------------------------------------
@@ -289,12 +323,16 @@ def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list
     elif options.task is None:
         raise BuildError(f"inputs still missing after the build: {list(missing[:5])}")
     per_source = _per_source(mix, found)
+    reported = all_jobs if manifest is not None else mine
     return BuildResult(
         out=out, merged=manifest is not None, inputs_total=len(all_jobs),
         inputs_built=len(todo), inputs_skipped=len(mine) - len(todo), missing=missing,
         summary=summarize(per_source), seconds=time.perf_counter() - t0,
         documents=progress.documents, tokens=progress.tokens, text_bytes=progress.text_bytes,
-        fingerprint=None if manifest is None else manifest.fingerprint, manifest=manifest)
+        fingerprint=None if manifest is None else manifest.fingerprint,
+        inputs=tuple(InputSummary.from_marker(found[j]) for j in reported
+                     if found[j] is not None),
+        manifest=manifest)
 
 
 def _per_source(mix: MixSpec, found: dict[Job, dict | None]) -> dict[str, dict[str, Any]]:

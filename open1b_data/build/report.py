@@ -5,6 +5,9 @@ tokens/s, MB of text/s, inputs done) to stderr and never to stdout, so ``--json`
 stays machine-readable. ``summarize`` turns the per-source counts of a merged build into
 ``SourceSummary`` rows (read, kept, dropped by reason, tokens, token share) and
 ``format_table`` renders them; the same rows are returned as data by ``build_mix``.
+``InputSummary`` is one input file's account (counts by reason, its first bad record, the
+shards it wrote, by path relative to the mix root); ``format_bad_inputs`` lists the inputs
+that had bad records, and ``unreadable`` names those that were truncated or unreadable.
 """
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ import sys
 import time
 from dataclasses import dataclass
 from typing import Any, TextIO
+
+from open1b_data.build.document import BAD_INPUT_REASONS
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,62 @@ class SourceSummary:
     dropped: dict[str, int]
     tokens: int
     share: float  # this source's fraction of all kept tokens
+
+
+# Drop reasons that mean the input FILE could not be read to its end (not one bad record).
+UNREADABLE_REASONS = ("truncated_zstd", "unreadable_file")
+
+
+@dataclass(frozen=True)
+class InputSummary:
+    """One input file as the manifest's ``inputs[]`` entry and ``build-mix --json`` give it.
+
+    ``first_error`` is the first record dropped for bad input (not by a filter):
+    ``{"reason", "row", "detail"}`` with ``row`` the 0-based line/row in the file (None when
+    the file could not be opened), or None when every record was well formed."""
+
+    source: str
+    path: str  # relative to the source root
+    read: int
+    kept: int
+    dropped: dict[str, int]
+    tokens: int
+    first_error: dict[str, Any] | None
+    shards: tuple[str, ...]  # relative to the mix root
+
+    @classmethod
+    def from_marker(cls, marker: dict[str, Any]) -> InputSummary:
+        c = marker["counts"]
+        return cls(marker["source"], marker["input"]["path"], c["read"], c["kept"],
+                   dict(c["dropped"]), marker["tokens"], marker.get("first_error"),
+                   tuple(s["path"] for s in marker["shards"]))
+
+    @property
+    def unreadable(self) -> tuple[str, ...]:
+        """The reasons that say the file was truncated or unreadable (empty: read whole)."""
+        return tuple(r for r in UNREADABLE_REASONS if self.dropped.get(r))
+
+    def where(self) -> str:
+        """``source/path`` and, when a record was bad, its row and reason."""
+        e = self.first_error
+        if e is None:
+            return f"{self.source}/{self.path}"
+        at = "" if e["row"] is None else f" row {e['row']}"
+        return f"{self.source}/{self.path}{at}: {e['reason']}: {e['detail']}"
+
+
+def format_bad_inputs(inputs: tuple[InputSummary, ...]) -> str:
+    """One line per input that had a bad record (counts by reason, then the first one)."""
+    lines = []
+    for i in inputs:
+        if i.first_error is not None:
+            bad = ", ".join(f"{k}={v:,}" for k, v in i.dropped.items()
+                            if k in BAD_INPUT_REASONS)
+            lines.append(f"  {i.where()} [{bad}]")
+    if not lines:
+        return ""
+    return f"inputs with bad records ({len(lines)}; first bad record of each):\n" + \
+        "\n".join(lines)
 
 
 def summarize(per_source: dict[str, dict[str, Any]]) -> tuple[SourceSummary, ...]:

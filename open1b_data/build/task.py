@@ -162,7 +162,7 @@ def build_input(job: Job, report: Callable[[tuple[int, int, int]], None] | None 
                 ) -> dict[str, Any]:
     """Read, filter, encode and shard one input; check the encoders; write the marker.
     ``report`` receives (documents, tokens, text bytes) after every encoded batch."""
-    from open1b_data.build.document import Dropped
+    from open1b_data.build.document import BAD_INPUT_REASONS, Dropped
     from open1b_data.build.shards import ShardWriter, read_rows
     from open1b_data.build.sources import read_input
     from open1b_data.build import tokenizer as tk
@@ -174,7 +174,8 @@ def build_input(job: Job, report: Callable[[tuple[int, int, int]], None] | None 
     # A reservoir of documents per shard for the encoder check; the RNG is seeded by the
     # input path so the sample, like the output, is the same on every run.
     rng = random.Random(hashlib.sha256(f"{job.source}/{job.input.path}".encode()).digest())
-    reservoirs: dict[int, list[tuple[int, str, Any]]] = {}  # shard -> (doc, text, ids)
+    # shard -> [(document index, text, ids, input row)]
+    reservoirs: dict[int, list[tuple[int, str, Any, int]]] = {}
     seen_in_shard: Counter[int] = Counter()
     kept = tokens = text_bytes = 0
     batch: list[Any] = []
@@ -189,7 +190,7 @@ def build_input(job: Job, report: Callable[[tuple[int, int, int]], None] | None 
         for doc, arr, text in zip(batch, ids, texts):
             # The document lands in the shard after the ones closed so far.
             _reservoir_add(reservoirs, seen_in_shard, rng, len(writer.entries),
-                           (kept, text, arr))
+                           (kept, text, arr, doc.row))
             writer.add(arr, doc.doc_id, doc.input, doc.row)
             kept += 1
             tokens += len(arr)
@@ -199,10 +200,13 @@ def build_input(job: Job, report: Callable[[tuple[int, int, int]], None] | None 
             report((len(batch), sum(len(a) for a in ids), nbytes))
         batch.clear()
 
+    first_error: dict[str, Any] | None = None
     for item in read_input(spec, job.input):
         if isinstance(item, Dropped):
             dropped[item.reason] += 1
             _log_dropped(job, item)
+            if first_error is None and item.reason in BAD_INPUT_REASONS:
+                first_error = {"reason": item.reason, "row": item.row, "detail": item.detail}
             continue
         batch.append(item)
         if len(batch) >= ENCODE_BATCH_DOCS:
@@ -217,6 +221,7 @@ def build_input(job: Job, report: Callable[[tuple[int, int, int]], None] | None 
         "tokenizer_sha256": job.tokenizer_sha256,
         "counts": {"read": kept + sum(dropped.values()), "kept": kept,
                    "dropped": dict(sorted(dropped.items()))},
+        "first_error": first_error,  # the first bad-input drop (not a filter's): where, why
         "tokens": tokens,
         "text_bytes": text_bytes,
         "shards": [_entry_dict(e) for e in entries],
@@ -226,7 +231,7 @@ def build_input(job: Job, report: Callable[[tuple[int, int, int]], None] | None 
 
 
 def _reservoir_add(reservoirs: dict, seen: Counter, rng: random.Random, shard: int,
-                   item: tuple[int, str, Any]) -> None:
+                   item: tuple[int, str, Any, int]) -> None:
     """Algorithm R: ``reservoirs[shard]`` stays a uniform sample of that shard's documents."""
     res = reservoirs.setdefault(shard, [])
     seen[shard] += 1
@@ -254,19 +259,20 @@ def _check_shards(job: Job, tok: Any, fast: Any, entries: list[Any], reservoirs:
         res = sorted(reservoirs.get(n, []), key=lambda item: item[0])
         k = sample_size(int(e.documents))
         if k > len(res) or (res and not start <= res[0][0] < start + int(e.documents)):
-            raise BuildError(f"{job.prefix}: the encoder-check sample of {e.path} does not "
-                             f"match the shard written (a bug in build_task.py); the build "
-                             f"stops rather than trust an unchecked shard")
+            raise BuildError(f"{e.path}: the encoder-check sample does not match the shard "
+                             f"written (a bug in build/task.py); the build stops rather than "
+                             f"trust an unchecked shard")
         picked = sorted(rng.sample(res, k), key=lambda item: item[0])
         # The fast side is the ids this build encoded and stored, not a fresh encoding.
-        check_equivalence(tok, fast, [text for _, text, _ in picked],
-                          [ids for _, _, ids in picked])
-        url = join(job.out, e.path)
-        stored = read_rows(url, [i - start for i, _, _ in picked])
-        for (i, _, want), got in zip(picked, stored):
+        labels = [f"{e.path} row {i - start} (input {job.source}/{job.input.path} row {row})"
+                  for i, _, _, row in picked]
+        check_equivalence(tok, fast, [text for _, text, _, _ in picked],
+                          [ids for _, _, ids, _ in picked], labels)
+        stored = read_rows(join(job.out, e.path), [i - start for i, _, _, _ in picked])
+        for label, (_, _, want, _), got in zip(labels, picked, stored):
             if not np.array_equal(got, want):
-                raise BuildError(f"{url}: row {i - start} holds tokens that differ from the "
-                                 f"ids encoded for it; the shard writer is inconsistent")
+                raise BuildError(f"{label}: the shard holds tokens that differ from the ids "
+                                 f"encoded for it; the shard writer is inconsistent")
         start += int(e.documents)
 
 

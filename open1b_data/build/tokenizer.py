@@ -11,7 +11,8 @@ Contracts:
   one token, which is also what tiktoken does.
 - ``save_tokenizer`` writes the compact ``tokenizer.json`` atomically; identical inputs give
   byte-identical files (tested). It loads with ``tokenizers.Tokenizer.from_file`` and
-  ``transformers.PreTrainedTokenizerFast(tokenizer_file=...)``.
+  ``transformers.PreTrainedTokenizerFast(tokenizer_file=...)``; ``transformers_files`` gives
+  the directory ``AutoTokenizer.from_pretrained`` opens with the separator as eos_token.
 - Document text is encoded as text: a literal ``<|endoftext|>`` inside a document is *not*
   the separator. Tokenizers returned by ``train_tokenizer``/``load_tokenizer`` have
   ``encode_special_tokens = True`` (not stored in the file), and ``FastEncoder`` never
@@ -211,6 +212,52 @@ def load_tokenizer(path_or_url: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------
+# The tokenizer as a transformers directory
+
+HF_DIRECTORY = "tokenizer"  # beside tokenizer.json in the mix root
+
+
+def transformers_files(tokenizer_json: bytes, eot: str, model_max_length: int
+                       ) -> dict[str, bytes]:
+    """The files of a directory ``transformers.AutoTokenizer.from_pretrained`` opens with the
+    mix's special tokens set, by name; deterministic bytes (sorted keys, no timestamps).
+
+    ``eos_token`` is the separator ``eot`` (what the stream puts after every document).
+    ``bos_token``, ``pad_token`` and ``unk_token`` are unset: training windows have no BOS,
+    are packed (never padded), and byte-level BPE has no unknown token; a user who pads
+    sets ``pad_token = eos_token`` and relies on the attention mask. ``split_special_tokens``
+    makes transformers encode a literal ``<|endoftext|>`` inside text as text, as the shards
+    do; ``clean_up_tokenization_spaces`` is off so decoding returns the text exactly.
+    ``model_max_length`` is the training sequence length (``schedule.seq_tokens``)."""
+    d = json.loads(tokenizer_json)
+    special = {t["content"]: t for t in d.get("added_tokens", [])}
+    if eot not in special:
+        raise BuildError(f"tokenizer.json has no {eot!r} special token; it was not trained "
+                         f"for this mix (delete it and build again)")
+    t = special[eot]
+    config = {
+        "added_tokens_decoder": {str(t["id"]): {
+            "content": eot, "lstrip": t["lstrip"], "normalized": t["normalized"],
+            "rstrip": t["rstrip"], "single_word": t["single_word"], "special": True}},
+        "bos_token": None,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": eot,
+        "model_max_length": model_max_length,
+        "pad_token": None,
+        "split_special_tokens": True,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": None,
+    }
+
+    def dumps(obj: Any) -> bytes:
+        return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=True) + "\n").encode()
+
+    return {"special_tokens_map.json": dumps({"eos_token": eot}),
+            "tokenizer.json": tokenizer_json,
+            "tokenizer_config.json": dumps(config)}
+
+
+# ---------------------------------------------------------------------------------------
 # The fast exact encoder
 
 def _byte_decoder() -> dict[str, int]:
@@ -359,11 +406,13 @@ class FastEncoder:
 
 
 def check_equivalence(tok: Any, fast: FastEncoder, texts: Sequence[str],
-                      ids: Sequence[np.ndarray] | None = None) -> None:
+                      ids: Sequence[np.ndarray] | None = None,
+                      labels: Sequence[str] | None = None) -> None:
     """HF ``encode_batch`` and the fast encoder give identical ids on every text, and they
     decode back to the text exactly; else ``BuildError`` naming the first difference.
     ``ids``: the fast encoder's ids for ``texts`` when the caller already has them (a build
-    checks the very ids it stores); encoded here otherwise."""
+    checks the very ids it stores); encoded here otherwise. ``labels`` name the texts in
+    the error (a build passes the shard path and row); default ``document <n>``."""
     if not tok.encode_special_tokens:  # a setter: skip it when set (threads share ``tok``)
         tok.encode_special_tokens = True
     # encode_batch_fast: the same ids without offsets (~20% faster); offsets are only
@@ -373,6 +422,7 @@ def check_equivalence(tok: Any, fast: FastEncoder, texts: Sequence[str],
     if len(got) != len(ref):
         raise BuildError(f"check_equivalence: {len(texts)} texts but {len(got)} id arrays")
     for n, (text, r, g) in enumerate(zip(texts, ref, got)):
+        label = labels[n] if labels is not None else f"document {n}"
         a = np.asarray(r.ids, dtype=np.int64)
         b = np.asarray(g, dtype=np.int64)
         if a.shape != b.shape or not np.array_equal(a, b):
@@ -381,12 +431,12 @@ def check_equivalence(tok: Any, fast: FastEncoder, texts: Sequence[str],
             offsets = tok.encode(text, add_special_tokens=False).offsets
             off = offsets[pos][0] if pos < len(offsets) else len(text)
             raise BuildError(
-                f"encoders disagree on document {n} at token {pos} (text offset {off}, "
+                f"encoders disagree on {label} at token {pos} (text offset {off}, "
                 f"{text[max(0, off - 20):off + 20]!r}): HF {a[pos:pos + 5].tolist()}, fast "
                 f"{b[pos:pos + 5].tolist()}; do not use the fast encoder for this tokenizer")
         back = fast.decode(g)
         if back != text:
-            raise BuildError(f"document {n} does not round trip: decode(encode(text)) differs "
+            raise BuildError(f"{label} does not round trip: decode(encode(text)) differs "
                              f"at char {_first_diff(back, text)}")
 
 

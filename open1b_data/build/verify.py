@@ -1,12 +1,14 @@
 """Checking a built mix against its manifest: every file it names, re-hashed and re-counted.
 
 ``verify(mix_url)`` returns one line per mismatch (missing file, sha256, size, or document
-and token counts that differ from the shard's own metadata or lengths file); an empty list
-means the mix is exactly what its manifest says. It reads every byte of the mix.
+and token counts that differ from the shard's own metadata or lengths file), each naming the
+file by its path relative to the mix root; the tokenizer files (``tokenizer.json`` and the
+transformers directory) are re-hashed too. An empty list means the mix is exactly what its
+manifest says. It reads every byte of the mix.
 """
 from __future__ import annotations
 
-from open1b_data.build.manifest import _mix_root, load_manifest, resolve
+from open1b_data.build.manifest import _mix_root, load_manifest, resolve, tokenizer_files
 from open1b_data.build.shards import read_lengths, read_shard_info
 from open1b_data.errors import ManifestError, ShardFormatError
 from open1b_data.storage import sha256_of
@@ -29,13 +31,13 @@ def verify(mix_url: str) -> list[str]:
     except ManifestError as e:
         return [str(e)]
     problems: list[str] = []
-    tok_url = resolve(root, m.tokenizer["path"])
-    got = _hash_and_size(tok_url)
-    if got is None:
-        problems.append(f"{m.tokenizer['path']}: missing file")
-    elif got[0] != m.tokenizer["sha256"]:
-        problems.append(f"{m.tokenizer['path']}: sha256 differs (manifest "
-                        f"{m.tokenizer['sha256']}, file {got[0]})")
+    for f in tokenizer_files(m.tokenizer):
+        got = _hash_and_size(resolve(root, f["path"]))
+        if got is None:
+            problems.append(f"{f['path']}: missing file")
+        elif got[0] != f["sha256"]:
+            problems.append(f"{f['path']}: sha256 differs (manifest {f['sha256']}, file "
+                            f"{got[0]})")
     for source, sh in m.shards():
         url = resolve(root, sh.path)
         got = _hash_and_size(url)

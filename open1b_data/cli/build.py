@@ -38,41 +38,48 @@ def _default_workers() -> int:
 @click.option("--out", default=DEFAULT_OUT, show_default=True,
               help="Output directory or URL (e.g. s3://bucket/mix); relative paths are "
                    "relative to the current directory.")
-@click.option("--workers", type=int, default=None,
-              help="Local workers. Default: the number of usable CPU cores.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Local workers (>= 1). Default: the number of usable CPU cores.")
 @click.option("--executor", type=click.Choice(["auto", "threads", "processes"]),
               default="auto", show_default=True,
               help="How workers run: processes (scale past the GIL; forked on Linux, "
                    "spawned elsewhere) or threads of this process. auto: processes for 2+ "
                    "workers where they fork, else only for >= 256 MB of input and more than "
                    "2 workers. The output is the same either way.")
-@click.option("--task", type=int, default=None,
-              help="Build only inputs whose global index % --tasks == TASK (array jobs / "
-                   "machines sharing one --out).")
-@click.option("--tasks", type=int, default=1, show_default=True,
-              help="Number of tasks the inputs are split into (with --task).")
+@click.option("--task", type=click.IntRange(min=0), default=None,
+              help="Build only inputs whose global index % --tasks == TASK, TASK in "
+                   "[0, --tasks) (array jobs / machines sharing one --out; docs/SCALE-OUT.md).")
+@click.option("--tasks", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Number of tasks the inputs are split into (>= 1, with --task). Keep it "
+                   "the same for every task and relaunch of one build.")
 @click.option("--merge-only", is_flag=True,
               help="Build nothing; write manifest.json once every input is built.")
+@click.option("--strict", is_flag=True,
+              help="Exit with status 1 once the build has finished if any input file was "
+                   "truncated or unreadable, naming each (the outputs and manifest.json, "
+                   "which records them, are still written).")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the result (summary, counts, fingerprint) as JSON on stdout.")
+              help="Print the result (summary, per-input counts, fingerprint) as JSON on "
+                   "stdout.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 def build_mix(manifest_path: str | None, out: str, workers: int | None, executor: str,
-              task: int | None, tasks: int, merge_only: bool, as_json: bool,
+              task: int | None, tasks: int, merge_only: bool, strict: bool, as_json: bool,
               quiet: bool) -> None:
     """Build a mix: tokenizer, token shards and manifest.json (resumable, deterministic).
 
     Without --manifest this builds the embedded demo mix into build/demo-mix under the
     current directory."""
     from open1b_data.build.pipeline import BuildOptions, build_mix as run
-    from open1b_data.build.report import format_table
+    from open1b_data.build.report import format_bad_inputs, format_table
     from open1b_data.build.definition import default_mix_path, load_mix
 
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     path = manifest_path or default_mix_path()
     try:
-        options = BuildOptions(workers=workers or _default_workers(), task=task, tasks=tasks,
-                               merge_only=merge_only, progress=not quiet, executor=executor)
+        options = BuildOptions(workers=_default_workers() if workers is None else workers,
+                               task=task, tasks=tasks, merge_only=merge_only,
+                               progress=not quiet, executor=executor)
         mix = load_mix(path)
         click.echo(f"build-mix: mix {mix.name!r} from {path} -> {out} (workers "
                    f"{options.workers}, task {task if task is not None else 'all'}"
@@ -92,15 +99,27 @@ def build_mix(manifest_path: str | None, out: str, workers: int | None, executor
         raise click.ClickException(str(e)) from None
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1, sort_keys=True))
-        return
-    click.echo(format_table(result.summary))
-    if result.merged:
-        click.echo(f"\n{result.inputs_built} inputs built, {result.inputs_skipped} already "
-                   f"done; manifest {out.rstrip('/')}/manifest.json, fingerprint "
-                   f"{result.fingerprint}")
     else:
-        click.echo(f"\n{result.inputs_built} inputs built; {len(result.missing)} inputs still "
-                   f"missing (other tasks); run with --merge-only once all tasks finished")
+        click.echo(format_table(result.summary))
+        bad = format_bad_inputs(result.inputs)
+        if bad:
+            click.echo("\n" + bad)
+        if result.merged:
+            click.echo(f"\n{result.inputs_built} inputs built, {result.inputs_skipped} already "
+                       f"done; manifest {out.rstrip('/')}/manifest.json, fingerprint "
+                       f"{result.fingerprint}")
+        else:
+            click.echo(f"\n{result.inputs_built} inputs built; {len(result.missing)} inputs "
+                       f"still missing (other tasks); run with --merge-only once all tasks "
+                       f"finished")
+    if strict and result.unreadable:
+        names = ", ".join(f"{i.source}/{i.path} ({'+'.join(i.unreadable)})"
+                          for i in result.unreadable)
+        record = "manifest.json records" if result.merged else "their markers record"
+        raise click.ClickException(
+            f"--strict: {len(result.unreadable)} input file(s) truncated or unreadable: "
+            f"{names}; the build finished and {record} what was read (inputs[].first_error); "
+            f"replace the files and build into a new --out")
 
 
 @click.command("verify")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from click.testing import CliRunner
 
 from open1b_data.build.pipeline import BuildOptions, build_mix
 from open1b_data.cli.build import build_mix as build_cmd, verify as verify_cmd
-from open1b_data.build.document import Dropped
+from open1b_data.build.document import BAD_INPUT_REASONS, Dropped
 from open1b_data.errors import BuildError
 from open1b_data.build.manifest import load_manifest
 from open1b_data.build.definition import load_mix
@@ -27,6 +28,8 @@ from open1b_data.build.tokenizer import load_tokenizer
 from tests.build.mixfixture import break_inputs, small_mix
 
 QUIET = dict(progress=False)
+# "<source>/shard-<input>-<k>.parquet row <r> (input <source>/<path> row <line>)"
+SHARD_ROW = re.compile(r"([\w-]+/shard-\d{5}-\d{5}\.parquet) row \d+ \(input [\w-]+/\S+ row \d+\)")
 
 
 def _files(out: Path, with_work: bool = False) -> dict[str, bytes]:
@@ -258,8 +261,11 @@ def test_encoder_disagreement_fails_the_build(mix_path, tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(tk.FastEncoder, "encode_batch", off_by_one)
-    with pytest.raises(BuildError, match="encoders disagree"):
+    with pytest.raises(BuildError, match="encoders disagree") as e:
         build_mix(load_mix(mix_path), str(tmp_path / "mix"), BuildOptions(**QUIET))
+    # Named by what a user can open: the shard's path in the mix, its row, the input line.
+    assert SHARD_ROW.search(str(e.value)), str(e.value)
+    assert str(tmp_path) not in str(e.value)
     assert not (tmp_path / "mix" / "manifest.json").exists()
     assert not list((tmp_path / "mix").glob("_work/inputs/*/*.json"))
 
@@ -276,8 +282,11 @@ def test_shard_that_differs_from_its_encoding_fails_the_build(mix_path, tmp_path
         return real(self, tokens, doc_id, input, row)
 
     monkeypatch.setattr(shards.ShardWriter, "add", corrupting_add)
-    with pytest.raises(BuildError, match="differ from the ids encoded"):
+    with pytest.raises(BuildError, match="differ from the ids encoded") as e:
         build_mix(load_mix(mix_path), str(tmp_path / "mix"), BuildOptions(**QUIET))
+    assert SHARD_ROW.match(str(e.value)), str(e.value)
+    path = SHARD_ROW.match(str(e.value)).group(1)
+    assert (tmp_path / "mix" / path).is_file()  # the named file exists where it says
 
 
 def test_verify_names_a_flipped_byte(reference, tmp_path):
@@ -303,11 +312,12 @@ def test_bad_inputs_are_counted_and_the_build_finishes(tmp_path):
     expected = break_inputs(mix_path)
     out = tmp_path / "mix"
     runner = CliRunner()
-    res = runner.invoke(build_cmd, ["--manifest", str(mix_path), "--out", str(out),
-                              "--workers", "1", "--json"])
+    args = ["--manifest", str(mix_path), "--out", str(out), "--workers", "1"]
+    res = runner.invoke(build_cmd, args + ["--json"])
     assert res.exit_code == 0, res.output
     assert "docs (" in res.stderr and "tokens (" in res.stderr and "MB/s" in res.stderr
-    summary = {r["source"]: r for r in json.loads(res.stdout)["summary"]}
+    result = json.loads(res.stdout)
+    summary = {r["source"]: r for r in result["summary"]}
     manifest = load_manifest(str(out))
     dropped = Counter()
     for s in manifest.sources:
@@ -316,6 +326,57 @@ def test_bad_inputs_are_counted_and_the_build_finishes(tmp_path):
         assert summary[s.name]["dropped"] == s.counts["dropped"]
     for reason, at_least in expected.items():
         assert dropped[reason] >= at_least, (reason, dict(dropped))
+
+    # Per input: counts by reason and the first bad record, in the manifest and in --json.
+    mix = load_mix(mix_path)
+    by_path = {}
+    for spec in mix.sources:
+        entry = manifest.source(spec.name)
+        assert [i["path"] for i in entry.inputs] == [i.path for i in list_inputs(spec)]
+        for key in ("read", "kept", "tokens"):
+            assert sum(i["counts"][key] for i in entry.inputs) == entry.counts[key]
+        assert [p for i in entry.inputs for p in i["shards"]] == [sh.path for sh in entry.shards]
+        for inp in list_inputs(spec):
+            items = list(read_input(spec, inp))   # an independent recount from the reader
+            bad = [d for d in items if isinstance(d, Dropped) and d.reason in BAD_INPUT_REASONS]
+            by_path[(spec.name, inp.path)] = (items, bad)
+    for spec in manifest.sources:
+        for i in spec.inputs:
+            items, bad = by_path[(spec.name, i["path"])]
+            assert i["counts"]["read"] == len(items)
+            assert i["counts"]["dropped"] == dict(sorted(Counter(
+                d.reason for d in items if isinstance(d, Dropped)).items()))
+            want = None if not bad else {"reason": bad[0].reason, "row": bad[0].row,
+                                         "detail": bad[0].detail}
+            assert i["first_error"] == want, (spec.name, i["path"])
+    firsts = {(s.name, i["path"]): i["first_error"] for s in manifest.sources
+              for i in s.inputs if i["first_error"]}
+    reasons = {e["reason"] for e in firsts.values()}
+    assert {"malformed_json", "truncated_zstd", "missing_blob"} <= reasons
+    dclm = next(e for (src, _), e in firsts.items() if src == "dclm-baseline")
+    assert (dclm["reason"], dclm["row"]) == ("malformed_json", 3)  # the line break_inputs broke
+    assert str(tmp_path) not in (out / "manifest.json").read_text()  # details stay portable
+    json_inputs = {(i["source"], i["path"]): i for i in result["inputs"]}
+    assert len(json_inputs) == sum(len(s.inputs) for s in manifest.sources)
+    for (src, path), e in firsts.items():
+        assert json_inputs[(src, path)]["first_error"] == e
+    truncated = [k for k, e in firsts.items() if e["reason"] == "truncated_zstd"]
+    assert [(i["source"], i["path"]) for i in result["inputs"]
+            if set(i["dropped"]) & {"truncated_zstd", "unreadable_file"}] == truncated
+
+    # The human report lists the inputs with bad records; --strict fails naming the
+    # truncated file (once the build is done: the rerun skips every input and merges).
+    res = runner.invoke(build_cmd, args + ["--quiet"])
+    assert res.exit_code == 0 and "inputs with bad records (3;" in res.stdout, res.output
+    assert "/".join(truncated[0]) + " row " in res.stdout
+    res = runner.invoke(build_cmd, args + ["--quiet", "--strict"])
+    assert res.exit_code == 1, res.output
+    error = [line for line in res.stderr.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1 and error[0].startswith("Error: --strict: 1 input file(s)"), error
+    assert "Traceback" not in res.stderr
+    assert f"{truncated[0][0]}/{truncated[0][1]} (truncated_zstd)" in error[0]
+    assert "dclm" not in error[0]  # a malformed line is a bad record, not a bad file
+    assert load_manifest(str(out)).fingerprint == manifest.fingerprint
 
 
 def test_build_mix_without_arguments_builds_the_demo(tmp_path, monkeypatch):
@@ -329,3 +390,69 @@ def test_build_mix_without_arguments_builds_the_demo(tmp_path, monkeypatch):
     assert all(s.documents > 0 for s in manifest.sources)
     assert "fingerprint" in res.stdout and "total" in res.stdout
     assert CliRunner().invoke(verify_cmd, [str(out)]).exit_code == 0
+
+
+@pytest.mark.slow  # importing transformers, and torch through AutoTokenizer, takes 5-15 s
+def test_tokenizer_directory_opens_in_transformers(reference, mix_path, tmp_path):
+    """<mix>/tokenizer/ loads with AutoTokenizer with the separator as eos_token, and encodes
+    a real document to exactly the ids its shard stores (and decodes it back)."""
+    import shutil
+
+    transformers = pytest.importorskip("transformers")
+    out, _ = reference
+    manifest = load_manifest(str(out))
+    record = manifest.tokenizer["directory"]
+    assert record["path"] == "tokenizer"
+    assert [f["path"] for f in record["files"]] == [
+        "tokenizer/special_tokens_map.json", "tokenizer/tokenizer.json",
+        "tokenizer/tokenizer_config.json"]
+    assert sorted(p.name for p in (out / "tokenizer").iterdir()) == [
+        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+    assert (out / "tokenizer" / "tokenizer.json").read_bytes() == \
+        (out / "tokenizer.json").read_bytes()  # the top-level file stays, the same bytes
+    tok = transformers.AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+    assert tok.eos_token == "<|endoftext|>"
+    assert tok.eos_token_id == manifest.tokenizer["eot_id"]
+    assert tok.bos_token is None and tok.pad_token is None
+    assert tok.model_max_length == load_mix(mix_path).schedule.seq_tokens
+
+    spec = load_mix(mix_path).source("dclm-baseline")
+    shard = manifest.source(spec.name).shards[0]
+    doc = next(iter_documents(str(out / shard.path)))
+    text = next(d.text for inp in list_inputs(spec) for d in read_input(spec, inp)
+                if not isinstance(d, Dropped) and (d.input, d.row) == (doc.input, doc.row))
+    ids = tok(text)["input_ids"]   # default add_special_tokens: nothing is added
+    assert ids == doc.tokens.tolist()
+    assert tok.decode(ids) == text
+    # A literal separator inside a document is text, as in the shards.
+    literal = text[:50] + "<|endoftext|>" + text[50:100]
+    assert tok.eos_token_id not in tok(literal)["input_ids"]
+    assert tok(literal)["input_ids"] == load_tokenizer(str(out / "tokenizer.json")).encode(
+        literal, add_special_tokens=False).ids
+
+    # verify re-hashes the directory's files.
+    copy = tmp_path / "mix"
+    shutil.copytree(out, copy)
+    config = copy / "tokenizer" / "tokenizer_config.json"
+    config.write_text(config.read_text().replace('"split_special_tokens": true',
+                                                 '"split_special_tokens": false'))
+    bad = CliRunner().invoke(verify_cmd, [str(copy)])
+    assert bad.exit_code == 1 and "tokenizer/tokenizer_config.json: sha256 differs" in bad.output
+
+
+def test_manifest_errors_name_the_shard_path(reference, tmp_path):
+    import shutil
+
+    from open1b_data.build.manifest import fingerprint
+    from open1b_data.errors import ManifestError
+
+    copy = tmp_path / "mix"
+    shutil.copytree(reference[0], copy)
+    d = json.loads((copy / "manifest.json").read_text())
+    victim = d["sources"][1]["shards"][2]
+    victim["sha256"] = "not-a-sha"
+    d["fingerprint"] = fingerprint(d)
+    (copy / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(ManifestError) as e:
+        load_manifest(str(copy))
+    assert repr(victim["path"]) in str(e.value), str(e.value)

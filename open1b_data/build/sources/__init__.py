@@ -12,7 +12,9 @@ Contracts:
   fails mid-way (I/O error, corrupt Parquet or compressed data), ends with one
   ``Dropped("unreadable_file")`` (row ``None`` when nothing could be read, else the next
   row). The source's filters are applied inside the reader, at the earliest point the
-  fields allow (Stack v2 license/size before any content fetch).
+  fields allow (Stack v2 license/size before any content fetch). A ``Dropped`` detail names
+  the input by its path under the source root (and a Stack v2 blob by its id), never by
+  the URL it was read from, so it can go into the manifest.
 """
 from __future__ import annotations
 
@@ -91,10 +93,18 @@ def read_input(spec: SourceSpec, inp: InputFile) -> Iterator[Document | Dropped]
     except storage.TruncatedInputError as e:
         reason = "truncated_zstd" if storage.compression_of(inp.url) == "zstd" else \
             "unreadable_file"
-        yield Dropped(reason, inp.path, next_row, str(e))
+        yield Dropped(reason, inp.path, next_row, _portable(str(e), inp))
     except _input_errors() as e:
         yield Dropped("unreadable_file", inp.path, next_row if started else None,
-                      f"{type(e).__name__}: {e}")
+                      _portable(f"{type(e).__name__}: {e}", inp))
+
+
+def _portable(detail: str, inp: InputFile) -> str:
+    """``detail`` naming the input by its path under the source root, never by where it
+    was read from: details go into the manifest, which must not depend on the mount point
+    or bucket (a local and an S3 build of one corpus record the same)."""
+    _, fs_path = storage.url_to_fs(inp.url)
+    return detail.replace(inp.url, inp.path).replace(fs_path, inp.path)
 
 
 __all__ = ["InputFile", "list_inputs", "read_input", "Document", "Dropped"]

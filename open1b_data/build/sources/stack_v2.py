@@ -81,16 +81,19 @@ def _emit(spec: SourceSpec, path: str, pending: list[Any]) -> Iterator[Document 
             continue
         row, url, blob_id, encoding = item
         data = blobs.get(blob_id)
+        # Details name the blob, not its URL: they go into the manifest, which must not
+        # depend on where the content store is mounted.
         if isinstance(data, FileNotFoundError) or data is None:
-            yield Dropped("missing_blob", path, row, f"no content object at {url}")
+            yield Dropped("missing_blob", path, row, f"blob {blob_id}: no content object")
             continue
         if isinstance(data, BaseException):
-            yield Dropped("missing_blob", path, row,
-                          f"cannot fetch {url}: {type(data).__name__}: {data}")
+            message = str(data).replace(url, f"<blob {blob_id}>")
+            yield Dropped("missing_blob", path, row, f"blob {blob_id}: cannot fetch: "
+                          f"{type(data).__name__}: {message}")
             continue
         text = decode_blob(data, encoding)
         if isinstance(text, tuple):
-            yield Dropped(text[0], path, row, f"{url}: {text[1]}")
+            yield Dropped(text[0], path, row, f"blob {blob_id}: {text[1]}")
             continue
         yield finish(spec.filters, text, blob_id, path, row)
 
