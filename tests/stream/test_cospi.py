@@ -79,3 +79,12 @@ def test_open1b_steps_are_clear_of_rounding_midpoints():
             assert (c - 2**10) / ONE == c / ONE == (c + 2**10) / ONE, t
             steps += 1
     assert steps == sched.last_step - 666
+
+
+@pytest.mark.parametrize("step,bits", [(1, "0x1.6a34ee5e682efp-21"), (667, "0x1.d7dbf487fcb92p-12"),
+                                       (1782, "0x1.d7bc7d8d81170p-12"),
+                                       (43737, "0x1.fbe3e224cc98ep-13"),
+                                       (80957, "0x1.797cc39ffd60fp-15")])
+def test_stream_md_lr_vectors(step, bits):
+    """The learning-rate test vectors STREAM.md publishes."""
+    assert Schedule(open1b_spec()).step(step).lr == float.fromhex(bits)
