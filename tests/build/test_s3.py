@@ -108,3 +108,46 @@ def test_build_mix_reads_and_writes_s3(s3_endpoint, tmp_path):
     fs.pipe_file(f"mixes/small/{victim}", bytes(data))
     res = CliRunner().invoke(verify_cmd, [out])
     assert res.exit_code != 0 and victim in res.output
+
+
+@pytest.mark.slow  # three concurrent build processes, each training the tokenizer: ~20-40 s
+def test_task_array_on_s3_is_byte_identical_to_a_local_build(s3_endpoint, tmp_path):
+    """docs/SCALE-OUT.md in small: N = 3 tasks of the real CLI run at once as separate OS
+    processes writing one s3:// prefix, then the merge; every object equals the file of a
+    local single-process build of the same definition (manifest.json and _work included)."""
+    import s3fs
+
+    from open1b_data.build.pipeline import BuildOptions, build_mix
+    from open1b_data.build.definition import load_mix
+    from tests.build.mixfixture import small_mix
+
+    mix_toml = small_mix(tmp_path / "src", docs=25, inputs_per_source=2)
+    local = tmp_path / "local"
+    build_mix(load_mix(mix_toml), str(local), BuildOptions(workers=1, progress=False))
+
+    out, tasks = "s3://mixes/array", 3
+    fs = s3fs.S3FileSystem(endpoint_url=s3_endpoint, skip_instance_cache=True)
+    fs.mkdir("mixes")
+    cmd = [sys.executable, "-c", "from open1b_data.cli import main; main()", "build-mix",
+           "--manifest", str(mix_toml), "--out", out, "--workers", "1", "--quiet", "--json"]
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    procs = [subprocess.Popen(cmd + ["--task", str(i), "--tasks", str(tasks)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for i in range(tasks)]
+    results = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stderr.decode()[-3000:]
+        results.append(json.loads(stdout))
+    n_inputs = results[0]["inputs_total"]
+    assert sum(r["inputs_built"] for r in results) == n_inputs  # each input built once
+    merge = subprocess.run(cmd + ["--merge-only"], env=env, capture_output=True, timeout=300)
+    assert merge.returncode == 0, merge.stderr.decode()[-3000:]
+    assert json.loads(merge.stdout)["merged"]
+
+    want = {p.relative_to(local).as_posix(): p.read_bytes() for p in local.rglob("*")
+            if p.is_file()}
+    keys = [k for k in fs.find("mixes/array") if not k.startswith("mixes/array/stream/")]
+    got = {k[len("mixes/array/"):]: fs.cat_file(k) for k in keys}
+    assert sorted(got) == sorted(want)
+    assert [k for k in got if got[k] != want[k]] == []
