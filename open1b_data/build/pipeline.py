@@ -20,7 +20,8 @@ completion order, and resumable after a kill at any point):
   marker, assemble ``manifest.json`` from the markers alone. A build without ``--task``
   always merges; a ``--task`` run merges only if it finds every marker (the last task to
   finish does it; concurrent merges write identical bytes); ``--merge-only`` merges or
-  names what is missing.
+  names what is missing. ``--tokenizer-only`` runs stages (a) and (b) and stops: the first
+  job of a scaled-out build, so that N tasks do not each train the tokenizer.
 * Every shard is checked (``build_task``): a deterministic sample of its documents (1%,
   between 2 and 64) is encoded by the reference HF tokenizer and by the fast encoder, and
   the ids stored in the written shard are read back and compared; any difference is a
@@ -64,6 +65,7 @@ class BuildOptions:
     task: int | None = None
     tasks: int = 1
     merge_only: bool = False
+    tokenizer_only: bool = False  # stages (a) and (b) only: the first job of a task array
     progress: bool = True
     executor: str = "auto"  # threads | processes | auto (build_task.choose_executor)
 
@@ -78,6 +80,9 @@ class BuildOptions:
             raise BuildError(f"--executor must be one of {EXECUTORS}, got {self.executor!r}")
         if self.task is None and self.tasks != 1:
             raise BuildError("--tasks needs --task i (which of the N tasks this process is)")
+        if self.tokenizer_only and (self.merge_only or self.task is not None):
+            raise BuildError("--tokenizer-only runs alone, before the --task runs; drop "
+                             "--task/--tasks/--merge-only from it")
 
     def owns(self, g: int) -> bool:
         """Whether this task builds input ``g`` (its index in the global input order)."""
@@ -276,7 +281,8 @@ def build_mix(mix: MixSpec, out: str, options: BuildOptions = BuildOptions()) ->
     kind = choose_executor(options.executor, sum(int(i.size) for i in owned), options.workers)
     # Workers start before the tokenizer stage: spawned helpers' interpreter start
     # overlaps tokenizer training.
-    with Workers(0 if options.merge_only else options.workers, kind).start() as workers:
+    building = not (options.merge_only or options.tokenizer_only)
+    with Workers(options.workers if building else 0, kind).start() as workers:
         return _build(mix, out, options, inputs, workers, t0)
 
 
@@ -287,7 +293,7 @@ def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list
         "definition": portable_definition(mix),
         "inputs": {name: [input_record(i) for i in lst] for name, lst in inputs.items()}}))
     _check_plan(out, plan)
-    if options.task is None and not options.merge_only:
+    if options.task is None and not (options.merge_only or options.tokenizer_only):
         # A whole build owns its directory: debris of a killed run's writers can go.
         swept = sweep_temporaries(out)
         if swept:
@@ -302,7 +308,7 @@ def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list
             jobs.append((g, Job(mix, out, spec.name, index, inp, sha)))
             g += 1
     all_jobs = [j for _, j in jobs]
-    mine = [] if options.merge_only else [
+    mine = [] if options.merge_only or options.tokenizer_only else [
         j for g, j in jobs if options.owns(g)]
     existing = set(list_files(out))
     todo = [j for j in mine if valid_marker(j, existing) is None]
@@ -318,7 +324,9 @@ def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list
     found = {j: valid_marker(j, existing) for j in all_jobs}
     missing = tuple(f"{j.source}/{j.input.path}" for j in all_jobs if found[j] is None)
     manifest = None
-    if not missing or options.merge_only:
+    if options.tokenizer_only:
+        pass
+    elif not missing or options.merge_only:
         manifest = merge(mix, out, all_jobs, found)  # names what is missing (--merge-only)
     elif options.task is None:
         raise BuildError(f"inputs still missing after the build: {list(missing[:5])}")

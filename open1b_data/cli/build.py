@@ -54,6 +54,10 @@ def _default_workers() -> int:
                    "the same for every task and relaunch of one build.")
 @click.option("--merge-only", is_flag=True,
               help="Build nothing; write manifest.json once every input is built.")
+@click.option("--tokenizer-only", is_flag=True,
+              help="List the inputs, record the plan, train and save the tokenizer, then "
+                   "stop: the first job of a scaled-out build, before the --task runs "
+                   "(docs/SCALE-OUT.md).")
 @click.option("--strict", is_flag=True,
               help="Exit with status 1 once the build has finished if any input file was "
                    "truncated or unreadable, naming each (the outputs and manifest.json, "
@@ -63,8 +67,8 @@ def _default_workers() -> int:
                    "stdout.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 def build_mix(manifest_path: str | None, out: str, workers: int | None, executor: str,
-              task: int | None, tasks: int, merge_only: bool, strict: bool, as_json: bool,
-              quiet: bool) -> None:
+              task: int | None, tasks: int, merge_only: bool, tokenizer_only: bool,
+              strict: bool, as_json: bool, quiet: bool) -> None:
     """Build a mix: tokenizer, token shards and manifest.json (resumable, deterministic).
 
     Without --manifest this builds the embedded demo mix into build/demo-mix under the
@@ -79,12 +83,14 @@ def build_mix(manifest_path: str | None, out: str, workers: int | None, executor
     try:
         options = BuildOptions(workers=_default_workers() if workers is None else workers,
                                task=task, tasks=tasks, merge_only=merge_only,
-                               progress=not quiet, executor=executor)
+                               tokenizer_only=tokenizer_only, progress=not quiet,
+                               executor=executor)
         mix = load_mix(path)
         click.echo(f"build-mix: mix {mix.name!r} from {path} -> {out} (workers "
                    f"{options.workers}, task {task if task is not None else 'all'}"
                    f"{'' if task is None else f' of {tasks}'}"
-                   f"{', merge only' if merge_only else ''})", err=True)
+                   f"{', merge only' if merge_only else ''}"
+                   f"{', tokenizer only' if tokenizer_only else ''})", err=True)
         result = run(mix, out, options)
         if result.merged:
             # The stream's seek index for the mix's own seed is part of a finished build,
@@ -99,6 +105,9 @@ def build_mix(manifest_path: str | None, out: str, workers: int | None, executor
         raise click.ClickException(str(e)) from None
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1, sort_keys=True))
+    elif tokenizer_only:
+        click.echo(f"tokenizer ready: {out.rstrip('/')}/tokenizer.json; {result.inputs_total} "
+                   f"inputs to build (run the --task array, then --merge-only)")
     else:
         click.echo(format_table(result.summary))
         bad = format_bad_inputs(result.inputs)

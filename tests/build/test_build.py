@@ -96,7 +96,8 @@ def test_manifest_is_portable(reference, mix_path):
     assert "workers" not in text
 
 
-@pytest.mark.parametrize("how", ["threads3", "fork3", "spawn2", "tasks2", "tasks3", "tiktoken1"])
+@pytest.mark.parametrize("how", ["threads3", "fork3", "spawn2", "tasks2", "tasks3", "tiktoken1",
+                                 "tokenizer-first2"])
 def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_path, how,
                                                       monkeypatch):
     from open1b_data.build import task as build_task
@@ -118,6 +119,12 @@ def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_p
         build_mix(mix, out, BuildOptions(workers=n, executor=executor, **QUIET))
     else:
         n = int(how[-1])
+        if how.startswith("tokenizer-first"):  # the staged scale-out: tokenizer job first
+            r = build_mix(mix, out, BuildOptions(tokenizer_only=True, **QUIET))
+            assert not r.merged and r.inputs_built == 0 and len(r.missing) == r.inputs_total
+            assert sorted(p.relative_to(out).as_posix() for p in Path(out).rglob("*")
+                          if p.is_file()) == ["_work/plan.json", "_work/tokenizer-sample.json",
+                                              "tokenizer.json"]
         # Tasks run in reverse order; only the last one (seeing every marker) merges.
         for i in reversed(range(n)):
             r = build_mix(mix, out, BuildOptions(workers=1, task=i, tasks=n, **QUIET))

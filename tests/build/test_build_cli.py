@@ -41,7 +41,9 @@ def _one_error(proc: subprocess.CompletedProcess) -> str:
     (["--task", "-1", "--tasks", "2"], "Invalid value for '--task': -1 is not in the range"),
     (["--task", "3", "--tasks", "3"], "--task must be in [0, --tasks=3), got 3"),
     (["--tasks", "4"], "--tasks needs --task i"),
-], ids=["workers0", "workers-3", "tasks0", "task-1", "task=tasks", "tasks-alone"])
+    (["--tokenizer-only", "--task", "0", "--tasks", "2"], "--tokenizer-only runs alone"),
+], ids=["workers0", "workers-3", "tasks0", "task-1", "task=tasks", "tasks-alone",
+        "tokenizer-only-task"])
 def test_bad_options_fail_in_one_line(tmp_path, args, expected):
     proc = _run(*args, "--out", str(tmp_path / "mix"), cwd=tmp_path)
     assert expected in _one_error(proc)
