@@ -5,8 +5,9 @@ exactly specified dequantization epilogue.
 
 Arithmetic contract:
 - The products and sums are integer arithmetic, so ``acc`` is exact and independent of
-  the reduction order (tensor-core ``tl.dot`` on the GPU; on the CPU ``torch._int_mm``, or
-  an exact float64 GEMM when a dimension is below 16, see ``exact_int_mm_cpu``)
+  the reduction order (tensor-core ``tl.dot`` on the GPU; on the CPU float32 GEMMs over
+  contraction chunks short enough that every partial sum is an exact integer, see
+  ``exact_int_mm_cpu``)
   *as long as no int32 partial sum can overflow*: |a|, |b| <= 128 gives |a*b| <= 2^14, so
   every partial sum is bounded by K * 2^14 and K <= MAX_K = 131,071 keeps it below 2^31.
   Larger K is rejected (split K yourself and add the int32 results in int64).
@@ -104,32 +105,40 @@ def dequantize_cpu(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.
     return bf16_rne(y) if out_dtype == torch.bfloat16 else y
 
 
-def _mm_operand(t: torch.Tensor) -> torch.Tensor:
-    # oneDNN reads row-major and transposed (column-major) operands directly; copying a
-    # transposed weight-sized operand cost more than the GEMM itself
-    return t if t.is_contiguous() or t.t().is_contiguous() else t.contiguous()
+# Exact int8 GEMMs on the CPU run as float32 GEMMs: |a * b| <= 128 * 128 = 2^14, so over a
+# contraction of at most SGEMM_K = 1,024 every partial sum is an integer of magnitude <= 2^24,
+# which float32 holds exactly - whatever order, blocking or fused multiply-add the BLAS
+# uses, the result is the exact integer. Longer contractions are cut into SGEMM_K chunks
+# whose exact results add in int32 (|total| < 2^31 while K <= MAX_K). Measured on the 2-core
+# x86 VM (no VNNI): 15-30x faster than torch._int_mm (oneDNN's int8 path) at the linear's
+# shapes, and it needs no special case for dimensions of 1.
+SGEMM_K = 1024
 
 
 def exact_int_mm_cpu(a: torch.Tensor, b: torch.Tensor,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """Exact int32 ``a @ b.T`` of int8 (M, K) and (N, K) on the CPU (K <= MAX_K).
 
-    ``torch._int_mm`` (oneDNN) reads garbage when a dimension is 1 (a (7, 1) operand has
-    the ambiguous strides (1, 1)), so small shapes take a float64 GEMM instead, which is
-    exact too: every partial sum is an integer below 2^53. Operands may be row-major or
-    transposed views (no copy); ``out`` (int32 (M, N), contiguous) receives the result.
+    Float32 GEMMs of the int8 values in contraction chunks of SGEMM_K (see above), so the
+    result is the exact integer product. Operands may be row-major or transposed views;
+    ``out`` (int32 (M, N), contiguous) receives the result.
     """
-    if min(a.shape[0], a.shape[1], b.shape[0]) < 16:
-        acc = (a.to(torch.float64) @ b.to(torch.float64).t()).to(torch.int32)
-        return acc if out is None else out.copy_(acc)
-    if out is None:
-        return torch._int_mm(_mm_operand(a), _mm_operand(b.t()))
-    return torch._int_mm(_mm_operand(a), _mm_operand(b.t()), out=out)
+    k = a.shape[1]
+    acc = out
+    for k0 in range(0, max(k, 1), SGEMM_K):
+        a32 = a[:, k0:k0 + SGEMM_K].to(torch.float32)
+        b32 = b[:, k0:k0 + SGEMM_K].to(torch.float32)
+        part = torch.mm(a32, b32.t())
+        if k0 == 0:
+            acc = part.to(torch.int32) if acc is None else acc.copy_(part)
+        else:
+            acc.add_(part.to(torch.int32))
+    return acc
 
 
 def int8_mm_cpu(a: torch.Tensor, b: torch.Tensor, row_scale=None, col_scale=None,
                 out_dtype: torch.dtype = torch.int32) -> torch.Tensor:
-    """CPU reference: an exact integer GEMM (``torch._int_mm``) plus the epilogue."""
+    """CPU reference: an exact integer GEMM (``exact_int_mm_cpu``) plus the epilogue."""
     _check(a, b, row_scale, col_scale, out_dtype)
     m, k = a.shape
     n = b.shape[0]
