@@ -32,7 +32,7 @@ LLAMA3_SPLIT = (
 
 @dataclass(frozen=True)
 class FilterSpec:
-    """The ingest filters that apply to one source (SPEC section 2: exactly three).
+    """The ingest filters that apply to one source (Mix 0626 has exactly three).
 
     ``drop_empty`` applies to every source. ``score_field``/``min_score`` is FineWeb-Edu's
     educational-score filter; ``license_field``/``license_allowed`` and
@@ -96,7 +96,7 @@ class Phase:
 
 @dataclass(frozen=True)
 class ScheduleSpec:
-    """Batch ramp and learning-rate schedule, both functions of consumed tokens (SPEC 3)."""
+    """Batch ramp and learning-rate schedule, both functions of consumed tokens."""
 
     seq_tokens: int
     micro_batch: int

@@ -1,4 +1,4 @@
-"""The three ingest filters of Mix 0626 (SPEC section 2), each a pure predicate that
+"""The three ingest filters of Mix 0626, each a pure predicate that
 returns ``None`` to keep a record or the reason it is dropped.
 
 1. FineWeb-Edu educational score: drop when ``record[score_field] < min_score``

@@ -43,7 +43,8 @@ class SyntheticSource:
 
 def open1b_sources(scale: float = 1.0, docs_per_shard: int = 100_000
                    ) -> list[SyntheticSource]:
-    """The four Mix-0626 sources (SPEC section 2, Table 5), document counts times ``scale``."""
+    """The four Mix-0626 sources (their published document counts and mean lengths), document
+    counts times ``scale``."""
     table = [("dclm-baseline", 240.0e6, 1252, 1.0, "dclm"),
              ("fineweb-edu", 59.5e6, 1005, 0.9, "fineweb-edu"),
              ("the-stack-v2", 27.4e6, 1978, 1.3, "stack-v2"),

@@ -1,5 +1,5 @@
-"""Both committed mix definitions parse into the values SPEC sections 2-3 state, and an
-invalid field fails with a message naming the field and the bad value."""
+"""Both committed mix definitions parse into the values they state (Mix 0626: its published
+numbers), and an invalid field fails with a message naming the field and the bad value."""
 from __future__ import annotations
 
 import copy
