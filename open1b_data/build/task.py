@@ -150,7 +150,8 @@ def valid_marker(job: Job, existing: set[str]) -> dict[str, Any] | None:
     except (ValueError, OSError):
         return None
     if (m.get("input") != input_record(job.input)
-            or m.get("tokenizer_sha256") != job.tokenizer_sha256):
+            or m.get("tokenizer_sha256") != job.tokenizer_sha256
+            or "first_error" not in m):  # a marker from before per-input accounting
         return None
     if not all(s["path"] in existing and s["lengths"]["path"] in existing
                for s in m.get("shards", [])):
