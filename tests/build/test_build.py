@@ -463,3 +463,19 @@ def test_manifest_errors_name_the_shard_path(reference, tmp_path):
     with pytest.raises(ManifestError) as e:
         load_manifest(str(copy))
     assert repr(victim["path"]) in str(e.value), str(e.value)
+
+
+def test_a_marker_without_per_input_accounting_is_rebuilt(reference, mix_path, tmp_path):
+    """Markers written before first_error existed would leave an input's bad records out of
+    the manifest: such an input is built again, to the same bytes."""
+    import shutil
+
+    out = tmp_path / "mix"
+    shutil.copytree(reference[0], out)
+    marker = sorted((out / "_work" / "inputs").rglob("*.json"))[0]
+    old = json.loads(marker.read_text())
+    del old["first_error"]
+    marker.write_text(json.dumps(old))
+    r = build_mix(load_mix(mix_path), str(out), BuildOptions(workers=1, **QUIET))
+    assert (r.inputs_built, r.merged) == (1, True)
+    assert _files(out, with_work=True) == _files(reference[0], with_work=True)
