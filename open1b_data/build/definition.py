@@ -148,10 +148,10 @@ class MixSpec:
 # ---------------------------------------------------------------------------------------
 # Parsing: every table through a ``TomlTable`` (unknown keys refused, every value typed and
 # range-checked, errors naming the dotted field). The valid keys of a table are the fields
-# of the dataclass it becomes.
+# of the dataclass it becomes; [mix] and the top level list theirs.
 
-def _keys(cls: type, *extra: str, skip: tuple[str, ...] = ()) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in skip) + extra
+def _keys(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 TOP_KEYS = ("mix", "tokenizer", "shards", "schedule", "sources")
@@ -278,7 +278,7 @@ def _parse_schedule(data: dict | TomlTable, where: str = "schedule") -> Schedule
         raise MixSpecError(f"{t.name('phases')}[{len(starts) - 1}].start_tokens: {starts[-1]:,} "
                            f"is not below stop_tokens = {stop:,}; the phase would never run")
     spec = ScheduleSpec(
-        seq_tokens=t.integer("seq_tokens", Interval(1, 2**31 - 1)),
+        seq_tokens=t.integer("seq_tokens", Interval(1, 2**31)),
         micro_batch=t.integer("micro_batch", AT_LEAST_1),
         reference_world=t.integer("reference_world", AT_LEAST_1),
         phases=phases,
