@@ -38,6 +38,10 @@ from open1b_data.stream.segments import Segments
 # normalizing power is a unit). A hash only proposes candidates: every pair is compared token
 # by token before it counts, so collisions cost time, never correctness.
 HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
+# The search's first length: text windows nearly always repeat 16 tokens somewhere (a
+# boilerplate line), so one pass over every window then prunes to the few that repeat
+# more, instead of three full passes at 1, 3 and 7 (measured in BENCHMARKS.md).
+FIRST_PROBE = 16
 
 
 @dataclass(frozen=True)
@@ -220,7 +224,9 @@ def _repeating_rows(tokens: np.ndarray, rows: np.ndarray, length: int
     """(rows whose hashes repeat at ``length`` - a superset of those with a true repeat -,
     the first row with a verified repeat and its pair, or None, None)."""
     keys = _gram_keys(tokens[rows], length)
-    s = np.sort(keys, axis=1)
+    # candidates by the top 32 bits (sorting half the bytes); more collisions only mean a
+    # few more rows kept and checked, never a missed repeat
+    s = np.sort((keys >> np.uint64(32)).astype(np.uint32), axis=1)
     cand = np.flatnonzero(np.any(s[:, 1:] == s[:, :-1], axis=1))
     for c in cand.tolist():
         pair = _row_pair(tokens[rows[c]], keys[c], length, earliest=False)
@@ -232,13 +238,14 @@ def _repeating_rows(tokens: np.ndarray, rows: np.ndarray, length: int
 def longest_repeat(tokens: np.ndarray, windows: np.ndarray) -> Repeat:
     """The longest n-gram occurring twice in one row (see module docstring).
 
-    Exponential then binary search on n: a row with no repeat of length n has none longer,
-    so each success keeps only the rows that still had candidates."""
+    Exponential search on n from ``FIRST_PROBE``, then bisection once a length fails: a row
+    with no repeat of length n has none longer, so each success keeps only the rows that
+    still had candidates."""
     if tokens.size == 0 or tokens.shape[1] < 2:
         return Repeat(0, None, None)
     rows = np.arange(tokens.shape[0])
     lo, hi = 0, tokens.shape[1] - 1          # a repeat of length lo exists; none above hi
-    step = 1
+    step = FIRST_PROBE
     while lo < hi:
         mid = min(hi, lo + step) if step else (lo + hi + 1) // 2
         kept, row, _ = _repeating_rows(tokens, rows, mid)

@@ -117,8 +117,8 @@ def test_far_window_is_refused_before_any_replay(mix, monkeypatch):
     from open1b_data.stream.plan import StreamPlan
 
     path, _ = mix
-    past = json.loads(ok(stream_at, [path, "--window", "5000", "--plan-only", "--json"]))
-    assert past["step"] is None and past["windows"][0]["window"] == 5000
+    past = json.loads(ok(stream_at, [path, "--window", "1000", "--plan-only", "--json"]))
+    assert past["step"] is None and past["windows"][0]["window"] == 1000
 
     def no_replay(*a, **k):
         raise AssertionError("stream-at replayed the stream for a refused window")

@@ -72,7 +72,9 @@ def random_cases(n_cases):
         yield rng.integers(0, int(rng.integers(2, 6)), size=(w, n)).astype(np.uint32)
 
 
-def test_longest_repeat_equals_brute_force():
+@pytest.mark.parametrize("probe", [1, 3, 16])
+def test_longest_repeat_equals_brute_force(monkeypatch, probe):
+    monkeypatch.setattr(stats, "FIRST_PROBE", probe)     # doubling and bisecting paths
     for tok in random_cases(150):
         r = stats.longest_repeat(tok, np.arange(tok.shape[0]))
         assert (r.length, r.window, r.offsets) == brute(tok), tok
