@@ -189,3 +189,17 @@ def test_golden_roots():
     with force("cpu"):
         assert {k: sha256.tensor_root(k, v) for k, v in named.items()} == GOLDEN["roots"]
         assert sha256.digest_roots(named) == GOLDEN["digest_roots"]
+
+
+def test_gpu_checks_run_and_their_baseline_hash_what_they_claim():
+    # The registry entries scripts/gpu_check.py runs, on the CPU at a tiny scale.
+    for check in sha256.GPU_CHECKS:
+        (t,) = check.make_inputs(1e-6, "cpu")
+        assert not torch.isnan(t).any()
+        with force("cpu"):
+            digests, root = check.run((t,))
+        (whole,) = check.torch_baseline((t,))
+        assert [bytes(r.tolist()) for r in digests] == hashlib_chunks(data_bytes(t), sha256.CHUNK_BYTES)
+        assert bytes(root.tolist()).hex() == root_by_hand("params", t, sha256.CHUNK_BYTES)
+        assert bytes(whole.tolist()) == hashlib.sha256(data_bytes(t)).digest()
+    assert [c.name for c in sha256.GPU_CHECKS] == ["sha256.chunks", "sha256.chunks_unaligned"]
