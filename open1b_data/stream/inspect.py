@@ -25,7 +25,7 @@ from open1b_data.errors import StreamError
 from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.schedule import Schedule
 
-REPLAY_BUDGET = 1 << 21      # draw-equivalents stream-at may replay: ~0.4 s (BENCHMARKS.md)
+REPLAY_BUDGET = 1 << 20      # draw-equivalents stream-at may replay: ~0.2 s (BENCHMARKS.md)
 SHARD_VISIT_DRAWS = 4096     # one (source, epoch, shard) visit costs ~4,000 draws of work
 SECONDS_PER_DRAW = 0.2e-6    # CPU per draw on the 2-core reference machine (BENCHMARKS.md)
 MAX_STATS_STEPS = 64         # --steps A:B --stats: one call compares a step with neighbours
