@@ -102,6 +102,9 @@ def open_plan(mix: str, build_index: bool = False) -> tuple[StreamPlan, Schedule
 def _entries(sched: Schedule, R: int, window: int | None, step: int | None,
              rank: int | None) -> tuple[list[tuple[int, int, int | None]], object]:
     """(window, rank, micro_batch) of the request, and the StepInfo (None past the end)."""
+    if R < 1:
+        raise StreamError(f"world size must be an integer >= 1, got {R}; give --world R "
+                          f"with R data-parallel ranks")
     if rank is not None and not 0 <= rank < R:
         raise StreamError(f"--rank must be in [0, {R}) for --world {R}, got {rank}")
     if step is not None:

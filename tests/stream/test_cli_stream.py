@@ -80,7 +80,9 @@ def test_stream_at_errors(mix):
     for args, msg in [(["--step", "1", "--world", "3"], "world size 3"),
                       (["--step", "1", "--window", "2"], "exactly one of"),
                       (["--step", "0"], "numbered from 1"),
-                      (["--step", "1", "--world", "2", "--rank", "2"], "--rank must be")]:
+                      (["--step", "1", "--world", "2", "--rank", "2"], "--rank must be"),
+                      (["--window", "5", "--world", "0"], "world size must be"),
+                      (["--window", "-1"], "window index must be")]:
         res = CliRunner().invoke(stream_at, [path, *args])
         assert res.exit_code != 0 and msg in res.output, res.output
     res = CliRunner().invoke(stream_at, [path + "/missing", "--step", "1"])
