@@ -61,7 +61,7 @@ def anchor(out: str, first_window: int) -> dict:
 
     from open1b_data.stream.mixview import MixView
 
-    view = MixView.open(out, use_cache=False)
+    view = MixView.open(out)
     g = np.random.default_rng(42)
     p = np.array(view.weights, dtype=np.float64)
     p /= p.sum()
@@ -113,7 +113,6 @@ def stage(name: str, out: str, step: int) -> dict:
         plan = StreamPlan.open(out, use_index=False)
         idx = seekindex.build(plan)
         seekindex.save(idx, out)
-        plan.view.save_cache()
         res["entries"], res["every"], res["covered"] = len(idx.draw), idx.every, idx.windows
     elif name == "warm":
         times = []
@@ -126,13 +125,10 @@ def stage(name: str, out: str, step: int) -> dict:
         res["latencies_s"] = times
         res["segments"] = len(segs)
         res["digest"] = digest(segs)
-        t = time.perf_counter()
-        StreamPlan.open(out, use_index=False)
-        res["open_mix_cached_view_s"] = time.perf_counter() - t
         from open1b_data.stream.mixview import MixView
 
         t = time.perf_counter()
-        MixView.open(out, use_cache=False)
+        MixView.open(out)
         res["open_mix_full_manifest_check_s"] = time.perf_counter() - t
     elif name == "anchor":
         res.update(anchor(out, a))

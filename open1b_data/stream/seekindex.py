@@ -13,8 +13,18 @@ Contract:
   and the fingerprint;
   an index of another mix or seed raises ``StateMismatchError``. ``find`` returns the
   valid index with the smallest K (stale ones are skipped with a warning), or None.
-- ``ensure`` also writes ``<mix>/stream/mixview.json`` (``MixView.save_cache``), so that
-  opening the mix for a query skips re-validating every shard entry of the manifest.
+- How far an index is trusted. It is derived data that anyone who can write the mix can
+  rewrite, header and sha256 included, and a wrong cursor would change the content of
+  every window planned from it. So the cursors themselves are checked: on load, that the
+  first is the stream's origin and that all are consistent (draw counters non-decreasing,
+  per-source counts non-decreasing and summing to the draw counter); and before a cursor
+  is first used, that replaying the stream from the entry before it (K windows, a few ms)
+  arrives exactly at it. A failed check is a ``StreamError`` naming the file. Residual
+  risk: a forger who rewrites two or more consecutive entries so that each follows from
+  the one before passes the lazy check for the later ones (checking the whole chain is a
+  full replay, the index's build cost). What an auditor checks is the window hashes a
+  training run publishes, recomputed from the mix without any index (or with one they
+  built); the index only makes lookups fast.
 - Building is one vectorized forward pass of ``StreamPlan`` in blocks of draws, so memory
   stays bounded (a few hundred MB at Open-1B scale) whatever the run length. An index is
   an acceleration only: planning with and without it gives identical segments (tested).
@@ -26,7 +36,7 @@ import io
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -71,10 +81,27 @@ class SeekIndex:
     draw: np.ndarray
     offset: np.ndarray
     consumed: np.ndarray
+    path: str = ""
+    plan: object = field(default=None, compare=False, repr=False)   # checks cursors if set
+    checked: set = field(default_factory=set, compare=False, repr=False)
 
-    def _cursor(self, j: int):
+    def _raw(self, j: int) -> Cursor:
         return Cursor(j * self.every * self.window_tokens, int(self.draw[j]),
                       int(self.offset[j]), tuple(int(c) for c in self.consumed[j]))
+
+    def _cursor(self, j: int) -> Cursor:
+        cur = self._raw(j)
+        if j and self.plan is not None and j not in self.checked:
+            want = replay_to(self.plan, _latest(self.plan, self._raw(j - 1), cur.pos),
+                             cur.pos)
+            if want != cur:
+                raise StreamError(
+                    f"seek index {self.path} entry {j} (window {j * self.every}) is {cur}, "
+                    f"but the stream from entry {j - 1} arrives at {want}: the index was "
+                    f"edited or corrupted. Delete seek-{self.seed}-{self.every}.json/.npz "
+                    f"under the mix's stream/ directory; the next query rebuilds it")
+            self.checked.add(j)
+        return cur
 
     def cursor_before(self, pos: int):
         j = min(pos // (self.every * self.window_tokens), len(self.draw) - 1)
@@ -122,6 +149,40 @@ def build(plan, windows: int | None = None, every: int | None = None, progress=N
                      offset, consumed)
 
 
+def replay_to(plan, cur: Cursor, pos: int) -> Cursor:
+    """The cursor at token ``pos``, replayed from ``cur`` (lengths only, no document ids)."""
+    if cur.pos == pos:
+        return cur
+    for base, blk in plan._blocks(cur, pos, ids=False):
+        if blk.start[-1] > pos:
+            i = int(np.searchsorted(blk.start, pos, side="right")) - 1
+            return plan._cursor_in(blk, base, i, pos)
+    raise AssertionError("unreachable")
+
+
+def _latest(plan, prev: Cursor, pos: int) -> Cursor:
+    """Where to replay from to check the entry at ``pos``: the entry before it, or a cursor
+    the plan reached after it (a sequential reader has one just before ``pos``)."""
+    with plan._lock:
+        known = [c for p, c in plan._cursors if prev.pos < p <= pos]
+    return max(known, key=lambda c: c.pos, default=prev)
+
+
+def _check_entries(path: str, draw: np.ndarray, offset: np.ndarray,
+                   consumed: np.ndarray) -> None:
+    """The structural checks of ``load`` (see module docstring)."""
+    bad = []
+    if draw.shape[0] and (draw[0] != 0 or offset[0] != 0 or consumed[0].any()):
+        bad.append("entry 0 is not the stream's origin")
+    if (np.diff(draw) < 0).any() or (np.diff(consumed, axis=0) < 0).any():
+        bad.append("its counters go backwards")
+    if (consumed.sum(axis=1) != draw).any() or (offset < 0).any():
+        bad.append("its per-source counts do not add up to its draw counters")
+    if bad:
+        raise StreamError(f"seek index {path}: {'; '.join(bad)}; the index was edited or "
+                          f"corrupted - delete it (and its .json) and rebuild it")
+
+
 def save(index: SeekIndex, mix_url: str) -> str:
     jpath, npath = paths(mix_url, index.seed, index.every)
     buf = io.BytesIO()
@@ -165,8 +226,10 @@ def load(plan, mix_url: str, every: int) -> SeekIndex:
         draw, offset, consumed = z["draw"], z["offset"], z["consumed"]
     if draw.shape != (h["entries"],) or consumed.shape != (h["entries"], len(plan.sources)):
         raise StreamError(f"seek index {npath}: array shapes do not match the header")
+    _check_entries(npath, draw, offset, consumed)
     return SeekIndex(h["fingerprint"], h["seed"], h["every"], h["windows"],
-                     h["window_tokens"], tuple(h["sources"]), draw, offset, consumed)
+                     h["window_tokens"], tuple(h["sources"]), draw, offset, consumed,
+                     path=npath, plan=plan)
 
 
 def find(plan) -> SeekIndex | None:
@@ -208,7 +271,5 @@ def ensure(plan, windows: int | None = None, every: int | None = None,
     if idx is None:
         idx = build(plan, windows, every, progress)
         save(idx, mix_url)
-    if not plan.view.from_cache:
-        plan.view.save_cache()
     plan.attach_index(idx)
     return idx

@@ -3,35 +3,47 @@
 Contract: ``WindowReader(plan)`` turns the plan's segments (``plan.py``) into tokens. Window
 m is the ``window`` (4,097) token ids of its segments in order; a segment covering document
 position ``doc_length`` contributes the separator ``tokenizer.eot_id`` of the manifest there.
-Only the shards that hold the window's documents are opened:
+Only the shards that hold the window's documents are read, and every shard byte is checked
+against the manifest's sha256 before any of it is used (``shardreader.py``):
 
 * ``whole_shards=True`` (the loader; sequential reading): a shard's ``tokens`` column is
   decoded once, as one flat array plus offsets, and kept in a per-source LRU of
   ``cache_shards`` shards. Within an epoch a source's draws walk its shards one at a time
   and never return to an earlier one, so even ``cache_shards=1`` decodes each shard exactly
-  once per epoch, however rarely the source is drawn. On load the decoded lengths are checked against the
-  shard's ``.lengths.npy`` (which the plan used); a mismatch is a ``ShardFormatError``.
-* ``whole_shards=False`` (``stream-at``, provenance; random access): only the row groups
-  holding the needed documents are read.
+  once per epoch, however rarely the source is drawn. The decoded lengths are checked
+  against the shard's ``.lengths.npy`` (which the plan used). With ``readahead`` the next
+  shard of each source in epoch order (``plan.shard_order``) is decoded in the background
+  as soon as a source starts on a shard: at most ``cache_shards + 1`` decoded shards per
+  source are held.
+* ``whole_shards=False`` (``stream-at``, provenance; random access): the file is read and
+  hashed whole once per process, and only the row groups holding the needed documents are
+  decoded.
+
+Filling: the requested windows' segments are checked to tile them exactly, then each
+segment's document slice is copied straight into the output array (one slice copy per
+segment, converting to the output dtype on the way: no intermediate list or concatenation),
+and separators are written in one vectorized store.
 
 A window's sha256 is that of its canonical bytes: the token ids as uint32 little-endian,
 ``window * 4`` bytes, nothing else (``window_sha256``).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from open1b_data.errors import ShardFormatError, StreamError
 from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.segments import Segment, Segments
+from open1b_data.stream.shardreader import ShardReader, ShardTokens
 from open1b_data.storage import join, read_bytes
+
+__all__ = ["WindowReader", "ShardTokens", "window_sha256", "load_mix_tokenizer"]
 
 
 def window_sha256(tokens: np.ndarray) -> str:
@@ -47,117 +59,71 @@ def load_mix_tokenizer(mix_url: str):
     return load_tokenizer(join(mix_url, manifest["tokenizer"]["path"]))
 
 
-@dataclass(frozen=True)
-class ShardTokens:
-    """One shard's documents as a flat uint32 array: document d is
-    ``flat[offsets[d]:offsets[d+1]]``."""
-
-    flat: np.ndarray
-    offsets: np.ndarray
-
-    def doc(self, d: int) -> np.ndarray:
-        return self.flat[self.offsets[d]:self.offsets[d + 1]]
-
-
 class WindowReader:
     """Token content of windows of one plan (see module docstring)."""
 
     def __init__(self, plan: StreamPlan, whole_shards: bool = True, cache_shards: int = 2,
-                 eot_id: int | None = None) -> None:
+                 eot_id: int | None = None, readahead: bool = False,
+                 plan_lock: threading.Lock | None = None) -> None:
         self.plan = plan
         self.view = plan.view
         self.window = plan.window
         self.whole_shards = whole_shards
-        self.cache_shards = max(1, cache_shards)
-        if eot_id is None:
-            manifest = json.loads(read_bytes(join(self.view.mix_url, "manifest.json")))
-            eot_id = int(manifest["tokenizer"]["eot_id"])
-        self.eot_id = int(eot_id)
-        self._cache: list[OrderedDict[int, ShardTokens]] = [OrderedDict() for _ in
-                                                             plan.sources]
-        self._lock = threading.Lock()
-        self.shard_loads = 0        # how many times a whole shard was decoded (tests, stats)
+        self.readahead = readahead and whole_shards
+        self.eot_id = self.view.eot_id if eot_id is None else int(eot_id)
+        self.shards = ShardReader(self.view, cache_shards)
+        self._ahead: dict[int, tuple[int, int]] = {}     # source -> (epoch, shard) handled
+        # readahead asks the plan for shard orders; a caller sharing the plan says how
+        self._plan_lock = plan_lock if plan_lock is not None else contextlib.nullcontext()
+
+    @property
+    def cache_shards(self) -> int:
+        return self.shards.cache_shards
+
+    @property
+    def shard_loads(self) -> int:
+        """How many times a whole shard was decoded (tests, stats)."""
+        return self.shards.loads
+
+    def close(self) -> None:
+        self.shards.close()
 
     # ------------------------------------------------------------------ shards
 
     def shard_url(self, source: int, shard: int) -> str:
-        return self.view.url(self.view.sources[source].shard_paths[shard])
+        return self.shards.url(source, shard)
 
-    def _parquet(self, source: int, shard: int):
-        """Context manager: (ParquetFile, ShardInfo), magic/version/schema/counts checked."""
-        from open1b_data.build.shards import _open
-
-        return _open(self.shard_url(source, shard))
-
-    def _read_tokens_column(self, source: int, shard: int):
-        """The whole ``tokens`` column; the footer is checked first (magic, version,
-        schema, counts). Local files are read by Arrow's native reader (multi-threaded,
-        ~1.5x faster than through a Python file object); other URLs through fsspec."""
-        import pyarrow.parquet as pq
-
-        from open1b_data.storage import is_local, url_to_fs
-
-        url = self.shard_url(source, shard)
-        fs, path = url_to_fs(url)
-        with self._parquet(source, shard) as (pf, _):
-            if not is_local(fs):
-                return pf.read(columns=["tokens"]).column("tokens")
-        return pq.read_table(path, columns=["tokens"]).column("tokens")
+    def shard_tokens(self, source: int, shard: int) -> ShardTokens:
+        """The whole shard, decoded once and cached (checked; see module docstring)."""
+        return self.shards.tokens(source, shard)
 
     def column(self, source: int, shard: int, name: str) -> list:
         """One whole column of a shard as a Python list (e.g. ``doc_id``)."""
-        with self._parquet(source, shard) as (pf, _):
-            return pf.read(columns=[name]).column(name).to_pylist()
-
-    def shard_tokens(self, source: int, shard: int) -> ShardTokens:
-        """The whole shard, decoded once and cached (checked against its lengths file)."""
-        cache = self._cache[source]
-        with self._lock:
-            hit = cache.get(shard)
-            if hit is not None:
-                cache.move_to_end(shard)
-                return hit
-        from open1b_data.build.shards import list_parts
-
-        col = self._read_tokens_column(source, shard)
-        flat, offsets = list_parts(col, self.shard_url(source, shard))
-        lengths = self.view.lengths(source, shard)
-        if offsets.shape[0] != lengths.shape[0] + 1 or not np.array_equal(
-                np.diff(offsets), lengths.astype(np.int64)):
-            raise ShardFormatError(
-                f"{self.shard_url(source, shard)}: document lengths differ from its "
-                f".lengths.npy, which the stream plans from; rebuild or verify the mix")
-        st = ShardTokens(np.ascontiguousarray(flat, dtype=np.uint32), offsets)
-        with self._lock:
-            self.shard_loads += 1
-            cache[shard] = st
-            while len(cache) > self.cache_shards:
-                cache.popitem(last=False)
-        return st
+        return self.shards.column(source, shard, name)
 
     def documents(self, source: int, shard: int, docs: Sequence[int]) -> list[np.ndarray]:
         """Token ids (without the separator) of documents ``docs`` of one shard."""
         if self.whole_shards:
             st = self.shard_tokens(source, shard)
             return [st.doc(int(d)) for d in docs]
-        from open1b_data.build.shards import read_rows
-
-        return read_rows(self.shard_url(source, shard), [int(d) for d in docs])
+        return self.shards.rows(source, shard, [int(d) for d in docs])
 
     def doc_ids(self, source: int, shard: int, docs: Sequence[int]) -> list[str]:
         """Source-native ids of documents ``docs`` (reads the doc_id column's row groups)."""
-        out: dict[int, str] = {}
-        with self._parquet(source, shard) as (pf, info):
-            starts = np.concatenate([[0], np.cumsum(info.row_group_rows)]).astype(np.int64)
-            groups: dict[int, list[int]] = {}
-            for d in docs:
-                groups.setdefault(int(np.searchsorted(starts, int(d), side="right") - 1),
-                                  []).append(int(d))
-            for g, ds in groups.items():
-                ids = pf.read_row_group(g, columns=["doc_id"]).column("doc_id").to_pylist()
-                for d in ds:
-                    out[d] = ids[d - int(starts[g])]
-        return [out[int(d)] for d in docs]
+        return self.shards.column(source, shard, "doc_id", [int(d) for d in docs])
+
+    def _read_ahead(self, source: int, epoch: int, shard: int) -> None:
+        """Source ``source`` is on ``shard`` of ``epoch``: start decoding its next shard."""
+        if self._ahead.get(source) == (epoch, shard):
+            return
+        self._ahead[source] = (epoch, shard)
+        with self._plan_lock:
+            order, _ = self.plan.shard_order(source, epoch)
+            j = int(np.flatnonzero(order == shard)[0]) + 1
+            nxt = int(order[j]) if j < order.shape[0] else int(
+                self.plan.shard_order(source, epoch + 1)[0][0])
+        if nxt != shard:
+            self.shards.prefetch(source, nxt)
 
     # ------------------------------------------------------------------ windows
 
@@ -167,32 +133,43 @@ class WindowReader:
                           f"windows [{first_window}, {first_window + count})")
 
     def fill_windows(self, segs: Segments, ms: Sequence[int], dtype=np.uint32) -> np.ndarray:
-        """Tokens of the ascending windows ``ms``; ``segs`` may hold other windows too.
-        ``dtype=np.int64`` converts while copying (the loader's tensors), saving a pass."""
+        """Tokens of the distinct windows ``ms``, row i = window ``ms[i]`` (any order);
+        ``segs`` may hold other windows too. ``dtype=np.int64`` converts while copying (the
+        loader's tensors), saving a pass."""
         ms_arr = np.asarray(ms, dtype=np.int64)
+        order = np.argsort(ms_arr, kind="stable")
+        ms_sorted = ms_arr[order]
         # segs is ordered by window: take each wanted window's run of segments
-        lo = np.searchsorted(segs.window, ms_arr, side="left")
-        hi = np.searchsorted(segs.window, ms_arr, side="right")
-        if ms_arr.size and (ms_arr[-1] - ms_arr[0] + 1 == ms_arr.size):
+        lo = np.searchsorted(segs.window, ms_sorted, side="left")
+        hi = np.searchsorted(segs.window, ms_sorted, side="right")
+        if ms_sorted.size and (ms_sorted[-1] - ms_sorted[0] + 1 == ms_sorted.size):
             segs = segs.select(slice(int(lo[0]), int(hi[-1])))       # contiguous windows
         else:
-            segs = segs.select(np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)]
-                                             or [np.zeros(0, np.int64)]))
-        return self._fill(segs, np.searchsorted(ms_arr, segs.window), ms_arr.size,
-                          f"windows {ms_arr.tolist()[:8]}", dtype)
+            lens = hi - lo
+            idx = np.repeat(lo - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+            segs = segs.select(idx)
+        rows = order[np.searchsorted(ms_sorted, segs.window)]
+        return self._fill(segs, rows, ms_arr.size, f"windows {ms_arr.tolist()[:8]}", dtype)
 
     def _fill(self, segs: Segments, rows: np.ndarray, count: int, what: str,
               dtype=np.uint32) -> np.ndarray:
         out = np.empty((count, self.window), dtype=dtype)
+        flat_out = out.reshape(-1)
         n = len(segs)
         dst = rows * self.window + segs.window_offset
         # The plan's segments, in order, tile the requested windows exactly; check that
-        # (cheap), then the output is one concatenation of document slices and separators.
-        if n == 0 or dst[0] != 0 or int(segs.length.sum()) != count * self.window or \
-                not np.array_equal(dst[1:], np.cumsum(segs.length)[:-1]):
+        # (cheap): then every output token is written below, exactly once.
+        by_dst = np.argsort(dst, kind="stable")
+        ends = np.cumsum(segs.length[by_dst])
+        if n == 0 or int(ends[-1]) != count * self.window or not np.array_equal(
+                dst[by_dst], np.concatenate([[0], ends[:-1]])) or np.any(
+                segs.window_offset + segs.length > self.window):
             raise StreamError(f"{what}: their segments do not tile the windows (got "
                               f"{int(segs.length.sum())} of {count * self.window} tokens); "
                               f"the plan is inconsistent")
+        body = np.minimum(segs.length, segs.doc_length - segs.doc_start)  # document tokens
+        sep = body < segs.length                 # the segment ends with the separator
+        flat_out[dst[sep] + body[sep]] = self.eot_id
         # read by shard so each shard is touched once per call, groups in stream order: a
         # source moving on to its next shard never reloads the previous one
         key = segs.source * (1 << 32) + segs.shard
@@ -202,29 +179,42 @@ class WindowReader:
         g_of = group_rank[inv.reshape(-1)]
         order = np.argsort(g_of, kind="stable")
         cuts = np.flatnonzero(np.diff(g_of[order])) + 1
-        tok_of: list = [None] * n
         for grp in np.split(order, cuts):
             s, h = int(segs.source[grp[0]]), int(segs.shard[grp[0]])
-            for i, t in zip(grp.tolist(), self.documents(s, h, segs.doc[grp].tolist())):
-                tok_of[i] = t
-        starts, lens = segs.doc_start.tolist(), segs.length.tolist()
-        doc_lens = segs.doc_length.tolist()
-        eot = np.array([self.eot_id], dtype=np.uint32)
-        parts = []
-        for i in range(n):
-            t, a, m = tok_of[i], starts[i], lens[i]
-            if t.shape[0] != doc_lens[i]:
-                s, h = int(segs.source[i]), int(segs.shard[i])
-                raise ShardFormatError(
-                    f"{self.shard_url(s, h)}: document {int(segs.doc[i])} has "
-                    f"{t.shape[0]} tokens, the plan expects {doc_lens[i]}")
-            if a + m > doc_lens[i]:             # the segment ends with the separator
-                parts.append(t[a:])
-                parts.append(eot)
-            else:
-                parts.append(t[a:a + m])
-        np.concatenate(parts, out=out.reshape(-1))
+            flat, src = self._sources(s, h, segs, grp)
+            for a, d, m in zip(src.tolist(), dst[grp].tolist(), body[grp].tolist()):
+                flat_out[d:d + m] = flat[a:a + m]
+            if self.readahead:
+                self._read_ahead(s, int(segs.epoch[grp[-1]]), h)
         return out
+
+    def _sources(self, s: int, h: int, segs: Segments, grp: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(flat token array, start of each segment ``grp``'s tokens in it) for one shard;
+        checks each document's length against the plan's."""
+        docs = segs.doc[grp]
+        if self.whole_shards:
+            st = self.shard_tokens(s, h)
+            flat, offsets = st.flat, st.offsets
+            if docs.size and (int(docs.max()) + 1 >= offsets.shape[0] or int(docs.min()) < 0):
+                raise ShardFormatError(f"{self.shard_url(s, h)}: the plan asks for document "
+                                       f"{int(docs.max())} of {offsets.shape[0] - 1}")
+            got = offsets[docs + 1] - offsets[docs]
+            at = offsets[docs]
+        else:
+            uniq, back = np.unique(docs, return_inverse=True)
+            toks = self.documents(s, h, uniq.tolist())
+            sizes = np.array([t.shape[0] for t in toks], dtype=np.int64)
+            flat = np.concatenate(toks) if toks else np.zeros(0, np.uint32)
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            got, at = sizes[back.reshape(-1)], starts[back.reshape(-1)]
+        bad = np.flatnonzero(got != segs.doc_length[grp])
+        if bad.size:
+            i = int(grp[bad[0]])
+            raise ShardFormatError(
+                f"{self.shard_url(s, h)}: document {int(segs.doc[i])} has "
+                f"{int(got[bad[0]])} tokens, the plan expects {int(segs.doc_length[i])}")
+        return flat, at + segs.doc_start[grp]
 
     def windows(self, a: int, b: int) -> np.ndarray:
         """Tokens of windows a .. b-1 as a ``[b - a, window]`` uint32 array."""
