@@ -74,7 +74,7 @@ def test_step_boundary_state_resumes_on_another_world(mix):
     saver = StreamLoader(mix, rank=0, world=2, end_step=STEPS)
     head = run(saver, 2 * 12)            # all of steps 1 and 2 for this rank
     state = saver.state_dict()
-    assert (state["step"], state["micro_batch"]) == (3, 0)
+    assert (state["step"], state["item"]) == (3, 0)
     got = {}
     for r in range(2):               # the other rank of the old job finished step 2 too
         got.update(union(run(StreamLoader(mix, rank=r, world=2, end_step=2))))
@@ -91,7 +91,7 @@ def test_mid_step_state_refuses_other_topology(mix):
     ld = StreamLoader(mix, rank=0, world=2, end_step=STEPS)
     run(ld, 3)
     state = ld.state_dict()
-    assert state["micro_batch"] == 3
+    assert state["item"] == 3
     with pytest.raises(StreamError, match="middle of step 1"):
         StreamLoader(mix, rank=0, world=4).load_state_dict(state)
     with pytest.raises(StreamError, match="middle of step 1"):
