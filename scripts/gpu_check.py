@@ -18,13 +18,19 @@ It prints one markdown table and writes the same results as JSON (``--out``).
 
 Without CUDA it exits with status 2. ``--ptx-only`` needs no GPU: it compiles every
 kernel on the real launch path for sm_90 (the H200's architecture) without launching,
-and runs the PTX scan only.
+and runs the PTX scan only. Compiling is CPU-bound and the checks are independent, so
+``--ptx-only`` spreads them over ``--jobs`` processes (default: the usable cores). The
+processes are spawned, not forked: a fork of a process that has run torch ops can hang in
+the child's OpenMP pool. CI runs the whole scan (tests/kernels/test_gpu_check.py),
+because the Triton interpreter executes kernels with numpy and cannot see an approximate
+instruction; only the compiled PTX shows one.
 """
 from __future__ import annotations
 
 import datetime as dt
 import importlib
 import json
+import multiprocessing
 import os
 import pkgutil
 import platform
@@ -200,11 +206,52 @@ def run_check(module: str, check: GpuCheck, repeats: int, do_parity: bool, do_be
 
 def ptx_only_check(module: str, check: GpuCheck, scale: float) -> dict:
     row: dict = {"name": check.name, "module": module}
-    with KernelRecorder(compile_only=True) as rec, backend.force("triton"):
-        call(check, check.run, check.make_inputs(scale, "cpu"))
+    try:
+        with KernelRecorder(compile_only=True) as rec, backend.force("triton"):
+            call(check, check.run, check.make_inputs(scale, "cpu"))
+    except Exception as exc:  # one op that fails to compile must not hide the others
+        return {**row, "error": short_error(exc), "traceback": traceback.format_exc()}
     row["ptx_forbidden"] = rec.scan()
     row["kernels"] = sorted({k.split("#")[0] for k in rec.kernels})
     return row
+
+
+def go_offline() -> None:
+    """Compile for sm_90 in this process without a GPU (nothing is ever launched)."""
+    from triton.runtime.driver import driver
+
+    driver.set_active(_OfflineDriver())
+    backend.triton_available = lambda: True
+
+
+_WORKER_CHECKS: dict[str, tuple[str, GpuCheck]] = {}
+
+
+def _ptx_worker_init(only: str | None) -> None:
+    go_offline()
+    _WORKER_CHECKS.update({c.name: (m, c) for m, c in discover(only)[0]})
+
+
+def _ptx_worker(job: tuple[str, float]) -> dict:
+    module, check = _WORKER_CHECKS[job[0]]
+    return ptx_only_check(module, check, job[1])
+
+
+def ptx_only_rows(checks: list[tuple[str, GpuCheck]], only: str | None, scale: float,
+                  jobs: int):
+    """Yield the PTX-scan row of every check, in order, compiled in ``jobs`` processes.
+
+    Checks go to the processes by name (a check holds closures, which do not pickle); each
+    process discovers the same registry itself.
+    """
+    if jobs <= 1 or len(checks) <= 1:
+        go_offline()
+        for module, check in checks:
+            yield ptx_only_check(module, check, scale)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(min(jobs, len(checks)), initializer=_ptx_worker_init, initargs=(only,)) as pool:
+        yield from pool.imap(_ptx_worker, [(c.name, scale) for _, c in checks], chunksize=1)
 
 
 def short_error(exc: BaseException) -> str:
@@ -255,9 +302,12 @@ def write_json(path: Path, payload: dict) -> None:
 @click.option("--no-bench", is_flag=True, help="Skip the timing against stock PyTorch.")
 @click.option("--ptx-only", is_flag=True, help="No GPU needed: compile for sm_90 and scan PTX only.")
 @click.option("--ptx-scale", default=1 / 256, show_default=True, help="Input scale for --ptx-only.")
+@click.option("--jobs", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)),
+              show_default="the usable cores",
+              help="Processes compiling in parallel (--ptx-only; compiling is CPU-bound).")
 @click.option("--peak-gbps", type=float, default=None,
               help="Memory bandwidth for the roofline column (default: by GPU name).")
-def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps):
+def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, jobs, peak_gbps):
     """Parity, PTX scan and speed of every kernels/ op on this machine's GPU."""
     if not backend.HAVE_TRITON:
         click.echo("gpu_check: triton is not installed; install the 'gpu' extra (pip install -e '.[gpu]').",
@@ -272,18 +322,11 @@ def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps
             "host": platform.node(), "python": platform.python_version()}
     rows: list[dict] = [{"name": e["module"], **e} for e in errors]
     if ptx_only:
-        from triton.runtime.driver import driver
-
-        driver.set_active(_OfflineDriver())
-        backend.triton_available = lambda: True  # compile-only: no launch ever happens
         meta["device"] = "none (compile-only, target sm_90)"
-        for module, check in checks:
-            try:
-                rows.append(ptx_only_check(module, check, ptx_scale))
-            except Exception as exc:
-                rows.append({"name": check.name, "module": module, "error": short_error(exc),
-                             "traceback": traceback.format_exc()})
         for r in rows:
+            click.echo(f"{r['name']:32s} kernels=0 forbidden={r['error']}")
+        for r in ptx_only_rows(checks, only, ptx_scale, jobs):
+            rows.append(r)
             status = r.get("error") or (r["ptx_forbidden"] or "clean")
             click.echo(f"{r['name']:32s} kernels={len(r.get('kernels', []))} forbidden={status}")
         write_json(out, {"meta": meta, "mode": "ptx-only", "results": rows})
