@@ -1,10 +1,11 @@
-"""The W8A8 quantization-aware linear of Open-1B (SPEC section 4): y = x_hat @ w_hat^T.
+"""The W8A8 quantization-aware linear of Open-1B: y = x_hat @ w_hat^T.
 
 Shapes: x (M, K) bf16 (leading dims flattened by the autograd wrapper), w (N, K) bf16,
 s_x a one-element float32 tensor (the trainable per-tensor LSQ activation step, > 0).
-Q = 127 (symmetric int8 levels -127..127, so |q*q| <= 2^14 and kernels.int8_gemm's K bound
-holds). Every float step below is one IEEE binary32 operation, round-to-nearest-even,
-never fused; ``rne(v)`` is ``(v + 1.5*2^23) - 1.5*2^23`` (exact ties-to-even for |v| < 2^22).
+The quantizers (int8 codes, absmax steps, rotate-then-quantize, straight-through
+estimator) are kernels/quantize.py; Q = 127, so |q*q| <= 2^14 and kernels.int8_gemm's K
+bound holds. Every float step below is one IEEE binary32 operation, round-to-nearest-even,
+never fused; ``rne`` and the quantizers are defined in kernels/quantize.py.
 
 Forward
 1. Weight step, re-pinned every call (not trained; no gradient flows into it):
@@ -12,45 +13,38 @@ Forward
    kernels.reduce's pairwise tree, INV_K = fp32(1) / fp32(K) (IEEE division on the host)
    and TWO_OVER_SQRT127 = 0x3E35BB09 = 0.177471295, the correctly rounded float32 of
    2/sqrt(127) (tests check it against a 60-digit computation).
-2. Quantize: ``v = x / s`` (IEEE division, ``tl.div_rn``), ``q = rne(clamp(v, -127, 127))``
-   as int8; a zero step gives q = 0 (an all-zero weight row). x uses s_x, w uses sw[n].
+2. Quantize: ``q_x = quantize(x, s_x)`` per tensor, ``q_w = quantize(w, sw)`` per row.
 3. ``acc = q_x @ q_w^T`` exact in int32 (kernels.int8_gemm), then
    ``y = bf16_rne( rn( rn(float(acc) * s_x) * sw[n] ) )`` (int32 -> fp32 conversion rounds
    to nearest even above 2^24, identically on both paths; tested).
 
 Backward (straight-through estimator, LSQ): with G = dL/dy (bf16),
-- rotations: kernels.hadamard (block 256, orthonormal, along each GEMM's contraction dim);
-  then per-row absmax int8 quantization ``s_row = rn(max|row| * INV_127)`` (INV_127 =
-  fp32(1/127)), ``q = rne(clamp(row / s_row, -127, 127))`` (s_row = 0 -> q = 0). On the
-  GPU the three steps are one kernel (``rotate_quantize``: the rotated float32 tensor
-  never reaches memory); the values are the same as the separate ops, bit for bit.
+- rotations: kernels.hadamard (block 256, orthonormal, along each GEMM's contraction dim)
+  then per-row absmax int8 codes: ``rotate_quantize``.
 - dX_hat (M, K) = G @ w_hat, contraction over N: rotate G's rows (M, N) and w_hat^T's
   rows (K, N), w_hat = rn(q_w * sw[n]) in fp32; quantize each per row; int8 GEMM with
   ``dX_hat = rn(rn(float(acc) * sG[m]) * sW[k])`` in fp32.
 - dW (N, K) = G^T @ x_hat, contraction over M: rotate G^T's rows (N, M) and q_x^T's rows
   (K, M) (integer inputs: this rotation is exact); quantize per row; int8 GEMM with
   ``dW = rn(rn(float(acc) * sG[n]) * rn(sQ[k] * s_x))`` in fp32.
-- STE clipping range: the gradient passes where -127 <= v <= 127 (v = x/s before
-  rounding), zero outside: ``dx = bf16_rne(where(inside, dX_hat, 0))``,
+- STE clipping range (``ste``): ``dx = bf16_rne(where(inside, dX_hat, 0))``,
   ``dw = where(inside_w, dW, 0)`` (float32; the autograd wrapper's dw is cast to w's dtype
   by autograd - call ``linear_int8_backward`` for the float32 gradient).
 - LSQ step gradient: ``ds = rn(tree_sum(rn(dX_hat * t)) * g)`` over all M*K elements in
-  row-major order, t = rne(v) - v inside and the clamp bound (-127 or 127) outside,
-  g = fp32(1 / sqrt(M*K*127)) computed in double on the host.
+  row-major order, t the STE's term, g = fp32(1 / sqrt(M*K*127)) computed in double on
+  the host.
 
 CPU path (``linear_int8_forward_cpu`` / ``linear_int8_backward_cpu``, what ``force("cpu")``
 and the autograd wrapper run): the same bits as the steps above, computed in an order that
 suits memory - the forward's int8 codes are kept for the backward, rotations run along
-dim 0 in L2-sized tiles (``hadamard.hadamard_dim0_cpu_``), weight-sized passes in row
-slabs, intermediates in ``kernels.workspace``, ``rne`` as ``torch.round`` (the same value
-up to the sign of a zero, which neither an int8 code nor the term t can show), and a clamp
-skipped only where it provably changes nothing. tests/kernels/test_linear_int8_cpu.py
+dim 0 in L2-sized tiles (``quantize.rotate_quantize_dim0_cpu``), weight-sized passes in
+row slabs, intermediates in ``kernels.workspace``. tests/kernels/test_linear_int8_cpu.py
 checks it against the steps written out literally.
 
 Subnormals kept (IEEE). NaN/inf policy: inputs and steps must be finite (the trainer's
 gradient-norm check stops non-finite steps); non-finite values give unspecified int8
-codes, which is outside the parity contract. Tokens M <= int8_gemm.MAX_K (dW contracts
-over M).
+codes, which is outside the parity contract. Tokens: M <= MAX_TOKENS = 130,816 on every
+path (dW contracts over M padded to a multiple of 256, within int8_gemm.MAX_K).
 """
 from __future__ import annotations
 
@@ -58,237 +52,25 @@ import math
 
 import torch
 
-from kernels.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
-from kernels.hadamard import hadamard, hadamard_dim0_cpu_, padded_width
-from kernels.int8_gemm import (MAX_K, bf16_operand, bf16_rne, dequantize_cpu, exact_int_mm_cpu,
-                               int8_mm, int8_mm_cpu)
+from kernels.backend import use_triton
+from kernels.hadamard import padded_width
+from kernels.int8_gemm import MAX_K, dequantize_cpu, exact_int_mm_cpu, int8_mm, int8_mm_cpu
+# The quantizers live in kernels/quantize.py; re-exported so that callers keep importing
+# them from the op that uses them.
+from kernels.quantize import (BLOCK_K, BLOCK_R, FLT_MIN, HADAMARD_BLOCK, INV_127,  # noqa: F401
+                              Q_MAX, RND, ROT_ROWS, SLAB, codes_, quantize, quantize_cpu,
+                              rotate_quantize, rotate_quantize_dim0_cpu, row_absmax_step,
+                              row_absmax_step_cpu, safe_step, ste, ste_cpu)
 from kernels.reduce import tree_sum, tree_sum_cpu
 from kernels.registry import Cost, GpuCheck, scaled, seeded_generator
 from kernels.workspace import scratch
 
-if HAVE_TRITON:
-    import triton
-    import triton.language as tl
-
-    from kernels.hadamard import rotated_block
-    from kernels.int8_gemm import bf16_rne_bits, load_f32
-
-Q_MAX = 127
-RND = 12582912.0  # 1.5 * 2^23
 TWO_OVER_SQRT127 = 0.17747129499912262  # float32 bits 0x3E35BB09
-INV_127 = 0.007874015718698502  # fp32(1/127), bits 0x3C010204
-HADAMARD_BLOCK = 256
-BLOCK_R, BLOCK_K = 32, 128  # elementwise tiles (rows x columns)
-ROT_ROWS = 16  # rows per program of the fused rotate+quantize kernel on the GPU
-SLAB = 1 << 19  # elements per row slab of the CPU weight passes (2 MB of float32: one L2)
-FLT_MIN = 2.0 ** -126  # smallest normal float32
-
-if HAVE_TRITON:
-    RND_K = tl.constexpr(RND)
-    INV_127_K = tl.constexpr(INV_127)
-
-
-def _safe(s: torch.Tensor) -> torch.Tensor:
-    return torch.where(s == 0, torch.ones_like(s), s)
-
-
-def _codes_(v: torch.Tensor, clamp: bool = True, out: torch.Tensor | None = None
-            ) -> torch.Tensor:
-    """int8 ``rne(clamp(v, -127, 127))`` of float32 ``v``, clamping and rounding v in place
-    (into ``out`` when given). ``clamp=False`` only where the caller has shown |v| < 127.5:
-    then the clamp cannot change the rounded value.
-
-    ``torch.round`` is IEEE roundToIntegralTiesToEven, so on |v| <= 127 it gives the values
-    of ``(v + RND) - RND`` in one pass instead of two; the two differ only in the sign of
-    a zero result (round(-0.3) = -0.0), which an int8 code cannot carry.
-    """
-    if clamp:
-        v.clamp_(-Q_MAX, Q_MAX)
-    v.round_()
-    return v.to(torch.int8) if out is None else out.copy_(v)
-
-
-# ------------------------------------------------------------------- CPU references
-def quantize_cpu(x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """q = rne(clamp(x / step, -127, 127)) as int8; step (R,) per row or (1,) per tensor."""
-    return _codes_(x.to(torch.float32) / _safe(step.reshape(-1, 1)))
-
-
-def row_absmax_step_cpu(x: torch.Tensor) -> torch.Tensor:
-    """Per-row step rn(max|x[r, :]| * INV_127) of a float32 (R, K) tensor."""
-    return x.abs().amax(dim=1) * INV_127
-
-
-def ste_cpu(g: torch.Tensor, x: torch.Tensor, step: torch.Tensor, want_term: bool,
-            out_bf16: bool):
-    """STE mask (and LSQ term g * dv/ds) of the quantizer at (x, step); see module doc."""
-    v = x.to(torch.float32) / _safe(step.reshape(-1, 1))
-    inside = (v >= -Q_MAX) & (v <= Q_MAX)
-    dx = torch.where(inside, g, 0.0)
-    dx = bf16_rne(dx) if out_bf16 else dx
-    if not want_term:
-        return dx, None
-    vc = v.clamp(-Q_MAX, Q_MAX)
-    # t = rne(vc) - v inside, vc outside. round(vc) - v equals (vc + RND - RND) - v even
-    # for a zero rne: -0 - (-0) = +0 - (-0) = +0 and -0 - v = +0 - v for v != 0.
-    t = torch.where(inside, vc.round().sub_(v), vc)
-    return dx, t.mul_(g)
-
-
-# ------------------------------------------------------------------- Triton kernels
-if HAVE_TRITON:
-
-    @triton.jit
-    def _quantize_kernel(x_ptr, s_ptr, q_ptr, R, K, stride_r, stride_k, s_stride,
-                         IS_BF16: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
-        rows = tl.program_id(0) * BR + tl.arange(0, BR)
-        cols = tl.program_id(1) * BK + tl.arange(0, BK)
-        mask = (rows[:, None] < R) & (cols[None, :] < K)
-        ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_r + cols[None, :] * stride_k
-        x = load_f32(ptrs, mask, 0.0, IS_BF16)
-        s = tl.load(s_ptr + rows * s_stride, mask=rows < R, other=1.0)
-        s = tl.where(s == 0.0, 1.0, s)
-        v = tl.div_rn(x, s[:, None])
-        v = tl.minimum(tl.maximum(v, -127.0), 127.0)
-        q = ((v + RND_K) - RND_K).to(tl.int8)
-        tl.store(q_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], q, mask=mask)
-
-    @triton.jit
-    def _row_absmax_kernel(x_ptr, s_ptr, R, K, BR: tl.constexpr, BK: tl.constexpr):
-        rows = tl.program_id(0) * BR + tl.arange(0, BR)
-        amax = tl.zeros((BR,), dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            cols = k0 + tl.arange(0, BK)
-            x = tl.load(x_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
-                        mask=(rows[:, None] < R) & (cols[None, :] < K), other=0.0)
-            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))  # max is exact in any order
-        tl.store(s_ptr + rows, amax * INV_127_K, mask=rows < R)
-
-    @triton.jit
-    def _ste_kernel(g_ptr, x_ptr, s_ptr, dx_ptr, t_ptr, R, K, s_stride,
-                    WANT_TERM: tl.constexpr, OUT_BF16: tl.constexpr, IS_BF16: tl.constexpr,
-                    BR: tl.constexpr, BK: tl.constexpr):
-        rows = tl.program_id(0) * BR + tl.arange(0, BR)
-        cols = tl.program_id(1) * BK + tl.arange(0, BK)
-        mask = (rows[:, None] < R) & (cols[None, :] < K)
-        off = rows[:, None].to(tl.int64) * K + cols[None, :]
-        g = tl.load(g_ptr + off, mask=mask, other=0.0)
-        x = load_f32(x_ptr + off, mask, 0.0, IS_BF16)
-        s = tl.load(s_ptr + rows * s_stride, mask=rows < R, other=1.0)
-        s = tl.where(s == 0.0, 1.0, s)
-        v = tl.div_rn(x, s[:, None])
-        inside = (v >= -127.0) & (v <= 127.0)
-        dx = tl.where(inside, g, 0.0)
-        if OUT_BF16:
-            tl.store(dx_ptr + off, bf16_rne_bits(dx), mask=mask)
-        else:
-            tl.store(dx_ptr + off, dx, mask=mask)
-        if WANT_TERM:
-            vc = tl.minimum(tl.maximum(v, -127.0), 127.0)
-            t = tl.where(inside, ((vc + RND_K) - RND_K) - v, vc)
-            tl.store(t_ptr + off, g * t, mask=mask)
-
-
-if HAVE_TRITON:
-
-    @triton.jit
-    def _rot_quant_kernel(x_ptr, q_ptr, s_ptr, R, K, KP, stride_r, stride_k, scale,
-                          IS_BF16: tl.constexpr, ROWS: tl.constexpr, B: tl.constexpr,
-                          LOG_B: tl.constexpr):
-        # Fused hadamard -> row absmax step -> quantize: pass 1 rotates each block for the
-        # row maximum, pass 2 rotates again (the same bits) and writes int8 codes, so the
-        # float32 rotated tensor never reaches memory.
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        amax = tl.zeros((ROWS,), dtype=tl.float32)
-        for j in range(0, KP // B):
-            y = rotated_block(x_ptr, rows, j, R, K, stride_r, stride_k, scale,
-                              IS_BF16, ROWS, B, LOG_B)
-            amax = tl.maximum(amax, tl.max(tl.abs(y), axis=1))
-        step = amax * INV_127_K
-        tl.store(s_ptr + rows, step, mask=rows < R)
-        div = tl.where(step == 0.0, 1.0, step)
-        for j in range(0, KP // B):
-            y = rotated_block(x_ptr, rows, j, R, K, stride_r, stride_k, scale,
-                              IS_BF16, ROWS, B, LOG_B)
-            v = tl.div_rn(y, div[:, None])
-            v = tl.minimum(tl.maximum(v, -127.0), 127.0)
-            cols = j * B + tl.arange(0, B)
-            tl.store(q_ptr + rows[:, None].to(tl.int64) * KP + cols[None, :],
-                     ((v + RND_K) - RND_K).to(tl.int8), mask=rows[:, None] < R)
-
-
-def rotate_quantize(t: torch.Tensor, block: int = HADAMARD_BLOCK):
-    """Hadamard-rotate the rows of 2-D ``t`` (any dtype/strides), then per-row absmax int8:
-    (codes (R, padded K) int8, steps (R,) float32). Same bits as the three separate ops."""
-    if not use_triton(t):
-        r = hadamard(t, block)
-        s = row_absmax_step(r)
-        return quantize(r, s), s
-    rr, k = t.shape
-    kp = padded_width(k, block)
-    log = block.bit_length() - 1
-    q = torch.empty((rr, kp), dtype=torch.int8, device=t.device)
-    s = torch.empty((rr,), dtype=torch.float32, device=t.device)
-    if rr and kp:
-        rows = 16 if interpreting() else ROT_ROWS
-        tk, is_bf16 = bf16_operand(t)
-        _rot_quant_kernel[(triton.cdiv(rr, rows),)](
-            tk, q, s, rr, k, kp, t.stride(0), t.stride(1), 2.0 ** -(log // 2),
-            IS_BF16=is_bf16, ROWS=rows, B=block, LOG_B=log, **LAUNCH_OPTIONS)
-    elif rr:
-        s.zero_()
-    return q, s
-
-
-def _grid(r: int, k: int):
-    return (triton.cdiv(r, BLOCK_R), triton.cdiv(k, BLOCK_K))
-
-
-def quantize(x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """int8 codes of a 2-D tensor (any strides) with a per-row or per-tensor step."""
-    if not use_triton(x):
-        return quantize_cpu(x, step)
-    r, k = x.shape
-    q = torch.empty((r, k), dtype=torch.int8, device=x.device)
-    if q.numel():
-        s = step.reshape(-1).to(torch.float32)
-        xk, is_bf16 = bf16_operand(x)
-        _quantize_kernel[_grid(r, k)](xk, s, q, r, k, x.stride(0), x.stride(1),
-                                      0 if s.numel() == 1 else 1, IS_BF16=is_bf16,
-                                      BR=BLOCK_R, BK=BLOCK_K, **LAUNCH_OPTIONS)
-    return q
-
-
-def row_absmax_step(x: torch.Tensor) -> torch.Tensor:
-    """Per-row int8 step rn(max|row| * INV_127) of a contiguous float32 (R, K) tensor."""
-    if not use_triton(x):
-        return row_absmax_step_cpu(x)
-    r, k = x.shape
-    s = torch.empty((r,), dtype=torch.float32, device=x.device)
-    if r:
-        bk = 64 if interpreting() else 256
-        _row_absmax_kernel[(triton.cdiv(r, BLOCK_R),)](x, s, r, k, BR=BLOCK_R, BK=bk,
-                                                       **LAUNCH_OPTIONS)
-    return s
-
-
-def ste(g: torch.Tensor, x: torch.Tensor, step: torch.Tensor, want_term: bool,
-        out_bf16: bool):
-    """(masked gradient, LSQ term or None) for contiguous (R, K) g (fp32) and x."""
-    if not use_triton(g):
-        return ste_cpu(g, x, step, want_term, out_bf16)
-    r, k = g.shape
-    dx = torch.empty((r, k), dtype=torch.bfloat16 if out_bf16 else torch.float32,
-                     device=g.device)
-    t = torch.empty((r, k), dtype=torch.float32, device=g.device) if want_term else dx
-    if dx.numel():
-        s = step.reshape(-1).to(torch.float32)
-        xk, is_bf16 = bf16_operand(x.contiguous())
-        _ste_kernel[_grid(r, k)](g, xk, s, dx.view(torch.int16) if out_bf16 else dx, t, r, k,
-                                 0 if s.numel() == 1 else 1, WANT_TERM=want_term,
-                                 OUT_BF16=out_bf16, IS_BF16=is_bf16, BR=BLOCK_R, BK=BLOCK_K,
-                                 **LAUNCH_OPTIONS)
-    return dx, (t if want_term else None)
+# The dW GEMM contracts over the tokens after the Hadamard rotation has zero-padded them to
+# a multiple of HADAMARD_BLOCK, and every rotated entry may be nonzero: the padded count
+# must stay within the int8 GEMM's exact range. One limit, checked once in ``_check`` for
+# both paths (the CPU path would otherwise accept what the Triton path refuses).
+MAX_TOKENS = MAX_K // HADAMARD_BLOCK * HADAMARD_BLOCK  # 130,816
 
 
 # ------------------------------------------------------------------- the op
@@ -310,16 +92,18 @@ def _check(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor) -> None:
     if s_x.numel() != 1 or s_x.dtype != torch.float32:
         raise ValueError(f"s_x must be a one-element float32 tensor, got {s_x.dtype} "
                          f"with {s_x.numel()} elements")
-    if x.shape[0] > MAX_K:
-        raise ValueError(f"{x.shape[0]} tokens > {MAX_K}: the dW GEMM contracts over tokens "
-                         "and could overflow int32; split the batch")
+    if x.shape[0] > MAX_TOKENS:
+        raise ValueError(f"{x.shape[0]} tokens > MAX_TOKENS = {MAX_TOKENS}: the weight "
+                         "gradient contracts over the tokens (padded to a multiple of "
+                         f"{HADAMARD_BLOCK}) and its int32 sums could overflow; split the "
+                         "batch into calls of at most MAX_TOKENS tokens")
 
 
 # The CPU path below gives the bits of the reference steps above (quantize_cpu,
 # weight_step, rotate_quantize, int8_mm, ste; tests/kernels/test_linear_int8.py compares
 # them) in an order that suits memory: weight-sized intermediates live in kernels.workspace,
 # the forward's codes are kept for the backward, and every rotation runs along dim 0
-# (hadamard_dim0_cpu_), so no weight-sized transpose is ever copied.
+# (rotate_quantize_dim0_cpu), so no weight-sized transpose is ever copied.
 def weight_codes_cpu(w: torch.Tensor):
     """(q_w, sw, outside): quantize_cpu(w, sw) int8 (N, K), sw = weight_step(w) (N,), and
     the bool (N, K) positions where w / sw leaves [-127, 127] (None when there are none).
@@ -338,7 +122,7 @@ def weight_codes_cpu(w: torch.Tensor):
         a = torch.abs(wf, out=scratch("linear.w_abs", (r1 - r0, k), torch.float32))
         s = tree_sum_cpu(a, -1).mul_(inv_k).mul_(TWO_OVER_SQRT127)
         sw[r0:r1] = s
-        div = _safe(s)
+        div = safe_step(s)
         # max_k |w[n, k] / s| = rn(max_k |w[n, k]| / s): a correctly rounded division by
         # s > 0 is monotone and sign-symmetric, so one division per row says whether any
         # element is clipped (almost never: the step is ~22 mean|w| / 127 wide).
@@ -348,37 +132,8 @@ def weight_codes_cpu(w: torch.Tensor):
             if outside is None:
                 outside = torch.zeros((n, k), dtype=torch.bool)
             torch.logical_not((v >= -Q_MAX) & (v <= Q_MAX), out=outside[r0:r1])
-        _codes_(v, clamp=clipped, out=q[r0:r1])
+        codes_(v, clamp=clipped, out=q[r0:r1])
     return q, sw, outside
-
-
-def _rotate_quantize_dim0_cpu(y: torch.Tensor, name: str, fill=None):
-    """``rotate_quantize(t)`` for the (R, K) tensor t whose zero-padded float32 transpose
-    (Kp, R) is ``y`` (a scratch buffer, overwritten; or written tile by tile by ``fill``,
-    see ``hadamard_dim0_cpu_``): codes^T (Kp, R) int8 (scratch ``name``) and steps (R,),
-    the same bits."""
-    c = y.shape[1]
-    cmax = torch.full((c,), -math.inf)
-    cmin = torch.full((c,), math.inf)
-
-    def extremes(tile, rows, cols):  # column max and min, while the tile is in cache
-        torch.maximum(cmax[cols], tile.amax(0), out=cmax[cols])
-        torch.minimum(cmin[cols], tile.amin(0), out=cmin[cols])
-
-    hadamard_dim0_cpu_(y, HADAMARD_BLOCK, fill, extremes)
-    # max|y| per column = max(max y, -min y) (no |y| pass); abs_ turns the -0 an all-zero
-    # column may give into the +0 of max|y|
-    step = torch.maximum(cmax, cmin.neg_()).abs_().mul_(INV_127)
-    # The clamp is a no-op unless a step is subnormal: for a normal s = rn(m * INV_127)
-    # (m = max|y| of the column), |y| / s <= m / s <= 127 / (1 - 2^-24)^2 < 127.5; s = 0
-    # means m * INV_127 < 2^-149 and the safe divisor 1 leaves |v| = |y| tiny.
-    clamp = bool(((step > 0) & (step < FLT_MIN)).any())
-    div = _safe(step)
-    codes = scratch(name, y.shape, torch.int8)
-    rows = max(1, SLAB // c)
-    for r0 in range(0, y.shape[0], rows):  # slabs: divide, round and narrow in cache
-        _codes_(y[r0:r0 + rows].div_(div), clamp, codes[r0:r0 + rows])
-    return codes, step
 
 
 def _padded_t(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -444,12 +199,12 @@ def linear_int8_backward_cpu(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
         tile[hi - lo:].zero_()
 
     wt = scratch("linear.rot_w", (padded_width(n, HADAMARD_BLOCK), k), torch.float32)
-    qb, sb = _rotate_quantize_dim0_cpu(wt, "linear.codes_w", w_hat)              # (Np, K)
-    qa, sa = _rotate_quantize_dim0_cpu(_padded_t("linear.rot_g", dy), "linear.codes_g")
+    qb, sb = rotate_quantize_dim0_cpu(wt, "linear.codes_w", w_hat)              # (Np, K)
+    qa, sa = rotate_quantize_dim0_cpu(_padded_t("linear.rot_g", dy), "linear.codes_g")
     dx_hat = dequantize_cpu(exact_int_mm_cpu(qa.t(), qb.t()), sa, sb, torch.float32)
     # dW = G^T @ x_hat = s_x * (G^T @ q_x): contraction over M
-    qa2, sa2 = _rotate_quantize_dim0_cpu(_padded_t("linear.rot_g", dy.t()), "linear.codes_g")
-    qb2, sb2 = _rotate_quantize_dim0_cpu(_padded_t("linear.rot_x", q_x.t()), "linear.codes_x")
+    qa2, sa2 = rotate_quantize_dim0_cpu(_padded_t("linear.rot_g", dy.t()), "linear.codes_g")
+    qb2, sb2 = rotate_quantize_dim0_cpu(_padded_t("linear.rot_x", q_x.t()), "linear.codes_x")
     dw = _dw_cpu(qa2.t().contiguous(), qb2.t(), sa2, sb2 * sx, outside, dw_dtype)
     dx, term = ste_cpu(dx_hat, x, sx, want_term=True, out_bf16=True)
     g = float(torch.tensor(1.0 / math.sqrt(m * k * Q_MAX), dtype=torch.float32))

@@ -37,10 +37,10 @@ Measured accuracy against float64 (asserted in tests/kernels/test_mathfn.py): se
 CONTRACT.md for the table. The CPU functions evaluate in cache-sized chunks
 (``map_chunks``; elementwise, so the bits cannot change).
 
-Also here, because every kernel needs them: ``widen_tl`` / ``cast_tl`` / ``to_bf16_tl``
-(exact bf16 <-> fp32 conversions that agree between the GPU and the interpreter) and
-``sqrt_rn`` (the CPU twin of ``tl.sqrt_rn``). This file is over 500 lines because each
-function exists twice, CPU and Triton, side by side so the two can be read line by line.
+The exact bf16 <-> fp32 conversions (``widen_tl``, ``cast_tl``, ``to_bf16_tl``) and
+``sqrt_rn`` are kernels/rounding.py's, re-exported here. This file is near 500 lines
+because each function exists twice, CPU and Triton, side by side so the two can be read
+line by line.
 """
 from __future__ import annotations
 
@@ -48,10 +48,13 @@ import torch
 
 from kernels.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
 from kernels.registry import Cost, GpuCheck, scaled, seeded_generator
+from kernels.rounding import sqrt_rn
 
 if HAVE_TRITON:
     import triton
     import triton.language as tl
+
+    from kernels.rounding import cast_tl, to_bf16_tl, widen_tl  # noqa: F401 (re-exported)
 
 # --- constants: every value is exactly representable in float32 ------------------------
 RND = 12582912.0  # 1.5 * 2^23: (t + RND) - RND rounds t to the nearest integer, ties even
@@ -144,16 +147,6 @@ def map_chunks(fn, *xs: torch.Tensor, chunk: int = CPU_CHUNK):
             o[start:start + chunk] = t
     outs = [o.reshape(shape) for o in outs]
     return outs[0] if single else tuple(outs)
-
-
-def sqrt_rn(x: torch.Tensor) -> torch.Tensor:
-    """Correctly rounded float32 sqrt (CPU twin of ``tl.sqrt_rn``).
-
-    The float64 square root of a float32 value, rounded to float32, is the correctly
-    rounded float32 root (53 >= 2*24 + 2 bits, so the double rounding is innocuous).
-    """
-    _f32(x)
-    return torch.sqrt(x.to(torch.float64)).to(torch.float32)
 
 
 def _exp(x: torch.Tensor) -> torch.Tensor:
@@ -295,36 +288,6 @@ def erfinv(x: torch.Tensor) -> torch.Tensor:
 
 
 if HAVE_TRITON:
-
-    @triton.jit
-    def to_bf16_tl(x):
-        """float32 -> bfloat16, round to nearest even, NaN -> 0x7fc0 (torch's conversion).
-
-        Integer bit arithmetic instead of ``.to(tl.bfloat16)``: the Triton interpreter
-        rounds that cast half-up on the cut-off bit (not to even), so the compiled GPU
-        cast and the interpreter could disagree on ties.
-        """
-        bits = x.to(tl.int32, bitcast=True)
-        bits = bits + (((bits >> 16) & 1) + 0x7FFF)
-        hi = tl.where(x != x, 0x7FC0, bits >> 16)
-        return hi.to(tl.int16).to(tl.bfloat16, bitcast=True)
-
-    @triton.jit
-    def widen_tl(x):
-        """Exact widening to float32 (bf16 by bit shift: the Triton interpreter's own
-        bf16 -> fp32 cast mangles subnormals, the GPU's does not; this is right on both)."""
-        if x.dtype == tl.bfloat16:
-            return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-        else:
-            return x.to(tl.float32)
-
-    @triton.jit
-    def cast_tl(x, dtype: tl.constexpr):
-        """Round float32 ``x`` to the output ``dtype`` (bf16 via ``to_bf16_tl``)."""
-        if dtype == tl.bfloat16:
-            return to_bf16_tl(x)
-        else:
-            return x.to(dtype)
 
     @triton.jit
     def _canon_nan_tl(x, y):

@@ -3,6 +3,7 @@ exactly specified constants and dequantization, and accuracy against float64."""
 from __future__ import annotations
 
 import math
+import re
 import struct
 from decimal import Decimal, getcontext
 
@@ -11,8 +12,10 @@ import torch
 
 from kernels import backend
 from kernels.int8_gemm import bf16_rne
-from kernels.linear_int8 import (INV_127, TWO_OVER_SQRT127, linear_int8, linear_int8_backward,
-                                 linear_int8_forward, quantize_cpu, rotate_quantize,
+from kernels.hadamard import padded_width
+from kernels.int8_gemm import MAX_K
+from kernels.linear_int8 import (HADAMARD_BLOCK, INV_127, MAX_TOKENS, TWO_OVER_SQRT127, linear_int8,
+                                 linear_int8_backward, linear_int8_forward, quantize_cpu,
                                  weight_step)
 from tests.kernels.support import bits, needs_interpreter
 
@@ -59,25 +62,6 @@ def test_parity_forward_backward(m, k, n, kind):
     for name, ref, got in zip(("y", "dx", "dw", "ds"), outs["cpu"], outs["triton"]):
         assert ref.dtype == got.dtype and ref.shape == got.shape, name
         assert torch.equal(bits(ref), bits(got)), name
-
-
-@needs_interpreter
-def test_fused_rotate_quantize_parity():
-    # the GPU's fused rotate + absmax + quantize kernel vs the three separate CPU ops, on
-    # the operand kinds the backward feeds it: bf16 (with subnormals), transposed views,
-    # float32 and int8 codes; an all-zero row has step 0
-    g = torch.Generator().manual_seed(8)
-    bf = (torch.randn(37, 300, generator=g) * 1e-38).to(torch.bfloat16)
-    bf[3] = 0.0
-    cases = [bf, bf.t(), torch.randn(20, 513, generator=g),
-             torch.randint(-127, 128, (90, 33), dtype=torch.int8, generator=g).t()]
-    for t in cases:
-        with backend.force("cpu"):
-            q0, s0 = rotate_quantize(t)
-        with backend.force("triton"):
-            q1, s1 = rotate_quantize(t)
-        assert torch.equal(q0, q1) and torch.equal(bits(s0), bits(s1))
-    assert s0.shape == (33,) and q0.shape == (33, 256)
 
 
 def test_forward_is_the_specified_dequantization():
@@ -168,3 +152,29 @@ def test_rejects_bad_step():
     x, w, _, _ = _case(4, 8, 4, 0)
     with pytest.raises(ValueError, match="s_x"):
         linear_int8_forward(x, w, torch.tensor([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("path", ["cpu", pytest.param("triton", marks=needs_interpreter)])
+def test_token_limit_is_one_check_with_one_message_on_both_paths(path):
+    # the largest M whose rotation padding keeps the dW contraction within the int8 GEMM
+    assert padded_width(MAX_TOKENS, HADAMARD_BLOCK) <= MAX_K
+    assert padded_width(MAX_TOKENS + 1, HADAMARD_BLOCK) > MAX_K
+    m = MAX_TOKENS + 1
+    x, w = torch.zeros(m, 16, dtype=torch.bfloat16), torch.ones(16, 16, dtype=torch.bfloat16)
+    s, dy = torch.tensor([1.0]), torch.zeros(m, 16, dtype=torch.bfloat16)
+    msg = re.escape(f"{m} tokens > MAX_TOKENS = {MAX_TOKENS}")
+    with backend.force(path):
+        with pytest.raises(ValueError, match=msg):
+            linear_int8_forward(x, w, s)
+        with pytest.raises(ValueError, match=msg):
+            linear_int8_backward(dy, x, w, s)
+        with pytest.raises(ValueError, match=msg):
+            linear_int8(x.reshape(1, m, 16), w, s)
+
+
+def test_the_token_limit_itself_is_accepted():
+    m = MAX_TOKENS  # the forward passes the same _check as the backward, at a fraction of its cost
+    x = torch.randn(m, 16, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    w, s = torch.ones(16, 16, dtype=torch.bfloat16), torch.tensor([3.0 / 127])
+    with backend.force("cpu"):
+        assert linear_int8_forward(x, w, s).shape == (m, 16)

@@ -1,0 +1,90 @@
+"""quantize.py: the W8A8 linear's quantizers - codes, STE and the fused rotate-then-quantize
+- bit for bit on the CPU and in Triton (interpreter), and their rounding rules."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import backend, linear_int8, quantize
+from tests.kernels.support import bits, needs_interpreter
+
+
+def _operands(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(19, 150, generator=g) * 2.0
+    x[1] *= 80.0  # far outside the clip range
+    x[2] *= 1e-39  # subnormal inputs
+    x[3, :7] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, 127.5, -127.5])  # ties
+    rows = (torch.rand(19, generator=g) * 0.05).to(torch.float32)
+    rows[4] = 0.0  # an all-zero step: codes 0
+    return x, rows, torch.tensor([3.0 / 127])
+
+
+def test_codes_round_half_to_even_and_clamp():
+    x = torch.tensor([[0.5, 1.5, 2.5, -0.5, -1.5, 126.5, 127.4, 200.0, -1e9, 0.0]])
+    q = quantize.quantize_cpu(x, torch.tensor([1.0]))
+    assert q.tolist() == [[0, 2, 2, 0, -2, 126, 127, 127, -127, 0]]
+    assert quantize.quantize_cpu(x, torch.tensor([0.0])).abs().max() <= 127  # safe divisor
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_parity(dtype):
+    x, rows, tensor = _operands(1)
+    x = x.to(dtype)
+    for t, step in ((x, rows), (x, tensor), (x[:, :19].t(), rows)):  # per row, per tensor, strided
+        with backend.force("cpu"):
+            ref = quantize.quantize(t, step)
+        with backend.force("triton"):
+            got = quantize.quantize(t, step)
+        assert torch.equal(ref, got)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("want_term,out_bf16", [(True, True), (False, False)])
+def test_ste_parity(want_term, out_bf16):
+    x, rows, tensor = _operands(2)
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
+    for xt, step in ((x.to(torch.bfloat16), tensor), (x, rows)):
+        with backend.force("cpu"):
+            ref = quantize.ste(g, xt, step, want_term, out_bf16)
+        with backend.force("triton"):
+            got = quantize.ste(g, xt, step, want_term, out_bf16)
+        for r, o in zip(ref, got):
+            assert (r is None and o is None) or torch.equal(bits(r), bits(o))
+
+
+@needs_interpreter
+def test_fused_rotate_quantize_parity():
+    # the GPU's fused rotate + absmax + quantize kernel vs the three separate CPU ops, on
+    # the operand kinds the backward feeds it: bf16 (with subnormals), transposed views,
+    # float32 and int8 codes; an all-zero row has step 0
+    g = torch.Generator().manual_seed(8)
+    bf = (torch.randn(37, 300, generator=g) * 1e-38).to(torch.bfloat16)
+    bf[3] = 0.0
+    cases = [bf, bf.t(), torch.randn(20, 513, generator=g),
+             torch.randint(-127, 128, (90, 33), dtype=torch.int8, generator=g).t()]
+    for t in cases:
+        with backend.force("cpu"):
+            q0, s0 = quantize.rotate_quantize(t)
+        with backend.force("triton"):
+            q1, s1 = quantize.rotate_quantize(t)
+        assert torch.equal(q0, q1) and torch.equal(bits(s0), bits(s1))
+    assert s0.shape == (33,) and q0.shape == (33, 256)
+
+
+def test_dim0_layout_gives_the_same_bits():
+    g = torch.Generator().manual_seed(9)
+    t = torch.randn(40, 300, generator=g).to(torch.bfloat16)
+    q, s = quantize.rotate_quantize(t)
+    y = torch.zeros(512, 40)
+    y[:300] = t.t().float()
+    qt, st = quantize.rotate_quantize_dim0_cpu(y, "test.codes")
+    assert torch.equal(qt.t(), q) and torch.equal(bits(st), bits(s))
+
+
+def test_linear_int8_keeps_exporting_the_quantizers():
+    for name in ("quantize", "quantize_cpu", "rotate_quantize", "row_absmax_step",
+                 "row_absmax_step_cpu", "ste", "ste_cpu", "Q_MAX", "RND", "INV_127",
+                 "HADAMARD_BLOCK"):
+        assert getattr(linear_int8, name) is getattr(quantize, name), name
