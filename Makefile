@@ -1,31 +1,57 @@
 # Two commands a newcomer needs: `make demo` and `make test`. Both set up .venv first.
+# `make demo` installs only what the demo runs: the package and its runtime dependencies
+# (a 1.4 GB .venv, half of it the CPU build of torch). `make test` adds the test extra
+# (pytest, moto, transformers, datasets, and triton for the kernel parity tests: 2.7 GB).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+PIP := $(BIN)/pip --disable-pip-version-check
+RUNTIME := $(VENV)/.installed-runtime
+TESTDEPS := $(VENV)/.installed
+SOURCES := pyproject.toml setup.py $(wildcard open1b_data/build/_bpe*.[ch]) $(wildcard kernels/_*.c)
 
 .PHONY: setup demo test test-fast bench clean
 
-$(STAMP): pyproject.toml setup.py $(wildcard open1b_data/build/_bpe*.[ch])
+# The package and its runtime dependencies, with a line before each slow step.
+define install_runtime
+	@echo "==> [setup 1/4] virtual environment $(VENV)"
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# A CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
-	touch $(STAMP)
+	@echo "==> [setup 2/4] upgrading the bundled pip of the new environment"
+	$(PIP) install -q --upgrade pip
+	@echo "==> [setup 3/4] torch, CPU build first (190 MB download, 750 MB installed; an"
+	@echo "    unpinned torch would pull a multi-GB CUDA build)"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install --progress-bar on torch==2.13.0
+	@echo "==> [setup 4/4] open1b and its runtime dependencies (numpy, pyarrow, tokenizers,"
+	@echo "    tiktoken, ...); compiles the optional C extensions (~20 s)"
+	$(PIP) install --progress-bar on -e .
+endef
 
-setup: $(STAMP)
+$(RUNTIME): $(SOURCES)
+	$(install_runtime)
+	touch $@
 
-demo: $(STAMP)
+$(TESTDEPS): $(SOURCES)
+	$(install_runtime)
+	@echo "==> [setup] the test extra: pytest, moto, transformers, datasets, triton (1.3 GB)"
+	$(PIP) install --progress-bar on -e '.[test]'
+	touch $@
+
+setup: $(RUNTIME)
+
+demo: $(RUNTIME)
+	@echo "==> building the demo mix (manifests/demo.toml): tokenizer training, filters, shards"
 	$(BIN)/open1b-data build-mix
+	@echo "==> the tokens rank 0 of 2 reads at step 1, decoded"
 	$(BIN)/open1b-data stream-at build/demo-mix --step 1 --rank 0 --world 2 --decode
+# ---- training demo: `open1b-train` goes here (it needs torch, already a runtime dependency,
+# ---- so it adds nothing to the install above)
 
-test: $(STAMP)
+test: $(TESTDEPS)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not gpu" --timeout=900
 
 # Installs the benchmark-only peers (datatrove); each benchmark's command is in BENCHMARKS.md.
-bench: $(STAMP)
-	$(BIN)/pip install -q -e '.[test,bench]'
+bench: $(TESTDEPS)
+	$(PIP) install -q -e '.[test,bench]'
 
 clean:
 	rm -rf build .pytest_cache
