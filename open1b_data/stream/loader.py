@@ -21,7 +21,7 @@ workers start. ``DataLoader`` asks its workers in turn, round-robin (also with
 ``prefetch_factor`` and ``persistent_workers``), so its output is that sequence exactly.
 A worker plans and reads only for its own items.
 
-Reading: a background thread plans the stream a few hundred windows at a time (the plan's
+Reading: a background thread plans the stream about a thousand windows at a time (the plan's
 cost per call is amortized), fills each step's micro-batches of this loader (or worker) with
 one call (``windows.py``: each segment's slice copied straight into the int64 output) and
 keeps ``prefetch`` micro-batches ready; whole shards are checked against the manifest,
@@ -59,7 +59,7 @@ from open1b_data.stream.windows import WindowReader
 
 FORMAT = "open1b-loader-state"
 VERSION = 2
-CHUNK_WINDOWS = 256     # windows planned per request (whole steps; at least one)
+CHUNK_WINDOWS = 1024    # windows planned per request (whole steps; at least one)
 
 try:
     from torch.utils.data import IterableDataset as _Base
