@@ -1,0 +1,175 @@
+"""``open1b-train``: the thin click layer over ``open1b_train``.
+
+With no arguments it trains the ``demo`` preset on ``build/demo-mix`` (what ``make demo``
+builds) into ``build/demo-run``, resuming if that run exists. Commands: ``run``,
+``resume``, ``show``, ``plot``. Errors exit with status 1 and one line naming the bad value
+and what to do; never a traceback.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+import click
+
+from open1b_data.errors import Open1bDataError
+from open1b_train import __version__
+from open1b_train.errors import Open1bTrainError
+
+DEMO_MIX = os.path.join("build", "demo-mix")
+DEMO_RUN = os.path.join("build", "demo-run")
+RUN_INFO = "run.json"
+
+
+def _fail(e: Exception) -> None:
+    raise click.ClickException(str(e)) from None
+
+
+def _mesh(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        r, s = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise click.BadParameter(f"expected RxS (dp_replicate x dp_shard), e.g. 2x2; got "
+                                 f"{text!r}") from None
+    if r < 1 or s < 1:
+        raise click.BadParameter(f"both sides of --mesh must be >= 1, got {text!r}")
+    return r, s
+
+
+def _train(cfg, mix: str, out: str, quiet: bool) -> None:
+    from open1b_train.train import train
+
+    if not os.path.exists(os.path.join(mix, "manifest.json")) and "://" not in mix:
+        raise click.ClickException(
+            f"{mix!r} is not a built mix (no manifest.json); build one with `open1b-data "
+            f"build-mix --out {mix}` (the demo: `make demo`)")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, RUN_INFO), "w") as f:
+        json.dump({"mix": os.path.abspath(mix) if "://" not in mix else mix}, f)
+    click.echo(f"open1b-train: preset {cfg.preset!r}, mesh {cfg.mesh[0]}x{cfg.mesh[1]}, "
+               f"mix {mix} -> {out}", err=True)
+    try:
+        s = train(cfg, mix, out, progress=None if not quiet else False,
+                  echo=lambda m: click.echo(m, err=True))
+    except (Open1bTrainError, Open1bDataError) as e:
+        _fail(e)
+    if s.tokens:
+        click.echo(f"trained steps {s.first_step}..{s.last_step}: {s.tokens:,} tokens in "
+                   f"{s.seconds:.1f} s ({s.tokens / max(s.seconds, 1e-9):,.0f} tokens/s), "
+                   f"final loss {s.loss:.4f}, {s.skipped_steps} skipped")
+    click.echo(f"run hash (step {s.last_step}): {s.run_hash}")
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="open1b-train")
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """Train Open-1B on the reproducible runtime; every step hashed, bit-exact resume.
+
+    Without a command: train the demo preset on build/demo-mix into build/demo-run."""
+    if ctx.invoked_subcommand is None:
+        from open1b_train.config import preset
+
+        _train(preset("demo"), DEMO_MIX, DEMO_RUN, quiet=False)
+
+
+@main.command("run")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="A TOML config: preset = \"...\" plus overridden fields.")
+@click.option("--preset", "preset_name", default=None,
+              help="open1b, demo or micro (default: demo, or the config file's).")
+@click.option("--mix", default=DEMO_MIX, show_default=True, help="A built mix (directory/URL).")
+@click.option("--steps", type=click.IntRange(min=1), default=None,
+              help="Stop after this step (default: the schedule's last).")
+@click.option("--mesh", default=None, help="Logical mesh RxS = dp_replicate x dp_shard "
+              "(default 1x1); fixes the reduction tree, so it is part of the run's identity.")
+@click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None,
+              help="Run seed for init and data order (default: the mix's seed).")
+@click.option("--backend", type=click.Choice(["auto", "cpu", "triton"]), default=None,
+              help="Kernels: auto (Triton on CUDA), cpu (reference), triton (CUDA or "
+                   "TRITON_INTERPRET=1). The bits are the same.")
+@click.option("--out", default=DEMO_RUN, show_default=True, help="Run directory.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, quiet) -> None:
+    """Train (or continue) a run: RUN/steps.jsonl gets one hashed line per step."""
+    from open1b_train.config import load_config, preset
+
+    try:
+        cfg = load_config(config_path) if config_path else preset(preset_name or "demo")
+        if config_path and preset_name:
+            raise click.UsageError("give --config or --preset, not both")
+        changes = {k: v for k, v in (("steps", steps), ("mesh", _mesh(mesh)), ("seed", seed),
+                                     ("backend", backend)) if v is not None}
+        cfg = dataclasses.replace(cfg, **changes)
+    except Open1bTrainError as e:
+        _fail(e)
+    _train(cfg, mix, out, quiet)
+
+
+@main.command("resume")
+@click.argument("run", type=click.Path(file_okay=False))
+@click.option("--mix", default=None, help="The built mix (default: the one the run used).")
+@click.option("--steps", type=click.IntRange(min=1), default=None,
+              help="Stop after this step (default: the run's own setting).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def resume_cmd(run, mix, steps, quiet) -> None:
+    """Continue RUN from its latest good checkpoint (same config, mix and seed)."""
+    from open1b_train.config import from_dict
+
+    try:
+        with open(os.path.join(run, "config.json")) as f:
+            cfg = from_dict(json.load(f))
+        if mix is None:
+            with open(os.path.join(run, RUN_INFO)) as f:
+                mix = json.load(f)["mix"]
+    except FileNotFoundError as e:
+        _fail(click.ClickException(f"{run} is not a run directory ({e.filename} missing)"))
+    except (ValueError, KeyError, Open1bTrainError) as e:
+        _fail(click.ClickException(f"{run}: unreadable run files ({e})"))
+    if steps is not None:
+        cfg = dataclasses.replace(cfg, steps=steps)
+    _train(cfg, mix, run, quiet)
+
+
+@main.command("show")
+@click.argument("run", type=click.Path(file_okay=False))
+@click.option("--step", type=click.IntRange(min=0), required=True, help="The step to show.")
+@click.option("--top", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Highest-loss windows to list with their source documents.")
+@click.option("--mix", default=None, help="The built mix (default: the one the run used).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def show_cmd(run, step, top, mix, as_json) -> None:
+    """A step's hash components, loss, LR, norm, and its highest-loss windows with the
+    source documents behind them."""
+    from open1b_train import show
+
+    try:
+        rep = show.step_report(run, step, top, mix)
+    except (Open1bTrainError, Open1bDataError) as e:
+        _fail(e)
+    if as_json:
+        click.echo(json.dumps(rep, indent=1))
+    else:
+        show.print_report(rep, click.echo)
+
+
+@main.command("plot")
+@click.argument("run", type=click.Path(file_okay=False))
+@click.option("--out", default=None, help="PNG file (default: RUN/training.png).")
+def plot_cmd(run, out) -> None:
+    """PNG of loss, LR, gradient norm and tokens/s vs step, batch-ramp phases marked."""
+    from open1b_train import plot
+
+    try:
+        path = plot.plot_run(run, out)
+    except Open1bTrainError as e:
+        _fail(e)
+    click.echo(f"wrote {path}")
+
+
+if __name__ == "__main__":  # python -m open1b_train.cli
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""The Open-1B model, composed only from ``kernels`` ops, with an explicit backward.
+
+    x   = RMSNorm(Embed(ids))                                         (B, S, D) bf16
+    for each layer i:
+        h   = x + Attn_i(RMSNorm(x))          Attn: W8A8 q, k, v; gain-free QK-norm per head,
+                                              RoPE; causal GQA attention (sliding window,
+                                              or fully causal on ModelConfig.full_layers);
+                                              W8A8 o
+        x   = h + MLP_i(RMSNorm(h))           MLP: W8A8 fused gate|up, SwiGLU, W8A8 down
+    loss = CrossEntropy+zloss(LMHead(RMSNorm(x)), labels)             exact bf16 GEMM, fp32
+
+Why not autograd: the backward is written out, op by op, because the bits of a training
+step must be defined, not left to an engine. Every gradient's dtype and every sum is
+stated here: activation gradients are bf16 like the activations; weight, gain, LSQ-step
+and embedding gradients come out of the kernels in float32 (autograd would round them to
+the bf16 parameter dtype); where one activation feeds several branches its gradients add
+as ``bf16(fp32(a) + fp32(b) [+ fp32(c)])`` left to right in the order written below (q, k,
+v for the attention input; branch then residual elsewhere). The same code runs the CPU
+reference or the Triton kernels (``kernels.backend``), so the two give the same bits.
+The LM head's input gradient (fp32 from the exact GEMM) is rounded once to bf16.
+
+``forward_backward(cfg, params, input_ids, labels, trace=None)`` returns the micro-batch
+loss (mean over its tokens, float32), each sequence's loss (float32, mean over its tokens:
+the same rows, summed by the pairwise tree then times fp32(1/S)) and the float32 gradient
+of every parameter. ``trace(name, tensor)`` (optional) is called with every op's output in
+execution order, e.g. ``layers.3.fwd.attn`` or ``layers.3.bwd.mlp.down.dw``: per-op digests
+for dispute bisection.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kernels.attention import attention_forward
+from kernels.attention_bwd import attention_backward
+from kernels.embedding import embedding_bwd, embedding_fwd
+from kernels.linear_int8 import linear_int8_backward, linear_int8_forward, linear_int8_forward_cpu
+from kernels.backend import use_triton
+from kernels.lmhead import lmhead_backward, lmhead_forward
+from kernels.reduce import reciprocal_f32, tree_sum
+from kernels.rmsnorm import rmsnorm_bwd, rmsnorm_fwd
+from kernels.rope import rope_bwd, rope_fwd
+from kernels.swiglu import swiglu_bwd, swiglu_fwd
+from kernels.xent import Z_LOSS, xent_backward, xent_forward
+from open1b_train.config import ModelConfig
+
+Trace = Callable[[str, torch.Tensor], None] | None
+BF16 = torch.bfloat16
+F32 = torch.float32
+
+
+def add_bf16(*xs: torch.Tensor) -> torch.Tensor:
+    """bf16(((fp32(a) + fp32(b)) + fp32(c))...): exact widening, IEEE adds, one rounding."""
+    acc = xs[0].to(F32)
+    for x in xs[1:]:
+        acc = acc + x.to(F32)
+    return acc.to(BF16)
+
+
+def _linear(x2: torch.Tensor, w: torch.Tensor, s: torch.Tensor):
+    """Forward of one W8A8 linear; returns (y, codes kept for the CPU backward)."""
+    if use_triton(x2):
+        return linear_int8_forward(x2, w, s), None
+    return linear_int8_forward_cpu(x2, w, s)
+
+
+class _Tracer:
+    def __init__(self, trace: Trace) -> None:
+        self.fn = trace
+
+    def __call__(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        if self.fn is not None:
+            self.fn(name, t)
+        return t
+
+
+def _attn_fwd(cfg: ModelConfig, p: dict, i: int, xn: torch.Tensor, tr: _Tracer):
+    b, s, d = xn.shape
+    hd, pre = cfg.head_dim, f"layers.{i}"
+    x2 = xn.reshape(b * s, d)
+    saved = {"x2": x2}
+    heads = {}
+    for name, nh in (("q", cfg.n_heads), ("k", cfg.n_kv_heads), ("v", cfg.n_kv_heads)):
+        y, saved[f"codes_{name}"] = _linear(x2, p[f"{pre}.attn.{name}.weight"],
+                                            p[f"{pre}.attn.{name}.step"])
+        heads[name] = tr(f"{pre}.fwd.attn.{name}", y).reshape(b, s, nh, hd)  # (B, S, H, hd)
+    for name in ("q", "k"):
+        saved[name] = heads[name]
+        normed, saved[f"rstd_{name}"] = rmsnorm_fwd(heads[name], None, cfg.eps)
+        rotated = rope_fwd(normed, cfg.theta)                                # (B, S, H, hd)
+        heads[name] = rotated.transpose(1, 2).contiguous()                   # (B, H, S, hd)
+    vt = heads["v"].transpose(1, 2).contiguous()
+    window = cfg.layer_window(i)
+    o, lse = attention_forward(heads["q"], heads["k"], vt, window)           # (B, H, S, hd)
+    tr(f"{pre}.fwd.attn.core", o)
+    saved.update(qt=heads["q"], kt=heads["k"], vt=vt, o=o, lse=lse)
+    o2 = o.transpose(1, 2).reshape(b * s, cfg.n_heads * hd)                   # (B*S, H*hd)
+    out, saved["codes_o"] = _linear(o2, p[f"{pre}.attn.o.weight"], p[f"{pre}.attn.o.step"])
+    saved["o2"] = o2
+    return tr(f"{pre}.fwd.attn.o", out).reshape(b, s, d), saved
+
+
+def _attn_bwd(cfg: ModelConfig, p: dict, i: int, dout: torch.Tensor, sv: dict,
+              grads: dict, tr: _Tracer) -> torch.Tensor:
+    b, s, d = dout.shape
+    hd, pre = cfg.head_dim, f"layers.{i}"
+    do2, grads[f"{pre}.attn.o.weight"], grads[f"{pre}.attn.o.step"] = linear_int8_backward(
+        dout.reshape(b * s, d), sv["o2"], p[f"{pre}.attn.o.weight"], p[f"{pre}.attn.o.step"],
+        sv["codes_o"])
+    tr(f"{pre}.bwd.attn.o.dx", do2)
+    do = do2.reshape(b, s, cfg.n_heads, hd).transpose(1, 2).contiguous()      # (B, H, S, hd)
+    dq, dk, dv = attention_backward(sv["qt"], sv["kt"], sv["vt"], sv["o"], sv["lse"], do,
+                                    cfg.layer_window(i))
+    tr(f"{pre}.bwd.attn.core.dq", dq)
+    tr(f"{pre}.bwd.attn.core.dk", dk)
+    tr(f"{pre}.bwd.attn.core.dv", dv)
+    dheads = {"v": dv.transpose(1, 2)}                                        # (B, S, H, hd)
+    for name, g in (("q", dq), ("k", dk)):
+        dn = rope_bwd(g.transpose(1, 2).contiguous(), cfg.theta)
+        dheads[name], _ = rmsnorm_bwd(dn, sv[name], None, sv[f"rstd_{name}"])
+    dxs = []
+    for name in ("q", "k", "v"):
+        dy = dheads[name].reshape(b * s, -1)
+        dx, grads[f"{pre}.attn.{name}.weight"], grads[f"{pre}.attn.{name}.step"] = \
+            linear_int8_backward(dy, sv["x2"], p[f"{pre}.attn.{name}.weight"],
+                                 p[f"{pre}.attn.{name}.step"], sv[f"codes_{name}"])
+        dxs.append(tr(f"{pre}.bwd.attn.{name}.dx", dx))
+    return add_bf16(*dxs).reshape(b, s, d)
+
+
+def _mlp_fwd(cfg: ModelConfig, p: dict, i: int, hn: torch.Tensor, tr: _Tracer):
+    b, s, d = hn.shape
+    pre = f"layers.{i}"
+    x2 = hn.reshape(b * s, d)
+    gu, codes_gu = _linear(x2, p[f"{pre}.mlp.gate_up.weight"], p[f"{pre}.mlp.gate_up.step"])
+    tr(f"{pre}.fwd.mlp.gate_up", gu)
+    a = tr(f"{pre}.fwd.mlp.swiglu", swiglu_fwd(gu))                           # (B*S, F)
+    out, codes_down = _linear(a, p[f"{pre}.mlp.down.weight"], p[f"{pre}.mlp.down.step"])
+    tr(f"{pre}.fwd.mlp.down", out)
+    return out.reshape(b, s, d), {"x2": x2, "gu": gu, "a": a, "codes_gu": codes_gu,
+                                  "codes_down": codes_down}
+
+
+def _mlp_bwd(cfg: ModelConfig, p: dict, i: int, dout: torch.Tensor, sv: dict,
+             grads: dict, tr: _Tracer) -> torch.Tensor:
+    b, s, d = dout.shape
+    pre = f"layers.{i}"
+    da, grads[f"{pre}.mlp.down.weight"], grads[f"{pre}.mlp.down.step"] = linear_int8_backward(
+        dout.reshape(b * s, d), sv["a"], p[f"{pre}.mlp.down.weight"], p[f"{pre}.mlp.down.step"],
+        sv["codes_down"])
+    tr(f"{pre}.bwd.mlp.down.dx", da)
+    dgu = tr(f"{pre}.bwd.mlp.swiglu", swiglu_bwd(da, sv["gu"]))
+    dx, grads[f"{pre}.mlp.gate_up.weight"], grads[f"{pre}.mlp.gate_up.step"] = \
+        linear_int8_backward(dgu, sv["x2"], p[f"{pre}.mlp.gate_up.weight"],
+                             p[f"{pre}.mlp.gate_up.step"], sv["codes_gu"])
+    return tr(f"{pre}.bwd.mlp.gate_up.dx", dx).reshape(b, s, d)
+
+
+def sequence_losses(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
+                    batch: int) -> torch.Tensor:
+    """Each sequence's loss: the cross-entropy + z-loss rows of ``kernels.xent`` (same
+    expression, one IEEE op each), pairwise-tree summed per sequence, times fp32(1/S)."""
+    xt = logits.gather(1, labels[:, None])[:, 0]
+    rows = (lse - xt) + Z_LOSS * (lse * lse)                                  # (B*S,)
+    seq = rows.shape[0] // batch
+    return tree_sum(rows.reshape(batch, seq), -1) * reciprocal_f32(seq)
+
+
+def forward_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tensor,
+                     labels: torch.Tensor, trace: Trace = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """(loss, per-sequence losses, float32 gradients by parameter name) of one micro-batch
+    ``input_ids`` / ``labels`` (B, S) int64; see the module docstring."""
+    tr = _Tracer(trace)
+    b, s = input_ids.shape
+    d = cfg.d_model
+    grads: dict[str, torch.Tensor] = {}
+    # ---- forward
+    e = tr("embed.fwd", embedding_fwd(p["embed.weight"], input_ids))           # (B, S, D)
+    x, rstd_e = rmsnorm_fwd(e, p["embed_norm.gain"], cfg.eps)
+    tr("embed_norm.fwd", x)
+    tape = []
+    for i in range(cfg.n_layers):
+        xn, r1 = rmsnorm_fwd(x, p[f"layers.{i}.attn_norm.gain"], cfg.eps)
+        a, sa = _attn_fwd(cfg, p, i, xn, tr)
+        h = tr(f"layers.{i}.fwd.h", add_bf16(x, a))
+        hn, r2 = rmsnorm_fwd(h, p[f"layers.{i}.mlp_norm.gain"], cfg.eps)
+        m, sm = _mlp_fwd(cfg, p, i, hn, tr)
+        tape.append((x, r1, sa, h, r2, sm))
+        x = tr(f"layers.{i}.fwd.out", add_bf16(h, m))
+    xf, rstd_f = rmsnorm_fwd(x, p["final_norm.gain"], cfg.eps)
+    xf2 = xf.reshape(b * s, d)
+    logits = tr("lm_head.fwd", lmhead_forward(xf2, p["lm_head.weight"], cfg.lmhead_slices))
+    flat_labels = labels.reshape(-1)
+    loss, lse = xent_forward(logits, flat_labels)
+    per_seq = sequence_losses(logits, flat_labels, lse, b)
+    tr("loss", loss.reshape(1))
+    # ---- backward
+    dlogits = xent_backward(torch.ones((), dtype=F32, device=logits.device), logits,
+                            flat_labels, lse)
+    del logits
+    dxf, grads["lm_head.weight"] = lmhead_backward(dlogits, xf2, p["lm_head.weight"],
+                                                   cfg.lmhead_slices)
+    del dlogits
+    dx, grads["final_norm.gain"] = rmsnorm_bwd(dxf.to(BF16).reshape(b, s, d), x,
+                                               p["final_norm.gain"], rstd_f)
+    tr("final_norm.bwd", dx)
+    for i in reversed(range(cfg.n_layers)):
+        x_in, r1, sa, h, r2, sm = tape.pop()
+        dhn = _mlp_bwd(cfg, p, i, dx, sm, grads, tr)
+        dh_norm, grads[f"layers.{i}.mlp_norm.gain"] = rmsnorm_bwd(
+            dhn, h, p[f"layers.{i}.mlp_norm.gain"], r2)
+        dh = tr(f"layers.{i}.bwd.h", add_bf16(dh_norm, dx))
+        dxn = _attn_bwd(cfg, p, i, dh, sa, grads, tr)
+        dx_norm, grads[f"layers.{i}.attn_norm.gain"] = rmsnorm_bwd(
+            dxn, x_in, p[f"layers.{i}.attn_norm.gain"], r1)
+        dx = tr(f"layers.{i}.bwd.x", add_bf16(dx_norm, dh))
+    de, grads["embed_norm.gain"] = rmsnorm_bwd(dx, e, p["embed_norm.gain"], rstd_e)
+    grads["embed.weight"] = embedding_bwd(de, input_ids, cfg.vocab)
+    for name, g in grads.items():
+        tr(f"grad.{name}", g)
+    return loss, per_seq, grads

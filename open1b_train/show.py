@@ -1,0 +1,100 @@
+"""``open1b-train show RUN --step N``: one step of a run, for forensics.
+
+The step's hash and components, loss, learning rate, pre-clip gradient norm and skip flag
+(from ``RUN/steps.jsonl``), and its windows in mesh order with each window's loss; the
+``top`` highest-loss windows are listed with the source documents behind them (the
+stream's own provenance: source, shard file, row, source-native id, token span), so a
+loss spike can be traced to the documents that caused it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+from open1b_train import runlog
+from open1b_train.errors import Open1bTrainError
+
+
+def f32_from_hex(h: str) -> float:
+    return struct.unpack("<f", struct.pack("<I", int(h, 16)))[0]
+
+
+def mesh_windows(schedule, step: int, mesh: tuple[int, int]) -> list[tuple[int, int, int]]:
+    """(window, virtual rank, micro-batch) of ``step`` in mesh order."""
+    V = mesh[0] * mesh[1]
+    out = []
+    for v in range(V):
+        rp = schedule.rank_plan(step, V, v)
+        for j, mb in enumerate(rp.micro_batches):
+            out.extend((m, v, j) for m in mb)
+    return out
+
+
+def step_report(run: str, step: int, top: int = 5, mix: str | None = None) -> dict:
+    lines = runlog.read(run)
+    if not lines:
+        raise Open1bTrainError(f"{run}: no steps.jsonl; is it a run directory?")
+    if step >= len(lines):
+        raise Open1bTrainError(f"{run} has steps 0..{len(lines) - 1}; step {step} was not "
+                               f"trained (yet)")
+    line = lines[step]
+    rep = {"run": run, "step": step, "hash": line["hash"], "prev": line["prev"]}
+    if step == 0:
+        rep["genesis"] = line["genesis"]
+        return rep
+    sc = line["scalars"]
+    rep.update(components=line["components"], loss=f32_from_hex(sc["loss"]),
+               grad_norm=f32_from_hex(sc["grad_norm"]), lr=float.fromhex(sc["lr"]),
+               skipped=sc["skipped"], spike=sc["spike"], tokens=sc["tokens"],
+               phase=line.get("phase"), seconds=line.get("seconds"))
+    if mix is None:
+        with open(os.path.join(run, "run.json")) as f:
+            mix = json.load(f)["mix"]
+    with open(os.path.join(run, "config.json")) as f:
+        cfg = json.load(f)
+    from open1b_data import StreamPlan, WindowReader
+    from open1b_data.stream.schedule import Schedule
+
+    plan = StreamPlan.open(mix, seed=cfg["seed"])
+    sched = Schedule.from_definition(plan.view.definition)
+    order = mesh_windows(sched, step, tuple(cfg["mesh"]))
+    losses = [f32_from_hex(h) for h in sc["window_loss"]]
+    if len(losses) != len(order):
+        raise Open1bTrainError(f"{run}: step {step} logs {len(losses)} window losses, the "
+                               f"schedule gives {len(order)} windows; wrong --mix?")
+    rep["windows"] = [{"window": m, "rank": v, "micro_batch": j, "loss": x}
+                      for (m, v, j), x in zip(order, losses)]
+    reader = WindowReader(plan, whole_shards=False)
+    worst = sorted(rep["windows"], key=lambda w: -w["loss"])[:top]
+    rep["top"] = []
+    for w in worst:
+        segs = reader.segments_with_ids(w["window"])
+        rep["top"].append({**w, "documents": [
+            {"source": s.source, "shard": plan.view.sources[plan.sources.index(s.source)]
+             .shard_paths[s.shard], "row": s.doc, "doc_id": s.doc_id,
+             "tokens": [s.doc_start, min(s.doc_start + s.length, s.doc_length)],
+             "epoch": s.epoch} for s in segs]})
+    return rep
+
+
+def print_report(rep: dict, echo) -> None:
+    echo(f"{rep['run']}  step {rep['step']}  hash {rep['hash']}")
+    if rep["step"] == 0:
+        for k, v in rep["genesis"].items():
+            echo(f"  {k:<16} {v}")
+        return
+    echo(f"  loss {rep['loss']:.6f}   grad norm {rep['grad_norm']:.6f}   lr {rep['lr']:.6g}"
+         f"   {'SKIPPED' if rep['skipped'] else 'applied'}{'  (spike)' if rep['spike'] else ''}"
+         f"   tokens {rep['tokens']:,}   phase {rep['phase']}")
+    for k, v in rep["components"].items():
+        echo(f"  {k:<8} {v}")
+    ws = rep["windows"]
+    echo(f"  windows {ws[0]['window']}..{max(w['window'] for w in ws)} ({len(ws)}), "
+         f"loss min {min(w['loss'] for w in ws):.4f} max {max(w['loss'] for w in ws):.4f}")
+    for w in rep["top"]:
+        echo(f"\n  window {w['window']}  rank {w['rank']}  micro-batch {w['micro_batch']}  "
+             f"loss {w['loss']:.4f}")
+        for d in w["documents"]:
+            echo(f"    {d['source']:<14} {d['shard']}  row {d['row']}  tokens "
+                 f"[{d['tokens'][0]},{d['tokens'][1]})  {d['doc_id']}")

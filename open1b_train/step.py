@@ -1,0 +1,200 @@
+"""One optimizer step, written once: Algorithm 1 over the logical mesh, then the recipe.
+
+Reduction (the logical mesh is ``dp_replicate`` R x ``dp_shard`` S virtual ranks, virtual
+rank ``v = rep * S + shard``, replica-major; every "average" multiplies by a float32
+reciprocal, never divides):
+
+1. Virtual ranks run in mesh order. Rank v's gradient is its micro-batches' gradients
+   accumulated in order: ``g_v = g_0 * r``, then ``g_v = g_v + g_j * r`` for j = 1 .. A-1,
+   with ``r = fp32(1 / A)`` (A = accumulation; each multiply and add one IEEE float32
+   operation).
+2. The shards of a replica add in ascending shard order into one running partial,
+   ``p = g_(rep,0)``, ``p = p + g_(rep,s)``; at the last shard ``p = p * fp32(1 / S)``.
+3. The replica partials fold by ``TreeFold`` (the cluster's butterfly, ``treefold.py``);
+   ``g = fold.result() * fp32(1 / R)``.
+The step's loss goes through exactly the same reduction as the gradient (micro-batch
+losses in place of gradients), so it is the mean over the step's tokens in that order.
+Multiplying by fp32(1/1) = 1.0 is exact and skipped. At most one rank gradient, one
+replica partial and O(log2 R) fold partials are alive at once.
+
+The recipe (after the reduction, on the logical gradient; the same bits however the
+gradient is sharded, because every step below is elementwise or a pairwise-tree sum over
+the flat gradient in model order):
+
+* ``inject_spike`` steps (a forensics/testing knob of the config) multiply g by 1e4 first.
+* norm = ``kernels.gradnorm.grad_norm([g])``: the pairwise tree sum of g*g over the flat
+  gradient, correctly rounded sqrt. A non-finite norm or loss stops the run
+  (``DivergenceError`` naming the step); nothing is updated.
+* Spike protocol: if ``norm > spike_threshold`` the counter ``skip_left`` is set to
+  ``spike_skip`` (5). A step with ``skip_left > 0`` is skipped and decrements it: its
+  windows are consumed (the stream moves on; they are not replayed), its forward and
+  backward ran (the loss and norm are logged and hashed), but the parameters, both Adam
+  moments and the Adam step counter are left exactly as they were; the learning rate keeps
+  following the consumed tokens. So a spike skips its own update and the next four; a new
+  spike while skipping restarts the count at five.
+* Otherwise: clip (``kernels.gradnorm.clip_grads_``: g *= min(1, clip / (norm + 1e-6))),
+  the Adam step counter t += 1, and the fused AdamW of ``kernels.adamw`` per parameter at
+  ``lr = schedule LR at the step's tokens_after * lr_scale`` (binary64) with weight decay on
+  the decayed group only (``params.py``). The weight quantization steps of the W8A8
+  linears are re-derived from the updated weights at their next use (``kernels.linear_int8``
+  re-pins them at every call), so they always match the weights.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kernels.adamw import AdamWConfig, adamw_step_
+from kernels.gradnorm import clip_grads_, grad_norm
+from kernels.reduce import reciprocal_f32
+from open1b_train.config import TrainConfig
+from open1b_train.errors import DivergenceError
+from open1b_train.model import Trace, forward_backward
+from open1b_train.params import Layout, ParamSpec
+from open1b_train.treefold import Spill, TreeFold
+
+SPIKE_INJECTION = 1e4
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch of one virtual rank: windows ``(B, window_tokens)`` int64."""
+
+    rank: int
+    index: int
+    windows: tuple[int, ...]
+    tokens: torch.Tensor
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.tokens[:, :-1]
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self.tokens[:, 1:]
+
+
+@dataclass
+class OptimState:
+    """Adam moments (flat float32, model order), the update counter and the skip counter."""
+
+    m: torch.Tensor
+    v: torch.Tensor
+    adam_step: int = 0
+    skip_left: int = 0
+
+
+@dataclass(frozen=True)
+class Reduced:
+    grad: torch.Tensor                  # flat float32, reduced, before clipping
+    loss: torch.Tensor                  # 0-d float32
+    window_losses: torch.Tensor         # (windows,) float32 in mesh order
+    peak_partials: int                  # most TreeFold partials alive at once
+
+
+@dataclass(frozen=True)
+class Update:
+    norm: float                         # pre-clip global norm (float32 value)
+    skipped: bool
+    spike: bool
+    lr: float
+
+
+def _into(flat: torch.Tensor, layout: Layout, grads: dict[str, torch.Tensor], r: float,
+          add: bool) -> None:
+    """flat (+)= grads * r, per parameter, one IEEE multiply and one add per element."""
+    for slot in layout.slots:
+        g = grads[slot.name].reshape(-1)
+        view = flat[slot.offset:slot.offset + slot.numel]
+        scaled = g if r == 1.0 else g * r
+        if add:
+            view.add_(scaled)
+        else:
+            view.copy_(scaled)
+
+
+def reduce_step(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layout,
+                batches: list[list[MicroBatch]], trace: Trace = None,
+                spill: Spill | None = None, device: torch.device | str = "cpu") -> Reduced:
+    """Algorithm 1: ``batches[v]`` are virtual rank v's micro-batches in order."""
+    reps, shards = cfg.mesh
+    if len(batches) != reps * shards:
+        raise ValueError(f"need {reps * shards} virtual ranks' micro-batches, got {len(batches)}")
+    inv_s, inv_r = reciprocal_f32(shards), reciprocal_f32(reps)
+    fold, loss_fold = TreeFold(spill), TreeFold()
+    window_losses = []
+    g_v = layout.empty(device) if shards > 1 else None
+    partial = loss_partial = None
+    for v, mbs in enumerate(batches):
+        shard = v % shards
+        r = reciprocal_f32(len(mbs))
+        target = layout.empty(device) if shard == 0 else g_v   # rank 0 of a replica: in place
+        loss_v = None
+        for j, mb in enumerate(mbs):
+            tr = None if trace is None else (
+                lambda name, t, v=v, j=j: trace(f"rank{v}.mb{j}.{name}", t))
+            loss, per_seq, grads = forward_backward(cfg.model, params, mb.input_ids,
+                                                    mb.labels, tr)
+            _into(target, layout, grads, r, add=j > 0)
+            del grads
+            scaled = loss.reshape(1) if r == 1.0 else loss.reshape(1) * r
+            loss_v = scaled if j == 0 else loss_v + scaled
+            window_losses.append(per_seq)
+        if shard == 0:
+            partial, loss_partial = target, loss_v
+        else:
+            partial.add_(target)
+            loss_partial = loss_partial + loss_v
+        if shard == shards - 1:
+            if inv_s != 1.0:
+                partial.mul_(inv_s)
+                loss_partial = loss_partial * inv_s
+            fold.push(partial)
+            loss_fold.push(loss_partial)
+            partial = None
+    g = fold.result()
+    loss = loss_fold.result()
+    if inv_r != 1.0:
+        g = g * inv_r
+        loss = loss * inv_r
+    return Reduced(g, loss.reshape(()), torch.cat(window_losses), fold.peak)
+
+
+def apply_update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, torch.Tensor],
+                 layout: Layout, grad: torch.Tensor, loss: torch.Tensor, opt: OptimState,
+                 step: int, lr: float) -> Update:
+    """The recipe after the reduction (see the module docstring); updates in place."""
+    if step in cfg.inject_spike:
+        grad.mul_(SPIKE_INJECTION)
+    norm_t = grad_norm([grad])
+    norm, loss_f = float(norm_t), float(loss)
+    if not (math.isfinite(norm) and math.isfinite(loss_f)):
+        raise DivergenceError(
+            f"step {step}: non-finite {'loss' if not math.isfinite(loss_f) else 'gradient'} "
+            f"(loss {loss_f}, gradient norm {norm}); the run stops here and keeps its last "
+            f"good checkpoint - lower the learning rate or inspect the step's data with "
+            f"`open1b-data stream-at --step {step} --stats`")
+    spike = norm > cfg.spike_threshold
+    if spike:
+        opt.skip_left = cfg.spike_skip
+    if opt.skip_left > 0:
+        opt.skip_left -= 1
+        return Update(norm, True, spike, lr)
+    clip_grads_([grad], cfg.clip)
+    opt.adam_step += 1
+    adam = AdamWConfig(cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay)
+    m, v = layout.views(opt.m), layout.views(opt.v)
+    g = layout.views(grad)
+    for spec in specs:
+        wd = cfg.weight_decay if spec.decay else 0.0
+        adamw_step_(params[spec.name], g[spec.name], m[spec.name], v[spec.name],
+                    opt.adam_step, lr, wd, adam)
+    return Update(norm, False, spike, lr)
+
+
+def float32_hex(x: float | torch.Tensor) -> str:
+    """The bits of a float32 value as 8 hex digits (exact, for logs and hashes)."""
+    return f"{int(np.array(float(x), dtype=np.float32).view(np.uint32)):08x}"

@@ -1,0 +1,335 @@
+"""The training loop: load -> step -> hash -> log -> checkpoint, one step after another.
+
+``train(cfg, mix, run)`` trains ``cfg`` on the built mix ``mix`` into the run directory
+``run`` (``RUN/config.json``, ``RUN/steps.jsonl``, ``RUN/checkpoints/``). A run directory
+that already holds steps is resumed from its latest good checkpoint - only with the same
+config identity (``TrainConfig.identity``), mix fingerprint and seed; anything else is
+refused naming what differs. Steps the log already holds past that checkpoint (a run
+killed after logging them) are recomputed and must come out bit-identical: a difference
+is a ``ReproducibilityError`` naming the step and component, never a silent overwrite.
+
+Data comes from ``open1b_data``'s ``StreamLoader`` serving all virtual ranks of the
+logical mesh in mesh order; the trainer never reorders it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import kernels.backend as kb
+from open1b_data import StreamLoader, StreamPlan
+from open1b_data.build.manifest import load_manifest
+from open1b_data.stream.schedule import Schedule
+from open1b_train import __version__, checkpoint, runlog, statehash
+from open1b_train.config import TrainConfig, from_dict
+from open1b_train.errors import ConfigError, ResumeError, ReproducibilityError
+from open1b_train.params import Layout, init_params, param_specs
+from open1b_train.step import MicroBatch, OptimState, apply_update, float32_hex, reduce_step
+
+CONFIG = "config.json"
+
+
+@dataclass
+class Run:
+    """A resolved run: config (vocab and seed filled in), mix, schedule, directories."""
+
+    cfg: TrainConfig
+    mix: str
+    dir: str
+    plan: StreamPlan
+    schedule: Schedule
+    last_step: int
+    device: torch.device
+
+
+@dataclass
+class State:
+    """What evolves from step to step."""
+
+    step: int                       # last completed step (0 = the initial state)
+    params: dict[str, torch.Tensor]
+    opt: OptimState
+    prev_hash: str
+    loader: dict[str, Any] | None   # StreamLoader state at the next step's boundary
+
+
+@dataclass(frozen=True)
+class Summary:
+    run: str
+    first_step: int
+    last_step: int
+    run_hash: str
+    loss: float | None
+    seconds: float
+    tokens: int
+    skipped_steps: int
+
+
+def _device(cfg: TrainConfig) -> torch.device:
+    if cfg.backend != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def backend_scope(cfg: TrainConfig):
+    """``kernels.backend.force`` for the config's backend (auto: by device)."""
+    return kb.force(None if cfg.backend == "auto" else cfg.backend)
+
+
+def resolve(cfg: TrainConfig, mix: str, run_dir: str) -> Run:
+    """Fill the config from the mix (vocabulary, seed) and check that they fit."""
+    manifest = load_manifest(mix)
+    vocab = int(manifest.tokenizer["vocab_size"])
+    if cfg.model.vocab == 0:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab=vocab))
+    elif cfg.model.vocab != vocab:
+        raise ConfigError(f"model.vocab is {cfg.model.vocab} but the mix's tokenizer has "
+                          f"{vocab} tokens; set model.vocab = 0 (take the mix's) or use "
+                          f"another mix")
+    if cfg.seed is None:
+        cfg = dataclasses.replace(cfg, seed=manifest.seed)
+    plan = StreamPlan.open(mix, seed=cfg.seed)
+    schedule = Schedule.from_definition(plan.view.definition)
+    last = schedule.last_step if cfg.steps is None else min(cfg.steps, schedule.last_step)
+    V = cfg.virtual_ranks
+    for r in schedule.runs:                     # every batch must split over the mesh
+        if r.first_step <= last:
+            schedule.accumulation(r.first_step, V)
+    return Run(cfg, mix, run_dir, plan, schedule, last, _device(cfg))
+
+
+# ----------------------------------------------------------------------------- state
+
+def _genesis(run: Run, params: dict[str, torch.Tensor], opt: OptimState) -> dict[str, Any]:
+    layout = Layout(param_specs(run.cfg.model))
+    rec = {"config_identity": run.cfg.identity_sha256(), "mix_fingerprint": run.plan.fingerprint,
+           "seed": run.cfg.seed, "params": statehash.tensors_digest(params),
+           "optim": statehash.optim_digest(layout.views(opt.m), layout.views(opt.v),
+                                           opt.adam_step, opt.skip_left)}
+    return {"step": 0, "hash": statehash.genesis_hash(rec), "prev": None, "genesis": rec}
+
+
+def fresh_state(run: Run) -> tuple[State, dict[str, Any]]:
+    params = init_params(run.cfg.model, run.cfg.seed, run.device)
+    layout = Layout(param_specs(run.cfg.model))
+    opt = OptimState(layout.zeros(run.device), layout.zeros(run.device))
+    line = _genesis(run, params, opt)
+    return State(0, params, opt, line["hash"], None), line
+
+
+def _check_config(run_dir: str, cfg: TrainConfig) -> None:
+    """Write RUN/config.json, or check that an existing one has the same identity."""
+    path = os.path.join(run_dir, CONFIG)
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            old = from_dict(json.loads(f.read()))
+        if old.identity() != cfg.identity():
+            diff = [k for k in cfg.identity() if cfg.identity()[k] != old.identity().get(k)]
+            raise ResumeError(f"{run_dir} was trained with another config (differs in "
+                              f"{', '.join(diff)}: {[old.identity()[k] for k in diff]} there, "
+                              f"{[cfg.identity()[k] for k in diff]} now); resume with its "
+                              f"config (`open1b-train resume {run_dir}`) or use another --out")
+        return
+    os.makedirs(run_dir, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(cfg.to_dict(), f, sort_keys=True, indent=1)
+    os.replace(tmp, path)
+
+
+def resume_state(run: Run, lines: list[dict[str, Any]]) -> tuple[State, list[dict]]:
+    """The state at the latest good checkpoint; returns it and the log lines to keep."""
+    fresh, genesis = fresh_state(run)
+    if lines[0].get("hash") != genesis["hash"]:
+        raise ResumeError(_genesis_difference(run, lines[0], genesis))
+    steps = [s for s in checkpoint.list_steps(run.dir) if s < len(lines)]
+    if not steps:
+        return fresh, lines[:1]
+    c = steps[-1]
+    ck = checkpoint.load(checkpoint.step_dir(run.dir, c), run.device)
+    rec = ck.record
+    for key, want in (("mix_fingerprint", run.plan.fingerprint), ("seed", run.cfg.seed),
+                      ("config_identity", run.cfg.identity_sha256())):
+        if rec.get(key) != want:
+            raise ResumeError(f"checkpoint {ck.path} has {key} {rec.get(key)!r}, this run "
+                              f"{want!r}; it belongs to another run")
+    if rec.get("run_hash") != lines[c]["hash"]:
+        raise ResumeError(f"checkpoint {ck.path} records step hash {rec.get('run_hash')}, the "
+                          f"log's step {c} is {lines[c]['hash']}; they are from different runs")
+    layout = Layout(param_specs(run.cfg.model))
+    specs = param_specs(run.cfg.model)
+    missing = [s.name for s in specs if s.name not in ck.params or s.name not in ck.m]
+    if missing:
+        raise ResumeError(f"checkpoint {ck.path} lacks parameters {missing[:3]}")
+    opt = OptimState(layout.zeros(run.device), layout.zeros(run.device),
+                     int(rec["adam_step"]), int(rec["skip_left"]))
+    for name, view in layout.views(opt.m).items():
+        view.copy_(ck.m[name])
+    for name, view in layout.views(opt.v).items():
+        view.copy_(ck.v[name])
+    params = {s.name: ck.params[s.name] for s in specs}
+    got = {"params": statehash.tensors_digest(params),
+           "optim": statehash.optim_digest(layout.views(opt.m), layout.views(opt.v),
+                                           opt.adam_step, opt.skip_left)}
+    for comp, digest in got.items():
+        if digest != lines[c]["components"][comp]:
+            raise ResumeError(f"checkpoint {ck.path}: its {comp} digest {digest} differs from "
+                              f"the log's step {c} ({lines[c]['components'][comp]}); the "
+                              f"checkpoint was altered - resume from an earlier one")
+    return State(c, params, opt, lines[c]["hash"], rec["loader"]), lines[:c + 1]
+
+
+def _genesis_difference(run: Run, old: dict, new: dict) -> str:
+    o, n = old.get("genesis", {}), new["genesis"]
+    diff = [k for k in n if o.get(k) != n[k]]
+    return (f"{run.dir}: its step 0 differs from this run's ({', '.join(diff) or 'hash'}): "
+            f"another mix, seed or config; resume with the run's own mix and config, or use "
+            f"another --out")
+
+
+# ----------------------------------------------------------------------------- the loop
+
+def _batches(items: list[dict], V: int, device: torch.device) -> list[list[MicroBatch]]:
+    out: list[list[MicroBatch]] = [[] for _ in range(V)]
+    for it in items:
+        toks = torch.cat([it["input_ids"], it["labels"][:, -1:]], 1).to(device)
+        out[it["rank"]].append(MicroBatch(it["rank"], it["micro_batch"],
+                                          tuple(it["windows"]), toks))
+    return out
+
+
+def train(cfg: TrainConfig, mix: str, run_dir: str, progress: bool | None = None,
+          echo=print) -> Summary:
+    """Train (or resume) the run in ``run_dir``; see the module docstring."""
+    run = resolve(cfg, mix, run_dir)
+    cfg = run.cfg
+    _check_config(run.dir, cfg)
+    with backend_scope(cfg):
+        lines = runlog.read(run.dir)
+        if lines:
+            state, keep = resume_state(run, lines)
+            expected = {ln["step"]: ln for ln in lines[len(keep):]}
+            if len(keep) != len(lines) or runlog.has_partial_tail(run.dir):
+                runlog.rewrite(run.dir, keep)
+        else:
+            state, genesis = fresh_state(run)
+            runlog.append(run.dir, genesis)
+            expected = {}
+            _save_checkpoint(run, state)
+        return _loop(run, state, expected, progress, echo)
+
+
+def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | None,
+          echo) -> Summary:
+    cfg, sched = run.cfg, run.schedule
+    V = cfg.virtual_ranks
+    specs = param_specs(cfg.model)
+    layout = Layout(specs)
+    first = state.step + 1
+    t_start = time.perf_counter()
+    tokens = skipped = 0
+    loss = None
+    if first > run.last_step:
+        echo(f"{run.dir}: already trained to step {state.step} (last step {run.last_step})")
+        return Summary(run.dir, first, state.step, state.prev_hash, None, 0.0, 0, 0)
+    loader = StreamLoader(run.plan, world=V, ranks=range(V), start_step=first,
+                          end_step=run.last_step)
+    if state.loader is not None:
+        loader.load_state_dict(state.loader)
+    bar = _progress(run, first, progress)
+    it = iter(loader)
+    try:
+        for step in range(first, run.last_step + 1):
+            info = sched.step(step)
+            acc = sched.accumulation(step, V)
+            items = [next(it) for _ in range(acc * V)]
+            t0 = time.perf_counter()
+            batches = _batches(items, V, run.device)
+            red = reduce_step(cfg, state.params, layout, batches, device=run.device)
+            lr = info.lr * cfg.lr_scale
+            upd = apply_update(cfg, specs, state.params, layout, red.grad, red.loss,
+                               state.opt, step, lr)
+            t1 = time.perf_counter()
+            line = _hash_line(run, state, step, batches, red, upd, info.tokens_after, layout)
+            t2 = time.perf_counter()
+            want = expected.get(step)
+            if want is not None and want["hash"] != line["hash"]:
+                comp = [c for c in statehash.COMPONENTS
+                        if want["components"].get(c) != line["components"][c]]
+                raise ReproducibilityError(
+                    f"step {step} recomputed after a resume differs from the logged step "
+                    f"({', '.join(comp) or 'hash'}); the same inputs gave other bits - this "
+                    f"machine or build does not reproduce the run")
+            line.update(loss=float(red.loss), grad_norm=upd.norm, lr=lr, phase=info.phase,
+                        windows=[info.first_window, info.first_window + info.batch_sequences],
+                        mesh=list(cfg.mesh),
+                        seconds=round(t2 - t0, 4), hash_seconds=round(t2 - t1, 4),
+                        tokens_per_s=round(info.batch_sequences * sched.spec.seq_tokens /
+                                           max(t2 - t0, 1e-9), 1))
+            runlog.append(run.dir, line)
+            state.step, state.prev_hash = step, line["hash"]
+            state.loader = loader.state_dict()
+            tokens += info.batch_sequences * sched.spec.seq_tokens
+            skipped += upd.skipped
+            loss = float(red.loss)
+            if step % cfg.checkpoint_every == 0 or step == run.last_step:
+                _save_checkpoint(run, state)
+            if bar is not None:
+                bar.set_postfix_str(f"loss {loss:.4f} | {line['tokens_per_s']:,.0f} tok/s"
+                                    + (" | skip" if upd.skipped else ""))
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return Summary(run.dir, first, state.step, state.prev_hash, loss,
+                   time.perf_counter() - t_start, tokens, skipped)
+
+
+def _hash_line(run: Run, state: State, step: int, batches: list[list[MicroBatch]], red, upd,
+               tokens_after: int, layout: Layout) -> dict[str, Any]:
+    windows = [m for mbs in batches for mb in mbs for m in mb.windows]
+    digests = [d for mbs in batches for mb in mbs for d in statehash.window_digests(mb.tokens)]
+    scalars = {"loss": float32_hex(red.loss), "grad_norm": float32_hex(upd.norm),
+               "lr": float(upd.lr).hex(), "skipped": upd.skipped, "spike": upd.spike,
+               "tokens": tokens_after,
+               "window_loss": [float32_hex(x) for x in red.window_losses.tolist()]}
+    comps = {"data": statehash.data_digest(windows, digests),
+             "grad": statehash.tensors_digest(layout.views(red.grad)),
+             "params": statehash.tensors_digest(state.params),
+             "optim": statehash.optim_digest(layout.views(state.opt.m),
+                                             layout.views(state.opt.v),
+                                             state.opt.adam_step, state.opt.skip_left),
+             "scalars": statehash.sha(scalars)}
+    h = statehash.step_hash(step, state.prev_hash, comps)
+    return {"step": step, "hash": h, "prev": state.prev_hash, "components": comps,
+            "scalars": scalars}
+
+
+def _save_checkpoint(run: Run, state: State) -> None:
+    layout = Layout(param_specs(run.cfg.model))
+    m, v = layout.views(state.opt.m), layout.views(state.opt.v)
+    rec = {"adam_step": state.opt.adam_step, "skip_left": state.opt.skip_left,
+           "run_hash": state.prev_hash, "loader": state.loader, "config": run.cfg.to_dict(),
+           "config_identity": run.cfg.identity_sha256(), "mix_fingerprint": run.plan.fingerprint,
+           "seed": run.cfg.seed, "software": {"open1b": __version__, "torch": torch.__version__}}
+    checkpoint.save(run.dir, state.step, state.params, m, v, rec)
+    checkpoint.prune(run.dir, run.cfg.keep_checkpoints)
+
+
+def _progress(run: Run, first: int, enabled: bool | None):
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=run.last_step - first + 1, initial=0, unit="step", dynamic_ncols=True,
+                desc=f"train {os.path.basename(run.dir.rstrip('/'))}", file=sys.stderr)
+
