@@ -157,3 +157,21 @@ def test_seek_index_cursors_are_checked(mix):
         a["draw"][2] += 1
     forge(mix, 64, unbalanced)
     assert StreamPlan.open(mix).index is None     # refused on load: not used, warned
+
+
+def test_object_store_urls_are_read_and_checked_the_same_way(pristine):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    for root, _, files in os.walk(pristine):
+        for f in files:
+            p = os.path.join(root, f)
+            fs.pipe("/checked/" + os.path.relpath(p, pristine), open(p, "rb").read())
+    ref = WindowReader(StreamPlan.open(pristine)).windows(0, 40)
+    for whole in (True, False):
+        got = WindowReader(StreamPlan.open("memory://checked"), whole_shards=whole)
+        assert np.array_equal(got.windows(0, 40), ref)
+    path, _, _ = first_segment(pristine)
+    fs.pipe("/checked/" + os.path.relpath(path, pristine), b"PAR1" + b"\0" * 64)
+    with pytest.raises(ManifestError, match="memory://checked/"):
+        WindowReader(StreamPlan.open("memory://checked")).windows(0, 40)
