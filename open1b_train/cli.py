@@ -20,14 +20,13 @@ from open1b_train.errors import Open1bTrainError
 
 DEMO_MIX = os.path.join("build", "demo-mix")
 DEMO_RUN = os.path.join("build", "demo-run")
-RUN_INFO = "run.json"
 
 
 def _fail(e: Exception) -> None:
     raise click.ClickException(str(e)) from None
 
 
-def _mesh(text: str | None) -> tuple[int, int] | None:
+def _mesh(ctx, param, text: str | None) -> tuple[int, int] | None:
     if text is None:
         return None
     try:
@@ -47,9 +46,6 @@ def _train(cfg, mix: str, out: str, quiet: bool) -> None:
         raise click.ClickException(
             f"{mix!r} is not a built mix (no manifest.json); build one with `open1b-data "
             f"build-mix --out {mix}` (the demo: `make demo`)")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, RUN_INFO), "w") as f:
-        json.dump({"mix": os.path.abspath(mix) if "://" not in mix else mix}, f)
     click.echo(f"open1b-train: preset {cfg.preset!r}, mesh {cfg.mesh[0]}x{cfg.mesh[1]}, "
                f"mix {mix} -> {out}", err=True)
     try:
@@ -85,7 +81,7 @@ def main(ctx: click.Context) -> None:
 @click.option("--mix", default=DEMO_MIX, show_default=True, help="A built mix (directory/URL).")
 @click.option("--steps", type=click.IntRange(min=1), default=None,
               help="Stop after this step (default: the schedule's last).")
-@click.option("--mesh", default=None, help="Logical mesh RxS = dp_replicate x dp_shard "
+@click.option("--mesh", default=None, callback=_mesh, help="Logical mesh RxS = dp_replicate x dp_shard "
               "(default 1x1); fixes the reduction tree, so it is part of the run's identity.")
 @click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None,
               help="Run seed for init and data order (default: the mix's seed).")
@@ -102,7 +98,7 @@ def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, quie
         cfg = load_config(config_path) if config_path else preset(preset_name or "demo")
         if config_path and preset_name:
             raise click.UsageError("give --config or --preset, not both")
-        changes = {k: v for k, v in (("steps", steps), ("mesh", _mesh(mesh)), ("seed", seed),
+        changes = {k: v for k, v in (("steps", steps), ("mesh", mesh), ("seed", seed),
                                      ("backend", backend)) if v is not None}
         cfg = dataclasses.replace(cfg, **changes)
     except Open1bTrainError as e:
@@ -124,7 +120,7 @@ def resume_cmd(run, mix, steps, quiet) -> None:
         with open(os.path.join(run, "config.json")) as f:
             cfg = from_dict(json.load(f))
         if mix is None:
-            with open(os.path.join(run, RUN_INFO)) as f:
+            with open(os.path.join(run, "run.json")) as f:
                 mix = json.load(f)["mix"]
     except FileNotFoundError as e:
         _fail(click.ClickException(f"{run} is not a run directory ({e.filename} missing)"))

@@ -49,8 +49,11 @@ def step_report(run: str, step: int, top: int = 5, mix: str | None = None) -> di
                skipped=sc["skipped"], spike=sc["spike"], tokens=sc["tokens"],
                phase=line.get("phase"), seconds=line.get("seconds"))
     if mix is None:
-        with open(os.path.join(run, "run.json")) as f:
-            mix = json.load(f)["mix"]
+        try:
+            with open(os.path.join(run, "run.json")) as f:
+                mix = json.load(f)["mix"]
+        except (OSError, ValueError, KeyError):
+            raise Open1bTrainError(f"{run}: no run.json naming its mix; pass --mix") from None
     with open(os.path.join(run, "config.json")) as f:
         cfg = json.load(f)
     from open1b_data import StreamPlan, WindowReader

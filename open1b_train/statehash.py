@@ -3,10 +3,12 @@
 Every step of a run is anchored by five component digests (SHA-256, hex), kept separate
 in the log so that a mismatch names what differs:
 
-* ``data``    - the windows the step consumed, in mesh order (virtual rank, then
-  micro-batch, then window): SHA-256 of ``b"open1b-step-data/1"`` || u64 count || for each
-  window: u64 window index || the 32-byte SHA-256 of the window's canonical bytes (its
-  token ids as uint32 little-endian, the stream's own window hash).
+* ``data``    - the windows the step consumed, in stream order (ascending window index):
+  SHA-256 of ``b"open1b-step-data/1"`` || u64 count || for each window: u64 window index ||
+  the 32-byte SHA-256 of the window's canonical bytes (its token ids as uint32
+  little-endian, the stream's own window hash). Stream order, not mesh order, so every
+  logical mesh of a run has the same data digest per step: which virtual rank trains a
+  window is fixed by the schedule (window m goes to rank m mod V), not by the data.
 * ``grad``    - the reduced gradient before clipping: ``kernels.sha256.digest_roots`` of
   the flat float32 gradient's per-parameter views (names of ``params.py``).
 * ``params``  - the parameters after the step: ``digest_roots`` of the named tensors.
@@ -63,7 +65,7 @@ def data_digest(windows: Sequence[int], digests: Sequence[bytes]) -> str:
     if len(windows) != len(digests):
         raise ValueError("one digest per window")
     h = hashlib.sha256(DATA_MAGIC + struct.pack("<Q", len(windows)))
-    for m, d in zip(windows, digests):
+    for m, d in sorted(zip(windows, digests)):
         h.update(struct.pack("<Q", int(m)) + d)
     return h.hexdigest()
 

@@ -34,6 +34,7 @@ from open1b_train.params import Layout, init_params, param_specs
 from open1b_train.step import MicroBatch, OptimState, apply_update, float32_hex, reduce_step
 
 CONFIG = "config.json"
+RUN_INFO = "run.json"      # where the run's mix lives (not part of its identity)
 
 
 @dataclass
@@ -178,11 +179,12 @@ def resume_state(run: Run, lines: list[dict[str, Any]]) -> tuple[State, list[dic
     got = {"params": statehash.tensors_digest(params),
            "optim": statehash.optim_digest(layout.views(opt.m), layout.views(opt.v),
                                            opt.adam_step, opt.skip_left)}
+    logged = lines[c]["genesis"] if c == 0 else lines[c]["components"]
     for comp, digest in got.items():
-        if digest != lines[c]["components"][comp]:
+        if digest != logged[comp]:
             raise ResumeError(f"checkpoint {ck.path}: its {comp} digest {digest} differs from "
-                              f"the log's step {c} ({lines[c]['components'][comp]}); the "
-                              f"checkpoint was altered - resume from an earlier one")
+                              f"the log's step {c} ({logged[comp]}); the checkpoint was "
+                              f"altered - resume from an earlier one")
     return State(c, params, opt, lines[c]["hash"], rec["loader"]), lines[:c + 1]
 
 
@@ -211,6 +213,8 @@ def train(cfg: TrainConfig, mix: str, run_dir: str, progress: bool | None = None
     run = resolve(cfg, mix, run_dir)
     cfg = run.cfg
     _check_config(run.dir, cfg)
+    with open(os.path.join(run.dir, RUN_INFO), "w") as f:
+        json.dump({"mix": mix if "://" in mix else os.path.abspath(mix)}, f)
     with backend_scope(cfg):
         lines = runlog.read(run.dir)
         if lines:
