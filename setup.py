@@ -1,8 +1,23 @@
-"""The one compiled part: ``open1b_data.build._bpe`` (see open1b_data/build/_bpe.c). It is optional: where
-no C compiler is available the install goes on and ``FastEncoder`` uses tiktoken alone."""
+"""The compiled parts, both optional (where no C compiler is available the install goes on):
+
+* ``open1b_data.build._bpe`` (open1b_data/build/_bpe.c): the build's fast encoder; without
+  it ``FastEncoder`` uses tiktoken alone.
+* ``kernels._mathc`` (kernels/_mathc.c): compiled loops of ``kernels.mathfn``'s exp and log
+  for the CPU reference, the same bits as its torch code; without it the torch code runs.
+  Its flags keep every float operation a separate IEEE float32 operation: no fused
+  multiply-add contraction, no value-changing optimization; -fno-trapping-math only lets
+  the compiler vectorize the selects (no program here reads floating-point exception
+  flags), it changes no value.
+"""
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("open1b_data.build._bpe", ["open1b_data/build/_bpe.c"],
-                             depends=[f"open1b_data/build/_bpe_{h}.h" for h in
-                                      ("split", "table", "merge", "unicode")],
-                             extra_compile_args=["-O3", "-std=c11"], optional=True)])
+setup(ext_modules=[
+    Extension("open1b_data.build._bpe", ["open1b_data/build/_bpe.c"],
+              depends=[f"open1b_data/build/_bpe_{h}.h" for h in
+                       ("split", "table", "merge", "unicode")],
+              extra_compile_args=["-O3", "-std=c11"], optional=True),
+    Extension("kernels._mathc", ["kernels/_mathc.c"],
+              extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math",
+                                  "-fno-trapping-math"],
+              optional=True),
+])

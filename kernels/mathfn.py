@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import mathc
 from kernels.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
 from kernels.registry import Cost, GpuCheck, scaled, seeded_generator
 from kernels.rounding import sqrt_rn
@@ -258,13 +259,16 @@ def _erfinv(x: torch.Tensor) -> torch.Tensor:
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
-    """e^x (float32, CPU reference; same bits as ``exp_tl``)."""
-    return map_chunks(_exp, _f32(x))
+    """e^x (float32, CPU reference; same bits as ``exp_tl``). The compiled loop of
+    ``kernels.mathc`` when it is built (same operations, same bits), else ``_exp``."""
+    out = mathc.apply("exp", _f32(x))
+    return out if out is not None else map_chunks(_exp, x)
 
 
 def log(x: torch.Tensor) -> torch.Tensor:
-    """Natural log (float32, CPU reference; same bits as ``log_tl``)."""
-    return map_chunks(_log, _f32(x))
+    """Natural log (float32, CPU reference; same bits as ``log_tl``); compiled as ``exp``."""
+    out = mathc.apply("log", _f32(x))
+    return out if out is not None else map_chunks(_log, x)
 
 
 def sincos(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

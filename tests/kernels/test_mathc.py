@@ -1,0 +1,44 @@
+"""The compiled CPU loops of kernels.mathc give exactly mathfn's torch bits."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import mathc, mathfn
+
+pytest.importorskip("kernels._mathc", reason="the optional extension was not compiled")
+
+
+def _inputs() -> torch.Tensor:
+    g = torch.Generator().manual_seed(11)
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), -104.0,
+                             -104.00001, 89.0, 89.00001, 88.72, -87.33, 1e-45, -1e-45,
+                             1.1754942e-38, 1.17549435e-38, 3.4028235e38, -3.4028235e38,
+                             0.5, 1.0, 2.0, 0.6931472, -0.6931472])
+    # every float32 exponent and sign, with random mantissas
+    bits = (torch.arange(512, dtype=torch.int64).repeat_interleave(2048) << 23) | \
+        torch.randint(0, 1 << 23, (512 * 2048,), generator=g)
+    every = bits.to(torch.int32).view(torch.float32)          # (int64 -> int32 wraps the sign)
+    random_bits = torch.randint(-2**31, 2**31, (1 << 20,), generator=g,
+                                dtype=torch.int64).to(torch.int32).view(torch.float32)
+    ranges = torch.cat([torch.randn(1 << 18, generator=g) * s for s in (1e-3, 1.0, 30.0, 1e4)])
+    return torch.cat([specials, every, random_bits, ranges])
+
+
+@pytest.mark.parametrize("name,ref", [("exp", mathfn._exp), ("log", mathfn._log)])
+def test_compiled_loop_equals_the_torch_definition(name, ref):
+    x = _inputs()
+    want = mathfn.map_chunks(ref, x)
+    got = mathc.apply(name, x)
+    assert got is not None
+    same = (got.view(torch.int32) == want.view(torch.int32))
+    assert bool(same.all()), f"{int((~same).sum())} mismatches, e.g. x={x[~same][:4].tolist()}"
+    # non-contiguous input and odd lengths take the same path
+    assert torch.equal(mathc.apply(name, x[1::3]).view(torch.int32),
+                       want[1::3].view(torch.int32))
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    assert mathc.apply("exp", torch.ones(3)) is None
+    assert torch.equal(mathfn.exp(torch.zeros(3)), torch.ones(3))
