@@ -28,3 +28,20 @@ class StreamError(Open1bDataError):
 
 class StateMismatchError(StreamError):
     """A stream state, seek index or checkpoint belongs to a different mix or seed."""
+
+
+class StorageError(Open1bDataError):
+    """Storage that cannot be reached at all: no credentials, no network, a wrong endpoint.
+    Names the URL, the reason and what to set (``open1b_data.storage``). Deliberately not an
+    ``OSError``: a build must stop here rather than count an input as unreadable data."""
+
+
+class FileAccessError(StorageError, OSError):
+    """One file or directory cannot be read or written (permission denied, a file where a
+    directory should be, a full disk...). Also an ``OSError``, so code that counts an
+    unreadable input file as bad data keeps doing so."""
+
+
+class FileMissingError(FileAccessError, FileNotFoundError):
+    """A file, directory or object that does not exist. Also a ``FileNotFoundError``, so a
+    caller that gives absence a meaning ("build the mix first") can still catch it."""

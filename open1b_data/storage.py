@@ -17,10 +17,16 @@ Contracts:
 - Writes are atomic: local files are written to a temporary name in the same directory and
   ``os.replace``d; object-store objects are uploaded with one PUT, which stores the object
   whole or not at all (no half-written object is ever listed).
+- Failures name the URL: every helper here runs its backend calls under
+  ``storage_errors.failures``, so no credentials, no network, a missing file or a denied
+  write arrive as the package's own errors (``StorageError``, ``FileMissingError`` - still a
+  ``FileNotFoundError`` - and ``FileAccessError`` - still an ``OSError``), never as a
+  botocore or aiohttp exception.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import hashlib
 import os
@@ -33,7 +39,8 @@ from typing import IO, Any
 import fsspec
 import zstandard
 
-from open1b_data.errors import Open1bDataError
+from open1b_data.errors import FileAccessError, Open1bDataError
+from open1b_data.storage_errors import failures
 
 CHUNK = 1 << 20  # bytes per read: large enough for object-store throughput
 FEED = 1 << 16   # compressed bytes per decompressor call (see _slices)
@@ -126,16 +133,18 @@ def _decompressed(raw: IO[bytes], chunk: int, codec: str) -> Iterator[bytes]:
 
 
 def open_stream(url: str, chunk: int = CHUNK) -> Iterator[bytes]:
-    """Decompressed byte chunks of ``url`` (see module contract). Raises ``OSError`` /
-    ``FileNotFoundError`` when the file cannot be opened or read."""
-    fs, path = url_to_fs(url)
-    comp = compression_of(url)
-    with fs.open(path, "rb") as raw:
-        if comp is not None:
-            yield from _decompressed(raw, chunk, comp)
-        else:
-            while data := raw.read(chunk):
-                yield data
+    """Decompressed byte chunks of ``url`` (see module contract). Raises
+    ``FileAccessError`` / ``FileMissingError`` (an ``OSError`` / ``FileNotFoundError``) when
+    the file cannot be opened or read, ``StorageError`` when its store cannot be reached."""
+    with failures(url, "read"):
+        fs, path = url_to_fs(url)
+        comp = compression_of(url)
+        with fs.open(path, "rb") as raw:
+            if comp is not None:
+                yield from _decompressed(raw, chunk, comp)
+            else:
+                while data := raw.read(chunk):
+                    yield data
 
 
 def iter_lines(url: str, chunk: int = CHUNK) -> Iterator[bytes]:
@@ -162,9 +171,11 @@ def iter_lines(url: str, chunk: int = CHUNK) -> Iterator[bytes]:
 
 
 def read_bytes(url: str) -> bytes:
-    """Whole (raw, not decompressed) object. ``FileNotFoundError`` if absent."""
-    fs, path = url_to_fs(url)
-    return fs.cat_file(path)
+    """Whole (raw, not decompressed) object. ``FileMissingError`` (a ``FileNotFoundError``)
+    if absent."""
+    with failures(url, "read"):
+        fs, path = url_to_fs(url)
+        return fs.cat_file(path)
 
 
 def gunzip(data: bytes) -> bytes:
@@ -192,11 +203,12 @@ class FileInfo:
 
 def sha256_of(url: str) -> str:
     """Hex SHA-256 of the raw bytes of ``url``, streamed."""
-    fs, path = url_to_fs(url)
     h = hashlib.sha256()
-    with fs.open(path, "rb") as f:
-        while data := f.read(CHUNK):
-            h.update(data)
+    with failures(url, "read"):
+        fs, path = url_to_fs(url)
+        with fs.open(path, "rb") as f:
+            while data := f.read(CHUNK):
+                h.update(data)
     return h.hexdigest()
 
 
@@ -215,26 +227,33 @@ def checksum_of(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) 
 def list_files(root: str, patterns: tuple[str, ...] | list[str],
                checksums: bool = True) -> list[FileInfo]:
     """Files under ``root`` matching any glob pattern (``*``, ``?``, ``[]``, ``**``), sorted
-    by relative path, each once. Raises ``FileNotFoundError`` if ``root`` does not exist."""
-    fs, root_path = url_to_fs(root)
-    root_path = root_path.rstrip("/")
-    if not fs.exists(root_path):
-        raise FileNotFoundError(f"input root {root!r} does not exist")
-    found: dict[str, dict[str, Any]] = {}
-    for pattern in patterns:
-        hits = fs.glob(root_path + "/" + pattern.lstrip("/"), detail=True)
-        for p, info in hits.items():
-            if info.get("type") == "directory":
-                continue
-            rel = p[len(root_path) + 1:] if p.startswith(root_path + "/") else p
-            found[rel] = info
+    by relative path, each once. Raises ``FileMissingError`` (a ``FileNotFoundError``) if
+    ``root`` does not exist."""
+    with failures(root, "list"):
+        fs, root_path = url_to_fs(root)
+        root_path = root_path.rstrip("/")
+        if not fs.exists(root_path):
+            # exists() swallows the reason on some backends (HfFileSystem offline: False);
+            # info() raises it, and a plain absence as FileNotFoundError.
+            fs.info(root_path)
+            raise FileNotFoundError(errno.ENOENT, "no such directory", root)
+        found: dict[str, dict[str, Any]] = {}
+        for pattern in patterns:
+            hits = fs.glob(root_path + "/" + pattern.lstrip("/"), detail=True)
+            for p, info in hits.items():
+                if info.get("type") == "directory":
+                    continue
+                rel = p[len(root_path) + 1:] if p.startswith(root_path + "/") else p
+                found[rel] = info
     out = []
     for rel in sorted(found):
         info = found[rel]
         full = root_path + "/" + rel
         url = full if is_local(fs) else fs.unstrip_protocol(full)
+        with failures(url, "read"):
+            checksum = checksum_of(fs, full, info) if checksums else ""
         out.append(FileInfo(path=rel, url=url, size=int(info.get("size") or 0),
-                            checksum=checksum_of(fs, full, info) if checksums else ""))
+                            checksum=checksum))
     return out
 
 
@@ -242,30 +261,50 @@ def list_files(root: str, patterns: tuple[str, ...] | list[str],
 # Writing
 
 def makedirs(url: str) -> None:
+    with failures(url, "create directory"):
+        fs, path = url_to_fs(url)
+        if is_local(fs):
+            os.makedirs(path, exist_ok=True)
+
+
+def ensure_writable_dir(url: str) -> None:
+    """Create local directory ``url`` and check that this process may write into it, so a
+    long job fails before it starts, naming the directory. Object stores have no
+    directories and no cheap permission check: their first write names the failure."""
+    makedirs(url)
     fs, path = url_to_fs(url)
-    if is_local(fs):
-        os.makedirs(path, exist_ok=True)
+    if is_local(fs) and not os.access(path, os.W_OK | os.X_OK):
+        raise FileAccessError(f"cannot write into {url}: permission denied; check its "
+                              f"permissions, or use another directory")
 
 
 @contextlib.contextmanager
 def atomic_writer(url: str) -> Iterator[IO[bytes]]:
     """A binary file handle whose content appears at ``url`` only if the block succeeds."""
-    fs, path = url_to_fs(url)
-    local = is_local(fs)
-    directory = os.path.dirname(path) if local else None
-    if local:
-        os.makedirs(directory or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=directory)
+    with failures(url, "write"):
+        fs, path = url_to_fs(url)
+        local = is_local(fs)
+        directory = os.path.dirname(path) if local else None
+        if local:
+            os.makedirs(directory or ".", exist_ok=True)
+            if os.path.isdir(path):
+                # os.replace would name the temporary file, not the path asked for.
+                raise IsADirectoryError(errno.EISDIR, "is a directory", url)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
-            f.flush()
+            # The caller's own writes are not wrapped (they may fail for reasons of their
+            # own); a full disk shows up here, when the buffered bytes reach the file.
+            with failures(url, "write"):
+                f.flush()
+                if local:
+                    os.fsync(f.fileno())
+        with failures(url, "write"):
             if local:
-                os.fsync(f.fileno())
-        if local:
-            os.replace(tmp, path)
-        else:
-            fs.put_file(tmp, path)  # one PUT: the object appears whole or not at all
+                os.replace(tmp, path)
+            else:
+                fs.put_file(tmp, path)  # one PUT: the object appears whole or not at all
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -277,5 +316,6 @@ def atomic_write_bytes(url: str, data: bytes) -> None:
 
 
 def exists(url: str) -> bool:
-    fs, path = url_to_fs(url)
-    return fs.exists(path)
+    with failures(url, "check"):
+        fs, path = url_to_fs(url)
+        return fs.exists(path)

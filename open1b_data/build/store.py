@@ -7,6 +7,7 @@ or process may have written since this process last listed. Paths are joined wit
 local paths may be relative (to the current directory). Endpoint, credentials
 and other object-store options come from fsspec's configuration, e.g. the environment
 variables ``FSSPEC_S3_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL`` and ``AWS_ACCESS_KEY_ID``.
+A failure names the URL and what to set (``storage_errors.failures``).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from open1b_data.storage import atomic_write_bytes, join
+from open1b_data.storage_errors import failures
 
 __all__ = ["join", "exists", "read_bytes", "read_json", "write_bytes", "write_json",
            "list_files", "sweep_temporaries"]
@@ -32,16 +34,18 @@ def is_local(url: str) -> bool:
 
 
 def exists(url: str) -> bool:
-    fs, path = _fs(url)
-    if not isinstance(fs, LocalFileSystem):
-        # Another task or process may have written it since this process last listed.
-        fs.invalidate_cache(path.rsplit("/", 1)[0])
-    return fs.exists(path)
+    with failures(url, "check"):
+        fs, path = _fs(url)
+        if not isinstance(fs, LocalFileSystem):
+            # Another task or process may have written it since this process last listed.
+            fs.invalidate_cache(path.rsplit("/", 1)[0])
+        return fs.exists(path)
 
 
 def read_bytes(url: str) -> bytes:
-    fs, path = _fs(url)
-    return fs.cat_file(path)
+    with failures(url, "read"):
+        fs, path = _fs(url)
+        return fs.cat_file(path)
 
 
 def read_json(url: str) -> Any:
@@ -63,13 +67,14 @@ def write_json(url: str, obj: Any) -> None:
 
 def list_files(url: str) -> list[str]:
     """Every file under ``url`` (recursive), as paths relative to it, sorted."""
-    fs, path = _fs(url)
-    if not isinstance(fs, LocalFileSystem):
-        fs.invalidate_cache(path)
-    if not fs.exists(path):
-        return []
-    root = path.rstrip("/") + "/"
-    return sorted(p[len(root):] for p in fs.find(path) if p.startswith(root))
+    with failures(url, "list"):
+        fs, path = _fs(url)
+        if not isinstance(fs, LocalFileSystem):
+            fs.invalidate_cache(path)
+        if not fs.exists(path):
+            return []
+        root = path.rstrip("/") + "/"
+        return sorted(p[len(root):] for p in fs.find(path) if p.startswith(root))
 
 
 def sweep_temporaries(url: str) -> int:

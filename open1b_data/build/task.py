@@ -47,7 +47,7 @@ import numpy as np
 
 from open1b_data.build.report import Progress
 from open1b_data.build.store import join, read_json, write_json
-from open1b_data.errors import BuildError
+from open1b_data.errors import BuildError, Open1bDataError
 from open1b_data.build.definition import MixSpec
 
 log = logging.getLogger("open1b_data.build.pipeline")
@@ -466,8 +466,8 @@ def _collect(pending: dict[cf.Future, Job], queue: Any, progress: Progress,
         job = pending.pop(fut)
         try:
             fut.result()
-        except BuildError:
-            raise
+        except Open1bDataError:
+            raise  # already names the file and what to do
         except Exception as e:
             raise BuildError(f"building {job.source} input {job.input.path!r} failed: "
                              f"{type(e).__name__}: {e}") from e

@@ -98,3 +98,79 @@ def test_checksum_of_object_stores():
     [info] = storage.list_files("memory://bkt", ["*.bin"])
     assert (info.path, info.size, info.checksum) == ("a.bin", 7, sha)
     assert storage.read_bytes(info.url) == b"payload"
+
+
+# --- failures named: storage_errors.translate ------------------------------------------
+# Stand-ins named like the backends' classes: translate recognises them by name, so the
+# test needs neither botocore nor a network.
+
+class NoCredentialsError(Exception):
+    pass
+
+
+class EndpointConnectionError(Exception):
+    pass
+
+
+class OfflineModeIsEnabled(ConnectionError):
+    pass
+
+
+@pytest.mark.parametrize("exc, url, kind, words", [
+    (NoCredentialsError("Unable to locate credentials"), "s3://b/k", "StorageError",
+     ("cannot read s3://b/k", "no credentials", "AWS_ACCESS_KEY_ID", "FSSPEC_S3_ENDPOINT_URL")),
+    (EndpointConnectionError('Could not connect to "http://127.0.0.1:9/b/k"'), "s3://b/k",
+     "StorageError", ("no network or a wrong endpoint", "127.0.0.1:9", "AWS_ENDPOINT_URL")),
+    (OfflineModeIsEnabled("offline"), "hf://datasets/x/y", "StorageError",
+     ("offline mode is on", "HF_HUB_OFFLINE")),
+    (FileNotFoundError(2, "No such file or directory"), "hf://datasets/x/y",
+     "FileMissingError", ("does not exist", "HF_TOKEN")),
+    (PermissionError(13, "Permission denied"), "/data/x", "FileAccessError",
+     ("cannot read /data/x: permission denied", "permissions")),
+    (PermissionError(13, "Access Denied"), "s3://b/k", "FileAccessError",
+     ("access denied", "AWS_PROFILE")),
+    (OSError(28, "No space left on device"), "/data/x", "FileAccessError",
+     ("No space left on device",)),
+])
+def test_translate_names_url_reason_and_setting(exc, url, kind, words):
+    from open1b_data import errors
+    from open1b_data.storage_errors import translate
+
+    err = translate(exc, url, "read")
+    assert type(err).__name__ == kind and isinstance(err, errors.Open1bDataError)
+    for w in words:
+        assert w in str(err), (w, str(err))
+    assert "\n" not in str(err)
+    # An outage must stop a build; only a file's own failure may count as bad data.
+    assert isinstance(err, OSError) == (kind != "StorageError")
+
+
+def test_translate_leaves_bugs_and_own_errors_alone():
+    from open1b_data.errors import BuildError
+    from open1b_data.storage_errors import failures, translate
+
+    assert translate(ValueError("a bug"), "/x", "read") is None
+    assert translate(BuildError("ours"), "/x", "read") is None
+    with pytest.raises(KeyError):
+        with failures("/x", "read"):
+            raise KeyError("a bug")
+
+
+def test_local_failures_name_the_path(tmp_path):
+    from open1b_data.errors import FileAccessError, FileMissingError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(FileMissingError, match=f"cannot read {tmp_path}/absent: it does not"):
+        storage.read_bytes(str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError):          # still what callers catch for absence
+        storage.read_bytes(str(tmp_path / "absent"))
+    with pytest.raises(FileAccessError, match=f"{blocker} is a file, not a directory"):
+        storage.read_bytes(str(blocker / "x"))
+    with pytest.raises(FileAccessError, match=f"{blocker} is a file, a directory is needed"):
+        storage.atomic_write_bytes(str(blocker / "x"), b"data")
+    with pytest.raises(FileAccessError, match="is a directory, expected a file"):
+        storage.atomic_write_bytes(str(tmp_path), b"data")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]   # no debris, nothing lost
+    with pytest.raises(FileMissingError, match=f"cannot list {tmp_path}/nowhere"):
+        storage.list_files(str(tmp_path / "nowhere"), ["*"])

@@ -14,7 +14,10 @@ Contracts:
   row). The source's filters are applied inside the reader, at the earliest point the
   fields allow (Stack v2 license/size before any content fetch). A ``Dropped`` detail names
   the input by its path under the source root (and a Stack v2 blob by its id), never by
-  the URL it was read from, so it can go into the manifest.
+  the URL it was read from, so it can go into the manifest. No credentials or no network
+  is not bad data: it raises ``StorageError`` and the build stops (rerun it once the
+  storage is reachable), so a passing outage never becomes an "unreadable" input recorded
+  in a deterministic manifest.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from typing import Any
 
 from open1b_data import storage
 from open1b_data.build.document import Document, Dropped
-from open1b_data.errors import BuildError
+from open1b_data.errors import BuildError, FileAccessError, StorageError
 from open1b_data.build.definition import SourceSpec
 
 
@@ -65,6 +68,9 @@ def list_inputs(spec: SourceSpec, checksums: bool = True) -> list[InputFile]:
     except FileNotFoundError:
         raise BuildError(f"source {spec.name!r}: root {spec.root!r} does not exist; fix "
                          f"sources.root in the mix file or mount/point it at the data") from None
+    except StorageError as e:
+        raise BuildError(f"source {spec.name!r}: {e}; or point sources.root in the mix "
+                         f"file at a copy you can read") from e
     if not files:
         raise BuildError(f"source {spec.name!r}: no file under {spec.root!r} matches "
                          f"{list(spec.inputs)}; check sources.root and sources.inputs")
@@ -95,8 +101,11 @@ def read_input(spec: SourceSpec, inp: InputFile) -> Iterator[Document | Dropped]
             "unreadable_file"
         yield Dropped(reason, inp.path, next_row, _portable(str(e), inp))
     except _input_errors() as e:
+        # The backend's own exception where storage wrapped it: the detail goes into the
+        # manifest, and it reads the same as in builds before storage named its failures.
+        cause = e.__cause__ if isinstance(e, FileAccessError) and e.__cause__ else e
         yield Dropped("unreadable_file", inp.path, next_row if started else None,
-                      _portable(f"{type(e).__name__}: {e}", inp))
+                      _portable(f"{type(cause).__name__}: {cause}", inp))
 
 
 def _portable(detail: str, inp: InputFile) -> str:

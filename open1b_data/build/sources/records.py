@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from open1b_data import storage
+from open1b_data.storage_errors import failures
 from open1b_data.build.document import Document, Dropped
 from open1b_data.build.filters import content_filters, metadata_fields, metadata_filters
 from open1b_data.build.definition import FilterSpec
@@ -196,8 +197,10 @@ def iter_parquet_rows(url: str, input: str, columns: list[str],
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    fs, path = storage.url_to_fs(url)
-    with fs.open(path, "rb") as f:
+    with failures(url, "read"):
+        fs, path = storage.url_to_fs(url)
+        handle = fs.open(path, "rb")
+    with handle as f:
         # Verify page CRCs where the writer stored them: without them a flipped byte in a
         # page can decode into plausible wrong text.
         pf = pq.ParquetFile(f, page_checksum_verification=True)

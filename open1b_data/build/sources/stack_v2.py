@@ -30,6 +30,8 @@ from open1b_data import storage
 from open1b_data.build.document import Document, Dropped
 from open1b_data.build.filters import metadata_fields
 from open1b_data.build.definition import SourceSpec
+from open1b_data.errors import FileAccessError
+from open1b_data.storage_errors import translate
 from open1b_data.build.sources.records import (
     Field, apply_metadata_filters, finish, get_fields, iter_parquet_rows,
 )
@@ -87,6 +89,9 @@ def _emit(spec: SourceSpec, path: str, pending: list[Any]) -> Iterator[Document 
             yield Dropped("missing_blob", path, row, f"blob {blob_id}: no content object")
             continue
         if isinstance(data, BaseException):
+            outage = translate(data, url, "read")
+            if outage is not None and not isinstance(outage, FileAccessError):
+                raise outage from data  # no credentials / no network: not a missing blob
             message = str(data).replace(url, f"<blob {blob_id}>")
             yield Dropped("missing_blob", path, row, f"blob {blob_id}: cannot fetch: "
                           f"{type(data).__name__}: {message}")
