@@ -4,30 +4,37 @@
 and token counts that differ from the shard's own metadata or lengths file), each naming the
 file by its path relative to the mix root; the tokenizer files (``tokenizer.json`` and the
 transformers directory) are re-hashed too. An empty list means the mix is exactly what its
-manifest says. It reads every byte of the mix.
+manifest says. It reads every byte of the mix. Something that is not a built mix at all (no
+``manifest.json``, a ``.toml``, storage that cannot be reached) is an error, not a
+mismatch: ``load_manifest``'s message, raised.
 """
 from __future__ import annotations
 
-from open1b_data.build.manifest import _mix_root, load_manifest, resolve, tokenizer_files
+from open1b_data.build.manifest import (_mix_root, parse_manifest, read_manifest_bytes,
+                                       resolve, tokenizer_files)
 from open1b_data.build.shards import read_lengths, read_shard_info
 from open1b_data.errors import ManifestError, ShardFormatError
 from open1b_data.storage import sha256_of
+from open1b_data.storage_errors import failures
 
 
 def _hash_and_size(url: str) -> tuple[str, int] | None:
     from open1b_data.storage import url_to_fs
 
-    fs, path = url_to_fs(url)
-    if not fs.exists(path):
-        return None
-    return sha256_of(url), int(fs.size(path))
+    with failures(url, "read"):
+        fs, path = url_to_fs(url)
+        if not fs.exists(path):
+            return None
+        size = int(fs.size(path))
+    return sha256_of(url), size
 
 
 def verify(mix_url: str) -> list[str]:
     """Every mismatch between the manifest and the files it names, one line each."""
     root = _mix_root(mix_url)
+    url, raw = read_manifest_bytes(root)
     try:
-        m = load_manifest(root)
+        m = parse_manifest(raw, url)
     except ManifestError as e:
         return [str(e)]
     problems: list[str] = []

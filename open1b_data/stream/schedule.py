@@ -34,7 +34,7 @@ import bisect
 from dataclasses import dataclass
 from fractions import Fraction
 
-from open1b_data.errors import StreamError
+from open1b_data.errors import ManifestError, StreamError
 from open1b_data.build.definition import ScheduleSpec, default_mix_path, load_mix
 from open1b_data.stream.cospi import cos_pi
 
@@ -112,7 +112,18 @@ class Schedule:
 
         if definition is None:
             return cls(open1b_spec())
-        return cls(_parse_schedule(definition["schedule"], "definition.schedule"))
+        raw = definition.get("schedule")
+        if not isinstance(raw, dict):
+            raise ManifestError(f"definition.schedule: expected a table, got {raw!r}; the "
+                                f"manifest is malformed, rebuild the mix")
+        spec = _parse_schedule(raw, "definition.schedule")
+        window = definition.get("window")
+        if window != spec.seq_tokens + 1:
+            # Windows of another length than seq_tokens + 1 would not tile the steps.
+            raise ManifestError(f"definition.window: {window!r}, but the schedule's "
+                                f"seq_tokens + 1 = {spec.seq_tokens + 1}; the manifest is "
+                                f"inconsistent, rebuild the mix")
+        return cls(spec)
 
     def _check_step(self, step: int) -> None:
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -112,6 +113,76 @@ def test_escaping_paths_rejected(tmp_path, bad):
     (tmp_path / "manifest.json").write_text(json.dumps(d))
     with pytest.raises(ManifestError, match="path"):
         mf.load_manifest(str(tmp_path))
+
+
+def _edited(tmp_path, edit) -> None:
+    """The built manifest with ``edit(dict)`` applied and its fingerprint recomputed, so
+    only the field checks can refuse it."""
+    d = _build(tmp_path).to_dict()
+    edit(d)
+    d["fingerprint"] = mf.fingerprint(d)
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["tokenizer"].pop("eot_id"), r"tokenizer\.eot_id: missing"),
+    (lambda d: d["tokenizer"].update(eot_id=-1), r"tokenizer\.eot_id: must be >= 0"),
+    (lambda d: d["definition"].update(window=0), r"definition\.window: must be >= 1, got 0"),
+    (lambda d: d["definition"].update(seed=2**64), r"definition\.seed: must be < 2\^64"),
+    (lambda d: d["definition"].update(seed="42"), r"definition\.seed: expected int"),
+])
+def test_fields_the_stream_relies_on_are_checked(tmp_path, edit, match):
+    _edited(tmp_path, edit)
+    with pytest.raises(ManifestError, match=match):
+        mf.load_manifest(str(tmp_path))
+
+
+def test_not_a_built_mix_says_what_to_pass(tmp_path):
+    toml = tmp_path / "mix.toml"
+    toml.write_text("[mix]\n")
+    with pytest.raises(ManifestError, match=f"{toml} is a mix definition, not a built mix; "
+                                            f"build it with `open1b-data build-mix --manifest"):
+        mf.load_manifest(str(toml))
+    other = tmp_path / "notes.txt"
+    other.write_text("x")
+    with pytest.raises(ManifestError, match=f"{other} is a file, not a built mix"):
+        mf.load_manifest(str(other))
+    with pytest.raises(ManifestError, match=f"{tmp_path}/manifest.json does not exist"):
+        mf.load_manifest(str(tmp_path))
+    with pytest.raises(ManifestError, match="does not exist"):     # verify: an error too,
+        verify(str(tmp_path))                                     # not a "mismatch"
+    (tmp_path / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ManifestError, match="nests too deeply"):
+        mf.load_manifest(str(tmp_path))
+
+
+def _confined(rel: str) -> bool:
+    """The confinement rules as the module docstring states them, one by one."""
+    return bool(rel) and "\\" not in rel and "://" not in rel and not rel.startswith("/") \
+        and not re.match(r"[A-Za-z]:", rel) and all(ord(c) >= 32 for c in rel) \
+        and all(part not in ("", ".", "..") for part in rel.split("/"))
+
+
+def test_check_path_fast_path_keeps_every_refusal():
+    """check_path accepts with one regex; on 20,000 random paths over the characters that
+    matter it accepts exactly what the rules accept, and every refusal names its specific
+    reason (never the fallback that would mean the regex and the rules disagree)."""
+    rng = np.random.default_rng(0)
+    alphabet = list("ab.C:/\\ ") + ["\x00", "\x1f", "\x7f", "é", "s3://", "..", "/"]
+    picks = rng.integers(0, len(alphabet), size=(20_000, 8)).tolist()
+    sizes = rng.integers(0, 9, size=20_000).tolist()
+    refusals = set()
+    for pick, size in zip(picks, sizes):
+        rel = "".join(alphabet[i] for i in pick[:size])
+        try:
+            assert mf.check_path(rel) == rel and _confined(rel), rel
+        except ManifestError as e:
+            assert not _confined(rel), rel
+            assert "is not a confined path" not in str(e), (rel, str(e))
+            refusals.add(str(e).split("' ", 1)[-1].split(";")[0])
+    assert len(refusals) >= 5, refusals        # every kind of refusal was exercised
+    for ok in ("a/b.parquet", "src/shard-00000-00000.lengths.npy", "...", ".x/..y", "é/ü"):
+        assert mf.check_path(ok) == ok
 
 
 def test_resolve_confined(tmp_path):
