@@ -260,6 +260,24 @@ def _check_shares(sources: tuple[SourceSpec, ...], mode: str) -> None:
                            f"lower the shares below 1 in sum, or declare every source's share")
 
 
+def _split_pattern(t: TomlTable) -> str:
+    """``tokenizer.split_pattern``, compiled by the engine that will run it (Oniguruma,
+    through HF tokenizers): a pattern that does not compile fails here, naming itself, not
+    minutes into a build with the regex library's own exception."""
+    pattern = t.string("split_pattern", LLAMA3_SPLIT)
+    if pattern == LLAMA3_SPLIT:
+        return pattern
+    from tokenizers import Regex
+
+    try:
+        Regex(pattern)
+    except Exception as e:  # tokenizers raises a plain Exception for a bad pattern
+        raise MixSpecError(f"{t.name('split_pattern')}: {pattern!r} is not a valid regular "
+                           f"expression ({e}); fix it, or remove the key to use the "
+                           f"Llama-3 pattern") from None
+    return pattern
+
+
 def _parse_schedule(data: dict | TomlTable, where: str = "schedule") -> ScheduleSpec:
     """``[schedule]``; also reads a built manifest's ``definition["schedule"]``."""
     t = data if isinstance(data, TomlTable) else TomlTable(data, where, _keys(ScheduleSpec))
@@ -318,7 +336,7 @@ def parse_mix(data: dict, base_dir: str = ".", path: str = "") -> MixSpec:
         sources=sources,
         tokenizer=TokenizerSpec(
             vocab_size=tok.integer("vocab_size", VOCAB),
-            split_pattern=tok.string("split_pattern", LLAMA3_SPLIT),
+            split_pattern=_split_pattern(tok),
             eot=tok.string("eot", "<|endoftext|>"),
             sample_bytes=tok.integer("sample_bytes", AT_LEAST_1, 100_000_000),
             min_frequency=tok.integer("min_frequency", AT_LEAST_1, 2),
@@ -351,6 +369,17 @@ def load_mix(path: str | os.PathLike) -> MixSpec:
                            f"a mix definition such as manifests/demo.toml") from None
     except tomllib.TOMLDecodeError as e:
         raise MixSpecError(f"mix file {path!r} is not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise MixSpecError(f"mix file {path!r} is not valid TOML: not UTF-8 text (byte "
+                           f"{e.start}); pass a mix definition such as manifests/demo.toml"
+                           ) from None
+    except OSError as e:
+        raise MixSpecError(f"mix file {path!r} cannot be read: {e.strerror or e}; pass a "
+                           f"readable mix definition such as manifests/demo.toml") from None
+    if not data:
+        raise MixSpecError(f"mix file {path!r} is empty; a mix definition has [mix], "
+                           f"[[sources]], [tokenizer], [shards] and [schedule] tables (see "
+                           f"manifests/demo.toml)")
     return parse_mix(data, base_dir=os.path.dirname(os.path.abspath(path)), path=path)
 
 

@@ -48,7 +48,7 @@ from open1b_data.build.store import (dumps, exists, join, list_files, read_bytes
                                      sweep_temporaries, write_bytes, write_json)
 from open1b_data.build.task import (EXECUTORS, TOKENIZER, Job, Workers, choose_executor,
                                     hf_tokenizer, input_record, run_jobs, valid_marker)
-from open1b_data.errors import BuildError
+from open1b_data.errors import BuildError, StorageError
 from open1b_data.build.definition import MixSpec
 
 log = logging.getLogger("open1b_data.build.pipeline")
@@ -275,6 +275,7 @@ def _source_entries(mix: MixSpec, markers: dict[str, list[dict[str, Any]]]) -> l
 def build_mix(mix: MixSpec, out: str, options: BuildOptions = BuildOptions()) -> BuildResult:
     """Build (a task's share of) ``mix`` into ``out``; merge when every input is built."""
     t0 = time.perf_counter()
+    _check_out(out)
     inputs = list_all_inputs(mix)
     owned = [i for g, i in enumerate(i for s in mix.sources for i in inputs[s.name])
              if options.owns(g)]
@@ -284,6 +285,17 @@ def build_mix(mix: MixSpec, out: str, options: BuildOptions = BuildOptions()) ->
     building = not (options.merge_only or options.tokenizer_only)
     with Workers(options.workers if building else 0, kind).start() as workers:
         return _build(mix, out, options, inputs, workers, t0)
+
+
+def _check_out(out: str) -> None:
+    """An output that cannot be written fails first, before inputs are listed and the
+    tokenizer trained."""
+    from open1b_data.storage import ensure_writable_dir
+
+    try:
+        ensure_writable_dir(out)
+    except StorageError as e:
+        raise BuildError(f"--out: {e}") from e
 
 
 def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list[Any]],

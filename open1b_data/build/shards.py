@@ -293,15 +293,42 @@ def read_lengths(url: str, documents: int | None = None) -> np.ndarray:
         data = read_bytes(url)
     except FileNotFoundError:
         raise ShardFormatError(f"{url}: lengths file does not exist") from None
+    return parse_lengths(data, url, documents)
+
+
+def parse_lengths(data: bytes, url: str, documents: int | None = None) -> np.ndarray:
+    """A lengths file's bytes as a read-only ``<u4`` array, or ``ShardFormatError``.
+
+    The ``.npy`` header is read and checked first - 1-D ``<u4``, as many elements as
+    ``documents`` when given, and exactly ``4 x`` that many bytes after the header - and
+    only then is the array made, as a view of ``data``: ``np.load`` would allocate whatever
+    shape a header declares (2^40 elements: a 4 TiB ``MemoryError``) before noticing that
+    the file is 40 bytes long."""
+    buf = io.BytesIO(data)
     try:
-        arr = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise ShardFormatError(f"{url}: not a valid .npy lengths file ({e})") from None
-    if arr.dtype != np.dtype("<u4") or arr.ndim != 1:
-        raise ShardFormatError(f"{url}: expected a 1-D <u4 array, got {arr.dtype} {arr.shape}")
-    if documents is not None and arr.shape[0] != documents:
-        raise ShardFormatError(f"{url}: {arr.shape[0]} lengths, expected {documents}")
-    return arr
+        version = np.lib.format.read_magic(buf)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(buf)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(buf)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except (ValueError, OSError, EOFError, SyntaxError) as e:
+        raise ShardFormatError(f"{url}: not a valid .npy lengths file ({e}); rebuild the "
+                               f"mix") from None
+    if dtype != np.dtype("<u4") or len(shape) != 1:
+        raise ShardFormatError(f"{url}: expected a 1-D <u4 array, got {dtype} {shape}; "
+                               f"rebuild the mix")
+    n = int(shape[0])
+    if documents is not None and n != documents:
+        raise ShardFormatError(f"{url}: {n:,} lengths, expected {documents:,}; rebuild the "
+                               f"mix")
+    body = len(data) - buf.tell()
+    if body != 4 * n:
+        raise ShardFormatError(f"{url}: its header declares {n:,} lengths ({4 * n:,} bytes) "
+                               f"but {body:,} bytes follow it; the file is damaged, rebuild "
+                               f"the mix")
+    return np.frombuffer(data, dtype="<u4", count=n, offset=buf.tell())
 
 
 def _numpy_view(a: pa.Array, dtype: type) -> np.ndarray:

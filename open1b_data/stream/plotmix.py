@@ -7,18 +7,21 @@ for each of ``bins`` equal bins of steps A..B it sums, per source, the document 
 the segments in that bin's windows (separators excluded; a document split across windows is
 counted where its tokens lie) and divides by the bin's document tokens. ``plot_mix`` writes
 the PNG atomically and returns the realized shares over the whole range beside the targets
-(the shares the mix weights are built from, ``mixview.py``).
+(the shares the mix weights are built from, ``mixview.py``). A local ``out`` that cannot be
+written (a directory, a file in the way, no permission) fails before any planning.
 """
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 
-from open1b_data.errors import StreamError
+from open1b_data.errors import StorageError, StreamError
 from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.schedule import Schedule
-from open1b_data.storage import atomic_write_bytes
+from open1b_data.storage import atomic_write_bytes, ensure_writable_dir
+from open1b_data.storage_errors import scheme
 
 CHUNK_WINDOWS = 8192
 
@@ -54,6 +57,14 @@ def composition(plan: StreamPlan, sched: Schedule, steps: tuple[int, int], bins:
 
 def plot_mix(mix: str, steps: tuple[int, int], out: str, bins: int = 50) -> dict:
     """Write the composition PNG to ``out``; returns a summary (see module docstring)."""
+    if scheme(out) == "file":
+        if os.path.isdir(out):
+            raise StreamError(f"--out {out} is a directory; name the PNG file to write, "
+                              f"e.g. {os.path.join(out, 'mix-composition.png')}")
+        try:
+            ensure_writable_dir(os.path.dirname(os.path.abspath(out)))
+        except StorageError as e:
+            raise StreamError(f"--out {out}: {e}") from e
     import matplotlib
 
     matplotlib.use("Agg")

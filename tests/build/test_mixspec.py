@@ -92,6 +92,11 @@ CASES = [
     (("schedule", "phases", 1, "batch_sequences"), 12, ["schedule.phases[1].batch_sequences",
                                                         "12"]),
     (("schedule", "phases", 1, "start_tokens"), 0, ["schedule.phases", "[0, 0,"]),
+    # Compiled by the tokenizer's own engine at load, not minutes into a build.
+    (("tokenizer", "split_pattern"), "(", ["tokenizer.split_pattern", "'('",
+                                           "not a valid regular expression"]),
+    (("tokenizer", "split_pattern"), r"\p{NoSuchClass}+", ["tokenizer.split_pattern",
+                                                            "NoSuchClass"]),
 ]
 
 
@@ -112,6 +117,14 @@ def test_both_files_are_valid_toml_and_unknown_file_is_named(tmp_path):
         load_mix(bad)
     with pytest.raises(MixSpecError, match="does not exist"):
         load_mix(tmp_path / "nope.toml")
+    bad.write_bytes(b"\x00\xff binary")
+    with pytest.raises(MixSpecError, match="bad.toml.*not UTF-8 text"):
+        load_mix(bad)
+    bad.write_bytes(b"")
+    with pytest.raises(MixSpecError, match="bad.toml' is empty"):
+        load_mix(bad)
+    with pytest.raises(MixSpecError, match="cannot be read"):
+        load_mix(tmp_path)                                  # a directory
 
 
 # ---------------------------------------------------------------------------------------
