@@ -65,7 +65,8 @@ def _default_workers() -> int:
 @click.option("--json", "as_json", is_flag=True,
               help="Print the result (summary, per-input counts, fingerprint) as JSON on "
                    "stdout.")
-@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@click.option("--quiet", is_flag=True,
+              help="No progress lines on stderr (errors still go there, one line each).")
 def build_mix(manifest_path: str | None, out: str, workers: int | None, executor: str,
               task: int | None, tasks: int, merge_only: bool, tokenizer_only: bool,
               strict: bool, as_json: bool, quiet: bool) -> None:
@@ -86,11 +87,12 @@ def build_mix(manifest_path: str | None, out: str, workers: int | None, executor
                                tokenizer_only=tokenizer_only, progress=not quiet,
                                executor=executor)
         mix = load_mix(path)
-        click.echo(f"build-mix: mix {mix.name!r} from {path} -> {out} (workers "
-                   f"{options.workers}, task {task if task is not None else 'all'}"
-                   f"{'' if task is None else f' of {tasks}'}"
-                   f"{', merge only' if merge_only else ''}"
-                   f"{', tokenizer only' if tokenizer_only else ''})", err=True)
+        if not quiet:   # the resolved configuration: a progress line like the others
+            click.echo(f"build-mix: mix {mix.name!r} from {path} -> {out} (workers "
+                       f"{options.workers}, task {task if task is not None else 'all'}"
+                       f"{'' if task is None else f' of {tasks}'}"
+                       f"{', merge only' if merge_only else ''}"
+                       f"{', tokenizer only' if tokenizer_only else ''})", err=True)
         result = run(mix, out, options)
         if result.merged:
             # The stream's seek index for the mix's own seed is part of a finished build,

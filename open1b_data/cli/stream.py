@@ -5,6 +5,7 @@ matplotlib, tokenizers) happen inside the commands so ``--help`` stays fast."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -15,17 +16,24 @@ def _fail(e: Exception) -> None:
     raise click.ClickException(str(e))
 
 
-def _steps_range(text: str | None) -> tuple[int, int] | None:
-    """``A:B`` -> (A, B) inclusive step numbers; None when not given."""
-    if text is None:
-        return None
-    try:
-        a, b = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise click.BadParameter(f"expected A:B with step numbers, e.g. 1:100; got {text!r}")
-    if not 1 <= a <= b:
-        raise click.BadParameter(f"need 1 <= A <= B, got {text!r}")
-    return a, b
+class StepRange(click.ParamType):
+    """``A:B`` -> (A, B), inclusive step numbers with 1 <= A <= B."""
+
+    name = "A:B"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[int, int]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            a, b = (int(x) for x in str(value).split(":"))
+        except ValueError:
+            self.fail(f"expected A:B with step numbers, e.g. 1:100; got {value!r}", param, ctx)
+        if not 1 <= a <= b:
+            self.fail(f"need 1 <= A <= B, got {value!r}", param, ctx)
+        return a, b
+
+
+STEPS = StepRange()
 
 
 def _json_text(obj, indent: int = 0) -> str:
@@ -56,7 +64,7 @@ def _echo_json(obj) -> None:
 @click.argument("mix")
 @click.option("--window", "window", type=int, help="A stream window index (from 0).")
 @click.option("--step", type=int, help="An optimizer step (from 1): all its windows.")
-@click.option("--steps", "steps",
+@click.option("--steps", "steps", type=STEPS,
               help="Step range A:B, inclusive, with --stats: one line per step (at most 64).")
 @click.option("--world", type=int, default=None,
               help="Data-parallel ranks R (default: the schedule's reference_world).")
@@ -93,7 +101,7 @@ def stream_at(mix, window, step, steps, world, rank, decode, plan_only, stats, b
             if decode or plan_only:
                 raise click.UsageError("--steps A:B --stats reads token content; drop "
                                        "--decode and --plan-only")
-            rep = inspect.steps_stats(mix, _steps_range(steps), world, rank, build_index,
+            rep = inspect.steps_stats(mix, steps, world, rank, build_index,
                                       on_step=lines)
         else:
             rep = inspect.stream_at(mix, window, step, world, rank, decode, plan_only, stats,
@@ -174,7 +182,8 @@ def _schedule_spec(mix: str):
 @click.argument("mix")
 @click.option("--doc-id", "doc_id", help="A source-native document id.")
 @click.option("--text", "phrase", help="A phrase: documents containing it, and their steps.")
-@click.option("--steps", "steps", help="Step range A:B, inclusive (default: the whole run).")
+@click.option("--steps", "steps", type=STEPS,
+              help="Step range A:B, inclusive (default: the whole run).")
 @click.option("--world", type=int, default=None,
               help="Data-parallel ranks for the rank column (default: reference_world).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (docs/CLI.md).")
@@ -185,7 +194,7 @@ def provenance(mix, doc_id, phrase, steps, world, as_json):
     if (doc_id is None) == (phrase is None):
         raise click.UsageError("give exactly one of --doc-id ID or --text PHRASE")
     try:
-        rep = pv.report(mix, doc_id=doc_id, phrase=phrase, steps=_steps_range(steps),
+        rep = pv.report(mix, doc_id=doc_id, phrase=phrase, steps=steps,
                         world=world)
     except Open1bDataError as e:
         _fail(e)
@@ -199,7 +208,8 @@ def provenance(mix, doc_id, phrase, steps, world, as_json):
 
 @click.command("plot-mix")
 @click.argument("mix")
-@click.option("--steps", "steps", required=True, help="Step range A:B, inclusive.")
+@click.option("--steps", "steps", type=STEPS, required=True,
+              help="Step range A:B, inclusive.")
 @click.option("--out", "out", default="mix-composition.png", show_default=True,
               help="PNG file to write.")
 @click.option("--bins", type=int, default=50, show_default=True,
@@ -209,7 +219,7 @@ def plot_mix(mix, steps, out, bins):
     from open1b_data.stream import plotmix
 
     try:
-        summary = plotmix.plot_mix(mix, _steps_range(steps), out, bins=bins)
+        summary = plotmix.plot_mix(mix, steps, out, bins=bins)
     except Open1bDataError as e:
         _fail(e)
     click.echo(f"wrote {out}: steps {summary['steps'][0]}..{summary['steps'][1]}, "
