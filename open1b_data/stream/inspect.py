@@ -99,6 +99,12 @@ def open_plan(mix: str, build_index: bool = False) -> tuple[StreamPlan, Schedule
     return plan, Schedule.from_definition(plan.view.definition)
 
 
+def _shard_paths(plan: StreamPlan) -> tuple[tuple[str, ...], ...]:
+    """``[source][shard]`` -> the shard's file, relative to the mix root: what a user can
+    find (the manifest index alone is not)."""
+    return tuple(sv.shard_paths for sv in plan.view.sources)
+
+
 def _entries(sched: Schedule, R: int, window: int | None, step: int | None,
              rank: int | None) -> tuple[list[tuple[int, int, int | None]], object]:
     """(window, rank, micro_batch) of the request, and the StepInfo (None past the end)."""
@@ -182,7 +188,8 @@ def stream_at(mix: str, window: int | None = None, step: int | None = None,
         from open1b_data.stream.stats import batch_stats
 
         uniq, toks, segs = _content(plan, WindowReader(plan, whole_shards=False), ms)
-        out["stats"] = batch_stats(uniq, toks, segs, plan.sources).to_dict()
+        out["stats"] = batch_stats(uniq, toks, segs, plan.sources,
+                                   _shard_paths(plan)).to_dict()
         return out
     segs = plan.segments_range(min(ms), max(ms) + 1)
     reader = None if plan_only else WindowReader(plan, whole_shards=False)
@@ -210,7 +217,8 @@ def stream_at(mix: str, window: int | None = None, step: int | None = None,
         w["segments"] = []
         for seg in sel.to_list(plan.sources):
             s = plan.sources.index(seg.source)
-            d = {"source": seg.source, "shard": seg.shard, "doc": seg.doc,
+            d = {"source": seg.source, "shard": seg.shard,
+                 "shard_path": plan.view.sources[s].shard_paths[seg.shard], "doc": seg.doc,
                  "doc_id": ids_of.get((s, seg.shard, seg.doc)),
                  "epoch": seg.epoch, "draw": seg.draw, "doc_length": seg.doc_length,
                  "doc_start": seg.doc_start,
@@ -256,7 +264,8 @@ def steps_stats(mix: str, steps: tuple[int, int], world: int | None = None,
         uniq, toks, segs = _content(plan, reader, [m for m, _, _ in entries])
         entry = {"step": s, "window_range": [info.first_window,
                                              info.first_window + info.batch_sequences],
-                 "lr": info.lr, "stats": batch_stats(uniq, toks, segs, plan.sources).to_dict()}
+                 "lr": info.lr, "stats": batch_stats(uniq, toks, segs, plan.sources,
+                                                     _shard_paths(plan)).to_dict()}
         per_step.append(entry)
         if on_step is not None:
             on_step(out, entry)
@@ -299,6 +308,9 @@ def print_stream_at(rep: dict, echo) -> None:
                  f"micro-batches; window m goes to rank m mod {rep['world']}")
     echo("segments: offset/len in the window; doc tokens [a,b) of the document, "
          "+sep = then the <|endoftext|> separator")
+    # One column width for the whole listing, so windows line up with each other.
+    width = max([len(s["shard_path"]) for w in rep["windows"] for s in w["segments"]]
+                + [len("shard file")])
     last = None
     for w in rep["windows"]:
         if (w["rank"], w["micro_batch"]) != last:
@@ -311,13 +323,13 @@ def print_stream_at(rep: dict, echo) -> None:
             t = w["tokens"]
             echo(f"    tokens {' '.join(map(str, t[:10]))} ... {' '.join(map(str, t[-3:]))}"
                  f"  ({len(t)} ids)")
-        echo(f"    {'offset':>6} {'len':>5}  {'source':<14} {'shard':>5} {'doc':>7}  "
+        echo(f"    {'offset':>6} {'len':>5}  {'shard file':<{width}} {'row':>7}  "
              f"{'doc tokens':<17} doc_id")
         for s in w["segments"]:
             span = f"[{s['doc_start']},{s['doc_end']})" + ("+sep" if s["separator"] else "")
             did = s["doc_id"] if s["doc_id"] is not None else "-"
-            echo(f"    {s['window_offset']:>6} {s['length']:>5}  {s['source']:<14} "
-                 f"{s['shard']:>5} {s['doc']:>7}  {span:<17} {did}")
+            echo(f"    {s['window_offset']:>6} {s['length']:>5}  {s['shard_path']:<{width}} "
+                 f"{s['doc']:>7}  {span:<17} {did}")
             if "text" in s:
                 echo(f"           \u201c{_short(s['text'])}\u201d")
 
@@ -344,7 +356,7 @@ def stats_table(st: dict) -> list[str]:
     lines.append(f"  {'redrawn documents':<19} {len(st['redrawn'])} (one document from 2+ "
                  f"draws)")
     for r in st["redrawn"][:5]:
-        lines.append(f"  {'':<19} {r['source']} shard {r['shard']} doc {r['doc']}: draws "
+        lines.append(f"  {'':<19} {r['shard_path']} row {r['doc']}: draws "
                      f"{', '.join(map(str, r['draws']))}, epochs "
                      f"{', '.join(map(str, r['epochs']))}")
     lines.append(f"  {'spanning draws':<19} {st['spanning_draws']} (one draw over 2+ "

@@ -53,7 +53,8 @@ def _occurrence(sched: Schedule, world: int, m: int, epoch: int, draw: int, doc_
 
 
 def _doc_entry(plan, reader, s, h, d, occ) -> dict:
-    return {"source": plan.sources[s], "shard": h, "doc": d,
+    return {"source": plan.sources[s], "shard": h,
+            "shard_path": plan.view.sources[s].shard_paths[h], "doc": d,
             "doc_id": reader.doc_ids(s, h, [d])[0],
             "length": int(plan.view.lengths(s, h)[d]),
             "steps": sorted({o["step"] for o in occ}), "occurrences": occ}
@@ -136,7 +137,7 @@ def print_report(rep: dict, echo) -> None:
     if not rep["documents"]:
         echo("no document matches in these steps")
     for d in rep["documents"]:
-        echo(f"\n{d['source']} shard {d['shard']} doc {d['doc']}  doc_id {d['doc_id']}  "
+        echo(f"\n{d['shard_path']} row {d['doc']}  doc_id {d['doc_id']}  "
              f"({d['length']} tokens)")
         if not d["occurrences"]:
             echo("  not trained on in these steps")

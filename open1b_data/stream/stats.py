@@ -61,6 +61,7 @@ class Redrawn:
     doc: int
     draws: tuple[int, ...]
     epochs: tuple[int, ...]
+    shard_path: str | None = None    # the shard file, relative to the mix root
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,8 @@ class BatchStats:
             "windows": [{"window": m, "distinct": d, "unique_ratio": d / self.window_tokens}
                         for m, d in zip(self.windows, self.window_distinct)],
             "sources": [vars(s) for s in self.sources],
-            "redrawn": [{"source": r.source, "shard": r.shard, "doc": r.doc,
-                         "draws": list(r.draws), "epochs": list(r.epochs)}
+            "redrawn": [{"source": r.source, "shard": r.shard, "shard_path": r.shard_path,
+                         "doc": r.doc, "draws": list(r.draws), "epochs": list(r.epochs)}
                         for r in self.redrawn],
             "spanning_draws": self.spanning_draws, "longest_span": self.longest_span,
             "longest_run": vars(self.longest_run),
@@ -287,8 +288,10 @@ def source_counts(segs: Segments, names: tuple[str, ...]) -> tuple[SourceCount, 
                              int(docs[s])) for s in range(S))
 
 
-def redrawn(segs: Segments, names: tuple[str, ...]) -> tuple[Redrawn, ...]:
-    """Documents that appear under two or more different draws, by (source, shard, doc)."""
+def redrawn(segs: Segments, names: tuple[str, ...],
+            paths: tuple[tuple[str, ...], ...] | None = None) -> tuple[Redrawn, ...]:
+    """Documents that appear under two or more different draws, by (source, shard, doc);
+    ``paths[s][h]`` names shard h of source s where given."""
     draws, first = np.unique(segs.draw, return_index=True)
     key = np.stack([segs.source[first], segs.shard[first], segs.doc[first]], axis=1)
     uniq, inv, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
@@ -298,7 +301,8 @@ def redrawn(segs: Segments, names: tuple[str, ...]) -> tuple[Redrawn, ...]:
         members = np.flatnonzero(inv == g)
         s, h, d = (int(x) for x in uniq[g])
         out.append(Redrawn(names[s], h, d, tuple(int(x) for x in draws[members]),
-                           tuple(int(x) for x in segs.epoch[first[members]])))
+                           tuple(int(x) for x in segs.epoch[first[members]]),
+                           None if paths is None else paths[s][h]))
     return tuple(out)
 
 
@@ -312,10 +316,11 @@ def spanning(segs: Segments) -> tuple[int, int]:
 
 # ------------------------------------------------------------------------- together
 
-def batch_stats(windows, tokens: np.ndarray, segs: Segments, names: tuple[str, ...]
-                ) -> BatchStats:
+def batch_stats(windows, tokens: np.ndarray, segs: Segments, names: tuple[str, ...],
+                paths: tuple[tuple[str, ...], ...] | None = None) -> BatchStats:
     """Every statistic of the module docstring for windows ``windows`` (rows of
-    ``tokens``) whose segments are ``segs``."""
+    ``tokens``) whose segments are ``segs``; ``paths[s][h]``, the shard files, name the
+    redrawn documents' shards."""
     windows = np.asarray(windows, dtype=np.int64)
     if tokens.ndim != 2 or tokens.shape[0] != windows.shape[0]:
         raise ValueError(f"tokens {tokens.shape} must have one row per window "
@@ -325,7 +330,7 @@ def batch_stats(windows, tokens: np.ndarray, segs: Segments, names: tuple[str, .
         windows=tuple(windows.tolist()), window_tokens=int(tokens.shape[1]),
         window_distinct=tuple(distinct_per_window(tokens).tolist()),
         distinct=int(np.unique(tokens).size), separators=int(separators_of(segs).sum()),
-        sources=source_counts(segs, names), redrawn=redrawn(segs, names),
+        sources=source_counts(segs, names), redrawn=redrawn(segs, names, paths),
         spanning_draws=span_count, longest_span=span_max,
         longest_run=longest_run(tokens, windows),
         longest_repeat=longest_repeat(tokens, windows))

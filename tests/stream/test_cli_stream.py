@@ -243,3 +243,39 @@ def test_stats_human_and_step_ranges(mix):
         res = CliRunner().invoke(stream_at, [path, *args])
         assert res.exit_code != 0 and msg in res.output, (args, res.output)
         assert "Traceback" not in res.output
+
+
+def _manifest_paths(path: str) -> dict[tuple[str, int], str]:
+    m = json.loads(open(f"{path}/manifest.json").read())
+    return {(s["name"], i): sh["path"] for s in m["sources"] for i, sh in enumerate(s["shards"])}
+
+
+def test_shards_named_by_their_file(mix, tokmix):
+    """stream-at, provenance and --stats name each shard by its file (relative to the mix
+    root, as the manifest lists it), beside the manifest index, and the human output shows
+    "<file> row <doc>"."""
+    import os
+    import re
+
+    path, _ = mix
+    files = _manifest_paths(path)
+    rep = json.loads(ok(stream_at, [path, "--step", "2", "--json"]))
+    human = ok(stream_at, [path, "--step", "2"])
+    segs = [s for w in rep["windows"] for s in w["segments"]]
+    assert segs
+    for s in segs:
+        assert s["shard_path"] == files[(s["source"], s["shard"])]
+        assert os.path.isfile(os.path.join(path, s["shard_path"]))
+        assert re.search(rf"{re.escape(s['shard_path'])}\s+{s['doc']}\s", human), s
+    prov = json.loads(ok(provenance, [path, "--doc-id", "web-7", "--json"]))
+    (doc,) = prov["documents"]
+    assert doc["shard_path"] == files[(doc["source"], doc["shard"])]
+    assert f"{doc['shard_path']} row {doc['doc']}  doc_id web-7" in ok(
+        provenance, [path, "--doc-id", "web-7"])
+    tok_files = _manifest_paths(tokmix)
+    st = json.loads(ok(stream_at, [tokmix, "--step", "4", "--stats", "--json"]))["stats"]
+    assert st["redrawn"]
+    tok_human = ok(stream_at, [tokmix, "--step", "4", "--stats"])
+    for r in st["redrawn"]:
+        assert r["shard_path"] == tok_files[(r["source"], r["shard"])]
+        assert f"{r['shard_path']} row {r['doc']}: draws" in tok_human

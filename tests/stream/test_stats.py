@@ -114,7 +114,8 @@ def test_segment_statistics():
 
 
 def test_batch_stats_together():
-    b = stats.batch_stats([40, 41], TOKENS, SEGS, ("web", "code"))
+    paths = (("web/shard-00000-00000.parquet",), ("code/shard-00000-00000.parquet",))
+    b = stats.batch_stats([40, 41], TOKENS, SEGS, ("web", "code"), paths)
     assert b.tokens == 12 and b.window_distinct == (6, 6)
     assert b.distinct == 8 and b.unique_ratio == pytest.approx(8 / 12)
     assert b.separators == 2 and b.spanning_draws == 1 and b.longest_span == 2
@@ -123,7 +124,8 @@ def test_batch_stats_together():
     d = json.loads(json.dumps(b.to_dict()))
     assert d["windows"] == [{"window": 40, "distinct": 6, "unique_ratio": 1.0},
                             {"window": 41, "distinct": 6, "unique_ratio": 1.0}]
-    assert d["redrawn"] == [{"source": "web", "shard": 0, "doc": 3, "draws": [0, 2],
-                             "epochs": [0, 1]}]
+    assert d["redrawn"] == [{"source": "web", "shard": 0,
+                             "shard_path": "web/shard-00000-00000.parquet", "doc": 3,
+                             "draws": [0, 2], "epochs": [0, 1]}]
     with pytest.raises(ValueError, match="one row per window"):
         stats.batch_stats([1], TOKENS, SEGS, ("web", "code"))
