@@ -136,7 +136,7 @@ def train_step(model: StockModel, opt: torch.optim.AdamW, micro_batches, lr: flo
     for ids, labels in micro_batches:
         loss = model(ids, labels) / len(micro_batches)
         loss.backward()
-        total += float(loss)
+        total += float(loss.detach())
     norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
     for g in opt.param_groups:
         g["lr"] = lr

@@ -4,17 +4,21 @@ Layout of ``RUN/checkpoints/step-<nnnnnnnn>/``:
 
 * ``params.safetensors`` - every parameter under its model name, in its own dtype (bf16
   weights and gains, float32 LSQ activation steps);
-* ``optim.safetensors``  - the Adam moments as float32 ``m.<name>`` / ``v.<name>``;
+* ``optim-<i>-of-<S>.safetensors`` - the Adam moments as float32 ``m.<name>`` /
+  ``v.<name>`` of the parameters of logical shard i (``Layout.shards(S)``, S = the mesh's
+  dp_shard): one file per shard of the logical mesh, whichever process wrote it, so a run
+  on any number of processes writes the same files and any number can read them;
 * ``record.json``        - ``{"format": "open1b-checkpoint", "version": 1, "step",
   "adam_step", "skip_left", "run_hash" (the hash of this step), "loader" (the stream
   loader's state at the step boundary), "config" (TrainConfig.to_dict), "config_identity"
   (its sha256), "mix_fingerprint", "seed", "software", "components" (this step's params
   and optim digests), "files": {name: sha256 of the file's bytes}}``.
 
-Writing: everything goes into ``step-<n>.tmp-<pid>/`` (each file fsynced), the record last,
-then one ``rename`` to the final name and an fsync of the parent - a process killed at any
-point leaves either the previous checkpoints alone or a complete new one; stale ``.tmp-``
-directories are ignored and removed by the next writer. Nothing is pickled: safetensors
+Writing: every file goes into ``step-<n>.tmp-<tag>/`` (each file fsynced; several
+processes may write their shards there), the record last, then one ``rename`` to the final
+name and an fsync of the parent - a process killed at any point leaves either the previous
+checkpoints alone or a complete new one; stale ``.tmp-`` directories are ignored and
+removed by the next writer. Nothing is pickled: safetensors
 cannot execute code on load, and JSON is data.
 
 Loading (``load``) re-hashes both files against the record and re-derives the params and
@@ -70,36 +74,65 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def save(run: str, step: int, params: dict[str, torch.Tensor], m: dict[str, torch.Tensor],
-         v: dict[str, torch.Tensor], record: dict[str, Any]) -> str:
-    """Write checkpoint ``step`` atomically; returns its directory."""
-    final = step_dir(run, step)
-    parent = os.path.dirname(final)
+def tmp_dir(run: str, step: int, tag: str) -> str:
+    return f"{step_dir(run, step)}.tmp-{tag}"
+
+
+def clear_debris(run: str) -> None:
+    """Remove temporary directories left by writers killed mid-checkpoint."""
+    parent = os.path.join(run, DIR)
     os.makedirs(parent, exist_ok=True)
-    for name in os.listdir(parent):            # debris of a writer killed mid-checkpoint
+    for name in os.listdir(parent):
         if ".tmp-" in name:
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-    tmp = f"{final}.tmp-{os.getpid()}"
-    os.makedirs(tmp)
-    blobs = {
-        "params.safetensors": st_save({k: t.detach().cpu().contiguous() for k, t in params.items()}),
-        "optim.safetensors": st_save({**{f"m.{k}": t.detach().cpu().contiguous()
-                                         for k, t in m.items()},
-                                      **{f"v.{k}": t.detach().cpu().contiguous()
-                                         for k, t in v.items()}}),
-    }
-    files = {}
-    for name, data in blobs.items():
+
+
+def tensor_files(params: dict[str, torch.Tensor] | None,
+                 optim_shards: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]],
+                 n_shards: int) -> dict[str, bytes]:
+    """The safetensors files of a checkpoint: params (if given) and the optim shards given
+    as {shard index: (m by name, v by name)}."""
+    host = lambda t: t.detach().cpu().contiguous()  # noqa: E731
+    out = {}
+    if params is not None:
+        out["params.safetensors"] = st_save({k: host(t) for k, t in params.items()})
+    for i, (m, v) in optim_shards.items():
+        out[f"optim-{i:05d}-of-{n_shards:05d}.safetensors"] = st_save(
+            {**{f"m.{k}": host(t) for k, t in m.items()}, **{f"v.{k}": host(t) for k, t in v.items()}})
+    return out
+
+
+def write_files(tmp: str, files: dict[str, bytes]) -> dict[str, str]:
+    """Write ``files`` into ``tmp`` (fsynced); returns their sha256."""
+    os.makedirs(tmp, exist_ok=True)
+    sums = {}
+    for name, data in files.items():
         _fsync_write(os.path.join(tmp, name), data)
-        files[name] = hashlib.sha256(data).hexdigest()
+        sums[name] = hashlib.sha256(data).hexdigest()
+    return sums
+
+
+def commit(run: str, step: int, tmp: str, record: dict[str, Any], files: dict[str, str]) -> str:
+    """Write the record (last) into ``tmp`` and rename it to checkpoint ``step``."""
+    final = step_dir(run, step)
     rec = {"format": FORMAT, "version": VERSION, "step": step, **record, "files": files}
     _fsync_write(os.path.join(tmp, "record.json"),
                  json.dumps(rec, sort_keys=True, indent=1).encode())
     if os.path.exists(final):                  # a re-run of the same step: same bits
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(parent)
+    _fsync_dir(os.path.dirname(final))
     return final
+
+
+def save(run: str, step: int, params: dict[str, torch.Tensor],
+         optim_shards: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]],
+         n_shards: int, record: dict[str, Any]) -> str:
+    """Write checkpoint ``step`` atomically from one process; returns its directory."""
+    clear_debris(run)
+    tmp = tmp_dir(run, step, str(os.getpid()))
+    files = write_files(tmp, tensor_files(params, optim_shards, n_shards))
+    return commit(run, step, tmp, record, files)
 
 
 def list_steps(run: str) -> list[int]:
@@ -133,9 +166,13 @@ def load(path: str, device: torch.device | str = "cpu") -> Checkpoint:
     """Read and verify a checkpoint directory (see the module docstring)."""
     rec = read_record(path)
     files = rec.get("files") or {}
-    blobs = {}
-    for name in ("params.safetensors", "optim.safetensors"):
-        fpath = os.path.join(path, name)
+    if "params.safetensors" not in files or not any(f.startswith("optim-") for f in files):
+        raise CheckpointError(f"{path}: the record lists no params/optim files; corrupt")
+    params: dict[str, torch.Tensor] = {}
+    m: dict[str, torch.Tensor] = {}
+    v: dict[str, torch.Tensor] = {}
+    for name in sorted(files):
+        fpath = os.path.join(path, os.path.basename(name))
         try:
             with open(fpath, "rb") as f:
                 data = f.read()
@@ -143,18 +180,19 @@ def load(path: str, device: torch.device | str = "cpu") -> Checkpoint:
             raise CheckpointError(f"{fpath}: cannot read ({e.strerror}); the checkpoint is "
                                   f"incomplete - resume from an earlier one") from None
         got = hashlib.sha256(data).hexdigest()
-        if got != files.get(name):
+        if got != files[name]:
             raise CheckpointError(f"{fpath}: sha256 {got} differs from the record's "
-                                  f"{files.get(name)}; the checkpoint is corrupt or was "
-                                  f"edited - resume from an earlier one (--from-step)")
-        blobs[name] = data
-    try:
-        params = st_load(blobs["params.safetensors"])
-        optim = st_load(blobs["optim.safetensors"])
-    except Exception as e:  # safetensors raises its own error types for malformed files
-        raise CheckpointError(f"{path}: malformed safetensors data ({e})") from None
-    m = {k[2:]: t for k, t in optim.items() if k.startswith("m.")}
-    v = {k[2:]: t for k, t in optim.items() if k.startswith("v.")}
+                                  f"{files[name]}; the checkpoint is corrupt or was edited - "
+                                  f"resume from an earlier one")
+        try:
+            tensors = st_load(data)
+        except Exception as e:  # safetensors raises its own error types for malformed files
+            raise CheckpointError(f"{fpath}: malformed safetensors data ({e})") from None
+        if name == "params.safetensors":
+            params.update(tensors)
+        else:
+            m.update({k[2:]: t for k, t in tensors.items() if k.startswith("m.")})
+            v.update({k[2:]: t for k, t in tensors.items() if k.startswith("v.")})
     move = lambda d: {k: t.to(device) for k, t in d.items()}  # noqa: E731
     return Checkpoint(int(rec["step"]), path, rec, move(params), move(m), move(v))
 

@@ -131,6 +131,9 @@ def init_params(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu"
     return out
 
 
+ALIGN = 4096   # every parameter starts at a multiple of this in the flat index space
+
+
 @dataclass(frozen=True)
 class Slot:
     name: str
@@ -140,7 +143,15 @@ class Slot:
 
 
 class Layout:
-    """Every parameter's place in one flat float32 index space, in model order."""
+    """Every parameter's place in one flat float32 index space, in model order.
+
+    Each parameter starts at a multiple of ``ALIGN`` (4,096); the gaps are zeros and stay
+    zero. The flat gradient, the Adam moments and their reductions live in this space, so
+    a sum over the whole flat vector (the global gradient norm: a pairwise tree) is also a
+    tree over aligned 4,096-element chunk partials - which is how a sharded run computes
+    it with the same bits. ``shards(S)`` cuts the parameter list into S contiguous groups
+    of whole parameters (the logical shard dimension owns one group each).
+    """
 
     def __init__(self, specs: list[ParamSpec]) -> None:
         self.specs = specs
@@ -148,7 +159,7 @@ class Layout:
         off = 0
         for s in specs:
             self.slots.append(Slot(s.name, off, s.numel, s.shape))
-            off += s.numel
+            off += -(-s.numel // ALIGN) * ALIGN
         self.numel = off
         self.by_name = {s.name: s for s in self.slots}
 
@@ -159,5 +170,22 @@ class Layout:
     def zeros(self, device: torch.device | str = "cpu") -> torch.Tensor:
         return torch.zeros(self.numel, dtype=torch.float32, device=device)
 
-    def empty(self, device: torch.device | str = "cpu") -> torch.Tensor:
-        return torch.empty(self.numel, dtype=torch.float32, device=device)
+    def shards(self, n: int) -> list[tuple[int, int]]:
+        """``n`` contiguous groups of whole parameters as flat ranges [start, end), balanced
+        by size: group j ends at the first parameter boundary at or past j/n of the total
+        (a group may be empty when one parameter outweighs the rest)."""
+        if n < 1:
+            raise ValueError(f"need >= 1 shards, got {n}")
+        ends = [s.offset + -(-s.numel // ALIGN) * ALIGN for s in self.slots]
+        out, start = [], 0
+        for j in range(1, n + 1):
+            target = self.numel * j // n
+            end = next((e for e in ends if e >= target), self.numel) if j < n else self.numel
+            end = max(end, start)
+            out.append((start, end))
+            start = end
+        return out
+
+    def names_in(self, start: int, end: int) -> list[str]:
+        """Parameters whose slot lies in the flat range [start, end)."""
+        return [s.name for s in self.slots if start <= s.offset < end]

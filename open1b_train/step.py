@@ -23,7 +23,9 @@ the flat gradient in model order):
 
 * ``inject_spike`` steps (a forensics/testing knob of the config) multiply g by 1e4 first.
 * norm = ``kernels.gradnorm.grad_norm([g])``: the pairwise tree sum of g*g over the flat
-  gradient, correctly rounded sqrt. A non-finite norm or loss stops the run
+  gradient (model order, every parameter starting at a multiple of 4,096, zero gaps:
+  ``params.Layout``), correctly rounded sqrt. Because the tree is blockable, the same
+  value is the tree over the 4,096-element chunk partials, which a sharded run computes. A non-finite norm or loss stops the run
   (``DivergenceError`` naming the step); nothing is updated.
 * Spike protocol: if ``norm > spike_threshold`` the counter ``skip_left`` is set to
   ``spike_skip`` (5). A step with ``skip_left > 0`` is skipped and decrements it: its
@@ -126,12 +128,12 @@ def reduce_step(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layou
     inv_s, inv_r = reciprocal_f32(shards), reciprocal_f32(reps)
     fold, loss_fold = TreeFold(spill), TreeFold()
     window_losses = []
-    g_v = layout.empty(device) if shards > 1 else None
+    g_v = layout.zeros(device) if shards > 1 else None
     partial = loss_partial = None
     for v, mbs in enumerate(batches):
         shard = v % shards
         r = reciprocal_f32(len(mbs))
-        target = layout.empty(device) if shard == 0 else g_v   # rank 0 of a replica: in place
+        target = layout.zeros(device) if shard == 0 else g_v   # rank 0 of a replica: in place
         loss_v = None
         for j, mb in enumerate(mbs):
             tr = None if trace is None else (

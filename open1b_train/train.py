@@ -316,14 +316,30 @@ def _hash_line(run: Run, state: State, step: int, batches: list[list[MicroBatch]
             "scalars": scalars}
 
 
+def checkpoint_record(run: Run, state: State) -> dict[str, Any]:
+    return {"adam_step": state.opt.adam_step, "skip_left": state.opt.skip_left,
+            "run_hash": state.prev_hash, "loader": state.loader, "config": run.cfg.to_dict(),
+            "config_identity": run.cfg.identity_sha256(),
+            "mix_fingerprint": run.plan.fingerprint, "seed": run.cfg.seed,
+            "software": {"open1b": __version__, "torch": torch.__version__}}
+
+
+def optim_shards(layout: Layout, opt: OptimState, n: int, which=None) -> dict:
+    """{logical shard: (m, v) by parameter name} for the checkpoint's optim files."""
+    m, v = layout.views(opt.m), layout.views(opt.v)
+    out = {}
+    for i, (a, b) in enumerate(layout.shards(n)):
+        if which is None or i in which:
+            names = layout.names_in(a, b)
+            out[i] = ({k: m[k] for k in names}, {k: v[k] for k in names})
+    return out
+
+
 def _save_checkpoint(run: Run, state: State) -> None:
     layout = Layout(param_specs(run.cfg.model))
-    m, v = layout.views(state.opt.m), layout.views(state.opt.v)
-    rec = {"adam_step": state.opt.adam_step, "skip_left": state.opt.skip_left,
-           "run_hash": state.prev_hash, "loader": state.loader, "config": run.cfg.to_dict(),
-           "config_identity": run.cfg.identity_sha256(), "mix_fingerprint": run.plan.fingerprint,
-           "seed": run.cfg.seed, "software": {"open1b": __version__, "torch": torch.__version__}}
-    checkpoint.save(run.dir, state.step, state.params, m, v, rec)
+    n = run.cfg.mesh[1]
+    checkpoint.save(run.dir, state.step, state.params, optim_shards(layout, state.opt, n), n,
+                    checkpoint_record(run, state))
     checkpoint.prune(run.dir, run.cfg.keep_checkpoints)
 
 

@@ -1,0 +1,164 @@
+"""The training part of ``scripts/gpu_check.py`` (``--train``): bit parity of whole
+training steps between the CPU reference and the GPU, and the speed of one full-size
+Open-1B step against stock PyTorch.
+
+1. parity - the ``micro`` preset trains ``steps`` steps on the demo mix twice: on the CPU
+   reference and on CUDA (Triton kernels). Every component digest of every step must be
+   identical (data, gradient, parameters, optimizer state, scalars).
+2. speed - one optimizer step of the ``open1b`` preset (the paper's shapes, 1.61B
+   parameters) on one micro-batch of 4 x 4,096 tokens: forward, backward, global norm,
+   clip and fused AdamW, timed with CUDA events (median of ``repeats``), as tokens/s.
+   Anchor, same GPU, same run: the stock model of ``benchmarks/stock_model.py`` (bf16
+   ``nn.Linear``, SDPA, ``torch.optim.AdamW(fused=True)``) with every block compiled by
+   ``torch.compile``. Ratio = ours / stock (>= 1: we are faster).
+3. hashing - the share of the step's time spent hashing parameters, gradient and moments
+   on the device (``kernels.sha256``).
+
+``--dry-run`` (what CI exercises, no GPU needed) runs the same code on the CPU with tiny
+shapes: parity between the CPU reference and the CPU reference under ``force("cpu")``
+twice, and the speed section on a micro model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from open1b_train.config import micro, open1b  # noqa: E402
+from open1b_train.params import Layout, init_params, param_specs  # noqa: E402
+
+
+def _demo_mix(workdir: str) -> str:
+    from open1b_data.build.definition import default_mix_path, load_mix
+    from open1b_data.build.pipeline import BuildOptions, build_mix
+
+    out = os.path.join(workdir, "demo-mix")
+    build_mix(load_mix(default_mix_path()), out, BuildOptions(workers=2, progress=False))
+    return out
+
+
+def parity(device: str, steps: int, workdir: str) -> dict:
+    """Train the micro preset on the CPU reference and on ``device``; compare digests."""
+    from open1b_train import runlog
+    from open1b_train.train import train
+
+    mix = _demo_mix(workdir)
+    lines = {}
+    for name, backend in (("cpu", "cpu"), (device, "auto" if device == "cuda" else "cpu")):
+        run = os.path.join(workdir, f"run-{name}-{len(lines)}")
+        cfg = dataclasses.replace(micro(), steps=steps, backend=backend)
+        t0 = time.perf_counter()
+        train(cfg, mix, run, progress=False, echo=lambda m: None)
+        lines[f"{name}-{len(lines)}"] = (runlog.read(run), time.perf_counter() - t0)
+    (a, ta), (b, tb) = lines.values()
+    diff = [(x["step"], c) for x, y in zip(a[1:], b[1:]) for c in x["components"]
+            if x["components"][c] != y["components"][c]]
+    return {"steps": steps, "equal": not diff and a[-1]["hash"] == b[-1]["hash"],
+            "mismatches": diff[:10], "run_hash": b[-1]["hash"],
+            "seconds_reference": round(ta, 2), "seconds_device": round(tb, 2)}
+
+
+def _timed(fn, device: str, repeats: int) -> float:
+    """Median seconds of ``fn()`` (one warm-up call first)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def speed(device: str, dry_run: bool, repeats: int) -> dict:
+    """One optimizer step of ours vs the compiled stock model (see the module docstring)."""
+    from open1b_train import statehash
+    from open1b_train.step import MicroBatch, OptimState, apply_update, reduce_step
+    from stock_model import StockModel, optimizer
+    from stock_model import train_step as stock_step
+
+    cfg = open1b() if not dry_run else dataclasses.replace(
+        micro(), model=dataclasses.replace(micro().model, vocab=512))
+    batch, seq = (4, 4096) if not dry_run else (2, 64)
+    mc = cfg.model
+    specs = param_specs(mc)
+    layout = Layout(specs)
+    params = init_params(mc, 42, device)
+    opt = OptimState(layout.zeros(device), layout.zeros(device))
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, mc.vocab, (batch, seq + 1), generator=g).to(device)
+    mb = [[MicroBatch(0, 0, tuple(range(batch)), tokens)]]
+    state = {"step": 0}
+
+    def ours():
+        state["step"] += 1
+        red = reduce_step(cfg, params, layout, mb, device=device)
+        apply_update(cfg, specs, params, layout, red.grad, red.loss, opt, state["step"], 1e-5)
+        return red
+
+    t_ours = _timed(ours, device, repeats)
+    red = ours()
+
+    def hashing():
+        statehash.tensors_digest(layout.views(red.grad))
+        statehash.tensors_digest(params)
+        statehash.optim_digest(layout.views(opt.m), layout.views(opt.v), 1, 0)
+
+    t_hash = _timed(hashing, device, repeats)
+    del red, opt, params
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    stock = StockModel(mc).to(device)
+    stock.load_from(init_params(mc, 42, device))
+    if device == "cuda" and not dry_run:
+        for blk in stock.layers:
+            blk.compile()
+    sopt = optimizer(stock, 1e-5)
+    ids, labels = tokens[:, :-1], tokens[:, 1:]
+    t_stock = _timed(lambda: stock_step(stock, sopt, [(ids, labels)], 1e-5), device, repeats)
+    n = batch * seq
+    return {"preset": "open1b" if not dry_run else "micro (dry run)", "tokens": n,
+            "ours_tokens_per_s": round(n / t_ours, 1),
+            "stock_compiled_tokens_per_s": round(n / t_stock, 1),
+            "ratio_ours_over_stock": round(t_stock / t_ours, 3),
+            "hash_seconds": round(t_hash, 4), "hash_share_of_step": round(t_hash / t_ours, 4),
+            "step_seconds": round(t_ours, 4), "stock_step_seconds": round(t_stock, 4)}
+
+
+def train_check(dry_run: bool = False, steps: int = 2, repeats: int = 3) -> dict:
+    """Both sections; ``dry_run`` on the CPU with tiny shapes."""
+    device = "cpu" if dry_run else "cuda"
+    if not dry_run and not torch.cuda.is_available():
+        raise RuntimeError("--train needs a CUDA device (use --train-dry-run on a CPU)")
+    with tempfile.TemporaryDirectory(prefix="open1b-gpu-train-") as work:
+        out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+               "parity": parity(device, steps, work)}
+        out["speed"] = speed(device, dry_run, repeats)
+    return out
+
+
+def format_report(r: dict) -> str:
+    p, s = r["parity"], r["speed"]
+    return "\n".join([
+        f"training check on {r['device']}",
+        f"  micro preset, {p['steps']} steps, CPU reference vs device: "
+        f"{'IDENTICAL' if p['equal'] else 'DIFFERENT ' + str(p['mismatches'])} "
+        f"(run hash {p['run_hash'][:16]}...)",
+        f"  {s['preset']} step of {s['tokens']:,} tokens: ours {s['ours_tokens_per_s']:,.0f} "
+        f"tokens/s, stock compiled {s['stock_compiled_tokens_per_s']:,.0f} tokens/s, "
+        f"ratio {s['ratio_ours_over_stock']:.3f}x",
+        f"  hashing params + gradient + moments: {s['hash_seconds']:.4f} s = "
+        f"{100 * s['hash_share_of_step']:.2f}% of the step"])
