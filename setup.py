@@ -9,9 +9,17 @@
   the compiler vectorize the selects (no program here reads floating-point exception
   flags), it changes no value.
 """
+import setuptools
 from setuptools import Extension, setup
 
-setup(ext_modules=[
+# The license in the form the running setuptools reads without a deprecation notice (pip
+# prints one box per build step for the old form): an SPDX expression from setuptools 77
+# on, the License field before it (pyproject.toml requires setuptools>=68 and lists
+# "license" as dynamic, so both forms come from here).
+LICENSE = ({"license_expression": "Apache-2.0"} if int(setuptools.__version__.split(".")[0]) >= 77
+           else {"license": "Apache-2.0"})
+
+setup(**LICENSE, ext_modules=[
     Extension("open1b_data.build._bpe", ["open1b_data/build/_bpe.c"],
               depends=[f"open1b_data/build/_bpe_{h}.h" for h in
                        ("split", "table", "merge", "unicode")],
