@@ -64,6 +64,10 @@ FORBIDDEN = {
 PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 
 
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 # ------------------------------------------------------------------ discovery
 def discover(only: str | None) -> tuple[list[tuple[str, GpuCheck]], list[dict]]:
     checks, errors = [], []
@@ -302,7 +306,7 @@ def write_json(path: Path, payload: dict) -> None:
 @click.option("--no-bench", is_flag=True, help="Skip the timing against stock PyTorch.")
 @click.option("--ptx-only", is_flag=True, help="No GPU needed: compile for sm_90 and scan PTX only.")
 @click.option("--ptx-scale", default=1 / 256, show_default=True, help="Input scale for --ptx-only.")
-@click.option("--jobs", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)),
+@click.option("--jobs", type=click.IntRange(min=1), default=usable_cores(),
               show_default="the usable cores",
               help="Processes compiling in parallel (--ptx-only; compiling is CPU-bound).")
 @click.option("--peak-gbps", type=float, default=None,
