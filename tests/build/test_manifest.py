@@ -185,6 +185,31 @@ def test_check_path_fast_path_keeps_every_refusal():
         assert mf.check_path(ok) == ok
 
 
+def test_fast_shard_parse_agrees_with_the_checked_one(tmp_path):
+    """The straight-line parse of a shard entry gives the same entry when every check
+    passes, and leaves every bad entry to from_dict, which refuses it."""
+    good = _build(tmp_path).to_dict()["sources"][0]["shards"][0]
+    assert mf._fast_shard(good) == mf.ShardEntry.from_dict(good)
+    bad_values = {"path": ["../x", "/x", "a\\b", "", 3, None], "sha256": ["A" * 64, "0" * 63, 1],
+                  "bytes": [-1, True, 1.0, "1"], "documents": [-1, False, None],
+                  "tokens": [-5, 2.5], "lengths.path": ["a//b", "C:x"],
+                  "lengths.sha256": ["g" * 64, None]}
+    for field, values in bad_values.items():
+        for v in values:
+            d = json.loads(json.dumps(good))
+            node, key = (d["lengths"], field[8:]) if field.startswith("lengths.") else (d, field)
+            node[key] = v
+            assert mf._fast_shard(d) is None, (field, v)
+            with pytest.raises(ManifestError, match=key):
+                mf.ShardEntry.from_dict(d)
+    for missing in ("path", "sha256", "bytes", "documents", "tokens", "lengths"):
+        d = {k: v for k, v in good.items() if k != missing}
+        assert mf._fast_shard(d) is None
+        with pytest.raises(ManifestError, match=f"{missing}: missing"):
+            mf.ShardEntry.from_dict(d)
+    assert mf._fast_shard([good]) is None
+
+
 def test_resolve_confined(tmp_path):
     assert mf.resolve("s3://bucket/mix/", "a/b.parquet") == "s3://bucket/mix/a/b.parquet"
     assert mf.resolve(str(tmp_path), "a/b") == f"{tmp_path}/a/b"
