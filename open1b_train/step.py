@@ -25,8 +25,9 @@ the flat gradient in model order):
 * norm = ``kernels.gradnorm.grad_norm([g])``: the pairwise tree sum of g*g over the flat
   gradient (model order, every parameter starting at a multiple of 4,096, zero gaps:
   ``params.Layout``), correctly rounded sqrt. Because the tree is blockable, the same
-  value is the tree over the 4,096-element chunk partials, which a sharded run computes. A non-finite norm or loss stops the run
-  (``DivergenceError`` naming the step); nothing is updated.
+  value is the tree over the 4,096-element chunk partials, which a sharded run computes.
+  A non-finite norm or loss stops the run (``DivergenceError`` naming the step); nothing
+  is updated.
 * Spike protocol: if ``norm > spike_threshold`` the counter ``skip_left`` is set to
   ``spike_skip`` (5). A step with ``skip_left > 0`` is skipped and decrements it: its
   windows are consumed (the stream moves on; they are not replayed), its forward and
@@ -34,7 +35,8 @@ the flat gradient in model order):
   moments and the Adam step counter are left exactly as they were; the learning rate keeps
   following the consumed tokens. So a spike skips its own update and the next four; a new
   spike while skipping restarts the count at five.
-* Otherwise: clip (``kernels.gradnorm.clip_grads_``: g *= min(1, clip / (norm + 1e-6))),
+* Otherwise: clip (g *= ``kernels.gradnorm.clip_coefficient(norm)`` = min(1, clip /
+  (norm + 1e-6)), one correctly rounded division and one multiply per element),
   the Adam step counter t += 1, and the fused AdamW of ``kernels.adamw`` per parameter at
   ``lr = schedule LR at the step's tokens_after * lr_scale`` (binary64) with weight decay on
   the decayed group only (``params.py``). The weight quantization steps of the W8A8
@@ -50,7 +52,7 @@ import numpy as np
 import torch
 
 from kernels.adamw import AdamWConfig, adamw_step_
-from kernels.gradnorm import clip_grads_, grad_norm
+from kernels.gradnorm import clip_coefficient, grad_norm
 from kernels.reduce import reciprocal_f32
 from open1b_train.config import TrainConfig
 from open1b_train.errors import DivergenceError
@@ -165,18 +167,13 @@ def reduce_step(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layou
     return Reduced(g, loss.reshape(()), torch.cat(window_losses), fold.peak)
 
 
-def apply_update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, torch.Tensor],
-                 layout: Layout, grad: torch.Tensor, loss: torch.Tensor, opt: OptimState,
-                 step: int, lr: float) -> Update:
-    """The recipe after the reduction (see the module docstring); updates in place."""
-    if step in cfg.inject_spike:
-        grad.mul_(SPIKE_INJECTION)
-    norm_t = grad_norm([grad])
-    norm, loss_f = float(norm_t), float(loss)
-    if not (math.isfinite(norm) and math.isfinite(loss_f)):
+def decide(cfg: TrainConfig, step: int, norm: float, loss: float, opt: OptimState) -> Update:
+    """The spike protocol on the pre-clip norm (see the module docstring); updates
+    ``opt.skip_left``. Raises ``DivergenceError`` on a non-finite loss or norm."""
+    if not (math.isfinite(norm) and math.isfinite(loss)):
         raise DivergenceError(
-            f"step {step}: non-finite {'loss' if not math.isfinite(loss_f) else 'gradient'} "
-            f"(loss {loss_f}, gradient norm {norm}); the run stops here and keeps its last "
+            f"step {step}: non-finite {'loss' if not math.isfinite(loss) else 'gradient'} "
+            f"(loss {loss}, gradient norm {norm}); the run stops here and keeps its last "
             f"good checkpoint - lower the learning rate or inspect the step's data with "
             f"`open1b-data stream-at --step {step} --stats`")
     spike = norm > cfg.spike_threshold
@@ -184,17 +181,42 @@ def apply_update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, tor
         opt.skip_left = cfg.spike_skip
     if opt.skip_left > 0:
         opt.skip_left -= 1
-        return Update(norm, True, spike, lr)
-    clip_grads_([grad], cfg.clip)
-    opt.adam_step += 1
+        return Update(norm, True, spike, 0.0)
+    return Update(norm, False, spike, 0.0)
+
+
+def update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, torch.Tensor],
+           grads: dict[str, torch.Tensor], m: dict[str, torch.Tensor],
+           v: dict[str, torch.Tensor], norm: torch.Tensor, adam_step: int, lr: float) -> None:
+    """Clip by ``clip_coefficient(norm)`` and AdamW every parameter present in ``grads``
+    (all of them, or one logical shard's) in place."""
+    # the coefficient on the host (CPU float32 ops, one correctly rounded division), then
+    # one float32 multiply per element on the gradients' device: the same bits anywhere
+    coef = float(clip_coefficient(norm.detach().to("cpu", torch.float32).reshape(()), cfg.clip))
     adam = AdamWConfig(cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay)
-    m, v = layout.views(opt.m), layout.views(opt.v)
-    g = layout.views(grad)
     for spec in specs:
+        if spec.name not in grads:
+            continue
+        g = grads[spec.name]
+        if coef != 1.0:
+            g.mul_(coef)                    # one IEEE multiply (x 1.0 is exact: skipped)
         wd = cfg.weight_decay if spec.decay else 0.0
-        adamw_step_(params[spec.name], g[spec.name], m[spec.name], v[spec.name],
-                    opt.adam_step, lr, wd, adam)
-    return Update(norm, False, spike, lr)
+        adamw_step_(params[spec.name], g, m[spec.name], v[spec.name], adam_step, lr, wd, adam)
+
+
+def apply_update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, torch.Tensor],
+                 layout: Layout, grad: torch.Tensor, loss: torch.Tensor, opt: OptimState,
+                 step: int, lr: float) -> Update:
+    """The recipe after the reduction on one process (see the module docstring)."""
+    if step in cfg.inject_spike:
+        grad.mul_(SPIKE_INJECTION)
+    norm_t = grad_norm([grad])
+    upd = decide(cfg, step, float(norm_t), float(loss), opt)
+    if not upd.skipped:
+        opt.adam_step += 1
+        update(cfg, specs, params, layout.views(grad), layout.views(opt.m),
+               layout.views(opt.v), norm_t, opt.adam_step, lr)
+    return Update(upd.norm, upd.skipped, upd.spike, lr)
 
 
 def float32_hex(x: float | torch.Tensor) -> str:
