@@ -53,8 +53,9 @@ class Cli(click.Group):
             sys.exit(e.exit_code)
         except click.UsageError as e:
             where = e.ctx.command_path if e.ctx is not None else "open1b-data"
-            _fail(f"Error: {e.format_message().rstrip('.')}; see '{where} --help'",
-                  e.exit_code)
+            message = e.format_message().rstrip(".")
+            sep = " " if message.endswith("?") else "; "     # "Did you mean '--out'?"
+            _fail(f"Error: {message}{sep}see '{where} --help'", e.exit_code)
         except click.ClickException as e:
             _fail(f"Error: {e.format_message()}", e.exit_code)
         except click.exceptions.Abort:

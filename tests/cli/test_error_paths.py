@@ -123,6 +123,12 @@ def paths(tmp_path_factory) -> dict[str, str]:
     shutil.copytree(mix, huge)
     _vouch(huge, _huge_lengths)
     p["huge"] = str(huge)
+    shard_dirs = root / "shard-dirs"
+    shutil.copytree(mix, shard_dirs)
+    for shard in list(shard_dirs.rglob("*.parquet")):
+        shard.unlink()
+        shard.mkdir()                       # a directory where the manifest names a file
+    p["shard_dirs"] = str(shard_dirs)
     for name, edit in (("nosched", lambda m, _: m["definition"].pop("schedule")),
                        ("longwin", lambda m, _: m["definition"].update(window=999))):
         shutil.copytree(mix, root / name)
@@ -198,6 +204,15 @@ CASES = [
     case("stream-at", "{longwin}", "--step", "1",
          want=("definition.window: 999", "seq_tokens + 1 = 65")),
     case("schedule", "--step", "1", "--mix", "{nosched}", want=("definition.schedule",)),
+    case("stream-at", "{shard_dirs}", "--step", "1", want=("{shard_dirs}/", "is a directory"),
+         marks=pytest.mark.xfail(strict=True, reason="open1b_data/stream/shardreader.py opens "
+                                 "shards through fsspec directly and lets IsADirectoryError "
+                                 "through (exit 3); it should read them with "
+                                 "open1b_data.storage_errors.failures(url, 'read')")),
+    case("verify", "{shard_dirs}", want=("{shard_dirs}/", "is a directory")),
+    case("build-mix", "--quiet", "--nosuch", code=2,
+         want=("--nosuch", "Did you mean", "see 'open1b-data build-mix --help'")),
+    case("nosuchcommand", code=2, want=("'nosuchcommand'", "see 'open1b-data --help'")),
     # stream-at: the numbers
     case("stream-at", "{mix}", "--step", "0", want=("step", "got 0")),
     case("stream-at", "{mix}", "--step", "-3", want=("step", "got -3")),
@@ -287,8 +302,8 @@ def test_error_is_one_line(argv, code, want, stdout, paths, offline, tmp_path, m
 
 def test_every_command_has_error_cases():
     covered = {p.values[0][0] for p in CASES}
-    assert covered == set(main.commands), f"commands without error cases: " \
-                                          f"{sorted(set(main.commands) - covered)}"
+    missing = sorted(set(main.commands) - covered)
+    assert not missing, f"commands without error cases: {missing}"
 
 
 # ----------------------------------------------------------------------------- more cases
@@ -298,12 +313,27 @@ def test_unwritable_out_outside_permissions(offline, tmp_path, monkeypatch):
     """sysfs refuses new entries even to root, so this case runs wherever tests run."""
     monkeypatch.chdir(tmp_path)
     res = run(["build-mix", "--quiet", "--out", "/sys/open1b-test-out"])
-    check(res.exit_code, res.stderr, 1, ("--out", "/sys/open1b-test-out", "not permitted"))
+    check(res.exit_code, res.stderr, 1, ("--out", "/sys/open1b-test-out", "check its permissions"))
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0,
-                    reason="root reads and writes through chmod 000 / 555")
+def _permissions_enforced(tmp_path: Path) -> bool:
+    """Whether chmod denies this process (not for root, unless it runs without
+    CAP_DAC_OVERRIDE, e.g. under ``setpriv --bounding-set=-dac_override,-dac_read_search``)."""
+    probe = tmp_path / "probe"
+    probe.write_text("x")
+    probe.chmod(0)
+    try:
+        probe.read_text()
+        return False
+    except PermissionError:
+        return True
+    finally:
+        probe.chmod(0o644)
+
+
 def test_permission_denied(paths, offline, tmp_path):
+    if os.name != "posix" or not _permissions_enforced(tmp_path):
+        pytest.skip("chmod 000 / 555 does not deny this process (root)")
     ro = tmp_path / "read-only"
     ro.mkdir()
     ro.chmod(0o555)
@@ -318,8 +348,10 @@ def test_permission_denied(paths, offline, tmp_path):
         check(res.exit_code, res.stderr, 1, (str(ro / "mix"), "ermission denied"))
         res = run(["stream-at", str(locked), "--step", "1"])
         check(res.exit_code, res.stderr, 1, (f"{locked}/manifest.json", "ermission denied"))
-        res = run(["build-mix", "--quiet", "--manifest", str(secret)])
-        check(res.exit_code, res.stderr, 1, (str(secret), "ermission denied"))
+        res = run(["build-mix", "--quiet", "--manifest", str(secret)])   # click checks it
+        check(res.exit_code, res.stderr, 2, (str(secret), "is not readable"))
+        res = run(["schedule", "--step", "1", "--mix", str(secret)])     # we do
+        check(res.exit_code, res.stderr, 1, (str(secret), "cannot be read", "ermission"))
     finally:
         ro.chmod(0o755)
         (locked / "manifest.json").chmod(0o644)
