@@ -9,8 +9,9 @@ in the log so that a mismatch names what differs:
   little-endian, the stream's own window hash). Stream order, not mesh order, so every
   logical mesh of a run has the same data digest per step: which virtual rank trains a
   window is fixed by the schedule (window m goes to rank m mod V), not by the data.
-* ``grad``    - the reduced gradient before clipping: ``kernels.sha256.digest_roots`` of
-  the flat float32 gradient's per-parameter views (names of ``params.py``).
+* ``grad``    - the reduced gradient as Algorithm 1 leaves it (before a spike injection
+  and before clipping): ``kernels.sha256.digest_roots`` of the flat float32 gradient's
+  per-parameter views (names of ``params.py``).
 * ``params``  - the parameters after the step: ``digest_roots`` of the named tensors.
 * ``optim``   - SHA-256 of the canonical JSON of ``{"adam_step", "skip_left", "m", "v"}``,
   with ``m``/``v`` the ``digest_roots`` of the moments' per-parameter views.
@@ -40,7 +41,7 @@ import numpy as np
 import torch
 
 import kernels.backend as kb
-from kernels.sha256 import digest_roots
+from kernels.sha256 import tensor_root
 
 DATA_MAGIC = b"open1b-step-data/1"
 STEP_FORMAT = "open1b-step/1"
@@ -70,19 +71,38 @@ def data_digest(windows: Sequence[int], digests: Sequence[bytes]) -> str:
     return h.hexdigest()
 
 
-def tensors_digest(named: Mapping[str, torch.Tensor]) -> str:
-    """``kernels.sha256.digest_roots``: the Triton kernel for CUDA tensors, hashlib for
-    CPU tensors even when the Triton path is forced (the digests are identical by
-    definition - integer arithmetic only - and the interpreter would spend minutes)."""
+def roots(named: Mapping[str, torch.Tensor]) -> dict[str, bytes]:
+    """The 32-byte ``kernels.sha256`` root of every tensor: the Triton kernel for CUDA
+    tensors, hashlib for CPU tensors even when the Triton path is forced (the digests are
+    identical by definition - integer arithmetic only - and the interpreter would spend
+    minutes). A sharded run computes the roots of the tensors it owns and gathers them."""
     on_cpu = all(t.device.type == "cpu" for t in named.values())
     with kb.force("cpu") if on_cpu else contextlib.nullcontext():
-        return digest_roots(named)
+        return {k: bytes.fromhex(tensor_root(k, t)) for k, t in named.items()}
+
+
+def roots_digest(rts: Mapping[str, bytes]) -> str:
+    """``kernels.sha256.digest_roots`` from precomputed roots: names sorted by UTF-8 bytes,
+    each ``u64 len(name) || name || root``."""
+    h = hashlib.sha256()
+    for key in sorted(rts, key=lambda k: k.encode("utf-8")):
+        name = key.encode("utf-8")
+        h.update(struct.pack("<Q", len(name)) + name + rts[key])
+    return h.hexdigest()
+
+
+def tensors_digest(named: Mapping[str, torch.Tensor]) -> str:
+    """``kernels.sha256.digest_roots`` of a name -> tensor mapping (see ``roots``)."""
+    return roots_digest(roots(named))
 
 
 def optim_digest(m: Mapping[str, torch.Tensor], v: Mapping[str, torch.Tensor],
                  adam_step: int, skip_left: int) -> str:
-    return sha({"adam_step": adam_step, "skip_left": skip_left,
-                "m": tensors_digest(m), "v": tensors_digest(v)})
+    return optim_digest_of(tensors_digest(m), tensors_digest(v), adam_step, skip_left)
+
+
+def optim_digest_of(m_digest: str, v_digest: str, adam_step: int, skip_left: int) -> str:
+    return sha({"adam_step": adam_step, "skip_left": skip_left, "m": m_digest, "v": v_digest})
 
 
 def step_hash(step: int, prev: str, components: Mapping[str, str]) -> str:

@@ -257,12 +257,24 @@ def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | No
             t0 = time.perf_counter()
             batches = _batches(items, V, run.device)
             red = reduce_step(cfg, state.params, layout, batches, device=run.device)
+            t1 = time.perf_counter()
+            grad_digest = statehash.tensors_digest(layout.views(red.grad))   # before clipping
+            t_hash = time.perf_counter() - t1
             lr = info.lr * cfg.lr_scale
             upd = apply_update(cfg, specs, state.params, layout, red.grad, red.loss,
                                state.opt, step, lr)
             t1 = time.perf_counter()
-            line = _hash_line(run, state, step, batches, red, upd, info.tokens_after, layout)
+            windows = [(m, d) for mbs in batches for mb in mbs
+                       for m, d in zip(mb.windows, statehash.window_digests(mb.tokens))]
+            comps = {"data": statehash.data_digest(*zip(*windows)), "grad": grad_digest,
+                     "params": statehash.tensors_digest(state.params),
+                     "optim": statehash.optim_digest(layout.views(state.opt.m),
+                                                     layout.views(state.opt.v),
+                                                     state.opt.adam_step, state.opt.skip_left)}
+            line = step_line(step, state.prev_hash, comps,
+                             scalars_record(red.loss, upd, info.tokens_after, red.window_losses))
             t2 = time.perf_counter()
+            t_hash += t2 - t1
             want = expected.get(step)
             if want is not None and want["hash"] != line["hash"]:
                 comp = [c for c in statehash.COMPONENTS
@@ -274,7 +286,7 @@ def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | No
             line.update(loss=float(red.loss), grad_norm=upd.norm, lr=lr, phase=info.phase,
                         windows=[info.first_window, info.first_window + info.batch_sequences],
                         mesh=list(cfg.mesh),
-                        seconds=round(t2 - t0, 4), hash_seconds=round(t2 - t1, 4),
+                        seconds=round(t2 - t0, 4), hash_seconds=round(t_hash, 4),
                         tokens_per_s=round(info.batch_sequences * sched.spec.seq_tokens /
                                            max(t2 - t0, 1e-9), 1))
             runlog.append(run.dir, line)
@@ -296,24 +308,19 @@ def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | No
                    time.perf_counter() - t_start, tokens, skipped)
 
 
-def _hash_line(run: Run, state: State, step: int, batches: list[list[MicroBatch]], red, upd,
-               tokens_after: int, layout: Layout) -> dict[str, Any]:
-    windows = [m for mbs in batches for mb in mbs for m in mb.windows]
-    digests = [d for mbs in batches for mb in mbs for d in statehash.window_digests(mb.tokens)]
-    scalars = {"loss": float32_hex(red.loss), "grad_norm": float32_hex(upd.norm),
-               "lr": float(upd.lr).hex(), "skipped": upd.skipped, "spike": upd.spike,
-               "tokens": tokens_after,
-               "window_loss": [float32_hex(x) for x in red.window_losses.tolist()]}
-    comps = {"data": statehash.data_digest(windows, digests),
-             "grad": statehash.tensors_digest(layout.views(red.grad)),
-             "params": statehash.tensors_digest(state.params),
-             "optim": statehash.optim_digest(layout.views(state.opt.m),
-                                             layout.views(state.opt.v),
-                                             state.opt.adam_step, state.opt.skip_left),
-             "scalars": statehash.sha(scalars)}
-    h = statehash.step_hash(step, state.prev_hash, comps)
-    return {"step": step, "hash": h, "prev": state.prev_hash, "components": comps,
-            "scalars": scalars}
+def scalars_record(loss, upd, tokens_after: int, window_losses) -> dict[str, Any]:
+    """The exact scalars of a step, as hashed (float32 bits as hex, LR as a hex float)."""
+    return {"loss": float32_hex(loss), "grad_norm": float32_hex(upd.norm),
+            "lr": float(upd.lr).hex(), "skipped": upd.skipped, "spike": upd.spike,
+            "tokens": tokens_after,
+            "window_loss": [float32_hex(x) for x in window_losses.tolist()]}
+
+
+def step_line(step: int, prev: str, comps: dict[str, str], scalars: dict[str, Any]) -> dict:
+    """The hashed part of a step's log line (``runlog``)."""
+    comps = {**comps, "scalars": statehash.sha(scalars)}
+    return {"step": step, "hash": statehash.step_hash(step, prev, comps), "prev": prev,
+            "components": comps, "scalars": scalars}
 
 
 def checkpoint_record(run: Run, state: State) -> dict[str, Any]:
