@@ -39,13 +39,29 @@ def _mesh(ctx, param, text: str | None) -> tuple[int, int] | None:
     return r, s
 
 
-def _train(cfg, mix: str, out: str, quiet: bool) -> None:
+def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1) -> None:
+    from open1b_train.dist import launch
     from open1b_train.train import train
 
     if not os.path.exists(os.path.join(mix, "manifest.json")) and "://" not in mix:
         raise click.ClickException(
             f"{mix!r} is not a built mix (no manifest.json); build one with `open1b-data "
             f"build-mix --out {mix}` (the demo: `make demo`)")
+    if nproc > 1 and not launch.is_worker():
+        V = cfg.mesh[0] * cfg.mesh[1]
+        if V % nproc:
+            raise click.ClickException(
+                f"--nproc {nproc} does not divide the mesh's {V} virtual ranks "
+                f"({cfg.mesh[0]}x{cfg.mesh[1]}); use one of "
+                f"{[p for p in range(1, V + 1) if V % p == 0]}")
+        argv = [a for a in _argv_without_nproc(sys.argv[1:])]
+        code, msg = launch.launch(nproc, argv)
+        if code:
+            raise click.ClickException(msg)
+        return
+    if launch.is_worker():
+        _worker(cfg, mix, out, quiet)
+        return
     click.echo(f"open1b-train: preset {cfg.preset!r}, mesh {cfg.mesh[0]}x{cfg.mesh[1]}, "
                f"mix {mix} -> {out}", err=True)
     try:
@@ -73,6 +89,48 @@ def main(ctx: click.Context) -> None:
         _train(preset("demo"), DEMO_MIX, DEMO_RUN, quiet=False)
 
 
+def _argv_without_nproc(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == "--nproc":
+            skip = True
+            continue
+        if a.startswith("--nproc="):
+            continue
+        out.append(a)
+    return out
+
+
+def _worker(cfg, mix: str, out: str, quiet: bool) -> None:
+    """One process of a torch.distributed run (started by --nproc or by torchrun)."""
+    import torch.distributed as dist
+
+    from open1b_train.dist import launch
+    from open1b_train.dist.engine import train_distributed
+
+    launch.init_worker()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        s = train_distributed(cfg, mix, out, progress=None if not quiet else False,
+                              echo=lambda m: click.echo(m, err=True))
+    except (Open1bTrainError, Open1bDataError) as e:
+        raise click.ClickException(f"rank {rank}: {e}") from None
+    except RuntimeError as e:          # a collective failed: a peer died or timed out
+        raise click.ClickException(f"rank {rank}: a collective failed ({str(e).splitlines()[0]}); "
+                                   f"a peer process died or timed out") from None
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        if s.tokens:
+            click.echo(f"trained steps {s.first_step}..{s.last_step} on "
+                       f"{world} processes: "
+                       f"{s.tokens:,} tokens in {s.seconds:.1f} s, final loss {s.loss:.4f}")
+        click.echo(f"run hash (step {s.last_step}): {s.run_hash}")
+
+
 @main.command("run")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="A TOML config: preset = \"...\" plus overridden fields.")
@@ -89,8 +147,12 @@ def main(ctx: click.Context) -> None:
               help="Kernels: auto (Triton on CUDA), cpu (reference), triton (CUDA or "
                    "TRITON_INTERPRET=1). The bits are the same.")
 @click.option("--out", default=DEMO_RUN, show_default=True, help="Run directory.")
+@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Local worker processes (torch.distributed, gloo on CPU / NCCL on GPU); "
+                   "must divide the mesh's virtual ranks. The bits do not depend on it.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, quiet) -> None:
+def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, nproc,
+            quiet) -> None:
     """Train (or continue) a run: RUN/steps.jsonl gets one hashed line per step."""
     from open1b_train.config import load_config, preset
 
@@ -103,7 +165,7 @@ def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, quie
         cfg = dataclasses.replace(cfg, **changes)
     except Open1bTrainError as e:
         _fail(e)
-    _train(cfg, mix, out, quiet)
+    _train(cfg, mix, out, quiet, nproc)
 
 
 @main.command("resume")
@@ -111,8 +173,10 @@ def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, quie
 @click.option("--mix", default=None, help="The built mix (default: the one the run used).")
 @click.option("--steps", type=click.IntRange(min=1), default=None,
               help="Stop after this step (default: the run's own setting).")
+@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Local worker processes (any divisor of the mesh's virtual ranks).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def resume_cmd(run, mix, steps, quiet) -> None:
+def resume_cmd(run, mix, steps, nproc, quiet) -> None:
     """Continue RUN from its latest good checkpoint (same config, mix and seed)."""
     from open1b_train.config import from_dict
 
@@ -128,7 +192,7 @@ def resume_cmd(run, mix, steps, quiet) -> None:
         _fail(click.ClickException(f"{run}: unreadable run files ({e})"))
     if steps is not None:
         cfg = dataclasses.replace(cfg, steps=steps)
-    _train(cfg, mix, run, quiet)
+    _train(cfg, mix, run, quiet, nproc)
 
 
 @main.command("show")

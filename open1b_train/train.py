@@ -291,7 +291,7 @@ def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | No
                                            max(t2 - t0, 1e-9), 1))
             runlog.append(run.dir, line)
             state.step, state.prev_hash = step, line["hash"]
-            state.loader = loader.state_dict()
+            state.loader = boundary_state(loader.state_dict(), V)
             tokens += info.batch_sequences * sched.spec.seq_tokens
             skipped += upd.skipped
             loss = float(red.loss)
@@ -321,6 +321,15 @@ def step_line(step: int, prev: str, comps: dict[str, str], scalars: dict[str, An
     comps = {**comps, "scalars": statehash.sha(scalars)}
     return {"step": step, "hash": statehash.step_hash(step, prev, comps), "prev": prev,
             "components": comps, "scalars": scalars}
+
+
+def boundary_state(state: dict[str, Any], V: int) -> dict[str, Any]:
+    """The loader's state at a step boundary as if one process served all V virtual ranks:
+    the same record whatever the number of processes (a boundary state loads on any)."""
+    if state.get("item") or state.get("worker"):
+        raise ReproducibilityError(f"the loader stopped inside step {state.get('step')}; a "
+                                   f"checkpoint needs a step boundary")
+    return {**state, "ranks": [0, V], "world": V}
 
 
 def checkpoint_record(run: Run, state: State) -> dict[str, Any]:
