@@ -256,25 +256,9 @@ def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | No
             items = [next(it) for _ in range(acc * V)]
             t0 = time.perf_counter()
             batches = _batches(items, V, run.device)
-            red = reduce_step(cfg, state.params, layout, batches, device=run.device)
-            t1 = time.perf_counter()
-            grad_digest = statehash.tensors_digest(layout.views(red.grad))   # before clipping
-            t_hash = time.perf_counter() - t1
-            lr = info.lr * cfg.lr_scale
-            upd = apply_update(cfg, specs, state.params, layout, red.grad, red.loss,
-                               state.opt, step, lr)
-            t1 = time.perf_counter()
-            windows = [(m, d) for mbs in batches for mb in mbs
-                       for m, d in zip(mb.windows, statehash.window_digests(mb.tokens))]
-            comps = {"data": statehash.data_digest(*zip(*windows)), "grad": grad_digest,
-                     "params": statehash.tensors_digest(state.params),
-                     "optim": statehash.optim_digest(layout.views(state.opt.m),
-                                                     layout.views(state.opt.v),
-                                                     state.opt.adam_step, state.opt.skip_left)}
-            line = step_line(step, state.prev_hash, comps,
-                             scalars_record(red.loss, upd, info.tokens_after, red.window_losses))
+            line, upd, loss_t, t_hash = compute_step(run, state, batches, step, info, specs,
+                                                     layout)
             t2 = time.perf_counter()
-            t_hash += t2 - t1
             want = expected.get(step)
             if want is not None and want["hash"] != line["hash"]:
                 comp = [c for c in statehash.COMPONENTS
@@ -283,7 +267,7 @@ def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | No
                     f"step {step} recomputed after a resume differs from the logged step "
                     f"({', '.join(comp) or 'hash'}); the same inputs gave other bits - this "
                     f"machine or build does not reproduce the run")
-            line.update(loss=float(red.loss), grad_norm=upd.norm, lr=lr, phase=info.phase,
+            line.update(loss=float(loss_t), grad_norm=upd.norm, lr=upd.lr, phase=info.phase,
                         windows=[info.first_window, info.first_window + info.batch_sequences],
                         mesh=list(cfg.mesh),
                         seconds=round(t2 - t0, 4), hash_seconds=round(t_hash, 4),
@@ -294,7 +278,7 @@ def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | No
             state.loader = boundary_state(loader.state_dict(), V)
             tokens += info.batch_sequences * sched.spec.seq_tokens
             skipped += upd.skipped
-            loss = float(red.loss)
+            loss = float(loss_t)
             if step % cfg.checkpoint_every == 0 or step == run.last_step:
                 _save_checkpoint(run, state)
             if bar is not None:
@@ -306,6 +290,35 @@ def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | No
             bar.close()
     return Summary(run.dir, first, state.step, state.prev_hash, loss,
                    time.perf_counter() - t_start, tokens, skipped)
+
+
+def data_digest_of(batches: list[list[MicroBatch]]) -> str:
+    """The step's data component from its micro-batches (any order: stream order inside)."""
+    windows = [(m, d) for mbs in batches for mb in mbs
+               for m, d in zip(mb.windows, statehash.window_digests(mb.tokens))]
+    return statehash.data_digest(*zip(*windows))
+
+
+def compute_step(run: Run, state: State, batches: list[list[MicroBatch]], step: int, info,
+                 specs, layout: Layout, trace=None, spill=None):
+    """Algorithm 1 + the recipe on ``state`` (updated in place) and the step's hashed log
+    line: (line, Update, loss tensor, seconds spent hashing). The trainer and the audit
+    replay both run steps through here."""
+    red = reduce_step(run.cfg, state.params, layout, batches, trace=trace, spill=spill,
+                      device=run.device)
+    t1 = time.perf_counter()
+    grad_digest = statehash.tensors_digest(layout.views(red.grad))   # before clipping
+    t_hash = time.perf_counter() - t1
+    upd = apply_update(run.cfg, specs, state.params, layout, red.grad, red.loss, state.opt,
+                       step, info.lr * run.cfg.lr_scale)
+    t1 = time.perf_counter()
+    comps = {"data": data_digest_of(batches), "grad": grad_digest,
+             "params": statehash.tensors_digest(state.params),
+             "optim": statehash.optim_digest(layout.views(state.opt.m), layout.views(state.opt.v),
+                                             state.opt.adam_step, state.opt.skip_left)}
+    line = step_line(step, state.prev_hash, comps,
+                     scalars_record(red.loss, upd, info.tokens_after, red.window_losses))
+    return line, upd, red.loss, t_hash + time.perf_counter() - t1
 
 
 def scalars_record(loss, upd, tokens_after: int, window_losses) -> dict[str, Any]:
