@@ -137,6 +137,7 @@ class ShardReader:
         self._pool: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
         self.loads = 0          # whole shards decoded (tests, stats)
+        self.ahead_hits = 0     # of which asked for after a prefetch had started them
 
     def url(self, source: int, shard: int) -> str:
         return self.view.url(self.view.sources[source].shard_paths[shard])
@@ -245,6 +246,7 @@ class ShardReader:
             waiting = self._pending.get(source)
             if waiting is not None and waiting[0] == shard:
                 del self._pending[source]
+                self.ahead_hits += 1
             else:
                 waiting = None
         st = waiting[1].result() if waiting is not None else self._decode(source, shard)

@@ -100,3 +100,20 @@ def test_separator_is_manifest_eot(text):
     reader = WindowReader(StreamPlan.open(mix))
     tok = load_tokenizer(f"{mix}/tokenizer.json")
     assert reader.eot_id == tok.token_to_id("<|endoftext|>")
+
+
+def test_readahead_serves_the_same_windows_decoding_each_shard_once(tokmix):
+    plan = StreamPlan.open(tokmix)
+    ahead = WindowReader(plan, cache_shards=1, readahead=True)
+    ref = WindowReader(StreamPlan.open(tokmix), whole_shards=False).windows(0, 300)
+    got = np.concatenate([ahead.windows(a, a + 10) for a in range(0, 300, 10)])
+    ahead.close()
+    assert np.array_equal(got, ref)
+    segs = plan.segments_range(0, 300)
+    runs = sum(int(h.size > 0) + int(np.count_nonzero(np.diff(h)))
+               for h in (segs.shard[segs.source == s] for s in range(len(plan.sources))))
+    # every shard a source walks to was decoded ahead, once; at most one more per source
+    # (the shard after the last one used) may have been started
+    assert runs <= ahead.shard_loads <= runs + len(plan.sources)
+    # and each source's shards after its first were asked for after their readahead began
+    assert ahead.shards.ahead_hits == runs - len(np.unique(segs.source))
