@@ -39,7 +39,26 @@ def _mesh(ctx, param, text: str | None) -> tuple[int, int] | None:
     return r, s
 
 
-def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1) -> None:
+def _step_set(text: str | None) -> frozenset[int]:
+    """"5,7,10:12" -> {5, 7, 10, 11, 12}."""
+    if not text:
+        return frozenset()
+    out = set()
+    try:
+        for part in text.split(","):
+            a, _, b = part.partition(":")
+            lo, hi = int(a), int(b or a)
+            if not 1 <= lo <= hi:
+                raise ValueError
+            out.update(range(lo, hi + 1))
+    except ValueError:
+        raise click.BadParameter(f"expected steps like 5,7 or 10:12 (from 1), got {text!r}"
+                                 ) from None
+    return frozenset(out)
+
+
+def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1,
+           trace_steps: frozenset[int] = frozenset()) -> None:
     from open1b_train.dist import launch
     from open1b_train.train import train
 
@@ -47,6 +66,10 @@ def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1) -> None:
         raise click.ClickException(
             f"{mix!r} is not a built mix (no manifest.json); build one with `open1b-data "
             f"build-mix --out {mix}` (the demo: `make demo`)")
+    if trace_steps and (nproc > 1 or launch.is_worker()):
+        raise click.ClickException("--trace-steps runs on one process (a trace has the same "
+                                   "bits on any number): drop --nproc or trace afterwards with "
+                                   "`open1b-audit trace RUN --step N`")
     if nproc > 1 and not launch.is_worker():
         V = cfg.mesh[0] * cfg.mesh[1]
         if V % nproc:
@@ -66,7 +89,7 @@ def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1) -> None:
                f"mix {mix} -> {out}", err=True)
     try:
         s = train(cfg, mix, out, progress=None if not quiet else False,
-                  echo=lambda m: click.echo(m, err=True))
+                  echo=lambda m: click.echo(m, err=True), trace_steps=trace_steps)
     except (Open1bTrainError, Open1bDataError) as e:
         _fail(e)
     if s.tokens:
@@ -150,9 +173,12 @@ def _worker(cfg, mix: str, out: str, quiet: bool) -> None:
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Local worker processes (torch.distributed, gloo on CPU / NCCL on GPU); "
                    "must divide the mesh's virtual ranks. The bits do not depend on it.")
+@click.option("--trace-steps", default=None, callback=lambda c, p, v: _step_set(v),
+              help="Steps (e.g. 5,7 or 10:12) whose per-op digest trace is written to "
+                   "RUN/traces/ (for open1b-audit bisect).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, nproc,
-            quiet) -> None:
+            trace_steps, quiet) -> None:
     """Train (or continue) a run: RUN/steps.jsonl gets one hashed line per step."""
     from open1b_train.config import load_config, preset
 
@@ -165,7 +191,7 @@ def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, npro
         cfg = dataclasses.replace(cfg, **changes)
     except Open1bTrainError as e:
         _fail(e)
-    _train(cfg, mix, out, quiet, nproc)
+    _train(cfg, mix, out, quiet, nproc, trace_steps)
 
 
 @main.command("resume")

@@ -147,6 +147,8 @@ def reduce_step(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layou
             scaled = loss.reshape(1) if r == 1.0 else loss.reshape(1) * r
             loss_v = scaled if j == 0 else loss_v + scaled
             window_losses.append(per_seq)
+        if trace is not None:
+            trace(f"rank{v}.grad", target)
         if shard == 0:
             partial, loss_partial = target, loss_v
         else:
@@ -156,6 +158,8 @@ def reduce_step(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layou
             if inv_s != 1.0:
                 partial.mul_(inv_s)
                 loss_partial = loss_partial * inv_s
+            if trace is not None:
+                trace(f"replica{v // shards}.partial", partial)
             fold.push(partial)
             loss_fold.push(loss_partial)
             partial = None
@@ -164,6 +168,8 @@ def reduce_step(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layou
     if inv_r != 1.0:
         g = g * inv_r
         loss = loss * inv_r
+    if trace is not None:
+        trace("reduced", g)
     return Reduced(g, loss.reshape(()), torch.cat(window_losses), fold.peak)
 
 

@@ -31,6 +31,8 @@ from open1b_train import __version__, checkpoint, runlog, statehash
 from open1b_train.config import TrainConfig, from_dict
 from open1b_train.errors import ConfigError, ResumeError, ReproducibilityError
 from open1b_train.params import Layout, init_params, param_specs
+from open1b_train.trace import Tracer
+from open1b_train.trace import path_of as trace_path
 from open1b_train.step import MicroBatch, OptimState, apply_update, float32_hex, reduce_step
 
 CONFIG = "config.json"
@@ -59,6 +61,15 @@ class State:
     opt: OptimState
     prev_hash: str
     loader: dict[str, Any] | None   # StreamLoader state at the next step's boundary
+
+
+@dataclass(frozen=True)
+class StepOut:
+    line: dict[str, Any]
+    upd: Any
+    loss: torch.Tensor
+    hash_seconds: float
+    peak_partials: int
 
 
 @dataclass(frozen=True)
@@ -208,7 +219,7 @@ def _batches(items: list[dict], V: int, device: torch.device) -> list[list[Micro
 
 
 def train(cfg: TrainConfig, mix: str, run_dir: str, progress: bool | None = None,
-          echo=print) -> Summary:
+          echo=print, trace_steps: frozenset[int] = frozenset()) -> Summary:
     """Train (or resume) the run in ``run_dir``; see the module docstring."""
     run = resolve(cfg, mix, run_dir)
     cfg = run.cfg
@@ -227,11 +238,11 @@ def train(cfg: TrainConfig, mix: str, run_dir: str, progress: bool | None = None
             runlog.append(run.dir, genesis)
             expected = {}
             _save_checkpoint(run, state)
-        return _loop(run, state, expected, progress, echo)
+        return _loop(run, state, expected, progress, echo, trace_steps)
 
 
 def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | None,
-          echo) -> Summary:
+          echo, trace_steps: frozenset[int] = frozenset()) -> Summary:
     cfg, sched = run.cfg, run.schedule
     V = cfg.virtual_ranks
     specs = param_specs(cfg.model)
@@ -256,8 +267,11 @@ def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | No
             items = [next(it) for _ in range(acc * V)]
             t0 = time.perf_counter()
             batches = _batches(items, V, run.device)
-            line, upd, loss_t, t_hash = compute_step(run, state, batches, step, info, specs,
-                                                     layout)
+            tracer = Tracer(step) if step in trace_steps else None
+            out = compute_step(run, state, batches, step, info, specs, layout, trace=tracer)
+            if tracer is not None:
+                tracer.write(trace_path(run.dir, step))
+            line, upd, loss_t, t_hash = out.line, out.upd, out.loss, out.hash_seconds
             t2 = time.perf_counter()
             want = expected.get(step)
             if want is not None and want["hash"] != line["hash"]:
@@ -302,8 +316,8 @@ def data_digest_of(batches: list[list[MicroBatch]]) -> str:
 def compute_step(run: Run, state: State, batches: list[list[MicroBatch]], step: int, info,
                  specs, layout: Layout, trace=None, spill=None):
     """Algorithm 1 + the recipe on ``state`` (updated in place) and the step's hashed log
-    line: (line, Update, loss tensor, seconds spent hashing). The trainer and the audit
-    replay both run steps through here."""
+    line: ``StepOut`` (line, Update, loss tensor, seconds spent hashing, most TreeFold
+    partials alive). The trainer and the audit replay both run steps through here."""
     red = reduce_step(run.cfg, state.params, layout, batches, trace=trace, spill=spill,
                       device=run.device)
     t1 = time.perf_counter()
@@ -318,7 +332,7 @@ def compute_step(run: Run, state: State, batches: list[list[MicroBatch]], step: 
                                              state.opt.adam_step, state.opt.skip_left)}
     line = step_line(step, state.prev_hash, comps,
                      scalars_record(red.loss, upd, info.tokens_after, red.window_losses))
-    return line, upd, red.loss, t_hash + time.perf_counter() - t1
+    return StepOut(line, upd, red.loss, t_hash + time.perf_counter() - t1, red.peak_partials)
 
 
 def scalars_record(loss, upd, tokens_after: int, window_losses) -> dict[str, Any]:

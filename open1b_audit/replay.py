@@ -1,0 +1,270 @@
+"""``open1b-audit replay RUN --step N``: re-execute steps of a published run on this machine
+and compare every component digest with its log.
+
+1. The log must be one unbroken hash chain up to step N (``chain.py``).
+2. The run's config and mix must be the ones its genesis names (config identity, mix
+   fingerprint, seed).
+3. The nearest checkpoint before N (or ``--from-step``) is loaded and checked: its files
+   against its record's sha256, its record against the log (the step's hash), its
+   parameters and optimizer state against the log's digests for that step. From step 0 the
+   initial parameters are also re-derived from the seed and compared.
+4. Each step up to N is re-executed with Algorithm 1 (``open1b_train.train.compute_step``:
+   virtual ranks in mesh order, TreeFold over replicas) on one device, on the CPU reference
+   or the Triton kernels. Its data digest is compared before anything is computed, then the
+   gradient, scalars, parameters and optimizer state, and the step hash.
+The first difference stops the replay with a ``Finding`` naming the step and the component.
+
+Memory: the replay holds the parameters, the Adam moments, one virtual rank's gradient,
+one replica partial (when dp_shard > 1) and the TreeFold stack (at most log2(dp_replicate)
++ 1 partials); ``spill`` moves TreeFold partials that are not on top of the stack to disk.
+The peak resident memory and the time of every step are reported.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import resource
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from open1b_audit import chain
+from open1b_audit.chain import Finding
+from open1b_data import StreamLoader
+from open1b_data.errors import Open1bDataError
+from open1b_train import checkpoint, runlog, statehash
+from open1b_train.config import from_dict
+from open1b_train.errors import CheckpointError, DivergenceError, Open1bTrainError
+from open1b_train.params import Layout, init_params, param_specs
+from open1b_train.step import OptimState
+from open1b_train.train import (Run, State, _batches, backend_scope, compute_step,
+                                data_digest_of, resolve)
+
+ORDER = ("grad", "scalars", "params", "optim")     # the order a step computes them in
+
+
+@dataclass
+class ReplayResult:
+    run: str
+    mix: str
+    target: int
+    start: int
+    backend: str
+    device: str
+    verified: list[int] = field(default_factory=list)
+    finding: Finding | None = None
+    lines: dict[int, dict] = field(default_factory=dict)     # recomputed lines
+    step_seconds: dict[int, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    peak_memory_bytes: int = 0
+    fold_peak_partials: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.finding is None and self.target in self.verified
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "mix": self.mix, "step": self.target,
+                "replayed_from": self.start, "backend": self.backend, "device": self.device,
+                "verdict": "match" if self.ok else "mismatch", "verified_steps": self.verified,
+                "finding": None if self.finding is None else self.finding.to_dict(),
+                "seconds": round(self.seconds, 3), "step_seconds": self.step_seconds,
+                "peak_memory_bytes": self.peak_memory_bytes,
+                "treefold_peak_partials": self.fold_peak_partials}
+
+
+def machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "processor": platform.processor() or
+            platform.machine(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpus": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+def run_config(run_dir: str, mix: str | None):
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            cfg = from_dict(json.load(f))
+        if mix is None:
+            with open(os.path.join(run_dir, "run.json")) as f:
+                mix = json.load(f)["mix"]
+    except FileNotFoundError as e:
+        raise Open1bTrainError(f"{run_dir} is not a run directory ({e.filename} is missing)"
+                               ) from None
+    except (ValueError, KeyError) as e:
+        raise Open1bTrainError(f"{run_dir}: unreadable run files ({e})") from None
+    return cfg, mix
+
+
+def make_spill(directory: str):
+    """A TreeFold spill: dormant partials go to ``directory`` as .npy files."""
+    os.makedirs(directory, exist_ok=True)
+    counter = [0]
+
+    def spill(t: torch.Tensor):
+        counter[0] += 1
+        path = os.path.join(directory, f"partial-{os.getpid()}-{counter[0]}.npy")
+        np.save(path, t.detach().cpu().numpy())
+        device = t.device
+
+        def load() -> torch.Tensor:
+            out = torch.from_numpy(np.load(path, allow_pickle=False)).to(device)
+            os.remove(path)
+            return out
+        return load
+    return spill
+
+
+def _start_state(run: Run, lines: list[dict], c: int) -> tuple[State, Finding | None]:
+    """The verified state after step ``c`` (a checkpoint, or the seed's init for 0)."""
+    specs = param_specs(run.cfg.model)
+    layout = Layout(specs)
+    g = lines[0]["genesis"]
+    if c == 0:
+        params = init_params(run.cfg.model, run.cfg.seed, run.device)
+        if statehash.tensors_digest(params) != g["params"]:
+            return None, Finding(0, "params", "the initial parameters re-derived from the "
+                                              f"seed {run.cfg.seed} differ from the genesis "
+                                              f"digest (another seed or init)")
+        opt = OptimState(layout.zeros(run.device), layout.zeros(run.device))
+        return State(0, params, opt, lines[0]["hash"], None), None
+    path = checkpoint.step_dir(run.dir, c)
+    try:
+        ck = checkpoint.load(path, run.device)
+    except CheckpointError as e:
+        return None, Finding(c, "checkpoint", str(e))
+    rec = ck.record
+    if rec.get("run_hash") != lines[c]["hash"]:
+        return None, Finding(c, "checkpoint", f"{path} records step hash {rec.get('run_hash')}, "
+                                              f"the log's step {c} is {lines[c]['hash']} "
+                                              f"(a checkpoint of another run)")
+    missing = [s.name for s in specs if s.name not in ck.params or s.name not in ck.m]
+    if missing:
+        return None, Finding(c, "checkpoint", f"{path} lacks parameters {missing[:3]}")
+    params = {s.name: ck.params[s.name] for s in specs}
+    opt = OptimState(layout.zeros(run.device), layout.zeros(run.device),
+                     int(rec["adam_step"]), int(rec["skip_left"]))
+    for name, view in layout.views(opt.m).items():
+        view.copy_(ck.m[name])
+    for name, view in layout.views(opt.v).items():
+        view.copy_(ck.v[name])
+    comps = lines[c]["components"]
+    if statehash.tensors_digest(params) != comps["params"]:
+        return None, Finding(c, "params", f"checkpoint {path}: its parameters differ from the "
+                                          f"log's digest for step {c}")
+    if statehash.optim_digest(layout.views(opt.m), layout.views(opt.v), opt.adam_step,
+                              opt.skip_left) != comps["optim"]:
+        return None, Finding(c, "optim", f"checkpoint {path}: its optimizer state (moments "
+                                         f"or counters) differs from the log's digest for "
+                                         f"step {c}")
+    return State(c, params, opt, lines[c]["hash"], rec.get("loader")), None
+
+
+def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu",
+           spill: str | None = None, from_step: int | None = None, trace=None,
+           trace_steps: set[int] | None = None) -> ReplayResult:
+    """Replay up to ``step`` (see the module docstring). ``trace(step, name, tensor)`` is
+    called with every op's output of the steps in ``trace_steps``."""
+    t_start = time.perf_counter()
+    lines = runlog.read(run_dir)
+    cfg, mix = run_config(run_dir, mix)
+    cfg = dataclasses.replace(cfg, backend=backend)
+    res = ReplayResult(run_dir, mix, step, 0, backend, "cpu")
+    if step < 1 or step >= len(lines):
+        raise Open1bTrainError(f"{run_dir} logs steps 1..{len(lines) - 1}; cannot replay step "
+                               f"{step}")
+    res.finding = chain.check(lines[:step + 1])
+    if res.finding is not None:
+        return _done(res, t_start)
+    run = resolve(cfg, mix, run_dir)
+    res.device = str(run.device)
+    g = lines[0]["genesis"]
+    for key, have in (("config_identity", run.cfg.identity_sha256()),
+                      ("mix_fingerprint", run.plan.fingerprint), ("seed", run.cfg.seed)):
+        if g.get(key) != have:
+            res.finding = Finding(0, "data" if key == "mix_fingerprint" else "config",
+                                  f"the run's genesis names {key} {g.get(key)!r}, the "
+                                  f"replay has {have!r}")
+            return _done(res, t_start)
+    avail = [s for s in checkpoint.list_steps(run_dir) if s < step]
+    c = from_step if from_step is not None else (avail[-1] if avail else 0)
+    if c >= step or (c and c not in avail):
+        raise Open1bTrainError(f"no checkpoint at step {c} before step {step} in {run_dir} "
+                               f"(available: {avail})")
+    res.start = c
+    specs = param_specs(run.cfg.model)
+    layout = Layout(specs)
+    V = run.cfg.virtual_ranks
+    with backend_scope(run.cfg):
+        state, res.finding = _start_state(run, lines, c)
+        if res.finding is not None:
+            return _done(res, t_start)
+        loader = StreamLoader(run.plan, world=V, ranks=range(V), start_step=c + 1,
+                              end_step=step)
+        if state.loader is not None:
+            loader.load_state_dict(state.loader)
+        it = iter(loader)
+        sp = make_spill(spill) if spill else None
+        for s in range(c + 1, step + 1):
+            t0 = time.perf_counter()
+            info = run.schedule.step(s)
+            want = lines[s]
+            try:
+                items = [next(it) for _ in range(run.schedule.accumulation(s, V) * V)]
+            except Open1bDataError as e:
+                res.finding = Finding(s, "data", f"the step's windows cannot be read as "
+                                                 f"published: {e}")
+                break
+            batches = _batches(items, V, run.device)
+            if data_digest_of(batches) != want["components"]["data"]:
+                res.finding = Finding(s, "data", "the step's windows (from the mix, in stream "
+                                                 "order) differ from the logged data digest")
+                break
+            tr = None
+            if trace is not None and (trace_steps is None or s in trace_steps):
+                tr = lambda name, t, s=s: trace(s, name, t)  # noqa: E731
+            try:
+                out = compute_step(run, state, batches, s, info, specs, layout, trace=tr,
+                                   spill=sp)
+            except DivergenceError as e:
+                res.finding = Finding(s, "scalars", str(e))
+                break
+            line = out.line
+            res.lines[s] = line
+            res.fold_peak_partials = max(res.fold_peak_partials, out.peak_partials)
+            diff = [k for k in ORDER if line["components"][k] != want["components"][k]]
+            if diff:
+                res.finding = Finding(s, diff[0], _explain(diff[0], line, want))
+                break
+            if line["hash"] != want["hash"]:
+                res.finding = Finding(s, "chain", "every component matches but the step hash "
+                                                  "does not")
+                break
+            state.step, state.prev_hash = s, line["hash"]
+            res.verified.append(s)
+            res.step_seconds[s] = round(time.perf_counter() - t0, 3)
+    return _done(res, t_start)
+
+
+def _explain(comp: str, got: dict, want: dict) -> str:
+    if comp == "scalars":
+        keys = [k for k in got["scalars"] if got["scalars"][k] != want["scalars"].get(k)]
+        return (f"the replayed scalars differ in {', '.join(keys)} (published "
+                f"{ {k: want['scalars'].get(k) for k in keys if k != 'window_loss'} }, replayed "
+                f"{ {k: got['scalars'][k] for k in keys if k != 'window_loss'} })")
+    what = {"grad": "the reduced gradient", "params": "the parameters after the update",
+            "optim": "the optimizer state after the update"}[comp]
+    return (f"{what} differs: published {want['components'][comp][:16]}..., replayed "
+            f"{got['components'][comp][:16]}...")
+
+
+def _done(res: ReplayResult, t_start: float) -> ReplayResult:
+    res.seconds = time.perf_counter() - t_start
+    res.peak_memory_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if torch.cuda.is_available():
+        res.peak_memory_bytes = max(res.peak_memory_bytes, torch.cuda.max_memory_allocated())
+    return res
