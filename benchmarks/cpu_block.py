@@ -8,12 +8,11 @@ RMSNorm from torch ops, RoPE, F.scaled_dot_product_attention with a boolean caus
 mask and repeated KV heads, SwiGLU), no quantization. Heads: d_model / 128 query heads,
 a quarter as many KV heads, head dim 128, FFN = 2.75 * d_model, window min(seq, 4096),
 batch 1. Ratio = ours / torch (lower is better). Median of --repeats, alternating runs.
+The load average is sampled after every run and recorded with the result
+(benchmarks/machine.py says when a run counts as under load).
 """
 from __future__ import annotations
 
-import datetime
-import os
-import platform
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.machine import LoadLog, describe  # noqa: E402
 from kernels.backend import force  # noqa: E402
 from kernels.block import BlockConfig, block_forward, init_params  # noqa: E402
 
@@ -82,29 +82,30 @@ def main(d_model: int, seq: int, repeats: int, out: str | None) -> None:
         x32 = x.clone().requires_grad_(True)
         torch_block(cfg, p32, x32).backward(dy)
 
+    load = LoadLog()
     ours()
     anchor()  # warm up
     t_ours, t_torch = [], []
-    for _ in range(repeats):
+    for i in range(repeats):
         for fn, acc in ((ours, t_ours), (anchor, t_torch)):
             t0 = time.perf_counter()
             fn()
             acc.append(time.perf_counter() - t0)
+        load.sample(f"run {i}")
     mo, mt = statistics.median(t_ours), statistics.median(t_torch)
-    model = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                  if ln.startswith("model name")), platform.processor())
     line = (f"d_model {d_model}, seq {seq}, heads {cfg.n_heads}/{cfg.n_kv_heads}x128, "
             f"ffn {cfg.ffn}, window {cfg.window}: ours {mo:.3f} s, torch fp32 {mt:.3f} s, "
             f"ratio {mo / mt:.2f}")
+    summary = load.summary()
     print(line)
+    print(summary)
     if out:
         cmd = "python benchmarks/cpu_block.py " + " ".join(sys.argv[1:])
+        runs = ", ".join(f"{a:.3f}/{b:.3f}" for a, b in zip(t_ours, t_torch))
         text = (f"# One block fwd+bwd, CPU: kernels (force cpu) vs torch fp32\n\n"
-                f"Command: `{cmd}`\n\nMachine: nproc {os.cpu_count()}, {model}, torch "
-                f"{torch.__version__}, {torch.get_num_threads()} threads. Date: "
-                f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.\n"
-                f"Median of {repeats} alternating runs (after one warm-up each); "
-                f"ours {t_ours}, torch {t_torch}.\n\n- {line}\n")
+                f"Command: `{cmd}`\n\nMachine: {describe()}.\n\n"
+                f"Median of {repeats} alternating runs (after one warm-up each); ours/torch s "
+                f"per run: {runs}.\n\n- {line}\n- {summary}\n")
         Path(out).write_text(text)
 
 

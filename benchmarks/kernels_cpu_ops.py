@@ -7,12 +7,13 @@ float32 model would use for the same job, side by side in one run, median of rep
     python benchmarks/kernels_cpu_ops.py [--tokens 2048] [--repeats 5] [--json out.json]
 
 Shapes follow Open-1B per token (d_model 2048, 16 q-heads x 128, FFN 5,632) with a
-configurable token count; ratio = ours / torch (lower is better, 1.0 = parity).
+configurable token count; ratio = ours / torch (lower is better, 1.0 = parity). Each row
+also records the 1-minute load average after it, and the run says whether it was taken
+under load (benchmarks/machine.py).
 """
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import sys
 import time
@@ -23,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.machine import LoadLog, describe  # noqa: E402
 from kernels import adamw, embedding, gradnorm, mathfn, rmsnorm, rope, swiglu  # noqa: E402
 from kernels.backend import force  # noqa: E402
 
@@ -102,19 +104,24 @@ def cases(t: int):
 def main(tokens: int, repeats: int, json_out: str | None) -> None:
     """Time the CPU references against torch CPU float32."""
     rows = []
+    load = LoadLog()
     with force("cpu"):
         items = cases(tokens)
         for name, ours, theirs in items:
             a, b = median_s(ours, repeats), median_s(theirs, repeats)
             rows.append({"op": name.replace("t x", f"{tokens} x").replace("t tokens", f"{tokens} tokens"),
-                         "ours_ms": 1e3 * a, "torch_ms": 1e3 * b, "ratio": a / b})
-    click.echo(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-               f"torch {torch.__version__}")
-    click.echo("| op | ours ms | torch fp32 ms | ours / torch |\n|---|---|---|---|")
+                         "ours_ms": 1e3 * a, "torch_ms": 1e3 * b, "ratio": a / b,
+                         "load_1min": load.sample(name)})
+    click.echo(describe())
+    click.echo("| op | ours ms | torch fp32 ms | ours / torch | load (1 min) |\n|---|---|---|---|---|")
     for r in rows:
-        click.echo(f"| {r['op']} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | {r['ratio']:.2f}x |")
+        click.echo(f"| {r['op']} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | {r['ratio']:.2f}x "
+                   f"| {r['load_1min']:.2f} |")
+    summary = load.summary()
+    click.echo(summary)
     if json_out:
-        Path(json_out).write_text(json.dumps(rows, indent=2))
+        Path(json_out).write_text(json.dumps({"machine": describe(), "load": summary,
+                                              "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

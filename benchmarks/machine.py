@@ -1,0 +1,74 @@
+"""What every benchmark records beside its figures: the machine, the date and the load.
+
+The project's benchmarks run on shared machines. A ratio measured side by side is less
+affected by other jobs than a wall time, but not immune (the two sides do not contend for
+the same caches and cores in the same way), so each result records the load average
+(``os.getloadavg``, 1/5/15 minutes) when its run starts and ends, and says "under load"
+when other jobs were running.
+
+Rule for "under load": a 1-minute load average above the usable cores at the start of the
+run, or above twice the cores at any later sample. At the start only earlier jobs count;
+later, the benchmark's own threads (at most the usable cores) are in the average too, so
+only load beyond that is attributed to others.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+class LoadLog:
+    """Load-average samples over one benchmark run."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[str, tuple[float, float, float]]] = []
+        self.sample("start")
+
+    def sample(self, label: str) -> float:
+        """Record the load average now; returns its 1-minute value."""
+        load = os.getloadavg()
+        self.samples.append((label, load))
+        return load[0]
+
+    @property
+    def loaded(self) -> bool:
+        c = cores()
+        first = self.samples[0][1][0] > c
+        return first or any(load[0] > 2 * c for _, load in self.samples[1:])
+
+    def summary(self) -> str:
+        """One line: start and end load averages, the maximum, and the verdict."""
+        self.sample("end")
+        start, end = self.samples[0][1], self.samples[-1][1]
+        peak = max(load[0] for _, load in self.samples)
+        verdict = ("**under load** (other jobs were running: wall times are inflated, ratios "
+                   "noisier)" if self.loaded else "idle apart from this run")
+        return (f"load average (1/5/15 min) at the start {start[0]:.2f}/{start[1]:.2f}/"
+                f"{start[2]:.2f}, at the end {end[0]:.2f}/{end[1]:.2f}/{end[2]:.2f}, highest "
+                f"1-min sample {peak:.2f} on {cores()} usable cores: {verdict}")
+
+
+def describe() -> str:
+    """Machine, software and date, for a results file."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    torch = sys.modules.get("torch")  # named only where the benchmark uses it
+    lib = f", torch {torch.__version__} with {torch.get_num_threads()} threads" if torch else ""
+    return (f"{cores()} usable cores (nproc {os.cpu_count()}), {cpu_model()}, Python "
+            f"{platform.python_version()}{lib}; {now:%Y-%m-%d %H:%M} UTC")
