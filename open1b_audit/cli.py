@@ -33,7 +33,7 @@ def _emit(obj, as_json: bool, human) -> None:
 def _steps_of(run: str) -> list[dict]:
     from open1b_train import runlog
 
-    lines = runlog.read(run)
+    lines = runlog.read(run, strict=False)
     if not lines:
         raise click.ClickException(f"{run}: no steps.jsonl (not a run directory?)")
     return lines

@@ -170,7 +170,7 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
     """Replay up to ``step`` (see the module docstring). ``trace(step, name, tensor)`` is
     called with every op's output of the steps in ``trace_steps``."""
     t_start = time.perf_counter()
-    lines = runlog.read(run_dir)
+    lines = runlog.read(run_dir, strict=False)
     cfg, mix = run_config(run_dir, mix)
     cfg = dataclasses.replace(cfg, backend=backend)
     res = ReplayResult(run_dir, mix, step, 0, backend, "cpu")

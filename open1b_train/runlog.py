@@ -26,8 +26,9 @@ def path_of(run: str) -> str:
     return os.path.join(run, NAME)
 
 
-def read(run: str) -> list[dict[str, Any]]:
-    """Every complete line of the log (a partial last line is skipped)."""
+def read(run: str, strict: bool = True) -> list[dict[str, Any]]:
+    """Every complete line of the log (a partial last line is skipped). ``strict`` also
+    requires line i to hold step i (the audit reads leniently and reports the gap)."""
     p = path_of(run)
     if not os.path.exists(p):
         return []
@@ -45,7 +46,7 @@ def read(run: str) -> list[dict[str, Any]]:
         except ValueError:
             raise ResumeError(f"{p}: line {i + 1} is not valid JSON; the log was edited or "
                               f"damaged - restore it or start a new run") from None
-        if not isinstance(rec, dict) or rec.get("step") != i:
+        if not isinstance(rec, dict) or (strict and rec.get("step") != i):
             raise ResumeError(f"{p}: line {i + 1} should hold step {i}, it holds "
                               f"{rec.get('step') if isinstance(rec, dict) else rec!r}")
         out.append(rec)

@@ -1,0 +1,222 @@
+"""Ways to tamper with a published run (each used by tests/audit/test_tamper.py and by
+benchmarks/audit_tamper.py, which reports how many are caught)."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from open1b_data import StreamPlan
+from open1b_train import checkpoint, runlog, statehash
+from open1b_train.train import train
+from tests.train.conftest import micro_cfg
+
+STEPS = 8          # the honest run: micro preset, 4 windows per step, checkpoints every 2
+
+
+def _rewrite_file_in_record(ck_dir: str, name: str, data: bytes) -> None:
+    """Replace a checkpoint file and fix its sha256 in the record, as a forger would."""
+    with open(os.path.join(ck_dir, name), "wb") as f:
+        f.write(data)
+    rpath = os.path.join(ck_dir, "record.json")
+    rec = json.load(open(rpath))
+    rec["files"][name] = hashlib.sha256(data).hexdigest()
+    json.dump(rec, open(rpath, "w"), sort_keys=True, indent=1)
+
+
+def rehash_chain(lines: list[dict], start: int) -> None:
+    """Recompute every hash from line ``start`` on, so the edited log is a valid chain."""
+    for s in range(start, len(lines)):
+        ln = lines[s]
+        if s == 0:
+            ln["hash"] = statehash.genesis_hash(ln["genesis"])
+            continue
+        ln["prev"] = lines[s - 1]["hash"]
+        ln["components"]["scalars"] = statehash.sha(ln["scalars"])
+        ln["hash"] = statehash.step_hash(s, ln["prev"], ln["components"])
+
+
+def token_in_shard(run: str, mix: str, work: str) -> tuple[str, str, int]:
+    """A copy of the mix with one token of a window of step 7 changed in its shard (still
+    valid Parquet; the manifest untouched). Returns (run, mix copy, the first step that
+    reads that shard - shards are checked whole, so that is where it is caught)."""
+    mix2 = os.path.join(work, "mix")
+    shutil.copytree(mix, mix2)
+    plan = StreamPlan.open(mix2)
+    from open1b_data.stream.schedule import Schedule
+
+    first = Schedule.from_definition(plan.view.definition).step(7).first_window
+    seg = plan.segments(first)[0]
+    src = plan.sources.index(seg.source)
+    path = os.path.join(mix2, plan.view.sources[src].shard_paths[seg.shard])
+    table = pq.read_table(path)
+    meta = pq.read_metadata(path)
+    toks = table.column("tokens").to_pylist()
+    toks[seg.doc][seg.doc_start] = (toks[seg.doc][seg.doc_start] + 1) % 400
+    table = table.set_column(table.schema.get_field_index("tokens"), "tokens",
+                             pa.array(toks, type=table.schema.field("tokens").type))
+    table = table.replace_schema_metadata(table.schema.metadata)
+    pq.write_table(table, path, compression="zstd",
+                   row_group_size=meta.row_group(0).num_rows)
+    sched = Schedule.from_definition(plan.view.definition)
+    first_use = next(sched.step_of_window(m) for m in range(sched.total_windows)
+                     if any((x.source, x.shard) == (seg.source, seg.shard)
+                            for x in plan.segments(m)))
+    return run, mix2, first_use
+
+
+def _dishonest(run_dir: str, mix: str, patch, cfg=None) -> None:
+    """Train the honest config, but with ``patch`` active (a dishonest trainer)."""
+    with patch():
+        train(cfg or micro_cfg(steps=STEPS), mix, run_dir, progress=False)
+
+
+def ulp_weight(run: str, work: str) -> tuple[str, int]:
+    r = os.path.join(work, "run")
+    shutil.copytree(run, r)
+    ck = checkpoint.step_dir(r, 6)
+    t = st_load(open(os.path.join(ck, "params.safetensors"), "rb").read())
+    w = t["layers.1.mlp.down.weight"]
+    w.view(torch.int16).view(-1)[17] += 1          # one bf16 ULP
+    _rewrite_file_in_record(ck, "params.safetensors", st_save(t))
+    return r, 6
+
+
+def moments(run: str, work: str) -> tuple[str, int]:
+    r = os.path.join(work, "run")
+    shutil.copytree(run, r)
+    ck = checkpoint.step_dir(r, 6)
+    name = next(n for n in sorted(os.listdir(ck)) if n.startswith("optim-"))
+    t = st_load(open(os.path.join(ck, name), "rb").read())
+    key = next(k for k in sorted(t) if k.startswith("m."))
+    t[key].view(-1)[3] += 1e-3
+    _rewrite_file_in_record(ck, name, st_save(t))
+    return r, 6
+
+
+def other_checkpoint(run: str, other: str, work: str) -> tuple[str, int]:
+    r = os.path.join(work, "run")
+    shutil.copytree(run, r)
+    shutil.rmtree(checkpoint.step_dir(r, 6))
+    shutil.copytree(checkpoint.step_dir(other, 6), checkpoint.step_dir(r, 6))
+    return r, 6
+
+
+def skipped_step(run: str, work: str) -> tuple[str, int]:
+    r = os.path.join(work, "run")
+    shutil.copytree(run, r)
+    lines = runlog.read(r)
+    del lines[5]
+    runlog.rewrite(r, lines)
+    return r, 5
+
+
+def edited_line(run: str, work: str, rehash: bool) -> tuple[str, int]:
+    r = os.path.join(work, "run")
+    shutil.copytree(run, r)
+    lines = runlog.read(r)
+    if rehash:                                   # a forger who rebuilds the whole chain
+        lines[7]["components"]["params"] = lines[6]["components"]["params"]
+        rehash_chain(lines, 7)
+    else:
+        lines[7]["scalars"]["loss"] = "40000000"
+    runlog.rewrite(r, lines)
+    return r, 7
+
+
+def other_seed(mix: str, work: str) -> tuple[str, int]:
+    """Trained with seed 7, published as seed 42 (config, genesis and the chain rewritten)."""
+    r = os.path.join(work, "run")
+    train(micro_cfg(steps=STEPS, seed=7), mix, r, progress=False)
+    cfgp = os.path.join(r, "config.json")
+    cfg = json.load(open(cfgp))
+    cfg["seed"] = 42
+    json.dump(cfg, open(cfgp, "w"))
+    from open1b_train.config import from_dict
+
+    ident = from_dict(cfg).identity_sha256()
+    lines = runlog.read(r)
+    lines[0]["genesis"]["seed"] = 42
+    lines[0]["genesis"]["config_identity"] = ident
+    rehash_chain(lines, 0)
+    runlog.rewrite(r, lines)
+    for s in checkpoint.list_steps(r):
+        rp = os.path.join(checkpoint.step_dir(r, s), "record.json")
+        rec = json.load(open(rp))
+        rec.update(seed=42, config_identity=ident, run_hash=lines[s]["hash"], config=cfg)
+        json.dump(rec, open(rp, "w"), sort_keys=True, indent=1)
+    return r, 7
+
+
+@dataclasses.dataclass
+class Patch:
+    """A context manager over monkeypatching (no pytest needed: also used by benchmarks)."""
+
+    target: object
+    name: str
+    value: object
+
+    def __enter__(self):
+        self.old = getattr(self.target, self.name)
+        setattr(self.target, self.name, self.value)
+
+    def __exit__(self, *exc):
+        setattr(self.target, self.name, self.old)
+
+
+def swapped_windows(mix: str, work: str) -> tuple[str, int]:
+    """A trainer that swapped two windows' contents in step 5."""
+    import open1b_train.train as T
+
+    real = T._batches
+
+    def swapping(items, V, device):
+        b = real(items, V, device)
+        if b[0][0].windows[0] == 5 * 4 - 4:        # step 5's first window (4 per step)
+            a, c = b[0][0], b[0][1]
+            b[0][0] = dataclasses.replace(a, tokens=c.tokens)
+            b[0][1] = dataclasses.replace(c, tokens=a.tokens)
+        return b
+    r = os.path.join(work, "run")
+    _dishonest(r, mix, lambda: Patch(T, "_batches", swapping))
+    return r, 5
+
+
+def lr_changed(mix: str, work: str) -> tuple[str, int]:
+    import open1b_train.step as S
+
+    real = S.apply_update
+
+    def doubled(cfg, specs, params, layout, grad, loss, opt, step, lr):
+        return real(cfg, specs, params, layout, grad, loss, opt, step, lr * 2 if step == 5 else lr)
+    r = os.path.join(work, "run")
+    import open1b_train.train as T
+    _dishonest(r, mix, lambda: Patch(T, "apply_update", doubled))
+    return r, 5
+
+
+def rank_gradient(mix: str, work: str) -> tuple[str, int]:
+    """Mesh 2x1: virtual rank 1's gradient scaled by 1.001 in step 5."""
+    import open1b_train.step as S
+
+    real = S._into
+    calls = {"n": 0}
+
+    def altered(flat, layout, grads, r, add):
+        calls["n"] += 1
+        # mesh 2x1, 2 micro-batches per rank: calls 4k+1..4k+4 are step k+1's, the last
+        # two rank 1's
+        if 4 * 4 < calls["n"] <= 4 * 5 and calls["n"] > 4 * 4 + 2:
+            grads = {k: g * 1.001 for k, g in grads.items()}
+        return real(flat, layout, grads, r, add)
+    r = os.path.join(work, "run")
+    _dishonest(r, mix, lambda: Patch(S, "_into", altered), micro_cfg(steps=STEPS, mesh=(2, 1)))
+    return r, 5
