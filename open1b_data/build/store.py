@@ -29,6 +29,20 @@ def _fs(url: str) -> tuple[Any, str]:
     return fsspec.core.url_to_fs(url)
 
 
+def _forget(fs: Any, path: str) -> None:
+    """Drop fsspec's cached listings of ``path``, its parents and everything below it.
+    ``invalidate_cache`` alone keeps the listings below, and s3fs's ``find`` refills only
+    missing ones: a subdirectory listed before another task wrote into it stayed stale,
+    and a later read of the new file failed client-side ("does not exist": s3fs sizes a
+    file from the cached listing of its directory before the GET)."""
+    fs.invalidate_cache(path)
+    cache = getattr(fs, "dircache", None)
+    if cache is not None:
+        below = path.rstrip("/") + "/"
+        for key in [k for k in list(cache) if k.startswith(below)]:
+            cache.pop(key, None)
+
+
 def is_local(url: str) -> bool:
     return isinstance(_fs(url)[0], LocalFileSystem)
 
@@ -38,7 +52,7 @@ def exists(url: str) -> bool:
         fs, path = _fs(url)
         if not isinstance(fs, LocalFileSystem):
             # Another task or process may have written it since this process last listed.
-            fs.invalidate_cache(path.rsplit("/", 1)[0])
+            _forget(fs, path.rsplit("/", 1)[0])
         return fs.exists(path)
 
 
@@ -70,7 +84,7 @@ def list_files(url: str) -> list[str]:
     with failures(url, "list"):
         fs, path = _fs(url)
         if not isinstance(fs, LocalFileSystem):
-            fs.invalidate_cache(path)
+            _forget(fs, path)
         if not fs.exists(path):
             return []
         root = path.rstrip("/") + "/"

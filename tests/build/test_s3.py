@@ -110,6 +110,28 @@ def test_build_mix_reads_and_writes_s3(s3_endpoint, tmp_path):
     assert res.exit_code != 0 and victim in res.output
 
 
+def test_listing_forgets_stale_subdirectory_listings(s3_endpoint):
+    """Another process writes into a directory this process listed before: after
+    store.list_files the new file is listed AND readable (s3fs kept the subdirectory's old
+    listing and answered 'does not exist' from it, without asking the server: the task
+    array below failed that way, now and then, when it read the lengths files it merged)."""
+    import s3fs
+
+    from open1b_data import storage
+    from open1b_data.build import store
+
+    writer = s3fs.S3FileSystem(endpoint_url=s3_endpoint, skip_instance_cache=True)
+    writer.mkdir("stale")
+    writer.pipe_file("stale/mix/src/a.npy", b"a")
+    assert store.list_files("s3://stale/mix") == ["src/a.npy"]   # caches src/'s listing
+    writer.pipe_file("stale/mix/src/b.npy", b"b")                # another process
+    assert store.list_files("s3://stale/mix") == ["src/a.npy", "src/b.npy"]
+    assert storage.read_bytes("s3://stale/mix/src/b.npy") == b"b"
+    writer.pipe_file("stale/mix/src/c.npy", b"c")
+    assert store.exists("s3://stale/mix/src/c.npy")
+    assert storage.read_bytes("s3://stale/mix/src/c.npy") == b"c"
+
+
 @pytest.mark.slow  # four build processes in sequence and three at once: 20-40 s
 def test_task_array_on_s3_is_byte_identical_to_a_local_build(s3_endpoint, tmp_path):
     """docs/SCALE-OUT.md in small: the tokenizer job, then N = 3 tasks of the real CLI at
