@@ -46,6 +46,7 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))      # gpu_train beside this file
 
 import kernels  # noqa: E402
 from kernels import backend  # noqa: E402
@@ -311,8 +312,25 @@ def write_json(path: Path, payload: dict) -> None:
               help="Processes compiling in parallel (--ptx-only; compiling is CPU-bound).")
 @click.option("--peak-gbps", type=float, default=None,
               help="Memory bandwidth for the roofline column (default: by GPU name).")
-def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, jobs, peak_gbps):
-    """Parity, PTX scan and speed of every kernels/ op on this machine's GPU."""
+@click.option("--train/--no-train", default=True, show_default=True,
+              help="Also the training checks (scripts/gpu_train.py): micro-preset step hashes "
+                   "CPU vs GPU, one full Open-1B step vs the compiled stock model, hashing "
+                   "share, collectives on a one-process NCCL group.")
+@click.option("--train-dry-run", is_flag=True,
+              help="Only the training checks, on the CPU with tiny shapes (no GPU needed).")
+def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, jobs, peak_gbps, train,
+         train_dry_run):
+    """Parity, PTX scan and speed of every kernels/ op on this machine's GPU, then whole
+    training steps and collectives."""
+    if train_dry_run:
+        import gpu_train
+
+        res = gpu_train.train_check(dry_run=True, steps=1, repeats=1)
+        click.echo(gpu_train.format_report(res))
+        write_json(out, {"mode": "train-dry-run", "train": res})
+        ok = (res["parity"]["equal"] and res["collectives"]["collectives_equal_reference"]
+              and res["collectives"]["distributed_trainer_equals_single_process"])
+        sys.exit(0 if ok else 1)
     if not backend.HAVE_TRITON:
         click.echo("gpu_check: triton is not installed; install the 'gpu' extra (pip install -e '.[gpu]').",
                    err=True)
@@ -356,6 +374,21 @@ def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, jobs, pea
     click.echo(f"\n{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}\n")
     click.echo(fmt_table(rows))
     bad = any(r.get("error") or r.get("ptx_forbidden") or any(r.get("mismatched", [])) for r in rows)
+    if train:
+        import gpu_train
+
+        click.echo("training checks ...", err=True)
+        try:
+            tr = gpu_train.train_check()
+            click.echo("\n" + gpu_train.format_report(tr))
+            bad = bad or not (tr["parity"]["equal"]
+                              and tr["collectives"]["collectives_equal_reference"]
+                              and tr["collectives"]["distributed_trainer_equals_single_process"])
+        except Exception as exc:
+            tr = {"error": short_error(exc), "traceback": traceback.format_exc()}
+            click.echo(f"training checks failed: {tr['error']}")
+            bad = True
+        write_json(out, {"meta": meta, "mode": "full", "results": rows, "train": tr})
     sys.exit(1 if bad else 0)
 
 

@@ -13,6 +13,12 @@ Open-1B step against stock PyTorch.
    ``torch.compile``. Ratio = ours / stock (>= 1: we are faster).
 3. hashing - the share of the step's time spent hashing parameters, gradient and moments
    on the device (``kernels.sha256``).
+4. collectives - a one-process torch.distributed group (NCCL on a GPU, gloo in the dry run):
+   the deterministic reduce-scatter + all-reduce of ``open1b_train.dist`` on 64 MB device
+   gradients of a 4x2 logical mesh, bit for bit against the sequential reference, timed;
+   and the distributed trainer (``train_distributed``) on that group gives the
+   single-process run hash of the same mesh. One process exercises the code path; the
+   multi-process bits are tested on CPU gloo processes in CI.
 
 ``--dry-run`` (what CI exercises, no GPU needed) runs the same code on the CPU with tiny
 shapes: parity between the CPU reference and the CPU reference under ``force("cpu")``
@@ -118,7 +124,8 @@ def speed(device: str, dry_run: bool, repeats: int) -> dict:
         statehash.optim_digest(layout.views(opt.m), layout.views(opt.v), 1, 0)
 
     t_hash = _timed(hashing, device, repeats)
-    del red, opt, params
+    params.clear()                         # free ours before the stock model is built
+    opt.m = opt.v = red = None
     if device == "cuda":
         torch.cuda.empty_cache()
     stock = StockModel(mc).to(device)
@@ -138,8 +145,61 @@ def speed(device: str, dry_run: bool, repeats: int) -> dict:
             "step_seconds": round(t_ours, 4), "stock_step_seconds": round(t_stock, 4)}
 
 
+def collectives(device: str, dry_run: bool, workdir: str, repeats: int) -> dict:
+    """Section 4 (see the module docstring) on a one-process group."""
+    import torch.distributed as dist
+
+    from open1b_train import runlog
+    from open1b_train.dist import collectives as C
+    from open1b_train.dist.engine import train_distributed
+    from open1b_train.dist.exchange import Exchange
+    from open1b_train.dist.placement import Placement
+    from open1b_train.train import train
+
+    if not dist.is_initialized():
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("nccl" if device == "cuda" else "gloo",
+                                init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    R, S, n = 4, 2, (16 << 20) if not dry_run else (1 << 16)
+    g = torch.Generator().manual_seed(3)
+    grads = [(torch.randn(n, generator=g) * 10.0 ** torch.randint(-6, 6, (n,), generator=g)
+              ).to(device) for _ in range(R * S)]
+    cut = n // 2
+    slices = [(0, cut), (cut, n)]
+    pl = Placement(R, S, 1, 0)
+    ex = Exchange(pl)
+
+    def ours():
+        return C.all_reduce(C.reduce_scatter({v: grads[v] for v in pl.local}, slices, ex), ex)
+
+    red = ours()
+    want = C.all_reduce_reference(C.reduce_scatter_reference(grads, R, S, slices))
+    equal = all(torch.equal(t.view(torch.int32), want[slice(*slices[v % S])].view(torch.int32))
+                for v, t in red.items())
+    t_ours = _timed(ours, device, repeats)
+    t_ref = _timed(lambda: C.all_reduce_reference(C.reduce_scatter_reference(grads, R, S, slices)),
+                   device, repeats)
+    mix = os.path.join(workdir, "demo-mix")
+    if not os.path.exists(os.path.join(mix, "manifest.json")):
+        mix = _demo_mix(workdir)
+    cfg = dataclasses.replace(micro(), steps=2, mesh=(2, 1),   # the demo's batch: 2 x 4
+                              backend="auto" if device == "cuda" else "cpu")
+    a, b = os.path.join(workdir, "dist-1p"), os.path.join(workdir, "single")
+    train_distributed(cfg, mix, a, progress=False, echo=lambda m: None)
+    train(cfg, mix, b, progress=False, echo=lambda m: None)
+    dist.destroy_process_group()
+    same = runlog.read(a)[-1]["hash"] == runlog.read(b)[-1]["hash"]
+    return {"backend": "nccl" if device == "cuda" else "gloo", "mesh": [R, S],
+            "bytes_per_rank": 4 * n, "collectives_equal_reference": equal,
+            "seconds_ours": round(t_ours, 5), "seconds_sequential_reference": round(t_ref, 5),
+            "distributed_trainer_equals_single_process": same}
+
+
 def train_check(dry_run: bool = False, steps: int = 2, repeats: int = 3) -> dict:
-    """Both sections; ``dry_run`` on the CPU with tiny shapes."""
+    """Every section; ``dry_run`` on the CPU with tiny shapes."""
     device = "cpu" if dry_run else "cuda"
     if not dry_run and not torch.cuda.is_available():
         raise RuntimeError("--train needs a CUDA device (use --train-dry-run on a CPU)")
@@ -147,6 +207,7 @@ def train_check(dry_run: bool = False, steps: int = 2, repeats: int = 3) -> dict
         out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                "parity": parity(device, steps, work)}
         out["speed"] = speed(device, dry_run, repeats)
+        out["collectives"] = collectives(device, dry_run, work, repeats)
     return out
 
 
@@ -161,4 +222,10 @@ def format_report(r: dict) -> str:
         f"tokens/s, stock compiled {s['stock_compiled_tokens_per_s']:,.0f} tokens/s, "
         f"ratio {s['ratio_ours_over_stock']:.3f}x",
         f"  hashing params + gradient + moments: {s['hash_seconds']:.4f} s = "
-        f"{100 * s['hash_share_of_step']:.2f}% of the step"])
+        f"{100 * s['hash_share_of_step']:.2f}% of the step",
+        f"  collectives ({r['collectives']['backend']}, mesh 4x2, "
+        f"{r['collectives']['bytes_per_rank'] / 2**20:.0f} MiB per rank): "
+        f"{'IDENTICAL' if r['collectives']['collectives_equal_reference'] else 'DIFFERENT'} "
+        f"to the sequential reference, {r['collectives']['seconds_ours'] * 1e3:.1f} ms; "
+        "distributed trainer " + ("=" if r["collectives"]["distributed_trainer_equals_single_process"]
+                                  else "!=") + " single process"])
