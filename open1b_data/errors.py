@@ -45,3 +45,8 @@ class FileAccessError(StorageError, OSError):
 class FileMissingError(FileAccessError, FileNotFoundError):
     """A file, directory or object that does not exist. Also a ``FileNotFoundError``, so a
     caller that gives absence a meaning ("build the mix first") can still catch it."""
+
+
+class ProofError(Open1bDataError):
+    """A document that its shard's Merkle root does not vouch for (names source, shard
+    path, row and doc_id), or a mix whose shards have no roots to prove against."""

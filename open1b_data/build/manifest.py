@@ -6,8 +6,10 @@ Contract (docs/FORMATS.md, "manifest.json"):
   the per-source sums against their shards, and the fingerprint (recomputed, never trusted).
 - ``fingerprint(d)`` = sha256 hex of the canonical JSON (``sort_keys=True``,
   ``separators=(",", ":")``, ``ensure_ascii=True``) of ``d`` without its ``fingerprint``
-  key. Every shard and lengths file enters through its sha256, so changing one byte of a
-  shard, one document length, the tokenizer or the definition changes the fingerprint.
+  key. Every shard and lengths file enters through its sha256 and every shard's Merkle
+  root (``merkle.py``; absent in builds from before trees) as written, so changing one byte
+  of a shard, one document length, a root, the tokenizer or the definition changes the
+  fingerprint.
 - Paths inside a manifest are relative to the mix root, '/'-separated, and confined:
   absolute paths, URLs, drive letters, backslashes, control characters, empty, ``.`` and
   ``..`` components are rejected (``check_path``); ``resolve(mix_url, rel)`` is the only way
@@ -128,8 +130,30 @@ def _count(d: Mapping[str, Any], key: str, where: str) -> int:
 
 
 @dataclass(frozen=True)
+class TreeEntry:
+    """A shard's Merkle tree (``build/merkle.py``): its root, and the stored tree file that
+    serves proofs (path relative to the mix root, and its sha256)."""
+
+    root: str
+    path: str
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"root": self.root, "path": self.path, "sha256": self.sha256}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "merkle") -> TreeEntry:
+        return cls(root=_sha(d, "root", where),
+                   path=check_path(_req(d, "path", str, where), f"{where}.path"),
+                   sha256=_sha(d, "sha256", where))
+
+
+@dataclass(frozen=True)
 class ShardEntry:
-    """One token shard and its document-lengths file, both relative to the mix root."""
+    """One token shard, its document-lengths file and its Merkle tree, relative to the mix
+    root. ``merkle`` is None in mixes built before shards had trees: they stream and verify
+    as before, but no document of them can be proved (``stream-at --proof`` and
+    ``open1b-audit fetch-step`` ask for a rebuild)."""
 
     path: str
     sha256: str
@@ -138,21 +162,28 @@ class ShardEntry:
     tokens: int
     lengths_path: str
     lengths_sha256: str
+    merkle: TreeEntry | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "sha256": self.sha256, "bytes": self.bytes,
-                "documents": self.documents, "tokens": self.tokens,
-                "lengths": {"path": self.lengths_path, "sha256": self.lengths_sha256}}
+        d = {"path": self.path, "sha256": self.sha256, "bytes": self.bytes,
+             "documents": self.documents, "tokens": self.tokens,
+             "lengths": {"path": self.lengths_path, "sha256": self.lengths_sha256}}
+        if self.merkle is not None:
+            d["merkle"] = self.merkle.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "shard") -> ShardEntry:
         lengths = _req(d, "lengths", dict, where)
+        has_tree = isinstance(d, Mapping) and "merkle" in d
         return cls(path=check_path(_req(d, "path", str, where), f"{where}.path"),
                    sha256=_sha(d, "sha256", where), bytes=_count(d, "bytes", where),
                    documents=_count(d, "documents", where), tokens=_count(d, "tokens", where),
                    lengths_path=check_path(_req(lengths, "path", str, f"{where}.lengths"),
                                            f"{where}.lengths.path"),
-                   lengths_sha256=_sha(lengths, "sha256", f"{where}.lengths"))
+                   lengths_sha256=_sha(lengths, "sha256", f"{where}.lengths"),
+                   merkle=TreeEntry.from_dict(_req(d, "merkle", dict, where),
+                                              f"{where}.merkle") if has_tree else None)
 
 
 def _fast_shard(d: Any) -> ShardEntry | None:
@@ -171,7 +202,17 @@ def _fast_shard(d: Any) -> ShardEntry | None:
             and type(path) is str and type(lpath) is str
             and _CONFINED.fullmatch(path) and _CONFINED.fullmatch(lpath)):
         return None
-    return ShardEntry(path, sha, size, docs, toks, lpath, lsha)
+    tree = d.get("merkle")
+    if tree is None:
+        return None if "merkle" in d else ShardEntry(path, sha, size, docs, toks, lpath, lsha)
+    if type(tree) is not dict:
+        return None
+    root, tpath, tsha = tree.get("root"), tree.get("path"), tree.get("sha256")
+    if not (type(root) is str and type(tsha) is str and type(tpath) is str
+            and _SHA256.fullmatch(root) and _SHA256.fullmatch(tsha)
+            and _CONFINED.fullmatch(tpath)):
+        return None
+    return ShardEntry(path, sha, size, docs, toks, lpath, lsha, TreeEntry(root, tpath, tsha))
 
 
 @dataclass(frozen=True)

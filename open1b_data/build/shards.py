@@ -10,11 +10,14 @@ Contract (docs/FORMATS.md, "Token shards" and "Document lengths"):
   version, schema and counts and raises ``ShardFormatError`` naming the file.
 - ``<shard>.lengths.npy``: ``<u4`` array of the documents' token counts (the stream plans
   from it alone). Loaded with ``allow_pickle=False``; dtype/shape checked.
+- ``<shard>.merkle``: the shard's Merkle tree over its documents (``merkle.py``), computed
+  as the documents arrive (one SHA-256 over each document's bytes, which the writer holds
+  anyway); its root goes into the shard's manifest entry.
 - Bytes depend only on the rows and ``ShardSpec``: Parquet written by pyarrow carries no
   timestamp (``created_by`` names the pyarrow version, which is fixed by the environment).
 - Writes are atomic: each file goes to a local temporary name and is then renamed (local)
-  or uploaded with one PUT (object stores); the lengths file is published before its shard,
-  so a listed shard always has its lengths. A shard closes once it holds
+  or uploaded with one PUT (object stores); the tree and lengths files are published
+  before their shard, so a listed shard always has both. A shard closes once it holds
   ``tokens_per_shard`` tokens; ``close()`` flushes the last one and returns the entries.
 """
 from __future__ import annotations
@@ -32,7 +35,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from open1b_data.errors import ShardFormatError
-from open1b_data.build.manifest import ShardEntry
+from open1b_data.build import merkle
+from open1b_data.build.manifest import ShardEntry, TreeEntry
 from open1b_data.build.definition import ShardSpec
 from open1b_data.storage import is_local, read_bytes, url_to_fs
 
@@ -122,6 +126,7 @@ class ShardWriter:
         self._writer: pq.ParquetWriter | None = None
         self._tmp: str | None = None
         self._lengths: list[int] = []
+        self._leaves: list[bytes] = []
         self._group: list[tuple[np.ndarray, str, str, int]] = []
         self._count = 0
         self._closed = False
@@ -139,7 +144,9 @@ class ShardWriter:
         if self._count + arr.size > _MAX_TOKENS:
             raise ShardFormatError(f"{self._url('.parquet')}: more than {_MAX_TOKENS} tokens "
                                    f"in one Parquet list column; lower shards.tokens_per_shard")
-        self._group.append((arr.astype("<u4", copy=False), str(doc_id), str(input), int(row)))
+        arr = arr.astype("<u4", copy=False)
+        self._leaves.append(merkle.leaf_hash(len(self._lengths), arr))
+        self._group.append((arr, str(doc_id), str(input), int(row)))
         self._lengths.append(int(arr.size))
         self._count += int(arr.size)
         if len(self._group) >= self.spec.docs_per_row_group:
@@ -185,7 +192,7 @@ class ShardWriter:
         self._write_group()
         if self._writer is None:
             return
-        url, lurl = self._url(".parquet"), self._url(".lengths.npy")
+        url, lurl, turl = self._url(".parquet"), self._url(".lengths.npy"), self._url(".merkle")
         lengths = np.array(self._lengths, dtype="<u4")
         self._writer.add_key_value_metadata({
             "open1b.documents": str(len(lengths)), "open1b.tokens": str(self._count),
@@ -195,10 +202,14 @@ class ShardWriter:
         buf = io.BytesIO()
         np.save(buf, lengths, allow_pickle=False)
         lbytes = buf.getvalue()
-        with _temp_for(lurl) as ltmp:
-            with open(ltmp, "wb") as f:
-                f.write(lbytes)
-            _publish(ltmp, lurl)  # lengths first: a listed shard always has its lengths
+        tree = merkle.levels(self._leaves)
+        tbytes = merkle.encode(tree)
+        # tree and lengths first: a listed shard always has both
+        for data, dest in ((tbytes, turl), (lbytes, lurl)):
+            with _temp_for(dest) as tmp:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                _publish(tmp, dest)
         sha, nbytes = _sha256_file(self._tmp)
         _publish(self._tmp, url)
         name = f"-{len(self.entries):05d}"
@@ -206,9 +217,12 @@ class ShardWriter:
             path=f"{self.rel_prefix}{name}.parquet", sha256=sha, bytes=nbytes,
             documents=len(lengths), tokens=self._count,
             lengths_path=f"{self.rel_prefix}{name}.lengths.npy",
-            lengths_sha256=hashlib.sha256(lbytes).hexdigest()))
+            lengths_sha256=hashlib.sha256(lbytes).hexdigest(),
+            merkle=TreeEntry(root=merkle.root_of(tree).hex(),
+                             path=f"{self.rel_prefix}{name}.merkle",
+                             sha256=hashlib.sha256(tbytes).hexdigest())))
         self._discard()
-        self._lengths, self._count = [], 0
+        self._lengths, self._leaves, self._count = [], [], 0
 
     def _discard(self) -> None:
         if self._writer is not None:
@@ -279,6 +293,12 @@ def _check(url: str, pf: pq.ParquetFile) -> ShardInfo:
                                f"{md.num_rows} rows")
     rows = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
     return ShardInfo(meta.get("open1b.source", ""), docs, tokens, rows)
+
+
+def check_footer(url: str, pf: pq.ParquetFile) -> ShardInfo:
+    """The checks every reader makes of a shard's footer (magic, version, schema, counts),
+    for a ``ParquetFile`` opened elsewhere (e.g. over range requests)."""
+    return _check(url, pf)
 
 
 def read_shard_info(url: str) -> ShardInfo:

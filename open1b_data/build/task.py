@@ -153,7 +153,10 @@ def valid_marker(job: Job, existing: set[str]) -> dict[str, Any] | None:
             or m.get("tokenizer_sha256") != job.tokenizer_sha256
             or "first_error" not in m):  # a marker from before per-input accounting
         return None
+    # A marker from before shards had Merkle trees is stale: rebuilding that input gives
+    # the same shard bytes plus the tree, and a mix is never half with trees, half without.
     if not all(s["path"] in existing and s["lengths"]["path"] in existing
+               and "merkle" in s and s["merkle"]["path"] in existing
                for s in m.get("shards", [])):
         return None
     return m

@@ -3,16 +3,24 @@
 ``verify(mix_url)`` returns one line per mismatch (missing file, sha256, size, or document
 and token counts that differ from the shard's own metadata or lengths file), each naming the
 file by its path relative to the mix root; the tokenizer files (``tokenizer.json`` and the
-transformers directory) are re-hashed too. An empty list means the mix is exactly what its
-manifest says. It reads every byte of the mix. Something that is not a built mix at all (no
+transformers directory) are re-hashed too. Each shard's Merkle tree is recomputed from the
+shard's documents and compared with the root in the manifest and with the stored tree file
+(a shard whose sha256 was rewritten to match edited documents still fails here); a shard
+entry without a tree (a mix built before trees) has nothing to compare and passes as
+before. An empty list means the mix is exactly what its manifest says. It reads every byte
+of the mix. Something that is not a built mix at all (no
 ``manifest.json``, a ``.toml``, storage that cannot be reached) is an error, not a
 mismatch: ``load_manifest``'s message, raised.
 """
 from __future__ import annotations
 
+import hashlib
+
 from open1b_data.build.manifest import (_mix_root, parse_manifest, read_manifest_bytes,
                                        resolve, tokenizer_files)
-from open1b_data.build.shards import read_lengths, read_shard_info
+from open1b_data.build import merkle
+from open1b_data.build.manifest import ShardEntry
+from open1b_data.build.shards import iter_documents, read_lengths, read_shard_info
 from open1b_data.errors import ManifestError, ShardFormatError
 from open1b_data.storage import sha256_of
 from open1b_data.storage_errors import failures
@@ -48,6 +56,7 @@ def verify(mix_url: str) -> list[str]:
     for source, sh in m.shards():
         url = resolve(root, sh.path)
         got = _hash_and_size(url)
+        intact = False   # the shard's bytes and counts are the manifest's
         if got is None:
             problems.append(f"{sh.path}: missing file")
         else:
@@ -65,8 +74,14 @@ def verify(mix_url: str) -> list[str]:
                             f"{sh.path}: count differs (manifest {source} {sh.documents} docs "
                             f"{sh.tokens} tokens, shard {info.source} {info.documents} docs "
                             f"{info.tokens} tokens)")
+                    else:
+                        intact = True
                 except ShardFormatError as e:
                     problems.append(f"{sh.path}: {e}")
+        try:
+            problems.extend(_check_tree(root, url, sh, intact))
+        except ShardFormatError as e:
+            problems.append(f"{sh.path}: {e}")
         lurl = resolve(root, sh.lengths_path)
         got = _hash_and_size(lurl)
         if got is None:
@@ -85,4 +100,30 @@ def verify(mix_url: str) -> list[str]:
             problems.append(f"{sh.lengths_path}: count differs (manifest {sh.documents} docs "
                             f"{sh.tokens} tokens, file {len(lengths)} docs "
                             f"{int(lengths.sum(dtype='u8'))} tokens)")
+    return problems
+
+
+def _check_tree(root: str, url: str, sh: ShardEntry, intact: bool) -> list[str]:
+    """The stored tree file against the manifest; and, when the shard itself is ``intact``,
+    the tree recomputed from its documents against the manifest's root and that file."""
+    if sh.merkle is None:
+        return []
+    problems = []
+    stored = _hash_and_size(resolve(root, sh.merkle.path))
+    if stored is None:
+        problems.append(f"{sh.merkle.path}: missing file")
+    elif stored[0] != sh.merkle.sha256:
+        problems.append(f"{sh.merkle.path}: sha256 differs (manifest {sh.merkle.sha256}, "
+                        f"file {stored[0]})")
+    if not intact:
+        return problems
+    tree = merkle.levels([merkle.leaf_hash(i, d.tokens)
+                          for i, d in enumerate(iter_documents(url))])
+    got = merkle.root_of(tree).hex()
+    if got != sh.merkle.root:
+        problems.append(f"{sh.path}: Merkle root differs (manifest {sh.merkle.root}, the "
+                        f"shard's documents give {got}); rebuild the mix")
+    elif hashlib.sha256(merkle.encode(tree)).hexdigest() != sh.merkle.sha256:
+        problems.append(f"{sh.merkle.path}: the manifest's tree file is not the tree of the "
+                        f"shard's documents; rebuild the mix")
     return problems
