@@ -80,9 +80,12 @@ def _echo_json(obj) -> None:
 @click.option("--build-index", is_flag=True,
               help="Build the mix's seek index first if it is missing or short (one pass "
                    "over the schedule; ~1 min at Open-1B scale).")
+@click.option("--proof", is_flag=True,
+              help="Also every document the windows use, whole, with its Merkle inclusion "
+                   "proof against its shard's root in the manifest (checked before output).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (docs/CLI.md).")
 def stream_at(mix, window, step, steps, world, rank, decode, plan_only, stats, build_index,
-              as_json):
+              proof, as_json):
     """What the stream holds at a window or step: ranks, micro-batches, window sha256,
     token ids and every document segment (source, shard, doc, doc_id, offsets) - or, with
     --stats, the batch's data statistics."""
@@ -93,6 +96,9 @@ def stream_at(mix, window, step, steps, world, rank, decode, plan_only, stats, b
     if steps is not None and not stats:
         raise click.UsageError("--steps A:B lists statistics per step; add --stats (or "
                                "give one --step N)")
+    if proof and (plan_only or stats):
+        raise click.UsageError(f"--proof proves the documents of a window listing; drop "
+                               f"--{'plan-only' if plan_only else 'stats'}")
     if build_index:
         click.echo("stream-at: loading or building the seek index...", err=True)
     try:
@@ -106,12 +112,29 @@ def stream_at(mix, window, step, steps, world, rank, decode, plan_only, stats, b
         else:
             rep = inspect.stream_at(mix, window, step, world, rank, decode, plan_only, stats,
                                     build_index)
+            if proof:
+                from open1b_data.stream.proof import prove_stream_at
+
+                rep = prove_stream_at(mix, rep)
     except Open1bDataError as e:
         _fail(e)
     if as_json:
         _echo_json(rep)
     elif steps is None:
         inspect.print_stream_at(rep, click.echo)
+        if proof:
+            _print_proofs(rep, click.echo)
+
+
+def _print_proofs(rep: dict, echo) -> None:
+    docs = rep["documents"]
+    echo(f"\n{len(docs)} document(s), each proved against its shard's Merkle root in the "
+         f"manifest (--json: tokens and sibling hashes)")
+    width = max([len(d["shard_path"]) for d in docs] + [len("shard file")])
+    echo(f"  {'shard file':<{width}} {'row':>7} {'tokens':>7} {'proof':>6}  root")
+    for d in docs:
+        echo(f"  {d['shard_path']:<{width}} {d['doc']:>7} {d['doc_length']:>7} "
+             f"{len(d['proof']['siblings']):>6}  {d['root'][:16]}...")
 
 
 # ------------------------------------------------------------------------- schedule
