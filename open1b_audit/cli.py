@@ -261,5 +261,51 @@ def coverage_cmd(run, certs, redundancy, as_json) -> None:
         sys.exit(1)
 
 
+@main.command("fetch-step")
+@click.argument("mix_url")
+@click.option("--step", type=click.IntRange(min=1), required=True,
+              help="The training step whose windows to fetch (from 1).")
+@click.option("--out", default=None,
+              help="Also write DIR/windows.npy (uint32 windows x tokens) and DIR/step.json "
+                   "(this report with every document, its tokens and its proof).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def fetch_step_cmd(mix_url, step, out, as_json) -> None:
+    """Fetch only the documents STEP of a run trained on from the mix at MIX_URL, prove
+    each against its shard's Merkle root, and rebuild the step's windows and data digest;
+    exits 1 naming a document that fails its proof, with nothing reported as verified."""
+    from open1b_audit.fetch import fetch_step, write_step
+
+    try:
+        data = fetch_step(mix_url, step)
+        written = write_step(data, out) if out else []
+    except ERRORS as e:
+        _fail(e)
+    rep = {**data.to_dict(), "written": written}
+
+    def human(r):
+        n = len(r["windows"])
+        click.echo(f"mix {r['name']}  fingerprint {r['fingerprint'][:16]}... (recomputed "
+                   f"from manifest.json)")
+        click.echo(f"step {step}: windows {r['windows'][0]['window']}.."
+                   f"{r['windows'][-1]['window']} ({n} x {r['window_tokens']} tokens)")
+        for w in r["windows"][:8]:
+            click.echo(f"  window {w['window']:>9}  sha256 {w['sha256']}")
+        if n > 8:
+            click.echo(f"  ... {n - 8} more (--json lists all)")
+        click.echo(f"data digest  {r['data_digest']}")
+        click.echo(f"             (compare with step {step}'s components.data in the run's "
+                   f"steps.jsonl)")
+        click.echo(f"documents    {r['documents']} from {r['shards']} shard(s), each proved "
+                   f"against its shard's Merkle root")
+        b = r["bytes_fetched"]
+        parts = ", ".join(f"{k} {v:,}" for k, v in b.items() if k != "total")
+        share = "" if r["fraction"] is None else f" = {r['fraction']:.2%} of"
+        click.echo(f"fetched      {b['total']:,} bytes in {r['requests']} requests{share} "
+                   f"the mix's {r['mix_bytes']:,} token shard bytes ({parts})")
+        for p in r["written"]:
+            click.echo(f"  wrote {p}")
+    _emit(rep, as_json, human)
+
+
 if __name__ == "__main__":
     sys.exit(main())

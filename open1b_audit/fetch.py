@@ -1,0 +1,286 @@
+"""``open1b-audit fetch-step MIX_URL --step N``: one step's training data from a published
+mix, fetched document by document and proved, without downloading the corpus.
+
+1. ``manifest.json`` is read and parsed the way every reader parses it: its fingerprint is
+   recomputed from the canonical JSON, so the roots it records are the ones a training run
+   that logs that fingerprint was built on.
+2. The step's windows are planned from the mix's schedule and the document lengths (pure
+   index arithmetic, ``stream/plan.py``), from the start of the stream: no seek index is
+   used, since it is derived data anyone who can write the mix can rewrite. Each lengths
+   file the plan needs is fetched whole and checked against the manifest's sha256.
+3. Only the documents the windows use are fetched: per shard its Parquet footer (two range
+   requests at the end of the file), then the row groups that hold them, tokens and doc_id
+   columns only (``docs_per_row_group`` keeps a row group small), and from the shard's
+   stored Merkle tree the header and the log2(n) sibling hashes of each document (one
+   batched range request).
+4. Each document's leaf is computed from the tokens fetched and must lead to its shard's
+   root in the manifest (``stream/proof.py``). One that does not stops everything with a
+   ``ProofError`` naming it (source, shard path, row, doc_id): no window of the step is
+   reported.
+5. The windows are rebuilt from the proved documents (the stream's window definition),
+   hashed (SHA-256 of the token ids as uint32 LE) and combined into the step's data digest
+   exactly as a training run logs it (``open1b_train.statehash.data_digest``), to compare
+   with that step's ``components.data`` in the run's ``steps.jsonl``.
+
+Every byte read is counted by what it was for (manifest, lengths, footers, row groups,
+proofs) and set against the mix's token shard bytes. The doc_id of a document is what its
+shard says; the tree commits to the tokens, not to the id.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import struct
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from open1b_data.build.manifest import ShardEntry, parse_manifest, read_manifest_bytes
+from open1b_data.errors import ManifestError, ShardFormatError
+from open1b_data.storage import atomic_write_bytes, join, url_to_fs
+from open1b_data.storage_errors import failures
+from open1b_data.stream.mixview import MixView, summary_of
+
+PARQUET_TAIL = 8      # footer length (u32 LE) + b"PAR1"
+
+
+class Fetcher:
+    """Reads bytes of one mix and counts them, with the requests, by what they were for."""
+
+    def __init__(self) -> None:
+        self.bytes: Counter[str] = Counter()
+        self.requests: Counter[str] = Counter()
+
+    def whole(self, url: str, what: str) -> bytes:
+        from open1b_data.storage import read_bytes
+
+        data = read_bytes(url)
+        self._count(what, len(data), 1)
+        return data
+
+    def size(self, url: str) -> int:
+        with failures(url, "read"):
+            fs, path = url_to_fs(url)
+            n = int(fs.size(path))
+        self.requests["footers"] += 1
+        return n
+
+    def ranges(self, url: str, ranges: list[tuple[int, int]], what: str) -> list[bytes]:
+        with failures(url, "read"):
+            fs, path = url_to_fs(url)
+            blobs = fs.cat_ranges([path] * len(ranges), [a for a, _ in ranges],
+                                  [b for _, b in ranges], on_error="raise")
+        self._count(what, sum(len(b) for b in blobs), len(ranges))
+        return blobs
+
+    def _count(self, what: str, nbytes: int, requests: int) -> None:
+        self.bytes[what] += nbytes
+        self.requests[what] += requests
+
+
+class _RangeFile(io.RawIOBase):
+    """A remote file as Parquet reads it: every read is one counted range request."""
+
+    def __init__(self, fetcher: Fetcher, url: str, size: int) -> None:
+        self.fetcher, self.url, self.length, self.pos = fetcher, url, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else (self.pos + offset if whence == 1
+                                               else self.length + offset)
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.length if n is None or n < 0 else min(self.length, self.pos + n)
+        if end <= self.pos:
+            return b""
+        data = self.fetcher.ranges(self.url, [(self.pos, end)], "row_groups")[0]
+        self.pos += len(data)
+        return data
+
+    def readinto(self, buf) -> int:
+        data = self.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+
+def read_rows_remote(fetcher: Fetcher, url: str, entry: ShardEntry, source: str,
+                     rows: list[int]) -> tuple[list[np.ndarray], list[str | None]]:
+    """Token ids and doc_ids of ``rows`` of one shard: its footer, then only the row groups
+    that hold them (``tokens`` and ``doc_id`` columns). Checked as every shard reader checks
+    (magic, version, schema, counts) - the proofs decide whether the tokens are the mix's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from open1b_data.build.shards import check_footer, list_parts
+
+    size = fetcher.size(url)
+    tail = fetcher.ranges(url, [(size - PARQUET_TAIL, size)], "footers")[0] \
+        if size >= 12 else b""
+    if len(tail) != PARQUET_TAIL or tail[4:] != b"PAR1":
+        raise ShardFormatError(f"{url}: not a Parquet file (no footer magic at its end); the "
+                               f"shard was replaced - run `open1b-data verify` on the mix")
+    n = struct.unpack("<I", tail[:4])[0]
+    if n + PARQUET_TAIL + 4 > size:
+        raise ShardFormatError(f"{url}: its footer claims {n} bytes of a {size}-byte file")
+    footer = fetcher.ranges(url, [(size - PARQUET_TAIL - n, size - PARQUET_TAIL)],
+                            "footers")[0]
+    try:
+        # The footer alone, framed as a file: Parquet then reads only the column chunks
+        # asked for, never its usual 64 KiB speculative tail.
+        meta = pq.read_metadata(io.BytesIO(b"PAR1" + footer + tail))
+        pf = pq.ParquetFile(_RangeFile(fetcher, url, size), metadata=meta, pre_buffer=False)
+    except (pa.ArrowException, OSError) as e:
+        raise ShardFormatError(f"{url}: unreadable Parquet footer ({e})") from None
+    info = check_footer(url, pf)
+    if (info.documents, info.source) != (entry.documents, source):
+        raise ShardFormatError(f"{url}: its footer says {info.source!r}, {info.documents} "
+                               f"documents; the manifest says {source!r}, {entry.documents}")
+    starts = np.concatenate([[0], np.cumsum(info.row_group_rows)]).astype(np.int64)
+    groups: dict[int, list[int]] = {}
+    for r in rows:
+        groups.setdefault(int(np.searchsorted(starts, r, side="right")) - 1, []).append(r)
+    toks: dict[int, np.ndarray] = {}
+    ids: dict[int, str | None] = {}
+    for g, members in groups.items():
+        try:
+            # one small row group: Arrow's threads cost more than they save (and see
+            # shardreader.py on Arrow threads releasing Python-owned buffers at exit)
+            t = pf.read_row_group(g, columns=["tokens", "doc_id"], use_threads=False)
+        except (pa.ArrowException, OSError) as e:
+            raise ShardFormatError(f"{url}: row group {g} is unreadable ({e})") from None
+        values, offsets = list_parts(t.column("tokens"), url)
+        doc_ids = t.column("doc_id").to_pylist()
+        for r in members:
+            i = r - int(starts[g])
+            toks[r] = values[offsets[i]:offsets[i + 1]].copy()
+            ids[r] = doc_ids[i]
+    return [toks[r] for r in rows], [ids[r] for r in rows]
+
+
+class _CountedView(MixView):
+    """The stream's view of the mix, reading lengths files through the fetcher (whole,
+    checked against the manifest's sha256 and document count, kept for the process)."""
+
+    def __init__(self, mix_url: str, summary: dict, fetcher: Fetcher) -> None:
+        super().__init__(mix_url, summary)
+        self.fetcher = fetcher
+        self.loaded: dict[tuple[int, int], np.ndarray] = {}
+
+    def lengths(self, source: int, shard: int) -> np.ndarray:
+        from open1b_data.build.shards import parse_lengths
+
+        key = (source, shard)
+        if key not in self.loaded:
+            sv = self.sources[source]
+            url = self.url(sv.lengths_paths[shard])
+            raw = self.fetcher.whole(url, "lengths")
+            digest = hashlib.sha256(raw).hexdigest()
+            if digest != sv.lengths_sha256[shard]:
+                raise ManifestError(f"lengths file {url} has sha256 {digest}, the manifest "
+                                    f"says {sv.lengths_sha256[shard]}; the mix changed since "
+                                    f"it was built - run `open1b-data verify` on it")
+            self.loaded[key] = parse_lengths(raw, url, sv.shard_documents[shard])
+        return self.loaded[key]
+
+
+@dataclass(frozen=True)
+class StepData:
+    """One step's windows, rebuilt from proved documents, and what it cost to get them."""
+
+    mix: str
+    name: str
+    fingerprint: str
+    step: int
+    windows: tuple[int, ...]
+    window_sha256: tuple[str, ...]
+    tokens: np.ndarray                  # uint32 [windows, window tokens]
+    data_digest: str
+    documents: tuple                    # stream.proof.ProvedDocument, in order of use
+    shards: int
+    bytes_fetched: dict
+    requests: int
+    mix_bytes: int
+
+    def to_dict(self, with_documents: bool = False) -> dict:
+        total = self.bytes_fetched["total"]
+        out = {"mix": self.mix, "name": self.name, "fingerprint": self.fingerprint,
+               "step": self.step, "window_tokens": int(self.tokens.shape[1]),
+               "windows": [{"window": m, "sha256": h}
+                           for m, h in zip(self.windows, self.window_sha256)],
+               "data_digest": self.data_digest, "documents": len(self.documents),
+               "shards": self.shards, "verified": True,
+               "bytes_fetched": dict(self.bytes_fetched), "requests": self.requests,
+               "mix_bytes": self.mix_bytes,
+               "fraction": total / self.mix_bytes if self.mix_bytes else None}
+        if with_documents:
+            out["proved_documents"] = [d.to_dict() for d in self.documents]
+        return out
+
+
+def fetch_step(mix_url: str, step: int) -> StepData:
+    """Fetch, prove and rebuild the windows of ``step`` (module docstring)."""
+    from open1b_data.stream.plan import StreamPlan
+    from open1b_data.stream.proof import Placement, prove_documents, rebuild_windows
+    from open1b_data.stream.schedule import Schedule
+    from open1b_data.stream.windows import window_sha256
+    from open1b_train.statehash import data_digest
+
+    fetcher = Fetcher()
+    url, raw = read_manifest_bytes(mix_url)
+    fetcher._count("manifest", len(raw), 1)
+    manifest = parse_manifest(raw, url)     # recomputes the fingerprint
+    root = url[: -len("/manifest.json")]
+    view = _CountedView(root, summary_of(manifest), fetcher)
+    info = Schedule.from_definition(view.definition).step(step)
+    a, b = info.first_window, info.first_window + info.batch_sequences
+    segs = StreamPlan(view).segments_range(a, b)
+    names = view.names
+    keys = [(names[s], h, d) for s, h, d in zip(segs.source.tolist(), segs.shard.tolist(),
+                                                 segs.doc.tolist())]
+
+    def rows(source: str, shard: int, shard_url: str, entry: ShardEntry, docs: list[int]):
+        return read_rows_remote(fetcher, shard_url, entry, source, docs)
+
+    def ranges(tree_url: str, spans: list[tuple[int, int]]) -> list[bytes]:
+        return fetcher.ranges(tree_url, spans, "proofs")
+
+    proved = prove_documents(root, manifest, keys, rows, ranges)
+    docs = {d.key: d.tokens for d in proved}
+    placements = [Placement(m - a, o, k, s0, n) for m, o, k, s0, n in zip(
+        segs.window.tolist(), segs.window_offset.tolist(), keys, segs.doc_start.tolist(),
+        segs.length.tolist())]
+    tokens = rebuild_windows(placements, docs, b - a, view.window, view.eot_id)
+    shas = tuple(window_sha256(t) for t in tokens)
+    windows = tuple(range(a, b))
+    fetched = dict(sorted(fetcher.bytes.items()))
+    fetched["total"] = sum(fetcher.bytes.values())
+    return StepData(
+        mix=root, name=manifest.name, fingerprint=manifest.fingerprint, step=step,
+        windows=windows, window_sha256=shas, tokens=tokens,
+        data_digest=data_digest(windows, [bytes.fromhex(h) for h in shas]),
+        documents=tuple(proved), shards=len({(d.source, d.shard) for d in proved}),
+        bytes_fetched=fetched, requests=sum(fetcher.requests.values()),
+        mix_bytes=sum(sh.bytes for _, sh in manifest.shards()))
+
+
+def write_step(data: StepData, out: str) -> list[str]:
+    """``<out>/windows.npy`` (uint32 [windows, window tokens]) and ``<out>/step.json`` (the
+    report with every proved document, its tokens and proof), each written atomically."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(data.tokens, dtype="<u4"), allow_pickle=False)
+    npy, rep = join(out, "windows.npy"), join(out, "step.json")
+    atomic_write_bytes(npy, buf.getvalue())
+    atomic_write_bytes(rep, (json.dumps(data.to_dict(with_documents=True), indent=1)
+                             + "\n").encode())
+    return [npy, rep]
