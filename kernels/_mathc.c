@@ -4,7 +4,8 @@
  * step for step); these loops evaluate exactly the same float32 operations in the same
  * order, so they give the same bits - tests/kernels/test_mathc.py compares them on every
  * class of input (normals, subnormals, zeros, infinities, NaN, the clamp edges). They only
- * remove torch's cost of one full pass per operation (~30 passes for exp).
+ * remove torch's cost of one full pass per operation (~30 passes for exp). It also holds
+ * the integer row slicer of kernels.lmhead (bit operations only: exact in any order).
  *
  * Exactness rules this file relies on (and setup.py enforces with its flags):
  *   - every float expression is evaluated in float32 (x86-64 SSE / AArch64: no excess
@@ -128,7 +129,69 @@ static inline float log1(float x) {
 UNARY(exp, exp1)
 UNARY(log, log1)
 
+/* kernels.lmhead's slicer (slice_rows_cpu): integer and bit operations only, so any
+ * evaluation order gives the same result. Rows r0 .. r1-1 of a row-major (R, K) operand,
+ * float32 or bf16 bits; out int8 (S, R, K); exps int32 (R). */
+CLONES static void slice_loop(const void *src, int is_bf16, Py_ssize_t R, Py_ssize_t K,
+                              int S, Py_ssize_t r0, Py_ssize_t r1, int8_t *out,
+                              int32_t *exps) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        int32_t eb = 1;
+        for (Py_ssize_t k = 0; k < K; k++) {
+            uint32_t b = is_bf16 ? ((uint32_t)((const uint16_t *)src)[r * K + k] << 16)
+                                 : ((const uint32_t *)src)[r * K + k];
+            int32_t ef = (int32_t)((b >> 23) & 0xFF);
+            int32_t e = ef < 1 ? 1 : ef;
+            eb = e > eb ? e : eb;
+        }
+        exps[r] = eb;
+        for (Py_ssize_t k = 0; k < K; k++) {
+            uint32_t b = is_bf16 ? ((uint32_t)((const uint16_t *)src)[r * K + k] << 16)
+                                 : ((const uint32_t *)src)[r * K + k];
+            int32_t ef = (int32_t)((b >> 23) & 0xFF);
+            int32_t man = (int32_t)(b & 0x7FFFFF) | ((ef != 0) << 23);
+            int32_t e = ef < 1 ? 1 : ef;
+            int32_t sh = eb - e + (24 - 7 * S);
+            sh = sh > 31 ? 31 : sh;
+            int32_t mag = man >> sh;
+            int32_t neg = -(int32_t)(b >> 31);           /* -1 for negative, else 0 */
+            for (int i = 0; i < S; i++) {
+                int32_t part = (mag >> (7 * (S - 1 - i))) & 127;
+                out[(Py_ssize_t)i * R * K + r * K + k] = (int8_t)((part ^ neg) - neg);
+            }
+        }
+    }
+}
+
+static PyObject *py_slice_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer src, out, exps;
+    Py_ssize_t R, K, r0, r1;
+    int is_bf16, S;
+    if (!PyArg_ParseTuple(args, "y*pnniw*w*nn", &src, &is_bf16, &R, &K, &S, &out, &exps,
+                          &r0, &r1))
+        return NULL;
+    int ok = S >= 1 && S <= 4 && R >= 0 && K >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R &&
+             src.len == R * K * (is_bf16 ? 2 : 4) && out.len == (Py_ssize_t)S * R * K &&
+             exps.len == R * 4;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        slice_loop(src.buf, is_bf16, R, K, S, r0, r1, (int8_t *)out.buf, (int32_t *)exps.buf);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&exps);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "slice_rows: inconsistent shapes or buffer sizes");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"slice_rows", py_slice_rows, METH_VARARGS,
+     "slice_rows(src, is_bf16, R, K, S, out, exps, r0, r1): kernels.lmhead's row slicer."},
     {"exp", py_exp, METH_VARARGS, "exp(src, dst): mathfn.exp of float32 src into dst."},
     {"log", py_log, METH_VARARGS, "log(src, dst): mathfn.log of float32 src into dst."},
     {NULL, NULL, 0, NULL},

@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import torch
 
+from kernels import mathc
 from kernels.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
-from kernels.int8_gemm import bf16_operand, exact_int_mm_cpu
+from kernels.int8_gemm import SGEMM_K, bf16_operand
 from kernels.registry import Cost, GpuCheck, scaled, seeded_generator
 
 if HAVE_TRITON:
@@ -58,6 +59,7 @@ K_CHUNK = 32_768  # int32 level accumulators flushed into int64 this often
 MAX_K = 11_000_000  # K * 3 * 127^2 * (2^14 + 2^7 + 1) < 2^53: T exact in float64
 CPU_K_CHUNK = 65_536  # one torch._int_mm pair: 65,536 * 127^2 < 2^31
 CPU_SLICE_ELEMS = 1 << 22  # elements per row block of the CPU slicer (bounds temporaries)
+ROW_BLOCK, COL_BLOCK = 1024, 512  # CPU output blocks: the float64 accumulators (4 MB) in cache
 
 # Three int32 level accumulators plus the int64 total live in registers: a 128 x 64 tile
 # over 8 warps keeps that near 160 registers per thread (128 x 128 would spill). Untuned:
@@ -75,7 +77,11 @@ def exp_bias(slices: int) -> int:
 
 
 def slice_rows_cpu(x: torch.Tensor, slices: int = SLICES) -> tuple[torch.Tensor, torch.Tensor]:
-    """(R, K) float -> (int8 slices (S, R, K), row exponents E (R,) int32); see step 1."""
+    """(R, K) float -> (int8 slices (S, R, K), row exponents E (R,) int32); see step 1.
+    Integer and bit operations only; ``kernels.mathc`` runs the same loop compiled."""
+    fast = mathc.slice_rows(x, slices)
+    if fast is not None:
+        return fast
     r, k = x.shape
     out = torch.empty((slices, r, k), dtype=torch.int8)
     big = torch.ones((r,), dtype=torch.int32)
@@ -114,27 +120,58 @@ def combine_cpu(t: torch.Tensor, ea: torch.Tensor, eb: torch.Tensor,
     return torch.where(bad, torch.full_like(y, float("nan")), y)
 
 
+def _levels(slices: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """(level L, its slice pairs (i, j) with i + j = L) for L = 2 .. S + 1."""
+    return [(lvl, [(i, lvl - i) for i in range(1, lvl) if i <= slices and lvl - i <= slices])
+            for lvl in range(2, slices + 2)]
+
+
 def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torch.Tensor:
-    """CPU reference of ``ozaki_mm``: exact integer GEMMs (``exact_int_mm_cpu``)."""
+    """CPU reference of ``ozaki_mm``: T of step 2 computed exactly, then ``combine_cpu``'s
+    rounding, blocked so the temporaries stay small.
+
+    A level's pairs are one float32 GEMM of the slices concatenated along K (so
+    ``a_i . b_j + a_i' . b_j'`` is one product), cut into contraction chunks of SGEMM_K:
+    every partial sum is an integer below 2^24, exact in float32 whatever the BLAS's order.
+    The chunks and levels add in float64, exact because every value is an integer below
+    2^53 (MAX_K). ``fp32(T * 2^(Ea - bias_a) * 2^(Eb - bias_b))`` then equals
+    ``combine_cpu``'s ``fp32(float64(T) * 2^(Ea + Eb - bias))``: the power-of-two multiplies
+    are exact in float64, and one rounding to float32 follows. Output blocks of ROW_BLOCK x
+    COL_BLOCK keep the float64 accumulators in cache."""
     _check(a, b, slices)
     sa, ea = slice_rows_cpu(a, slices)
     sb, eb = slice_rows_cpu(b, slices)
     r, k = a.shape
     c = b.shape[0]
-    t = torch.zeros((r, c), dtype=torch.int64)
-    if r and c and k:
-        for lvl in range(2, slices + 2):  # levels L = i + j <= S + 1, weight 2^(7(S+1-L))
-            acc = torch.zeros((r, c), dtype=torch.int64)
-            for i in range(1, lvl):
-                j = lvl - i
-                if i > slices or j > slices:
-                    continue
-                for k0 in range(0, k, CPU_K_CHUNK):
-                    ai = sa[i - 1][:, k0:k0 + CPU_K_CHUNK]
-                    bj = sb[j - 1][:, k0:k0 + CPU_K_CHUNK]
-                    acc += exact_int_mm_cpu(ai, bj).to(torch.int64)
-            t += acc << (7 * (slices + 1 - lvl))
-    return combine_cpu(t, ea, eb, slices)
+    out = torch.empty((r, c), dtype=torch.float32)
+    if not (r and c):
+        return out
+    if not k:
+        return combine_cpu(torch.zeros((r, c), dtype=torch.int64), ea, eb, slices)
+    levels = _levels(slices)
+    bias = exp_bias(slices)
+    rowf = _pow2_f64(ea)                                 # 2^Ea, exact
+    colf = _pow2_f64(eb - bias)                          # 2^(Eb - bias), exact
+    for r0 in range(0, r, ROW_BLOCK):
+        a_lv = [torch.cat([sa[i - 1][r0:r0 + ROW_BLOCK] for i, _ in pairs], 1).to(torch.float32)
+                for _, pairs in levels]
+        for c0 in range(0, c, COL_BLOCK):
+            t = None
+            for (lvl, pairs), al in zip(levels, a_lv):
+                bl = torch.cat([sb[j - 1][c0:c0 + COL_BLOCK] for _, j in pairs], 1
+                               ).to(torch.float32)
+                acc = None
+                for k0 in range(0, al.shape[1], SGEMM_K):
+                    part = torch.mm(al[:, k0:k0 + SGEMM_K], bl[:, k0:k0 + SGEMM_K].t())
+                    acc = part.to(torch.float64) if acc is None else acc.add_(part)
+                acc.mul_(float(1 << (7 * (slices + 1 - lvl))))
+                t = acc if t is None else t.add_(acc)
+            t.mul_(rowf[r0:r0 + ROW_BLOCK, None]).mul_(colf[None, c0:c0 + COL_BLOCK])
+            out[r0:r0 + ROW_BLOCK, c0:c0 + COL_BLOCK] = t
+    bad_r, bad_c = ea == 255, eb == 255
+    if bool(bad_r.any()) or bool(bad_c.any()):
+        out[bad_r[:, None] | bad_c[None, :]] = float("nan")
+    return out
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, slices: int) -> None:

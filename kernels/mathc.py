@@ -1,4 +1,5 @@
-"""Compiled CPU loops for ``kernels.mathfn``'s exp and log: the same bits, ~15x faster.
+"""Compiled CPU loops for ``kernels.mathfn``'s exp and log (the same bits, ~15x faster)
+and for ``kernels.lmhead``'s row slicer (integer operations: the same result).
 
 ``kernels/_mathc.c`` evaluates exactly the float32 operations of ``mathfn._exp`` /
 ``mathfn._log`` in the same order (its build flags forbid fused multiply-add contraction
@@ -38,6 +39,34 @@ def _pool(n: int) -> ThreadPoolExecutor:
     if _POOL is None or _POOL._max_workers < n:
         _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="open1b-mathc")
     return _POOL
+
+
+def _parallel(fn, n: int) -> None:
+    """``fn(lo, hi)`` over [0, n) in one contiguous piece per torch intra-op thread."""
+    threads = min(torch.get_num_threads(), max(1, n // 64))
+    if threads <= 1:
+        fn(0, n)
+        return
+    step = -(-n // threads)
+    cuts = [(i, min(i + step, n)) for i in range(0, n, step)]
+    list(_pool(len(cuts)).map(lambda c: fn(*c), cuts))
+
+
+def slice_rows(x: torch.Tensor, slices: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``kernels.lmhead.slice_rows_cpu`` by the compiled loop (integer operations only, so
+    the same result), or None when the loop is unavailable."""
+    if not available() or x.device.type != "cpu" or x.dtype not in (torch.float32,
+                                                                    torch.bfloat16):
+        return None
+    r, k = x.shape
+    src = x.contiguous()
+    bits = src.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
+    out = torch.empty((slices, r, k), dtype=torch.int8)
+    exps = torch.empty((r,), dtype=torch.int32)
+    a, o, e = bits.reshape(-1).numpy(), out.reshape(-1).numpy(), exps.numpy()
+    _parallel(lambda lo, hi: _mathc.slice_rows(a, x.dtype == torch.bfloat16, r, k, slices,
+                                               o, e, lo, hi), r)
+    return out, exps
 
 
 def apply(name: str, x: torch.Tensor) -> torch.Tensor | None:

@@ -42,3 +42,23 @@ def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv("OPEN1B_MATHC", "0")
     assert mathc.apply("exp", torch.ones(3)) is None
     assert torch.equal(mathfn.exp(torch.zeros(3)), torch.ones(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slices", [2, 3])
+def test_compiled_slicer_equals_the_torch_slicer(dtype, slices, monkeypatch):
+    from kernels import lmhead
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(67, 301, generator=g) * 10.0 ** torch.randint(-35, 35, (67, 301),
+                                                                   generator=g).float()
+    x[3, 4], x[5, :] = float("inf"), 0.0                 # a non-finite row, a zero row
+    x[7, 9] = 1e-40                                      # a subnormal
+    x = x.to(dtype)
+    got = mathc.slice_rows(x, slices)
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want = lmhead.slice_rows_cpu(x, slices)
+    assert got is not None and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    monkeypatch.setenv("OPEN1B_MATHC", "1")
+    t = mathc.slice_rows(x.t(), slices)                  # a transposed view: same as its copy
+    assert torch.equal(t[0], mathc.slice_rows(x.t().contiguous(), slices)[0])
