@@ -9,7 +9,11 @@ On the demo corpus, interleaved ``--repeat`` times:
                   lengths and tree files;
   3. writer then - ``ShardWriter`` of ``--baseline REV`` (``git show``; default the commit
                   before trees) writing the same documents (Parquet and lengths only);
-  4. trees alone - the leaf hashes, levels and encoding of every shard's tree, in memory.
+  4. trees alone - the leaf hashes, levels and encoding of every shard's tree, in memory;
+  5. opening a mix - ``parse_manifest`` of the synthetic Open-1B-scale manifest
+                  (``--synthetic``, written by ``benchmarks/stream_scale.py``; skipped when
+                  absent) as it is and with a ``merkle`` entry added to every shard, side
+                  by side: the cost of three more fields per shard entry.
 The build's slowdown is (2) - (3) against (1): the median of the per-round differences
 (each round runs both writers back to back, in alternating order, so a burst of load or
 the aftermath of the pipeline run hits both alike). Writes
@@ -90,10 +94,41 @@ def trees_alone(docs: dict[str, list], spec) -> float:
     return time.perf_counter() - t0
 
 
+def manifest_cost(path: str, repeat: int) -> tuple[int, int, int, float, float] | None:
+    """(shards, bytes without trees, bytes with, median s without, median s with)."""
+    import json
+
+    from open1b_data.build import manifest as mf
+
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        plain = f.read()
+    d = json.loads(plain)
+    shards = 0
+    for s in d["sources"]:
+        for sh in s["shards"]:
+            sh["merkle"] = {"root": "a" * 64, "sha256": "b" * 64,
+                            "path": sh["path"].removesuffix(".parquet") + ".merkle"}
+            shards += 1
+    d["fingerprint"] = mf.fingerprint(d)
+    trees = (json.dumps(d, indent=1) + "\n").encode()
+    runs: dict[bytes, list[float]] = {plain: [], trees: []}
+    for _ in range(repeat):
+        for raw in runs:
+            t0 = time.perf_counter()
+            mf.parse_manifest(raw, path)
+            runs[raw].append(time.perf_counter() - t0)
+    return (shards, len(plain), len(trees), statistics.median(runs[plain]),
+            statistics.median(runs[trees]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7, help="interleaved runs; medians kept")
     ap.add_argument("--baseline", default=BASELINE, help="git revision of the old writer")
+    ap.add_argument("--synthetic", default=os.path.join(
+        ROOT, "benchmarks", "out", "open1b-synthetic", "manifest.json"))
     ap.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "results-merkle.md"))
     args = ap.parse_args()
 
@@ -122,6 +157,7 @@ def main() -> None:
                 with open(f"{tmp}/now/dclm-baseline/{name}", "rb") as a, \
                         open(f"{tmp}/then/dclm-baseline/{name}", "rb") as b:
                     assert a.read() == b.read(), name
+        opening = manifest_cost(args.synthetic, 2 * args.repeat + 1)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -150,6 +186,13 @@ def main() -> None:
         f"{extra * 1e3:.1f} ms = {extra / build:+.2%} of the pipeline**; the trees' own work is "
         f"{med['trees'] / build:.2%} of the build ({med['trees'] / result.tokens * 1e9:.1f} "
         f"ns per token, {med['trees'] / n_docs * 1e6:.1f} us per document)", ""]
+    if opening is not None:
+        shards, a, b, ta, tb = opening
+        text += [f"- opening a mix: `parse_manifest` of the synthetic Open-1B-scale manifest "
+                 f"({shards:,} shards), median of {2 * args.repeat + 1} interleaved: "
+                 f"{ta * 1e3:.1f} ms as built without trees ({a / 1e6:.2f} MB, the anchor), "
+                 f"**{tb * 1e3:.1f} ms with a tree entry per shard ({b / 1e6:.2f} MB, "
+                 f"{tb / ta:.2f}x)**", ""]
     with open(args.results, "w") as f:
         f.write("\n".join(text))
     print("\n".join(text))
