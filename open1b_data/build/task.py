@@ -3,11 +3,12 @@
 Contract: ``build_input(job)`` reads input ``job.index`` of ``job.source`` through the
 source's reader (which applies the filters and turns every bad record into a ``Dropped``),
 encodes the kept documents with the fast encoder in batches, writes
-``<source>/shard-<index:05d>-<k:05d>.parquet`` (+ ``.lengths.npy``) through ``ShardWriter``
-and, LAST, the marker ``_work/inputs/<source>/<index:05d>.json``. Its output depends only on
-the input and the tokenizer - never on which process or machine runs it, or when - which
-is what makes builds byte-identical across worker counts and task splits and lets a rerun
-skip any input whose marker matches (``valid_marker``).
+``<source>/shard-<index:05d>-<k:05d>.parquet`` (+ ``.lengths.npy``, ``.merkle``) through
+``ShardWriter`` and, LAST, the marker ``_work/inputs/<source>/<index:05d>.json``. Its output
+depends only on the input and the tokenizer - never on which process or machine runs it,
+or when - which is what makes builds byte-identical across worker counts and task splits
+and lets a rerun skip any input whose marker matches (``valid_marker``; a marker from
+before shards had Merkle trees does not match, so that input is built again).
 
 Before the marker is written, every shard is checked: a deterministic uniform sample of its
 documents (``sample_size``: 1% of them, between 1 and 64) is encoded by the reference HF

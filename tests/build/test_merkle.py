@@ -316,3 +316,25 @@ def test_stream_at_proof_refuses_a_mix_built_before_trees(built, tmp_path):
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and "built before shards had trees" in lines[0] \
         and "rebuild" in lines[0], res.output
+
+
+def test_a_rerun_rebuilds_inputs_whose_marker_predates_trees(built, tmp_path):
+    """A build interrupted before trees existed, resumed now: its old markers do not count,
+    so no shard of the merged mix lacks a tree (and the mix is the one built fresh)."""
+    from open1b_data.build.definition import load_mix
+    from open1b_data.build.pipeline import BuildOptions, build_mix
+
+    out = tmp_path / "built"
+    shutil.copytree(built, out)
+    markers = sorted((out / "_work" / "inputs").rglob("*.json"))
+    for path in markers:
+        m = json.loads(path.read_text())
+        for sh in m["shards"]:
+            sh.pop("merkle")
+        path.write_text(json.dumps(m))
+    (out / "manifest.json").unlink()
+    res = build_mix(load_mix(Path(built).parent / "small.toml"), str(out),
+                    BuildOptions(workers=1, progress=False))
+    assert res.inputs_built == len(markers) and res.inputs_skipped == 0
+    assert res.fingerprint == mf.load_manifest(built).fingerprint
+    assert all(sh.merkle is not None for _, sh in res.manifest.shards())
