@@ -37,11 +37,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from open1b_data.build.manifest import ShardEntry, parse_manifest, read_manifest_bytes
+from open1b_data.build.manifest import (ShardEntry, _mix_root, parse_manifest,
+                                       read_manifest_bytes)
 from open1b_data.errors import ManifestError, ShardFormatError
 from open1b_data.storage import atomic_write_bytes, join, url_to_fs
 from open1b_data.storage_errors import failures
 from open1b_data.stream.mixview import MixView, summary_of
+from open1b_data.stream.proof import ProvedDocument
 
 PARQUET_TAIL = 8      # footer length (u32 LE) + b"PAR1"
 
@@ -57,7 +59,7 @@ class Fetcher:
         from open1b_data.storage import read_bytes
 
         data = read_bytes(url)
-        self._count(what, len(data), 1)
+        self.count(what, len(data), 1)
         return data
 
     def size(self, url: str) -> int:
@@ -72,10 +74,10 @@ class Fetcher:
             fs, path = url_to_fs(url)
             blobs = fs.cat_ranges([path] * len(ranges), [a for a, _ in ranges],
                                   [b for _, b in ranges], on_error="raise")
-        self._count(what, sum(len(b) for b in blobs), len(ranges))
+        self.count(what, sum(len(b) for b in blobs), len(ranges))
         return blobs
 
-    def _count(self, what: str, nbytes: int, requests: int) -> None:
+    def count(self, what: str, nbytes: int, requests: int) -> None:
         self.bytes[what] += nbytes
         self.requests[what] += requests
 
@@ -206,7 +208,7 @@ class StepData:
     window_sha256: tuple[str, ...]
     tokens: np.ndarray                  # uint32 [windows, window tokens]
     data_digest: str
-    documents: tuple                    # stream.proof.ProvedDocument, in order of use
+    documents: tuple[ProvedDocument, ...]   # in order of first use
     shards: int
     bytes_fetched: dict
     requests: int
@@ -238,9 +240,9 @@ def fetch_step(mix_url: str, step: int) -> StepData:
 
     fetcher = Fetcher()
     url, raw = read_manifest_bytes(mix_url)
-    fetcher._count("manifest", len(raw), 1)
+    fetcher.count("manifest", len(raw), 1)
     manifest = parse_manifest(raw, url)     # recomputes the fingerprint
-    root = url[: -len("/manifest.json")]
+    root = _mix_root(mix_url)
     view = _CountedView(root, summary_of(manifest), fetcher)
     info = Schedule.from_definition(view.definition).step(step)
     a, b = info.first_window, info.first_window + info.batch_sequences
