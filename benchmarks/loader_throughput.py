@@ -1,17 +1,23 @@
 """Loader throughput from local shards vs a raw sequential read of the same shard files.
 
-What it measures (same process, same files, same run):
-  raw    - every token shard read front to back with pyarrow (``tokens`` column decoded to
-           one flat uint32 numpy array per shard): the floor cost of getting tokens off disk.
+What it measures (same process, same files, same run, alternating):
+  raw    - every token shard read front to back the way a plain user would:
+           ``pyarrow.parquet.read_table(path, columns=["tokens"])`` (Arrow's defaults,
+           threads on), the column flattened to one uint32 numpy array per shard. The floor
+           cost of getting tokens off disk; no check, no plan, no packing.
   loader - ``StreamLoader(rank 0 of 1)`` yielding int64 ``input_ids``/``labels`` micro-batches
-           (plan + shard decode + window assembly + tensor conversion, prefetch thread on)
-           until it has delivered as many tokens as the raw side read.
+           (every shard's bytes hashed and checked against the manifest's sha256, plan, shard
+           decode, window assembly, tensor conversion; its threads on) until it has
+           delivered as many tokens as the raw side read.
 Both sides cover ``--passes`` (3) times the mix's tokens: the raw side reads every shard that
 often, the loader runs through ~3 epochs of every source, decoding each shard about once
 per epoch (whole-shard cache) - the steady state of training.
 Tokens count 4,097 per window (what the stream delivers). Both are reported per wall second
 and per CPU second of the process (``time.process_time``: all threads, i.e. per core busy).
-Goals (issue 3): loader >= 5M tokens/s per core and >= 0.5x the raw read.
+The 1-minute load average is printed before, between and after the two sides: figures
+taken while other jobs share the cores say less (both sides lose CPU, and the scheduler
+shares it per thread, so the multi-threaded loader loses less than the anchor). Goal: loader
+>= 0.5x the raw read in tokens per wall second, with the check on, on an idle machine.
 
 Run:  .venv/bin/python benchmarks/loader_throughput.py [--tokens 60e6] [--out DIR]
 Results go to benchmarks/results-loader.md (written by hand from this script's output).
@@ -19,6 +25,7 @@ Results go to benchmarks/results-loader.md (written by hand from this script's o
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -95,17 +102,26 @@ def main() -> None:
         t = time.perf_counter()
         build(out, args.tokens)
         print(json.dumps({"stage": "write mix", "seconds": round(time.perf_counter() - t, 1)}))
+    import pyarrow
+    import torch
+
     info = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "numpy": np.__version__,
+            "pyarrow": pyarrow.__version__, "torch": torch.__version__}
     print(json.dumps(info))
     raw_read(StreamPlan.open(out))         # warm the page cache: both sides read warm files
     runs = []
     for i in range(args.repeat):
         plan = StreamPlan.open(out)
+        load = [os.getloadavg()[0]]
         n_raw, w_raw, c_raw = raw_read(plan, args.passes)
+        load.append(os.getloadavg()[0])
         windows = n_raw // WINDOW               # the loader delivers the same token count
         n_ld, w_ld, c_ld = loader_read(StreamPlan.open(out), windows)
-        rep = {"run": i, "raw_tokens": n_raw, "raw_Mtok_per_s": n_raw / w_raw / 1e6,
+        load.append(os.getloadavg()[0])
+        rep = {"run": i, "utc": datetime.datetime.now(datetime.timezone.utc).strftime(
+                   "%Y-%m-%d %H:%M"), "load1_before_raw_loader_after": load,
+               "raw_tokens": n_raw, "raw_Mtok_per_s": n_raw / w_raw / 1e6,
                "raw_Mtok_per_cpu_s": n_raw / c_raw / 1e6, "loader_tokens": n_ld,
                "loader_Mtok_per_s": n_ld / w_ld / 1e6,
                "loader_Mtok_per_cpu_s": n_ld / c_ld / 1e6,
