@@ -26,7 +26,8 @@ from open1b_train import runlog, statehash
 from tests.build.test_merkle import rewrite_shard, strip_roots
 from tests.build.test_s3 import s3_endpoint  # noqa: F401  (the loopback S3 server)
 
-STEPS = (1, 70, 140)     # one step in each phase of the demo schedule (8, 16, 32 windows)
+STEPS = (1, 70, 140)
+BUCKET = "fetch-step-test"     # one step in each phase of the demo schedule (8, 16, 32 windows)
 
 
 @pytest.fixture(scope="module")
@@ -172,9 +173,17 @@ def test_fetch_step_over_s3_reads_little_and_refuses_a_tampered_shard(demo, s3_e
     import s3fs
 
     fs = s3fs.S3FileSystem(endpoint_url=s3_endpoint, skip_instance_cache=True)
-    fs.mkdir("mixes")
-    fs.put(str(_copy(demo, tmp_path / "up")) + "/", "mixes/demo/", recursive=True)
-    url = "s3://mixes/demo"
+    # moto keeps its buckets in process-wide state, across servers: a bucket of our own,
+    # removed at the end, so later S3 tests in this process start from an empty store
+    fs.mkdir(BUCKET)
+    try:
+        _over_s3(fs, f"s3://{BUCKET}/demo", demo, tmp_path)
+    finally:
+        fs.rm(BUCKET, recursive=True)
+
+
+def _over_s3(fs, url: str, demo: str, tmp_path: Path) -> None:
+    fs.put(str(_copy(demo, tmp_path / "up")) + "/", f"{url[5:]}/", recursive=True)
     step = 70
     res = CliRunner().invoke(audit_cli, ["fetch-step", url, "--step", str(step), "--json"])
     assert res.exit_code == 0, res.output
@@ -193,7 +202,7 @@ def test_fetch_step_over_s3_reads_little_and_refuses_a_tampered_shard(demo, s3_e
     victim = next(d for d in local.documents if d.tokens.size)
     rewrite_shard(f"{demo}/{victim.shard_path}", str(tmp_path / "tampered.parquet"),
                   victim.row)
-    fs.put_file(str(tmp_path / "tampered.parquet"), f"mixes/demo/{victim.shard_path}")
+    fs.put_file(str(tmp_path / "tampered.parquet"), f"{url[5:]}/{victim.shard_path}")
     res = CliRunner().invoke(audit_cli, ["fetch-step", url, "--step", str(step), "--json"])
     assert res.exit_code == 1
     lines = res.output.strip().splitlines()
