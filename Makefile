@@ -43,8 +43,11 @@ demo: $(RUNTIME)
 	$(BIN)/open1b-data build-mix
 	@echo "==> the tokens rank 0 of 2 reads at step 1, decoded"
 	$(BIN)/open1b-data stream-at build/demo-mix --step 1 --rank 0 --world 2 --decode
-# ---- training demo: `open1b-train` goes here (it needs torch, already a runtime dependency,
-# ---- so it adds nothing to the install above)
+	@echo "==> training the demo preset for 24 steps on the demo mix (every step hashed; ~2 min)"
+	$(BIN)/open1b-train run --preset demo --mix build/demo-mix --steps 24 --out build/demo-run
+	$(BIN)/open1b-train plot build/demo-run
+	@echo "==> check a step as an auditor would: replay step 24 from its checkpoint"
+	$(BIN)/open1b-audit replay build/demo-run --step 24
 
 test: $(TESTDEPS)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not gpu" --timeout=900
