@@ -8,12 +8,14 @@ S slices of whole parameters (``Layout.shards``); virtual rank (r, s) receives s
 every shard's gradient (an all-to-all: pure data movement) and sums the S contributions in
 ascending shard order, ``p = g_0; p = p + g_1; ...``, then multiplies by fp32(1/S).
 
-``all_reduce`` - over the R replicas, for each slice: recursive doubling (the butterfly)
-inside each power-of-two block of replicas (``treefold.blocks``: R written as powers of
-two, largest first), where at level l replica r exchanges its partial with r XOR 2^l and
-both compute ``lower + upper`` (the lower replica on the left, so both hold the same bits);
-then every replica receives each other block's result and folds the blocks left to right,
-largest (lowest) first, and multiplies by fp32(1/R). That is exactly ``TreeFold.result()``.
+``all_reduce`` - over the R replicas, for each slice: the butterfly inside each
+power-of-two block of replicas (``treefold.blocks``: R written as powers of two, largest
+first), where at level l replica r pairs with r XOR 2^l and the sum is ``lower + upper``
+(the lower replica on the left) - run as recursive halving then recursive doubling, so a
+replica moves and adds only the part of the vector it keeps at each level (ring-like
+traffic), with exactly the per-element tree of exchanging whole partials; then every
+replica receives each other block's result and folds the blocks left to right, largest
+(lowest) first, and multiplies by fp32(1/R). That is exactly ``TreeFold.result()``.
 
 ``reduce_scatter_reference`` / ``all_reduce_reference`` compute the same on one process,
 sequentially, for tests.
@@ -66,21 +68,8 @@ def all_reduce(parts: Mapping[int, torch.Tensor], ex: Exchange) -> dict[int, tor
         return torch.empty_like(shape[pl.shard(dst)])
 
     for start, size in blocks(R):
-        level = 1
-        while level < size:                        # recursive doubling inside the block
-            msgs = [(pl.vrank(r, s), pl.vrank(start + ((r - start) ^ level), s))
-                    for s in range(S) for r in range(start, start + size)]
-            got = ex.run(msgs, lambda src, dst: cur[src], like)
-            nxt = {}
-            for v in pl.local:
-                r, s = pl.rep(v), pl.shard(v)
-                if not start <= r < start + size:
-                    continue
-                other = got[(pl.vrank(start + ((r - start) ^ level), s), v)]
-                lower_is_me = (r - start) & level == 0
-                nxt[v] = cur[v] + other if lower_is_me else other + cur[v]
-            cur.update(nxt)
-            level *= 2
+        if size > 1:
+            cur.update(_block_butterfly(cur, start, size, ex, like))
     bl = blocks(R)
     if len(bl) > 1:                                # fold the blocks, largest first
         msgs = []
@@ -104,6 +93,80 @@ def all_reduce(parts: Mapping[int, torch.Tensor], ex: Exchange) -> dict[int, tor
         cur = folded
     inv = reciprocal_f32(R)
     return {v: (t * inv if inv != 1.0 else t) for v, t in cur.items()}
+
+
+def _block_butterfly(cur: dict[int, torch.Tensor], start: int, size: int, ex: Exchange,
+                     like) -> dict[int, torch.Tensor]:
+    """The butterfly of replicas [start, start + size) (a power of two) as recursive halving
+    then recursive doubling: the same tree per element as exchanging whole partials - at
+    level l replica r pairs with r XOR 2^l and ``lower + upper`` - but each level moves and
+    adds only the part of the vector a replica keeps, so the traffic is 2 (size-1)/size of
+    the vector, like a ring, instead of log2(size) whole vectors. Returns the block's sum on
+    every member."""
+    pl, S = ex.pl, ex.pl.shards
+    mine = [v for v in pl.local if start <= pl.rep(v) < start + size]
+    n = {pl.shard(v): cur[v].shape[0] for v in mine}        # partners share their shard
+
+    def rel(v: int) -> int:
+        return pl.rep(v) - start
+
+    def partner(v: int, level: int) -> int:
+        return pl.vrank(start + (rel(v) ^ level), pl.shard(v))
+
+    def seg(v: int, levels: int) -> tuple[int, int]:
+        """The part of the vector v keeps after the halving levels below ``levels``."""
+        return _segment(n[pl.shard(v)], rel(v), levels)
+
+    msgs_at = {}
+    level = 1
+    while level < size:
+        msgs_at[level] = [(pl.vrank(r, s), pl.vrank(start + ((r - start) ^ level), s))
+                          for s in range(S) for r in range(start, start + size)]
+        level *= 2
+    levels = list(msgs_at)
+    val = {v: cur[v] for v in mine}        # v's partial sum over seg(v, level)
+    for level in levels:                   # halving: a reduce-scatter inside the block
+        def payload(src, dst, level=level):
+            lo, _ = seg(src, level)        # src holds seg(src, level); dst keeps seg(dst, 2l)
+            a, b = seg(dst, 2 * level)
+            return val[src][a - lo:b - lo]
+
+        def recv_like(src, dst, level=level):
+            a, b = seg(dst, 2 * level)
+            return torch.empty(b - a, dtype=torch.float32, device=like(src, dst).device)
+
+        got = ex.run(msgs_at[level], payload, recv_like)
+        nv = {}
+        for v in mine:
+            lo, _ = seg(v, level)
+            a, b = seg(v, 2 * level)
+            own, other = val[v][a - lo:b - lo], got[(partner(v, level), v)]
+            nv[v] = own + other if rel(v) & level == 0 else other + own
+        val.update(nv)
+    for level in reversed(levels):         # doubling: an all-gather inside the block
+        def recv_like(src, dst, level=level):
+            a, b = seg(src, 2 * level)
+            return torch.empty(b - a, dtype=torch.float32, device=like(src, dst).device)
+
+        got = ex.run(msgs_at[level], lambda src, dst: val[src], recv_like)
+        for v in mine:
+            other = got[(partner(v, level), v)]
+            lower = rel(v) & level == 0
+            val[v] = torch.cat([val[v], other]) if lower else torch.cat([other, val[v]])
+    return val
+
+
+def _segment(n: int, rel: int, levels: int) -> tuple[int, int]:
+    """[lo, hi) of an n-vector that the replica at ``rel`` in its block keeps after the
+    halving levels 1, 2, 4, ... below ``levels``: at level l the lower of the pair keeps the
+    first half (rounded down) of what it held, the upper the rest."""
+    lo, hi = 0, n
+    lv = 1
+    while lv < levels:
+        mid = lo + (hi - lo) // 2
+        lo, hi = (lo, mid) if rel & lv == 0 else (mid, hi)
+        lv *= 2
+    return lo, hi
 
 
 # ----------------------------------------------------------------------------- references

@@ -144,7 +144,7 @@ def train_distributed(cfg: TrainConfig, mix: str, run_dir: str, progress: bool |
 def _loop(run: Run, state: State, shards: Shards, pl: Placement, expected, progress,
           echo) -> Summary:
     cfg, sched = run.cfg, run.schedule
-    V, R, S = pl.virtual, pl.replicas, pl.shards
+    V = pl.virtual
     specs = param_specs(cfg.model)
     layout = shards.layout
     ex = Exchange(pl)

@@ -1,0 +1,146 @@
+"""Deterministic collectives vs gloo's own, side by side on the same processes and tensors.
+
+For P gloo processes on loopback and a float32 gradient of ``--mb`` MiB per process:
+
+* reduce-scatter: ours (``open1b_train.dist.collectives.reduce_scatter`` on a 1 x P mesh:
+  all-to-all of P slices, ascending sums, reciprocal multiply) vs
+  ``torch.distributed.reduce_scatter_tensor`` (or ``reduce_scatter`` where gloo lacks it);
+* all-reduce: ours (``all_reduce`` on a P x 1 mesh: recursive doubling with the lower
+  replica on the left, run as recursive halving then doubling; non-powers of two folded as
+  TreeFold) vs ``torch.distributed.all_reduce``.
+
+Median of ``--repeats`` after a warm-up, interleaved. Ratio = stock time / our time (>= 1:
+ours is at least as fast). Also prints the bandwidth cost model of our all-reduce against a
+ring all-reduce for R replicas (data each replica sends, in gradient sizes).
+
+    .venv/bin/python benchmarks/collectives.py --procs 2 4 --mb 64 512 --repeats 5
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from open1b_train.dist import collectives as C  # noqa: E402
+from open1b_train.dist.exchange import Exchange  # noqa: E402
+from open1b_train.dist.placement import Placement  # noqa: E402
+from open1b_train.treefold import blocks  # noqa: E402
+
+
+def _worker(rank: int, world: int, port: int, mbs: list[int], repeats: int, q) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    out = {}
+    for mb in mbs:
+        n = mb * (1 << 20) // 4
+        g = torch.randn(n, generator=torch.Generator().manual_seed(rank))
+        cut = [(i * n // world, (i + 1) * n // world) for i in range(world)]
+        rs_pl, ar_pl = Placement(1, world, world, rank), Placement(world, 1, world, rank)
+        rs_ex, ar_ex = Exchange(rs_pl), Exchange(ar_pl)
+        slice_out = torch.empty(n // world)
+
+        def stock_rs():
+            try:
+                dist.reduce_scatter_tensor(slice_out, g[:world * (n // world)])
+            except (RuntimeError, AttributeError):   # gloo without the fused form
+                dist.reduce_scatter(slice_out, list(g[:world * (n // world)].chunk(world)))
+
+        jobs = {"ours_rs": lambda: C.reduce_scatter({rank: g}, cut, rs_ex),
+                "stock_rs": stock_rs,
+                "ours_ar": lambda: C.all_reduce({rank: g}, ar_ex),
+                "stock_ar": lambda: dist.all_reduce(g.clone())}
+        times = {k: [] for k in jobs}
+        for k, f in jobs.items():                 # warm-up
+            f()
+        for _ in range(repeats):
+            for k, f in jobs.items():
+                dist.barrier()
+                t0 = time.perf_counter()
+                f()
+                dist.barrier()
+                times[k].append(time.perf_counter() - t0)
+        out[mb] = {k: statistics.median(v) for k, v in times.items()}
+    if rank == 0:
+        q.put(out)
+    dist.destroy_process_group()
+
+
+def measure(world: int, mbs: list[int], repeats: int) -> dict:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, mbs, repeats, q))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    res = q.get()
+    for p in procs:
+        p.join()
+    return res
+
+
+def model(replicas: int) -> dict:
+    """Data each replica sends, in units of the gradient size (large-message regime): halving
+    plus doubling inside a power-of-two block of b replicas sends 2(b-1)/b; folding the
+    blocks sends the block's result to every replica of the other blocks (at most one whole
+    vector per other block on the busiest replica). A ring sends 2(R-1)/R."""
+    bl = blocks(replicas)
+    ours = max(2 * (size - 1) / size for _, size in bl) + (len(bl) - 1)
+    ring = 2 * (replicas - 1) / replicas
+    rounds = 2 * max(int(math.log2(size)) for _, size in bl) + (len(bl) - 1)
+    return {"replicas": replicas, "rounds": rounds, "ours_traffic": ours, "ring_traffic": ring,
+            "predicted_ratio": ring / ours if ours else 1.0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--procs", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--mb", type=int, nargs="+", default=[64, 512])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    lines = [f"\n## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC - "
+             f"`{' '.join(['benchmarks/collectives.py'] + sys.argv[1:])}`",
+             f"{os.cpu_count()} cores, torch {torch.__version__}, gloo on loopback; load "
+             f"average before {os.getloadavg()}",
+             "| P | MiB | ours RS s | gloo RS s | RS ratio | ours AR s | gloo AR s | AR ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for world in a.procs:
+        res = measure(world, a.mb, a.repeats)
+        for mb, t in res.items():
+            lines.append(f"| {world} | {mb} | {t['ours_rs']:.3f} | {t['stock_rs']:.3f} | "
+                         f"{t['stock_rs'] / t['ours_rs']:.2f} | {t['ours_ar']:.3f} | "
+                         f"{t['stock_ar']:.3f} | {t['stock_ar'] / t['ours_ar']:.2f} |")
+    lines.append(f"load average after {os.getloadavg()}")
+    lines.append("\nCost model (large messages): data each replica sends, in gradient sizes; "
+                 "predicted ours / ring speed where bandwidth bound:")
+    lines.append("| R | rounds | ours traffic | ring traffic | predicted ratio |\n"
+                 "|---|---|---|---|---|")
+    for r in (2, 3, 4, 5, 6, 8, 16, 48, 64):
+        m = model(r)
+        lines.append(f"| {r} | {m['rounds']} | {m['ours_traffic']:.2f} | "
+                     f"{m['ring_traffic']:.2f} | {m['predicted_ratio']:.2f} |")
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
