@@ -38,6 +38,7 @@ from fractions import Fraction
 import numpy as np
 
 from open1b_data.errors import ManifestError, StreamError
+from open1b_data.build.shards import parse_lengths
 from open1b_data.storage import read_bytes
 
 WEIGHT_LIMIT = 1 << 62
@@ -116,20 +117,6 @@ def source_weights(documents: list[int], tokens: list[int],
             raise StreamError(f"a source's weight {float(r / total)!r} is below 2^-62 of the "
                               f"total; it would never be drawn")
     return ints
-
-
-def _parse_lengths(raw: bytes, url: str) -> np.ndarray:
-    """A lengths file's bytes -> uint32 array (FORMATS.md: .npy, dtype <u4, 1-D)."""
-    import io
-
-    try:
-        arr = np.load(io.BytesIO(raw), allow_pickle=False)
-    except ValueError as e:
-        raise ManifestError(f"lengths file {url} is not a valid .npy file: {e}") from None
-    if arr.dtype != np.dtype("<u4") or arr.ndim != 1:
-        raise ManifestError(f"lengths file {url} has dtype {arr.dtype} and shape {arr.shape}; "
-                            f"expected a 1-D <u4 array (docs/FORMATS.md)")
-    return arr
 
 
 def summary_of(manifest) -> dict:
@@ -230,11 +217,8 @@ class MixView:
             raise ManifestError(f"lengths file {url} has sha256 {digest}, the manifest says "
                                 f"{sv.lengths_sha256[shard]}; the mix changed since it was "
                                 f"built - rebuild it or run `open1b-data verify`")
-        arr = _parse_lengths(raw, url)
-        if arr.shape != (sv.shard_documents[shard],):
-            raise ManifestError(f"lengths file {url} holds {arr.shape[0]} documents, the "
-                                f"manifest says {sv.shard_documents[shard]}")
-        arr.setflags(write=False)
+        # the header is checked before any allocation (a crafted 2^40-element header)
+        arr = parse_lengths(raw, url, sv.shard_documents[shard])
         with self._lock:
             self._lengths[key] = arr
             if len(self._lengths) > LENGTHS_CACHE:

@@ -42,6 +42,7 @@ import numpy as np
 
 from open1b_data.errors import ManifestError, ShardFormatError
 from open1b_data.storage import url_to_fs
+from open1b_data.storage_errors import failures
 
 FILE_CACHE_BYTES = 512 << 20   # checked whole files kept for random access
 
@@ -90,7 +91,7 @@ def read_checked(url: str, size: int, sha256: str):
     view = memoryview(buf)
     n = 0
     try:
-        with fs.open(path, "rb") as f:
+        with failures(url, "read"), fs.open(path, "rb") as f:
             while n <= size:
                 got = f.readinto(view[n:])
                 if not got:

@@ -34,10 +34,6 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO_TOML = str(REPO / "manifests" / "demo.toml")
 MIX_0626 = str(REPO / "manifests" / "mix-0626.toml")
 HUGE = 1 << 40     # elements a crafted lengths header declares: 4 TiB if allocated
-MIXVIEW_XFAIL = pytest.mark.xfail(
-    strict=True, reason="open1b_data/stream/mixview.py: _parse_lengths calls np.load, which "
-    "allocates the header's declared shape (MemoryError) before checking it; it should use "
-    "open1b_data.build.shards.parse_lengths(raw, url, documents)")
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -198,17 +194,12 @@ CASES = [
                                                       "not valid JSON")),
     case("stream-at", "{flipped}", "--step", "1",
          want=("{flipped}/", ".parquet has sha256", "the manifest says")),
-    case("stream-at", "{huge}", "--step", "1", want=("{huge}/", f"{HUGE:,}"),
-         marks=MIXVIEW_XFAIL),
+    case("stream-at", "{huge}", "--step", "1", want=("{huge}/", f"{HUGE:,}")),
     case("stream-at", "{nosched}", "--step", "1", want=("definition.schedule", "None")),
     case("stream-at", "{longwin}", "--step", "1",
          want=("definition.window: 999", "seq_tokens + 1 = 65")),
     case("schedule", "--step", "1", "--mix", "{nosched}", want=("definition.schedule",)),
-    case("stream-at", "{shard_dirs}", "--step", "1", want=("{shard_dirs}/", "is a directory"),
-         marks=pytest.mark.xfail(strict=True, reason="open1b_data/stream/shardreader.py opens "
-                                 "shards through fsspec directly and lets IsADirectoryError "
-                                 "through (exit 3); it should read them with "
-                                 "open1b_data.storage_errors.failures(url, 'read')")),
+    case("stream-at", "{shard_dirs}", "--step", "1", want=("{shard_dirs}/", "is a directory")),
     case("verify", "{shard_dirs}", want=("{shard_dirs}/", "is a directory")),
     case("build-mix", "--quiet", "--nosuch", code=2,
          want=("--nosuch", "Did you mean", "see 'open1b-data build-mix --help'")),
@@ -254,8 +245,7 @@ CASES = [
     case("provenance", "{mix}", "--text", "x", "--world", "0", want=("world size", "got 0")),
     case("provenance", "{mix}", "--doc-id", "x", "--text", "y", code=2,
          want=("--doc-id", "--text")),
-    case("provenance", "{huge}", "--doc-id", "web-0", want=("{huge}/", f"{HUGE:,}"),
-         marks=MIXVIEW_XFAIL),
+    case("provenance", "{huge}", "--doc-id", "web-0", want=("{huge}/", f"{HUGE:,}")),
     # plot-mix
     case("plot-mix", "{mix}", "--steps", "1:2", "--out", "{file}/plot.png",
          want=("{file}/plot.png", "{file} is a file")),
@@ -266,7 +256,7 @@ CASES = [
     case("plot-mix", "{mix}", "--steps", "x", code=2, want=("--steps", "'x'")),
     case("plot-mix", "{toml}", "--steps", "1:2", want=("{toml} is a mix definition",)),
     case("plot-mix", "{huge}", "--steps", "1:2", "--out", "{tmp}/huge.png",
-         want=("{huge}/", f"{HUGE:,}"), marks=MIXVIEW_XFAIL),
+         want=("{huge}/", f"{HUGE:,}")),
 ]
 
 
