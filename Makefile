@@ -50,7 +50,7 @@ demo: $(RUNTIME)
 	$(BIN)/open1b-audit replay build/demo-run --step 24
 
 test: $(TESTDEPS)
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not gpu" --timeout=900
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n 2 -m "not gpu" --timeout=900
 
 # Installs the benchmark-only peers (datatrove); each benchmark's command is in BENCHMARKS.md.
 bench: $(TESTDEPS)

@@ -279,7 +279,7 @@ def write_json(path: Path, payload: dict) -> None:
                    "share, collectives on a one-process NCCL group.")
 @click.option("--train-dry-run", is_flag=True,
               help="Only the training checks, on the CPU with tiny shapes (no GPU needed).")
-def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, jobs, peak_gbps, train,
+def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps, train,
          train_dry_run):
     """Parity, PTX scan and speed of every kernels/ op on this machine's GPU, then whole
     training steps and collectives."""

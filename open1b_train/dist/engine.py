@@ -169,8 +169,8 @@ def _loop(run: Run, state: State, shards: Shards, pl: Placement, expected, progr
             items = [next(it) for _ in range(acc * len(pl.local))]
             t0 = time.perf_counter()
             batches = _batches(items, V, run.device)
-            line, upd, loss = _step(run, state, shards, pl, ex, specs, layout, step, info,
-                                    batches)
+            line, upd, loss, comm = _step(run, state, shards, pl, ex, specs, layout, step,
+                                          info, batches)
             t2 = time.perf_counter()
             _check_same(f"step {step}'s hash", line["hash"])
             want = expected.get(step)
@@ -183,6 +183,7 @@ def _loop(run: Run, state: State, shards: Shards, pl: Placement, expected, progr
             line.update(loss=float(loss), grad_norm=upd.norm, lr=upd.lr, phase=info.phase,
                         windows=[info.first_window, info.first_window + info.batch_sequences],
                         mesh=list(cfg.mesh), processes=pl.procs, seconds=round(t2 - t0, 4),
+                        collective_seconds=round(comm, 4),
                         tokens_per_s=round(info.batch_sequences * sched.spec.seq_tokens /
                                            max(t2 - t0, 1e-9), 1))
             if pl.rank == 0:
@@ -225,9 +226,11 @@ def _step(run, state, shards: Shards, pl: Placement, ex: Exchange, specs, layout
             wins.extend(zip(mb.windows, statehash.window_digests(mb.tokens)))
         grads[v], losses[v], wl[v] = g, loss_v.cpu(), torch.cat(per).cpu()
     # 2. the collectives (steps 2 and 3)
+    tc = time.perf_counter()
     red = all_reduce(reduce_scatter(grads, shards.ranges, ex), ex)
     del grads
     gathered = _gather({"loss": losses, "wl": wl, "wins": wins})
+    comm = time.perf_counter() - tc
     all_losses = {v: t for g in gathered for v, t in g["loss"].items()}
     loss = _loss_reduction(all_losses, pl.replicas, pl.shards)
     window_losses = torch.cat([t for g in gathered for _, t in sorted(g["wl"].items())])
@@ -241,7 +244,9 @@ def _step(run, state, shards: Shards, pl: Placement, ex: Exchange, specs, layout
             t.mul_(SPIKE_INJECTION)
     # 3. the global norm from chunk partials in shard order
     parts = {s: tree_sum((t * t).reshape(-1, ALIGN), -1).cpu() for s, t in own.items()}
+    tc = time.perf_counter()
     allp = {s: p for g in _gather(parts) for s, p in g.items()}
+    comm += time.perf_counter() - tc
     total = tree_sum(torch.cat([allp[s] for s in range(pl.shards)]), 0)
     norm_t = sqrt_rn(total.reshape(1)).reshape(())
     upd = decide(cfg, step, float(norm_t), float(loss), state.opt)
@@ -253,14 +258,18 @@ def _step(run, state, shards: Shards, pl: Placement, ex: Exchange, specs, layout
             update(cfg, specs, state.params, shards.views(s, t), shards.views(s, shards.m[s]),
                    shards.views(s, shards.v[s]), norm_t, state.opt.adam_step, lr)
         if pl.procs > 1:
+            tc = time.perf_counter()
             for s in range(pl.shards):
                 for name in shards.names(s):
                     dist.broadcast(state.params[name], src=pl.owner(s))
+            comm += time.perf_counter() - tc
     upd = Update(upd.norm, upd.skipped, upd.spike, lr)
     # 5. digests
     mroots = {k: r for s in own for k, r in statehash.roots(shards.views(s, shards.m[s])).items()}
     vroots = {k: r for s in own for k, r in statehash.roots(shards.views(s, shards.v[s])).items()}
+    tc = time.perf_counter()
     allr = _gather({"g": groots, "m": mroots, "v": vroots})
+    comm += time.perf_counter() - tc
     merge = lambda key: {k: r for g in allr for k, r in g[key].items()}  # noqa: E731
     params_digest = statehash.tensors_digest(state.params)
     _check_same(f"step {step}'s parameters digest", params_digest)
@@ -271,7 +280,7 @@ def _step(run, state, shards: Shards, pl: Placement, ex: Exchange, specs, layout
                                                 state.opt.adam_step, state.opt.skip_left)}
     line = step_line(step, state.prev_hash, comps,
                      scalars_record(loss, upd, info.tokens_after, window_losses))
-    return line, upd, loss
+    return line, upd, loss, comm
 
 
 def _save(run: Run, state: State, shards: Shards, pl: Placement) -> None:
