@@ -31,6 +31,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from open1b_train.allocator import keep_freed_memory  # noqa: E402
 from open1b_train.dist import collectives as C  # noqa: E402
 from open1b_train.dist.exchange import Exchange  # noqa: E402
 from open1b_train.dist.placement import Placement  # noqa: E402
@@ -39,6 +40,7 @@ from open1b_train.treefold import blocks  # noqa: E402
 
 def _worker(rank: int, world: int, port: int, mbs: list[int], repeats: int, q) -> None:
     torch.set_num_threads(1)
+    keep_freed_memory()          # as in the trainer's processes; both sides share it
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     out = {}

@@ -13,7 +13,7 @@
    CPU (an upper bound on the speed: memory bandwidth does not scale with cores), and a
    consumer GPU from its datasheet throughput at a stated efficiency (no GPU was measured).
 
-    .venv/bin/python benchmarks/replay_cost.py --steps 4 --mesh 2x2 --out benchmarks/results-replay.md
+    .venv/bin/python benchmarks/replay_cost.py --steps 4 --mesh 2x1 --out benchmarks/results-replay.md
 """
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def project(po: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--mesh", default="2x2")
+    ap.add_argument("--mesh", default="2x1")
     ap.add_argument("--skip-replay", action="store_true")
     ap.add_argument("--skip-per-op", action="store_true")
     ap.add_argument("--gpu-tops", type=float, default=330.0,

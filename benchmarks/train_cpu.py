@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from stock_model import StockModel, optimizer, train_step  # noqa: E402
 
 from open1b_train import statehash  # noqa: E402
+from open1b_train.allocator import keep_freed_memory  # noqa: E402
 from open1b_train.config import demo  # noqa: E402
 from open1b_train.params import Layout, init_params, param_specs  # noqa: E402
 from open1b_train.step import MicroBatch, OptimState, apply_update, reduce_step  # noqa: E402
@@ -170,6 +171,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="append a markdown report here")
     a = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
+    keep_freed_memory()          # as the trainer's process does; the stock model shares it
     lines = [f"\n## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC - "
              f"`{' '.join(['benchmarks/train_cpu.py'] + sys.argv[1:])}`",
              f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "

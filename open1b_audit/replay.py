@@ -21,6 +21,7 @@ The peak resident memory and the time of every step are reported.
 """
 from __future__ import annotations
 
+from open1b_train.allocator import keep_freed_memory
 import dataclasses
 import json
 import os
@@ -169,6 +170,7 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
            trace_steps: set[int] | None = None) -> ReplayResult:
     """Replay up to ``step`` (see the module docstring). ``trace(step, name, tensor)`` is
     called with every op's output of the steps in ``trace_steps``."""
+    keep_freed_memory()
     t_start = time.perf_counter()
     lines = runlog.read(run_dir, strict=False)
     cfg, mix = run_config(run_dir, mix)

@@ -13,6 +13,7 @@ logical mesh in mesh order; the trainer never reorders it.
 """
 from __future__ import annotations
 
+from open1b_train.allocator import keep_freed_memory
 import dataclasses
 import json
 import os
@@ -221,6 +222,7 @@ def _batches(items: list[dict], V: int, device: torch.device) -> list[list[Micro
 def train(cfg: TrainConfig, mix: str, run_dir: str, progress: bool | None = None,
           echo=print, trace_steps: frozenset[int] = frozenset()) -> Summary:
     """Train (or resume) the run in ``run_dir``; see the module docstring."""
+    keep_freed_memory()
     run = resolve(cfg, mix, run_dir)
     cfg = run.cfg
     _check_config(run.dir, cfg)

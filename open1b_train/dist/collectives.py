@@ -92,7 +92,10 @@ def all_reduce(parts: Mapping[int, torch.Tensor], ex: Exchange) -> dict[int, tor
             folded[v] = acc
         cur = folded
     inv = reciprocal_f32(R)
-    return {v: (t * inv if inv != 1.0 else t) for v, t in cur.items()}
+    if inv != 1.0:             # R > 1: every tensor in cur is this function's own
+        for t in cur.values():
+            t.mul_(inv)
+    return cur
 
 
 def _block_butterfly(cur: dict[int, torch.Tensor], start: int, size: int, ex: Exchange,
@@ -102,7 +105,12 @@ def _block_butterfly(cur: dict[int, torch.Tensor], start: int, size: int, ex: Ex
     level l replica r pairs with r XOR 2^l and ``lower + upper`` - but each level moves and
     adds only the part of the vector a replica keeps, so the traffic is 2 (size-1)/size of
     the vector, like a ring, instead of log2(size) whole vectors. Returns the block's sum on
-    every member."""
+    every member, each in a new tensor.
+
+    No large temporaries: a halving level adds into the buffer the partner's part arrived
+    in (``lower + upper`` either way round), and the doubling receives each part straight
+    into its place in the result. A partner in the same process hands over its own tensor,
+    which is never written to."""
     pl, S = ex.pl, ex.pl.shards
     mine = [v for v in pl.local if start <= pl.rep(v) < start + size]
     n = {pl.shard(v): cur[v].shape[0] for v in mine}        # partners share their shard
@@ -116,6 +124,9 @@ def _block_butterfly(cur: dict[int, torch.Tensor], start: int, size: int, ex: Ex
     def seg(v: int, levels: int) -> tuple[int, int]:
         """The part of the vector v keeps after the halving levels below ``levels``."""
         return _segment(n[pl.shard(v)], rel(v), levels)
+
+    def remote(v: int, level: int) -> bool:
+        return pl.host(partner(v, level)) != pl.rank
 
     msgs_at = {}
     level = 1
@@ -141,19 +152,34 @@ def _block_butterfly(cur: dict[int, torch.Tensor], start: int, size: int, ex: Ex
             lo, _ = seg(v, level)
             a, b = seg(v, 2 * level)
             own, other = val[v][a - lo:b - lo], got[(partner(v, level), v)]
-            nv[v] = own + other if rel(v) & level == 0 else other + own
-        val.update(nv)
-    for level in reversed(levels):         # doubling: an all-gather inside the block
-        def recv_like(src, dst, level=level):
-            a, b = seg(src, 2 * level)
-            return torch.empty(b - a, dtype=torch.float32, device=like(src, dst).device)
-
-        got = ex.run(msgs_at[level], lambda src, dst: val[src], recv_like)
-        for v in mine:
-            other = got[(partner(v, level), v)]
             lower = rel(v) & level == 0
-            val[v] = torch.cat([val[v], other]) if lower else torch.cat([other, val[v]])
-    return val
+            if remote(v, level):           # other is our receive buffer: sum into it
+                nv[v] = torch.add(own, other, out=other) if lower else other.add_(own)
+            else:
+                nv[v] = own + other if lower else other + own
+        val.update(nv)
+    full = {v: torch.empty(n[pl.shard(v)], dtype=torch.float32, device=val[v].device)
+            for v in mine}
+    for v in mine:
+        a, b = seg(v, 2 * levels[-1])
+        full[v][a:b].copy_(val[v])
+    for level in reversed(levels):         # doubling: an all-gather inside the block
+        def recv_into(src, dst, level=level):
+            a, b = seg(src, 2 * level)     # src holds seg(src, 2l) in full[src]
+            return full[dst][a:b]
+
+        def send(src, dst, level=level):
+            a, b = seg(src, 2 * level)
+            return full[src][a:b]
+
+        got = ex.run(msgs_at[level], send, recv_into)
+        for v in mine:
+            w = partner(v, level)
+            a, b = seg(w, 2 * level)
+            part = got[(w, v)]
+            if part.data_ptr() != full[v][a:b].data_ptr():   # not received in place
+                full[v][a:b].copy_(part)
+    return full
 
 
 def _segment(n: int, rel: int, levels: int) -> tuple[int, int]:

@@ -28,6 +28,7 @@ or a shared filesystem across nodes).
 """
 from __future__ import annotations
 
+from open1b_train.allocator import keep_freed_memory
 import json
 import os
 import time
@@ -111,6 +112,7 @@ def _loss_reduction(losses: dict[int, torch.Tensor], R: int, S: int) -> torch.Te
 def train_distributed(cfg: TrainConfig, mix: str, run_dir: str, progress: bool | None = None,
                       echo=print) -> Summary:
     """``train.train`` on the current torch.distributed process group."""
+    keep_freed_memory()
     rank, world = dist.get_rank(), dist.get_world_size()
     run = resolve(cfg, mix, run_dir)
     pl = Placement(run.cfg.mesh[0], run.cfg.mesh[1], world, rank)

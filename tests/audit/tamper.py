@@ -1,5 +1,8 @@
 """Ways to tamper with a published run (each used by tests/audit/test_tamper.py and by
-benchmarks/audit_tamper.py, which reports how many are caught)."""
+benchmarks/audit_tamper.py, which reports how many are caught).
+
+``CASES`` maps each way to the (component, step) the audit must name (step None: the
+first step that reads the tampered shard); ``make`` builds the tampered copy."""
 from __future__ import annotations
 
 import dataclasses
@@ -220,3 +223,61 @@ def rank_gradient(mix: str, work: str) -> tuple[str, int]:
     r = os.path.join(work, "run")
     _dishonest(r, mix, lambda: Patch(S, "_into", altered), micro_cfg(steps=STEPS, mesh=(2, 1)))
     return r, 5
+
+
+CASES = {
+    "a token of one window changed in a shard": ("data", None),   # the shard's first use
+    "two windows of a step swapped": ("data", 5),
+    "one weight changed by 1 ULP in a checkpoint": ("params", 6),
+    "a step skipped (its line removed)": ("log", 5),
+    "the LR of one step changed": ("scalars", 5),
+    "one virtual rank's gradient altered": ("grad", 5),
+    "a different seed": ("params", 0),          # the init re-derived from the claimed seed
+    "optimizer moments altered": ("optim", 6),
+    "a checkpoint of another run substituted": ("checkpoint", 6),
+    "a steps.jsonl line edited": ("scalars", 7),
+    "a steps.jsonl line edited, the chain rehashed": ("params", 7),
+}
+
+
+def make(case: str, ref_run: str, mix4: str, other_run: str, work: str):
+    """The tampered copy for ``case``: (run, mix to audit with or None for the run's own,
+    the step a shard change is first read at or None)."""
+    at = None
+    mix = None
+    if case.startswith("a token"):
+        run, mix, at = token_in_shard(ref_run, mix4, work)
+    elif case.startswith("two windows"):
+        run, _ = swapped_windows(mix4, work)
+    elif case.startswith("one weight"):
+        run, _ = ulp_weight(ref_run, work)
+    elif case.startswith("a step skipped"):
+        run, _ = skipped_step(ref_run, work)
+    elif case.startswith("the LR"):
+        run, _ = lr_changed(mix4, work)
+    elif case.startswith("one virtual rank"):
+        run = other_run
+    elif case.startswith("a different seed"):
+        run, _ = other_seed(mix4, work)
+    elif case.startswith("optimizer"):
+        run, _ = moments(ref_run, work)
+    elif case.startswith("a checkpoint of another"):
+        run, _ = other_checkpoint(ref_run, other_run, work)
+    else:
+        run, _ = edited_line(ref_run, work, rehash="rehashed" in case)
+    return run, mix, at
+
+
+def audit_all(run: str, mix: str | None = None):
+    """The first finding of replaying every interval between checkpoints, in order."""
+    from open1b_audit.replay import replay
+
+    marks = [0] + [c for c in checkpoint.list_steps(run) if c > 0]
+    last = max(marks)
+    for a, b in zip(marks, marks[1:] + ([last] if last == marks[-1] else [])):
+        if b <= a:
+            continue
+        res = replay(run, b, mix=mix, from_step=a if a in checkpoint.list_steps(run) else 0)
+        if res.finding is not None:
+            return res.finding
+    return None

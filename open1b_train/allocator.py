@@ -1,0 +1,41 @@
+"""Large freed CPU buffers kept for reuse instead of returned to the kernel.
+
+glibc's malloc serves a block above its mmap threshold (which it raises to at most 32 MiB)
+with fresh ``mmap`` pages and unmaps it on free, so every step's large temporaries - the
+gradient, the collectives' messages, the LM head's blocks - fault their pages in anew. On the
+project's 2-vCPU VM a fresh 64 MiB buffer cost more than moving it between two processes:
+the deterministic reduce-scatter of 64 MiB on 2 gloo processes took 0.157 s with fresh
+pages and 0.042 s with reused ones (gloo's own reduce-scatter, in the same processes:
+0.157 s and 0.073 s). Raising the mmap and trim thresholds keeps freed blocks in the heap,
+as jemalloc and tcmalloc (which PyTorch's CPU tuning guide recommends) do. It changes where
+memory comes from, never a value; resident memory stays near the peak instead of shrinking.
+``OPEN1B_MALLOPT=0`` leaves malloc as it is; other C libraries are left alone.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+M_TRIM_THRESHOLD = -1          # glibc's mallopt parameter numbers (malloc.h)
+M_MMAP_THRESHOLD = -3
+_done: bool | None = None
+
+
+def keep_freed_memory() -> bool:
+    """Raise glibc's mmap and trim thresholds once per process; True if they were set."""
+    global _done
+    if _done is not None:
+        return _done
+    _done = False
+    if os.environ.get("OPEN1B_MALLOPT", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):          # not glibc (musl has no mallopt)
+        return False
+    # 1 GiB: larger blocks are still mapped; 2 GiB of free heap before trimming
+    _done = bool(mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(M_TRIM_THRESHOLD, 1 << 31))
+    return _done
