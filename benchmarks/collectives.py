@@ -5,13 +5,14 @@ For P gloo processes on loopback and a float32 gradient of ``--mb`` MiB per proc
 * reduce-scatter: ours (``open1b_train.dist.collectives.reduce_scatter`` on a 1 x P mesh:
   all-to-all of P slices, ascending sums, reciprocal multiply) vs
   ``torch.distributed.reduce_scatter_tensor`` (or ``reduce_scatter`` where gloo lacks it);
-* all-reduce: ours (``all_reduce`` on a P x 1 mesh: recursive doubling with the lower
-  replica on the left, run as recursive halving then doubling; non-powers of two folded as
-  TreeFold) vs ``torch.distributed.all_reduce``.
+* all-reduce: ours (``all_reduce`` on a P x 1 mesh: an all-to-all of pieces, each piece
+  folded by its owner exactly as TreeFold folds replicas, an all-gather) vs
+  ``torch.distributed.all_reduce``.
 
 Median of ``--repeats`` after a warm-up, interleaved. Ratio = stock time / our time (>= 1:
-ours is at least as fast). Also prints the bandwidth cost model of our all-reduce against a
-ring all-reduce for R replicas (data each replica sends, in gradient sizes).
+ours is at least as fast). Also prints the cost model of the all-reduce for R replicas:
+data each replica sends and rounds of messages, for recursive doubling with whole partials
+(how the reduction tree is defined), ours, and a ring.
 
     .venv/bin/python benchmarks/collectives.py --procs 2 4 --mb 64 512 --repeats 5
 """
@@ -97,16 +98,21 @@ def measure(world: int, mbs: list[int], repeats: int) -> dict:
 
 
 def model(replicas: int) -> dict:
-    """Data each replica sends, in units of the gradient size (large-message regime): halving
-    plus doubling inside a power-of-two block of b replicas sends 2(b-1)/b; folding the
-    blocks sends the block's result to every replica of the other blocks (at most one whole
-    vector per other block on the busiest replica). A ring sends 2(R-1)/R."""
+    """Data each replica sends per all-reduce, in gradient sizes (the large-message regime),
+    and rounds of messages (the latency-bound regime), for R replicas:
+
+    * recursive doubling with whole partials, as in the butterfly the reference algorithm
+      is defined by: log2(b) whole vectors in a power-of-two block of b, plus one whole
+      vector per other block to fold the blocks;
+    * ours: an all-to-all of pieces, the fold on the owner, an all-gather: 2(R-1)/R in two
+      rounds, for any R;
+    * a ring all-reduce: 2(R-1)/R in 2(R-1) rounds."""
     bl = blocks(replicas)
-    ours = max(2 * (size - 1) / size for _, size in bl) + (len(bl) - 1)
+    doubling = max(math.log2(size) for _, size in bl) + (len(bl) - 1)
     ring = 2 * (replicas - 1) / replicas
-    rounds = 2 * max(int(math.log2(size)) for _, size in bl) + (len(bl) - 1)
-    return {"replicas": replicas, "rounds": rounds, "ours_traffic": ours, "ring_traffic": ring,
-            "predicted_ratio": ring / ours if ours else 1.0}
+    return {"replicas": replicas, "doubling_traffic": doubling, "ours_traffic": ring,
+            "ring_traffic": ring, "ours_rounds": 2, "ring_rounds": 2 * (replicas - 1),
+            "doubling_vs_ring": ring / doubling if doubling else 1.0}
 
 
 def main() -> None:
@@ -129,14 +135,15 @@ def main() -> None:
                          f"{t['stock_rs'] / t['ours_rs']:.2f} | {t['ours_ar']:.3f} | "
                          f"{t['stock_ar']:.3f} | {t['stock_ar'] / t['ours_ar']:.2f} |")
     lines.append(f"load average after {os.getloadavg()}")
-    lines.append("\nCost model (large messages): data each replica sends, in gradient sizes; "
-                 "predicted ours / ring speed where bandwidth bound:")
-    lines.append("| R | rounds | ours traffic | ring traffic | predicted ratio |\n"
-                 "|---|---|---|---|---|")
+    lines.append("\nCost model: data each replica sends per all-reduce, in gradient sizes, "
+                 "and rounds of messages (see ``model``):")
+    lines.append("| R | recursive doubling | ours | ring | doubling / ring speed (bandwidth "
+                 "bound) | ours / ring | rounds: ours, ring |\n|---|---|---|---|---|---|---|")
     for r in (2, 3, 4, 5, 6, 8, 16, 48, 64):
         m = model(r)
-        lines.append(f"| {r} | {m['rounds']} | {m['ours_traffic']:.2f} | "
-                     f"{m['ring_traffic']:.2f} | {m['predicted_ratio']:.2f} |")
+        lines.append(f"| {r} | {m['doubling_traffic']:.2f} | {m['ours_traffic']:.2f} | "
+                     f"{m['ring_traffic']:.2f} | {m['doubling_vs_ring']:.2f} | 1.00 | "
+                     f"{m['ours_rounds']}, {m['ring_rounds']} |")
     text = "\n".join(lines)
     print(text)
     if a.out:
