@@ -13,7 +13,9 @@ replica j receives piece j of every replica's partial (an all-to-all: pure data 
 folds the R pieces in replica order with ``TreeFold`` - the butterfly inside each
 power-of-two block of replicas (at level l replica r pairs with r XOR 2^l, ``lower +
 upper``), the blocks folded left to right, largest first - and multiplies by fp32(1/R);
-then every replica receives every reduced piece (an all-gather, pure data movement). Each
+then every replica receives every reduced piece (an all-gather, pure data movement: each
+owner broadcasts its piece over the shard's replica group where every process runs one
+virtual rank, else one all-to-all). Each
 element is reduced by exactly the tree a butterfly all-reduce gives it, on one process
 instead of across log2(R) exchanges: two rounds of messages for any R, and each replica
 sends 2(R-1)/R of the slice, as a ring all-reduce does.
@@ -26,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.distributed as dist
 
 from kernels.reduce import reciprocal_f32
 from open1b_train.dist.exchange import Exchange
@@ -88,12 +91,23 @@ def all_reduce(parts: Mapping[int, torch.Tensor], ex: Exchange) -> dict[int, tor
             fold.push(got[(pl.vrank(r, pl.shard(v)), v)])
         red[v] = fold.result().mul_(inv)           # R >= 2: result() is a new tensor
     del got
-    # 3. every reduced piece to every other replica, straight into its place
+    # 3. every reduced piece to every replica, straight into its place
     full = {v: empty(n[pl.shard(v)]) for v in pl.local}
-    for v in pl.local:
+    if pl.procs == pl.virtual:
+        # one virtual rank per process: each piece broadcast by its owner over the shard's
+        # replica group (no packing: an all-to-all would send R copies of the piece)
+        (v,) = pl.local
+        s = pl.shard(v)
         full[v][piece(v, v)].copy_(red[v])
+        group = ex.replica_group(s)
+        works = [dist.broadcast(full[v][piece(v, pl.vrank(j, s))], group=group,
+                                src=pl.host(pl.vrank(j, s)), async_op=True) for j in range(R)]
+        for w in works:
+            w.wait()
+        return full
+    # else one all-to-all, its own piece too: then the pieces arrive back to back in place
     msgs = [(pl.vrank(j, s), pl.vrank(r, s)) for s in range(S) for r in range(R)
-            for j in range(R) if j != r]
+            for j in range(R)]
     got = ex.run(msgs, lambda src, dst: red[src], lambda src, dst: full[dst][piece(dst, src)])
     for (src, dst), t in got.items():
         place = full[dst][piece(dst, src)]
