@@ -105,7 +105,7 @@ def all_reduce(parts: Mapping[int, torch.Tensor], ex: Exchange) -> dict[int, tor
         for w in works:
             w.wait()
         return full
-    # else one all-to-all, its own piece too: then the pieces arrive back to back in place
+    # else one all-to-all; pieces from other processes arrive in place where they can
     msgs = [(pl.vrank(j, s), pl.vrank(r, s)) for s in range(S) for r in range(R)
             for j in range(R)]
     got = ex.run(msgs, lambda src, dst: red[src], lambda src, dst: full[dst][piece(dst, src)])
