@@ -11,9 +11,7 @@ that finding's step and component are the expected ones. The honest run must pas
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -21,7 +19,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from machine import report_end, report_head  # noqa: E402
 
 from open1b_train.train import train  # noqa: E402
 from tests.audit import tamper  # noqa: E402
@@ -34,12 +35,9 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    lines = [f"\n## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC - "
-             f"`{' '.join(['benchmarks/audit_tamper.py'] + sys.argv[1:])}`",
-             f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-             f"torch {torch.__version__}; load average before {os.getloadavg()}\n",
-             "| tampering | caught | reported at (step, component) | expected | audit s |",
-             "|---|---|---|---|---|"]
+    lines = report_head("benchmarks/audit_tamper.py") + [
+        "", "| tampering | caught | reported at (step, component) | expected | audit s |",
+        "|---|---|---|---|---|"]
     caught = named = 0
     with tempfile.TemporaryDirectory() as d:
         mix4 = train_mix(Path(d) / "mix4", steps=24, batch=4)
@@ -65,12 +63,7 @@ def main() -> None:
     lines.append(f"\n**caught {caught} / {n}**, step and component named as expected in "
                  f"{named} / {n}; the honest run: "
                  f"{'passes' if honest is None else 'FLAGGED: ' + str(honest)}.")
-    lines.append(f"load average after {os.getloadavg()}")
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(text + "\n")
+    report_end(lines, a.out)
 
 
 if __name__ == "__main__":

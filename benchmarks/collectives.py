@@ -19,7 +19,6 @@ data each replica sends and rounds of messages, for recursive doubling with whol
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
 import statistics
@@ -30,8 +29,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from machine import report_end, report_head  # noqa: E402
 from open1b_train.allocator import keep_freed_memory  # noqa: E402
 from open1b_train.dist import collectives as C  # noqa: E402
 from open1b_train.dist.exchange import Exchange  # noqa: E402
@@ -122,19 +123,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    lines = [f"\n## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC - "
-             f"`{' '.join(['benchmarks/collectives.py'] + sys.argv[1:])}`",
-             f"{os.cpu_count()} cores, torch {torch.__version__}, gloo on loopback; load "
-             f"average before {os.getloadavg()}",
-             "| P | MiB | ours RS s | gloo RS s | RS ratio | ours AR s | gloo AR s | AR ratio |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = report_head("benchmarks/collectives.py") + [
+        "gloo on loopback",
+        "| P | MiB | ours RS s | gloo RS s | RS ratio | ours AR s | gloo AR s | AR ratio |",
+        "|---|---|---|---|---|---|---|---|"]
     for world in a.procs:
         res = measure(world, a.mb, a.repeats)
         for mb, t in res.items():
             lines.append(f"| {world} | {mb} | {t['ours_rs']:.3f} | {t['stock_rs']:.3f} | "
                          f"{t['stock_rs'] / t['ours_rs']:.2f} | {t['ours_ar']:.3f} | "
                          f"{t['stock_ar']:.3f} | {t['stock_ar'] / t['ours_ar']:.2f} |")
-    lines.append(f"load average after {os.getloadavg()}")
     lines.append("\nCost model: data each replica sends per all-reduce, in gradient sizes, "
                  "and rounds of messages (see ``model``):")
     lines.append("| R | recursive doubling | ours | ring | doubling / ring speed (bandwidth "
@@ -144,11 +142,7 @@ def main() -> None:
         lines.append(f"| {r} | {m['doubling_traffic']:.2f} | {m['ours_traffic']:.2f} | "
                      f"{m['ring_traffic']:.2f} | {m['doubling_vs_ring']:.2f} | 1.00 | "
                      f"{m['ours_rounds']}, {m['ring_rounds']} |")
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(text + "\n")
+    report_end(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -72,3 +72,23 @@ def describe() -> str:
     lib = f", torch {torch.__version__} with {torch.get_num_threads()} threads" if torch else ""
     return (f"{cores()} usable cores (nproc {os.cpu_count()}), {cpu_model()}, Python "
             f"{platform.python_version()}{lib}; {now:%Y-%m-%d %H:%M} UTC")
+
+
+def report_head(script: str) -> list[str]:
+    """The first lines of a markdown report: when, the command, the machine, the load."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    torch = sys.modules.get("torch")
+    lib = f", torch {torch.__version__}" if torch else ""
+    return [f"\n## {now:%Y-%m-%d %H:%M} UTC - `{' '.join([script] + sys.argv[1:])}`",
+            f"machine: {cpu_model()}, {cores()} usable cores{lib}; load average before "
+            f"{tuple(round(x, 2) for x in os.getloadavg())}"]
+
+
+def report_end(lines: list[str], out: str | None) -> None:
+    """Close a report with the load after, print it and append it to ``out`` if given."""
+    lines.append(f"load average after {tuple(round(x, 2) for x in os.getloadavg())}")
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        with open(out, "a") as f:
+            f.write(text + "\n")

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -32,7 +30,10 @@ from collections import defaultdict
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from machine import report_end, report_head  # noqa: E402
 
 from open1b_train.config import open1b  # noqa: E402
 from open1b_train.model import forward_backward  # noqa: E402
@@ -172,10 +173,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    lines = [f"\n## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC - "
-             f"`{' '.join(['benchmarks/replay_cost.py'] + sys.argv[1:])}`",
-             f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-             f"torch {torch.__version__}; load average before {os.getloadavg()}"]
+    lines = report_head("benchmarks/replay_cost.py")
     if not a.skip_replay:
         r = replay_figures(a.steps, a.mesh)
         lines.append(f"\nReplay of step {a.steps} of a demo-preset run (mesh {a.mesh}) from the "
@@ -223,12 +221,7 @@ def main() -> None:
             f"one reduced gradient in fp32 = {pr['params'] * 16 / 2**30:.1f} GiB, plus one "
             f"partial gradient ({pr['params'] * 4 / 2**30:.1f} GiB) and at most log2(R) + 1 "
             f"TreeFold partials of that size (spilled to disk with --spill).")
-    lines.append(f"load average after {os.getloadavg()}")
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(text + "\n")
+    report_end(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -32,6 +30,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from machine import report_end, report_head  # noqa: E402
 
 from stock_model import StockModel, optimizer, train_step  # noqa: E402
 
@@ -172,10 +172,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     keep_freed_memory()          # as the trainer's process does; the stock model shares it
-    lines = [f"\n## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC - "
-             f"`{' '.join(['benchmarks/train_cpu.py'] + sys.argv[1:])}`",
-             f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-             f"torch {torch.__version__}; load average before {os.getloadavg()}"]
+    lines = report_head("benchmarks/train_cpu.py")
     if a.speed:
         r = speed(a.repeats)
         lines.append("| what | s / step | tokens/s |\n|---|---|---|")
@@ -191,12 +188,7 @@ def main() -> None:
                      f"{r['final_ours']:.4f}, stock bf16 {r['final_stock']:.4f}: ratio "
                      f"{r['ratio']:.4f} ({100 * (r['ratio'] - 1):+.2f}%); {r['seconds_ours']:.0f} s "
                      f"vs {r['seconds_stock']:.0f} s; curves: {r['png']}")
-    lines.append(f"load average after {os.getloadavg()}")
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(text + "\n")
+    report_end(lines, a.out)
 
 
 if __name__ == "__main__":

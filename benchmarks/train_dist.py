@@ -12,22 +12,23 @@ waits included) and the run hash, which must be the same for every P.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 
-import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from machine import report_end, report_head  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
 
 
 def _mix() -> str:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from open1b_data.build.definition import default_mix_path, load_mix
     from open1b_data.build.pipeline import BuildOptions, build_mix
 
@@ -61,11 +62,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     mix = _mix()
-    lines = [f"\n## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC - "
-             f"`{' '.join(['benchmarks/train_dist.py'] + sys.argv[1:])}`",
-             f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-             f"torch {torch.__version__}, gloo on loopback; load average before "
-             f"{os.getloadavg()}"]
+    lines = report_head("benchmarks/train_dist.py")
     res: dict[int, list[dict]] = {p: [] for p in a.procs}
     for _ in range(a.repeats):
         for p in a.procs:
@@ -83,12 +80,7 @@ def main() -> None:
                      f"{best['tokens_per_s'] / base:.2f}x |")
     lines.append(f"run hash identical across every run and P: {len(hashes) == 1} "
                  f"({sorted(hashes)[0][:16]}...)")
-    lines.append(f"load average after {os.getloadavg()}")
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(text + "\n")
+    report_end(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Fused AdamW of SPEC section 5: bf16 parameters, fp32 gradients and moments.
+"""Fused AdamW of the Open-1B recipe: bf16 parameters, fp32 gradients and moments.
 
 Host scalars (computed once per step from Python floats, i.e. IEEE binary64 add/sub/mul/
 div/sqrt, which are exactly specified on every platform; each result rounded to float32):
@@ -44,7 +44,7 @@ BLOCK = 1024
 
 @dataclass(frozen=True)
 class AdamWConfig:
-    """Open-1B defaults (SPEC section 5)."""
+    """Open-1B defaults (docs/TRAINING.md, "One optimizer step")."""
 
     beta1: float = 0.9
     beta2: float = 0.95

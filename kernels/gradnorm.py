@@ -14,7 +14,7 @@ is exact, so an unclipped step leaves the gradients' bits unchanged.
 
 Subnormals IEEE. inf in any gradient gives norm = inf and coef = 0 (inf * 0 = NaN in that
 tensor's inf entries); NaN gives norm NaN and coef 1.0. The trainer checks the norm before stepping.
-Gradients must be float32 (SPEC section 5: gradients are reduced in fp32).
+Gradients must be float32 (the recipe reduces gradients in fp32).
 """
 from __future__ import annotations
 
