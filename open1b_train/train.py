@@ -275,20 +275,8 @@ def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | No
                 tracer.write(trace_path(run.dir, step))
             line, upd, loss_t, t_hash = out.line, out.upd, out.loss, out.hash_seconds
             t2 = time.perf_counter()
-            want = expected.get(step)
-            if want is not None and want["hash"] != line["hash"]:
-                comp = [c for c in statehash.COMPONENTS
-                        if want["components"].get(c) != line["components"][c]]
-                raise ReproducibilityError(
-                    f"step {step} recomputed after a resume differs from the logged step "
-                    f"({', '.join(comp) or 'hash'}); the same inputs gave other bits - this "
-                    f"machine or build does not reproduce the run")
-            line.update(loss=float(loss_t), grad_norm=upd.norm, lr=upd.lr, phase=info.phase,
-                        windows=[info.first_window, info.first_window + info.batch_sequences],
-                        mesh=list(cfg.mesh),
-                        seconds=round(t2 - t0, 4), hash_seconds=round(t_hash, 4),
-                        tokens_per_s=round(info.batch_sequences * sched.spec.seq_tokens /
-                                           max(t2 - t0, 1e-9), 1))
+            check_reproduced(step, line, expected)
+            annotate(line, run, info, upd, loss_t, t2 - t0, hash_seconds=round(t_hash, 4))
             runlog.append(run.dir, line)
             state.step, state.prev_hash = step, line["hash"]
             state.loader = boundary_state(loader.state_dict(), V)
@@ -307,6 +295,27 @@ def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | No
     return Summary(run.dir, first, state.step, state.prev_hash, loss,
                    time.perf_counter() - t_start, tokens, skipped)
 
+
+
+def check_reproduced(step: int, line: dict, expected: dict[int, dict]) -> None:
+    """A step recomputed after a resume must equal its logged line, component for component."""
+    want = expected.get(step)
+    if want is not None and want["hash"] != line["hash"]:
+        comp = [c for c in statehash.COMPONENTS
+                if want["components"].get(c) != line["components"][c]]
+        raise ReproducibilityError(
+            f"step {step} recomputed after a resume differs from the logged step "
+            f"({', '.join(comp) or 'hash'}); the same inputs gave other bits - this "
+            f"machine or build does not reproduce the run")
+
+
+def annotate(line: dict, run: Run, info, upd, loss, seconds: float, **extra) -> None:
+    """The informational (unhashed) fields of a step's log line."""
+    tokens = info.batch_sequences * run.schedule.spec.seq_tokens
+    line.update(loss=float(loss), grad_norm=upd.norm, lr=upd.lr, phase=info.phase,
+                windows=[info.first_window, info.first_window + info.batch_sequences],
+                mesh=list(run.cfg.mesh), seconds=round(seconds, 4), **extra,
+                tokens_per_s=round(tokens / max(seconds, 1e-9), 1))
 
 def data_digest_of(batches: list[list[MicroBatch]]) -> str:
     """The step's data component from its micro-batches (any order: stream order inside)."""

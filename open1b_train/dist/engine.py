@@ -49,9 +49,9 @@ from open1b_train.params import ALIGN, Layout, param_specs
 from open1b_train.step import (SPIKE_INJECTION, MicroBatch, Update, _into, decide,
                                forward_backward, update)
 from open1b_train.train import (RUN_INFO, Run, State, Summary, _batches, _check_config,
-                                boundary_state,
-                                _progress, backend_scope, checkpoint_record, fresh_state,
-                                optim_shards, resolve, resume_state, scalars_record, step_line)
+                                _progress, annotate, backend_scope, boundary_state,
+                                check_reproduced, checkpoint_record, fresh_state, optim_shards,
+                                resolve, resume_state, scalars_record, step_line)
 from open1b_train.treefold import TreeFold
 
 
@@ -175,19 +175,9 @@ def _loop(run: Run, state: State, shards: Shards, pl: Placement, expected, progr
                                           info, batches)
             t2 = time.perf_counter()
             _check_same(f"step {step}'s hash", line["hash"])
-            want = expected.get(step)
-            if want is not None and want["hash"] != line["hash"]:
-                comp = [c for c in statehash.COMPONENTS
-                        if want["components"].get(c) != line["components"][c]]
-                raise ReproducibilityError(
-                    f"step {step} recomputed after a resume differs from the logged step "
-                    f"({', '.join(comp) or 'hash'}); this run does not reproduce the log")
-            line.update(loss=float(loss), grad_norm=upd.norm, lr=upd.lr, phase=info.phase,
-                        windows=[info.first_window, info.first_window + info.batch_sequences],
-                        mesh=list(cfg.mesh), processes=pl.procs, seconds=round(t2 - t0, 4),
-                        collective_seconds=round(comm, 4),
-                        tokens_per_s=round(info.batch_sequences * sched.spec.seq_tokens /
-                                           max(t2 - t0, 1e-9), 1))
+            check_reproduced(step, line, expected)
+            annotate(line, run, info, upd, loss, t2 - t0, processes=pl.procs,
+                     collective_seconds=round(comm, 4))
             if pl.rank == 0:
                 runlog.append(run.dir, line)
             state.step, state.prev_hash = step, line["hash"]
