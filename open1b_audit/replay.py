@@ -43,8 +43,9 @@ from open1b_train.config import from_dict
 from open1b_train.errors import CheckpointError, DivergenceError, Open1bTrainError
 from open1b_train.params import Layout, init_params, param_specs
 from open1b_train.step import OptimState
-from open1b_train.train import (Run, State, _batches, backend_scope, compute_step,
-                                data_digest_of, resolve)
+from open1b_train.loop import micro_batches
+from open1b_train.train import (Run, State, backend_scope, compute_step, data_digest_of,
+                                resolve)
 
 ORDER = ("grad", "scalars", "params", "optim")     # the order a step computes them in
 
@@ -221,7 +222,7 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
                 res.finding = Finding(s, "data", f"the step's windows cannot be read as "
                                                  f"published: {e}")
                 break
-            batches = _batches(items, V, run.device)
+            batches = micro_batches(items, V, run.device)
             if data_digest_of(batches) != want["components"]["data"]:
                 res.finding = Finding(s, "data", "the step's windows (from the mix, in stream "
                                                  "order) differ from the logged data digest")

@@ -1,4 +1,4 @@
-"""The training loop: load -> step -> hash -> log -> checkpoint, one step after another.
+"""Training in one process: the run, its state (fresh or resumed), and the step written once.
 
 ``train(cfg, mix, run)`` trains ``cfg`` on the built mix ``mix`` into the run directory
 ``run`` (``RUN/config.json``, ``RUN/steps.jsonl``, ``RUN/checkpoints/``). A run directory
@@ -8,16 +8,17 @@ refused naming what differs. Steps the log already holds past that checkpoint (a
 killed after logging them) are recomputed and must come out bit-identical: a difference
 is a ``ReproducibilityError`` naming the step and component, never a silent overwrite.
 
-Data comes from ``open1b_data``'s ``StreamLoader`` serving all virtual ranks of the
-logical mesh in mesh order; the trainer never reorders it.
+``compute_step`` is Algorithm 1 + the recipe over every virtual rank of the logical mesh;
+the trainer, and the audit's replay, run steps through it. The loop around it (load ->
+step -> check -> log -> checkpoint) is ``loop.run_steps``, shared with the distributed
+engine. Data comes from ``open1b_data``'s ``StreamLoader`` serving all virtual ranks in
+mesh order; the trainer never reorders it.
 """
 from __future__ import annotations
 
-from open1b_train.allocator import keep_freed_memory
 import dataclasses
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,12 +26,14 @@ from typing import Any
 import torch
 
 import kernels.backend as kb
-from open1b_data import StreamLoader, StreamPlan
+from open1b_data import StreamPlan
 from open1b_data.build.manifest import load_manifest
 from open1b_data.stream.schedule import Schedule
 from open1b_train import __version__, checkpoint, runlog, statehash
+from open1b_train.allocator import keep_freed_memory
 from open1b_train.config import TrainConfig, from_dict
-from open1b_train.errors import ConfigError, ResumeError, ReproducibilityError
+from open1b_train.errors import ConfigError, ResumeError
+from open1b_train.loop import Computed, Summary, run_steps
 from open1b_train.params import Layout, init_params, param_specs
 from open1b_train.trace import Tracer
 from open1b_train.trace import path_of as trace_path
@@ -71,18 +74,6 @@ class StepOut:
     loss: torch.Tensor
     hash_seconds: float
     peak_partials: int
-
-
-@dataclass(frozen=True)
-class Summary:
-    run: str
-    first_step: int
-    last_step: int
-    run_hash: str
-    loss: float | None
-    seconds: float
-    tokens: int
-    skipped_steps: int
 
 
 def _device(cfg: TrainConfig) -> torch.device:
@@ -210,112 +201,69 @@ def _genesis_difference(run: Run, old: dict, new: dict) -> str:
 
 # ----------------------------------------------------------------------------- the loop
 
-def _batches(items: list[dict], V: int, device: torch.device) -> list[list[MicroBatch]]:
-    out: list[list[MicroBatch]] = [[] for _ in range(V)]
-    for it in items:
-        toks = torch.cat([it["input_ids"], it["labels"][:, -1:]], 1).to(device)
-        out[it["rank"]].append(MicroBatch(it["rank"], it["micro_batch"],
-                                          tuple(it["windows"]), toks))
-    return out
+def open_run(cfg: TrainConfig, mix: str, run_dir: str, lead: bool = True,
+             sync=lambda: None) -> tuple[Run, State, dict[int, dict], bool]:
+    """Resolve the run and its state: resumed from the latest good checkpoint, or fresh.
+
+    Returns (run, state, expected, fresh): ``expected`` holds the log lines past the
+    resumed checkpoint (recomputed steps must equal them). Only the ``lead`` process
+    writes the config, the log's first line or its rewrite; ``sync`` is a barrier between
+    processes (none for one process). Call inside ``backend_scope(cfg)``."""
+    run = resolve(cfg, mix, run_dir)
+    if lead:
+        _check_config(run.dir, run.cfg)
+        with open(os.path.join(run.dir, RUN_INFO), "w") as f:
+            json.dump({"mix": mix if "://" in mix else os.path.abspath(mix)}, f)
+    sync()
+    lines = runlog.read(run.dir)
+    sync()                                   # every process has read the log before a rewrite
+    if not lines:
+        state, genesis = fresh_state(run)
+        if lead:
+            runlog.append(run.dir, genesis)
+        return run, state, {}, True
+    state, keep = resume_state(run, lines)
+    if lead and (len(keep) != len(lines) or runlog.has_partial_tail(run.dir)):
+        runlog.rewrite(run.dir, keep)
+    return run, state, {ln["step"]: ln for ln in lines[len(keep):]}, False
 
 
 def train(cfg: TrainConfig, mix: str, run_dir: str, progress: bool | None = None,
           echo=print, trace_steps: frozenset[int] = frozenset()) -> Summary:
     """Train (or resume) the run in ``run_dir``; see the module docstring."""
     keep_freed_memory()
-    run = resolve(cfg, mix, run_dir)
-    cfg = run.cfg
-    _check_config(run.dir, cfg)
-    with open(os.path.join(run.dir, RUN_INFO), "w") as f:
-        json.dump({"mix": mix if "://" in mix else os.path.abspath(mix)}, f)
     with backend_scope(cfg):
-        lines = runlog.read(run.dir)
-        if lines:
-            state, keep = resume_state(run, lines)
-            expected = {ln["step"]: ln for ln in lines[len(keep):]}
-            if len(keep) != len(lines) or runlog.has_partial_tail(run.dir):
-                runlog.rewrite(run.dir, keep)
-        else:
-            state, genesis = fresh_state(run)
-            runlog.append(run.dir, genesis)
-            expected = {}
+        run, state, expected, fresh = open_run(cfg, mix, run_dir)
+        if fresh:
             _save_checkpoint(run, state)
-        return _loop(run, state, expected, progress, echo, trace_steps)
+        return run_steps(run, state, expected, LocalStepper(run, trace_steps), progress, echo)
 
 
-def _loop(run: Run, state: State, expected: dict[int, dict], progress: bool | None,
-          echo, trace_steps: frozenset[int] = frozenset()) -> Summary:
-    cfg, sched = run.cfg, run.schedule
-    V = cfg.virtual_ranks
-    specs = param_specs(cfg.model)
-    layout = Layout(specs)
-    first = state.step + 1
-    t_start = time.perf_counter()
-    tokens = skipped = 0
-    loss = None
-    if first > run.last_step:
-        echo(f"{run.dir}: already trained to step {state.step} (last step {run.last_step})")
-        return Summary(run.dir, first, state.step, state.prev_hash, None, 0.0, 0, 0)
-    loader = StreamLoader(run.plan, world=V, ranks=range(V), start_step=first,
-                          end_step=run.last_step)
-    if state.loader is not None:
-        loader.load_state_dict(state.loader)
-    bar = _progress(run, first, progress)
-    it = iter(loader)
-    try:
-        for step in range(first, run.last_step + 1):
-            info = sched.step(step)
-            acc = sched.accumulation(step, V)
-            items = [next(it) for _ in range(acc * V)]
-            t0 = time.perf_counter()
-            batches = _batches(items, V, run.device)
-            tracer = Tracer(step) if step in trace_steps else None
-            out = compute_step(run, state, batches, step, info, specs, layout, trace=tracer)
-            if tracer is not None:
-                tracer.write(trace_path(run.dir, step))
-            line, upd, loss_t, t_hash = out.line, out.upd, out.loss, out.hash_seconds
-            t2 = time.perf_counter()
-            check_reproduced(step, line, expected)
-            annotate(line, run, info, upd, loss_t, t2 - t0, hash_seconds=round(t_hash, 4))
-            runlog.append(run.dir, line)
-            state.step, state.prev_hash = step, line["hash"]
-            state.loader = boundary_state(loader.state_dict(), V)
-            tokens += info.batch_sequences * sched.spec.seq_tokens
-            skipped += upd.skipped
-            loss = float(loss_t)
-            if step % cfg.checkpoint_every == 0 or step == run.last_step:
-                _save_checkpoint(run, state)
-            if bar is not None:
-                bar.set_postfix_str(f"loss {loss:.4f} | {line['tokens_per_s']:,.0f} tok/s"
-                                    + (" | skip" if upd.skipped else ""))
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    return Summary(run.dir, first, state.step, state.prev_hash, loss,
-                   time.perf_counter() - t_start, tokens, skipped)
+class LocalStepper:
+    """Every virtual rank in this process, in mesh order (``loop.Stepper``)."""
 
+    lead = True
 
+    def __init__(self, run: Run, trace_steps: frozenset[int] = frozenset()) -> None:
+        self.run, self.trace_steps = run, trace_steps
+        self.ranks = range(run.cfg.virtual_ranks)
+        self.specs = param_specs(run.cfg.model)
+        self.layout = Layout(self.specs)
 
-def check_reproduced(step: int, line: dict, expected: dict[int, dict]) -> None:
-    """A step recomputed after a resume must equal its logged line, component for component."""
-    want = expected.get(step)
-    if want is not None and want["hash"] != line["hash"]:
-        comp = [c for c in statehash.COMPONENTS
-                if want["components"].get(c) != line["components"][c]]
-        raise ReproducibilityError(
-            f"step {step} recomputed after a resume differs from the logged step "
-            f"({', '.join(comp) or 'hash'}); the same inputs gave other bits - this "
-            f"machine or build does not reproduce the run")
+    def compute(self, state: State, step: int, info, batches) -> Computed:
+        tracer = Tracer(step) if step in self.trace_steps else None
+        out = compute_step(self.run, state, batches, step, info, self.specs, self.layout,
+                           trace=tracer)
+        if tracer is not None:
+            tracer.write(trace_path(self.run.dir, step))
+        return Computed(out.line, out.upd, out.loss, {"hash_seconds": round(out.hash_seconds, 4)})
 
+    def agree(self, step: int, line: dict) -> None:
+        pass                                  # one process: nothing to agree with
 
-def annotate(line: dict, run: Run, info, upd, loss, seconds: float, **extra) -> None:
-    """The informational (unhashed) fields of a step's log line."""
-    tokens = info.batch_sequences * run.schedule.spec.seq_tokens
-    line.update(loss=float(loss), grad_norm=upd.norm, lr=upd.lr, phase=info.phase,
-                windows=[info.first_window, info.first_window + info.batch_sequences],
-                mesh=list(run.cfg.mesh), seconds=round(seconds, 4), **extra,
-                tokens_per_s=round(tokens / max(seconds, 1e-9), 1))
+    def save(self, state: State) -> None:
+        _save_checkpoint(self.run, state)
+
 
 def data_digest_of(batches: list[list[MicroBatch]]) -> str:
     """The step's data component from its micro-batches (any order: stream order inside)."""
@@ -361,15 +309,6 @@ def step_line(step: int, prev: str, comps: dict[str, str], scalars: dict[str, An
             "components": comps, "scalars": scalars}
 
 
-def boundary_state(state: dict[str, Any], V: int) -> dict[str, Any]:
-    """The loader's state at a step boundary as if one process served all V virtual ranks:
-    the same record whatever the number of processes (a boundary state loads on any)."""
-    if state.get("item") or state.get("worker"):
-        raise ReproducibilityError(f"the loader stopped inside step {state.get('step')}; a "
-                                   f"checkpoint needs a step boundary")
-    return {**state, "ranks": [0, V], "world": V}
-
-
 def checkpoint_record(run: Run, state: State) -> dict[str, Any]:
     return {"adam_step": state.opt.adam_step, "skip_left": state.opt.skip_left,
             "run_hash": state.prev_hash, "loader": state.loader, "config": run.cfg.to_dict(),
@@ -395,15 +334,3 @@ def _save_checkpoint(run: Run, state: State) -> None:
     checkpoint.save(run.dir, state.step, state.params, optim_shards(layout, state.opt, n), n,
                     checkpoint_record(run, state))
     checkpoint.prune(run.dir, run.cfg.keep_checkpoints)
-
-
-def _progress(run: Run, first: int, enabled: bool | None):
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=run.last_step - first + 1, initial=0, unit="step", dynamic_ncols=True,
-                desc=f"train {os.path.basename(run.dir.rstrip('/'))}", file=sys.stderr)
-

@@ -28,8 +28,6 @@ or a shared filesystem across nodes).
 """
 from __future__ import annotations
 
-from open1b_train.allocator import keep_freed_memory
-import json
 import os
 import time
 
@@ -39,19 +37,19 @@ import torch.distributed as dist
 from kernels.reduce import reciprocal_f32, tree_sum
 from kernels.rounding import sqrt_rn
 from open1b_data import StreamLoader
-from open1b_train import checkpoint, runlog, statehash
+from open1b_train import checkpoint, statehash
+from open1b_train.allocator import keep_freed_memory
 from open1b_train.config import TrainConfig
 from open1b_train.dist.collectives import all_reduce, reduce_scatter
 from open1b_train.dist.exchange import Exchange
 from open1b_train.dist.placement import Placement
 from open1b_train.errors import ReproducibilityError
+from open1b_train.loop import Computed, Summary, run_steps
 from open1b_train.params import ALIGN, Layout, param_specs
 from open1b_train.step import (SPIKE_INJECTION, MicroBatch, Update, _into, decide,
                                forward_backward, update)
-from open1b_train.train import (RUN_INFO, Run, State, Summary, _batches, _check_config,
-                                _progress, annotate, backend_scope, boundary_state,
-                                check_reproduced, checkpoint_record, fresh_state, optim_shards,
-                                resolve, resume_state, scalars_record, step_line)
+from open1b_train.train import (Run, State, backend_scope, checkpoint_record, open_run,
+                                optim_shards, scalars_record, step_line)
 from open1b_train.treefold import TreeFold
 
 
@@ -114,87 +112,41 @@ def train_distributed(cfg: TrainConfig, mix: str, run_dir: str, progress: bool |
     """``train.train`` on the current torch.distributed process group."""
     keep_freed_memory()
     rank, world = dist.get_rank(), dist.get_world_size()
-    run = resolve(cfg, mix, run_dir)
-    pl = Placement(run.cfg.mesh[0], run.cfg.mesh[1], world, rank)
-    if rank == 0:
-        _check_config(run.dir, run.cfg)
-        with open(os.path.join(run.dir, RUN_INFO), "w") as f:
-            json.dump({"mix": mix if "://" in mix else os.path.abspath(mix)}, f)
-    dist.barrier()
-    with backend_scope(run.cfg):
-        lines = runlog.read(run.dir)
-        dist.barrier()                      # every process has read the log before a rewrite
-        if lines:
-            state, keep = resume_state(run, lines)
-            expected = {ln["step"]: ln for ln in lines[len(keep):]}
-            if rank == 0 and (len(keep) != len(lines) or runlog.has_partial_tail(run.dir)):
-                runlog.rewrite(run.dir, keep)
-        else:
-            state, genesis = fresh_state(run)
-            expected = {}
-            if rank == 0:
-                runlog.append(run.dir, genesis)
+    pl = Placement(cfg.mesh[0], cfg.mesh[1], world, rank)      # refuses a bad P first
+    with backend_scope(cfg):
+        run, state, expected, fresh = open_run(cfg, mix, run_dir, lead=rank == 0,
+                                               sync=dist.barrier)
         shards = Shards(Layout(param_specs(run.cfg.model)), pl, run.device)
         shards.load(state.opt)
         state.opt.m = state.opt.v = None           # only the owned slices stay
-        if not lines:
-            _save(run, state, shards, pl)
+        stepper = DistStepper(run, shards, pl)
+        if fresh:
+            stepper.save(state)
         dist.barrier()
-        return _loop(run, state, shards, pl, expected, progress if rank == 0 else False, echo)
+        return run_steps(run, state, expected, stepper, progress, echo)
 
 
-def _loop(run: Run, state: State, shards: Shards, pl: Placement, expected, progress,
-          echo) -> Summary:
-    cfg, sched = run.cfg, run.schedule
-    V = pl.virtual
-    specs = param_specs(cfg.model)
-    layout = shards.layout
-    ex = Exchange(pl)
-    first = state.step + 1
-    t_start = time.perf_counter()
-    tokens = skipped = 0
-    loss_f = None
-    if first > run.last_step:
-        if pl.rank == 0:
-            echo(f"{run.dir}: already trained to step {state.step} (last step {run.last_step})")
-        return Summary(run.dir, first, state.step, state.prev_hash, None, 0.0, 0, 0)
-    loader = StreamLoader(run.plan, world=V, ranks=pl.local, start_step=first,
-                          end_step=run.last_step)
-    if state.loader is not None:
-        loader.load_state_dict(state.loader)
-    bar = _progress(run, first, progress)
-    it = iter(loader)
-    try:
-        for step in range(first, run.last_step + 1):
-            info = sched.step(step)
-            acc = sched.accumulation(step, V)
-            items = [next(it) for _ in range(acc * len(pl.local))]
-            t0 = time.perf_counter()
-            batches = _batches(items, V, run.device)
-            line, upd, loss, comm = _step(run, state, shards, pl, ex, specs, layout, step,
-                                          info, batches)
-            t2 = time.perf_counter()
-            _check_same(f"step {step}'s hash", line["hash"])
-            check_reproduced(step, line, expected)
-            annotate(line, run, info, upd, loss, t2 - t0, processes=pl.procs,
-                     collective_seconds=round(comm, 4))
-            if pl.rank == 0:
-                runlog.append(run.dir, line)
-            state.step, state.prev_hash = step, line["hash"]
-            state.loader = boundary_state(loader.state_dict(), V)
-            tokens += info.batch_sequences * sched.spec.seq_tokens
-            skipped += upd.skipped
-            loss_f = float(loss)
-            if step % cfg.checkpoint_every == 0 or step == run.last_step:
-                _save(run, state, shards, pl)
-            if bar is not None:
-                bar.set_postfix_str(f"loss {loss_f:.4f} | {line['tokens_per_s']:,.0f} tok/s")
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    return Summary(run.dir, first, state.step, state.prev_hash, loss_f,
-                   time.perf_counter() - t_start, tokens, skipped)
+class DistStepper:
+    """This process's virtual ranks, the collectives and the sharded update
+    (``loop.Stepper``)."""
+
+    def __init__(self, run: Run, shards: Shards, pl: Placement) -> None:
+        self.run, self.shards, self.pl = run, shards, pl
+        self.ranks, self.lead = pl.local, pl.rank == 0
+        self.ex = Exchange(pl)
+        self.specs = param_specs(run.cfg.model)
+
+    def compute(self, state: State, step: int, info, batches) -> Computed:
+        line, upd, loss, comm = _step(self.run, state, self.shards, self.pl, self.ex,
+                                      self.specs, self.shards.layout, step, info, batches)
+        return Computed(line, upd, loss, {"processes": self.pl.procs,
+                                          "collective_seconds": round(comm, 4)})
+
+    def agree(self, step: int, line: dict) -> None:
+        _check_same(f"step {step}'s hash", line["hash"])
+
+    def save(self, state: State) -> None:
+        _save(self.run, state, self.shards, self.pl)
 
 
 def _step(run, state, shards: Shards, pl: Placement, ex: Exchange, specs, layout, step, info,

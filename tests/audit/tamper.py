@@ -177,9 +177,9 @@ class Patch:
 
 def swapped_windows(mix: str, work: str) -> tuple[str, int]:
     """A trainer that swapped two windows' contents in step 5."""
-    import open1b_train.train as T
+    import open1b_train.loop as L
 
-    real = T._batches
+    real = L.micro_batches
 
     def swapping(items, V, device):
         b = real(items, V, device)
@@ -189,7 +189,7 @@ def swapped_windows(mix: str, work: str) -> tuple[str, int]:
             b[0][1] = dataclasses.replace(c, tokens=a.tokens)
         return b
     r = os.path.join(work, "run")
-    _dishonest(r, mix, lambda: Patch(T, "_batches", swapping))
+    _dishonest(r, mix, lambda: Patch(L, "micro_batches", swapping))
     return r, 5
 
 
