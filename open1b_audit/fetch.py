@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from open1b_data.build.manifest import (ShardEntry, _mix_root, parse_manifest,
-                                       read_manifest_bytes)
+from open1b_data.build.manifest import ShardEntry, parse_manifest, read_manifest_bytes
+from open1b_data.build.mixpath import mix_root
 from open1b_data.errors import ManifestError, ShardFormatError
 from open1b_data.storage import atomic_write_bytes, join, url_to_fs
 from open1b_data.storage_errors import failures
@@ -242,7 +242,7 @@ def fetch_step(mix_url: str, step: int) -> StepData:
     url, raw = read_manifest_bytes(mix_url)
     fetcher.count("manifest", len(raw), 1)
     manifest = parse_manifest(raw, url)     # recomputes the fingerprint
-    root = _mix_root(mix_url)
+    root = mix_root(mix_url)
     view = _CountedView(root, summary_of(manifest), fetcher)
     info = Schedule.from_definition(view.definition).step(step)
     a, b = info.first_window, info.first_window + info.batch_sequences

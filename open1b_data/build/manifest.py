@@ -10,14 +10,13 @@ Contract (docs/FORMATS.md, "manifest.json"):
   root (``merkle.py``; absent in builds from before trees) as written, so changing one byte
   of a shard, one document length, a root, the tokenizer or the definition changes the
   fingerprint.
-- Paths inside a manifest are relative to the mix root, '/'-separated, and confined:
-  absolute paths, URLs, drive letters, backslashes, control characters, empty, ``.`` and
-  ``..`` components are rejected (``check_path``); ``resolve(mix_url, rel)`` is the only way
-  to turn one into a URL. ``check_path`` accepts with one compiled regular expression
-  (``_CONFINED``, ~2 us a path) and only explains a refusal the slow way, and a shard entry
-  is parsed in straight-line code (``_fast_shard``) with the field-by-field parse as the
-  fallback that names what is wrong: opening a mix checks 3,322 shard entries at Open-1B
-  scale (BENCHMARKS.md: ~0.15 s, half of it parsing the JSON and the fingerprint).
+- Paths inside a manifest are relative to the mix root and confined (``mixpath``:
+  ``check_path`` refuses absolute paths, URLs, drive letters, backslashes, control
+  characters, empty, ``.`` and ``..`` components; ``resolve(mix_url, rel)`` is the only way
+  to turn one into a URL). A confined path is accepted by one compiled regular expression
+  (``mixpath.CONFINED``, ~2 us a path), and a shard entry is parsed in straight-line code
+  (``_fast_shard``) with the field-by-field parse as the fallback that names what is
+  wrong: opening a mix checks 3,322 shard entries at Open-1B scale (BENCHMARKS.md: ~0.15 s, half of it parsing the JSON and the fingerprint).
 - ``load_manifest`` refuses, with the path and what to pass instead, anything that is not
   a built mix: a mix definition ``.toml`` or another file, a directory without
   ``manifest.json``, an unreadable one; storage failures (no credentials, no network) name
@@ -39,49 +38,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from open1b_data.errors import FileAccessError, ManifestError
+from open1b_data.build.mixpath import CONFINED, MANIFEST, check_path, mix_root
 from open1b_data.storage import atomic_write_bytes, join, read_bytes
 
 FORMAT = "open1b-mix"
 VERSION = 1
-MANIFEST = "manifest.json"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-# A confined path, all at once: components of characters other than '/', backslash and
-# C0 controls, none of them '.' or '..', and no drive letter in front. An empty component
-# (a leading '/', '//', a trailing '/') cannot match, and a URL's '://' holds one.
-_COMPONENT = r"(?!\.\.?(?:/|\Z))[^/\\\x00-\x1f]+"
-_CONFINED = re.compile(rf"(?![A-Za-z]:){_COMPONENT}(?:/{_COMPONENT})*")
 
 
 # ---------------------------------------------------------------------------------------
-# Paths and canonical JSON
-
-def check_path(rel: Any, what: str = "path") -> str:
-    """``rel`` if it is a confined, '/'-separated relative path; else ``ManifestError``."""
-    if type(rel) is str and _CONFINED.fullmatch(rel):
-        return rel
-    if not isinstance(rel, str) or not rel:
-        raise ManifestError(f"{what}: expected a non-empty relative path, got {rel!r}")
-    bad = None
-    if "\\" in rel:
-        bad = "contains a backslash"
-    elif "://" in rel or rel.startswith("/") or re.match(r"^[A-Za-z]:", rel):
-        bad = "is absolute"
-    elif any(part in ("", ".", "..") for part in rel.split("/")):
-        bad = "has an empty, '.' or '..' component"
-    elif any(ord(c) < 32 for c in rel):
-        bad = "contains a control character"
-    else:   # unreachable while _CONFINED and these rules agree (tested on random paths)
-        bad = "is not a confined path"
-    if bad:
-        raise ManifestError(f"{what}: {rel!r} {bad}; manifest paths must stay inside the mix "
-                            f"root (relative, '/'-separated, no '..')")
-    return rel
-
-
-def resolve(mix_url: str, rel_path: str) -> str:
-    """The URL (or local path) of ``rel_path`` inside the mix at ``mix_url``, confined."""
-    return join(mix_url, check_path(rel_path))
-
+# Canonical JSON
 
 def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
@@ -92,12 +58,6 @@ def fingerprint(manifest_dict: Mapping[str, Any]) -> str:
     """sha256 hex of the canonical manifest content without its ``fingerprint`` key."""
     body = {k: v for k, v in manifest_dict.items() if k != "fingerprint"}
     return hashlib.sha256(canonical_json(body)).hexdigest()
-
-
-def _mix_root(mix_url: str) -> str:
-    """Accept the mix directory or its manifest.json."""
-    url = str(mix_url).rstrip("/")
-    return url[: -len(MANIFEST) - 1] if url.endswith("/" + MANIFEST) else url
 
 
 # ---------------------------------------------------------------------------------------
@@ -200,7 +160,7 @@ def _fast_shard(d: Any) -> ShardEntry | None:
             and type(sha) is str and type(lsha) is str
             and _SHA256.fullmatch(sha) and _SHA256.fullmatch(lsha)
             and type(path) is str and type(lpath) is str
-            and _CONFINED.fullmatch(path) and _CONFINED.fullmatch(lpath)):
+            and CONFINED.fullmatch(path) and CONFINED.fullmatch(lpath)):
         return None
     tree = d.get("merkle")
     if tree is None:
@@ -210,7 +170,7 @@ def _fast_shard(d: Any) -> ShardEntry | None:
     root, tpath, tsha = tree.get("root"), tree.get("path"), tree.get("sha256")
     if not (type(root) is str and type(tsha) is str and type(tpath) is str
             and _SHA256.fullmatch(root) and _SHA256.fullmatch(tsha)
-            and _CONFINED.fullmatch(tpath)):
+            and CONFINED.fullmatch(tpath)):
         return None
     return ShardEntry(path, sha, size, docs, toks, lpath, lsha, TreeEntry(root, tpath, tsha))
 
@@ -453,7 +413,7 @@ def write_manifest(mix_url: str, manifest: BuiltManifest) -> str:
         raise ManifestError(f"refusing to write manifest {manifest.name!r}: its fingerprint "
                             f"{manifest.fingerprint!r} does not match its content; build it "
                             f"with assemble_manifest")
-    url = join(_mix_root(mix_url), MANIFEST)
+    url = join(mix_root(mix_url), MANIFEST)
     atomic_write_bytes(url, manifest.to_json().encode("ascii"))
     return url
 
@@ -473,7 +433,7 @@ def read_manifest_bytes(mix_url: str) -> tuple[str, bytes]:
     """``(url, bytes)`` of ``<mix>/manifest.json``; ``ManifestError`` naming the path and
     what to pass when it is not a built mix, the storage's own error when it cannot be
     reached."""
-    root = _mix_root(mix_url)
+    root = mix_root(mix_url)
     url = join(root, MANIFEST)
     try:
         return url, read_bytes(url)

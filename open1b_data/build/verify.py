@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import hashlib
 
-from open1b_data.build.manifest import (_mix_root, parse_manifest, read_manifest_bytes,
-                                       resolve, tokenizer_files)
 from open1b_data.build import merkle
-from open1b_data.build.manifest import ShardEntry
+from open1b_data.build.manifest import (ShardEntry, parse_manifest, read_manifest_bytes,
+                                       tokenizer_files)
+from open1b_data.build.mixpath import mix_root, resolve
 from open1b_data.build.shards import iter_documents, read_lengths, read_shard_info
 from open1b_data.errors import ManifestError, ShardFormatError
 from open1b_data.storage import sha256_of
@@ -39,7 +39,7 @@ def _hash_and_size(url: str) -> tuple[str, int] | None:
 
 def verify(mix_url: str) -> list[str]:
     """Every mismatch between the manifest and the files it names, one line each."""
-    root = _mix_root(mix_url)
+    root = mix_root(mix_url)
     url, raw = read_manifest_bytes(root)
     try:
         m = parse_manifest(raw, url)

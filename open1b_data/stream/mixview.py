@@ -197,7 +197,7 @@ class MixView:
                           f"{list(self.names)}")
 
     def url(self, rel_path: str) -> str:
-        from open1b_data.build.manifest import resolve
+        from open1b_data.build.mixpath import resolve
 
         return resolve(self.mix_url, rel_path)
 

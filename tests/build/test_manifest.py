@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from open1b_data.build import manifest as mf
+from open1b_data.build import mixpath
 from open1b_data.build.verify import verify
 from open1b_data.errors import ManifestError
 from open1b_data.build.definition import ShardSpec
@@ -102,9 +103,9 @@ def test_edited_manifest_is_rejected(tmp_path):
                                  "s3://b/k", "C:/x", "a//b", "./a", ""])
 def test_escaping_paths_rejected(tmp_path, bad):
     with pytest.raises(ManifestError):
-        mf.check_path(bad)
+        mixpath.check_path(bad)
     with pytest.raises(ManifestError):
-        mf.resolve(str(tmp_path), bad)
+        mixpath.resolve(str(tmp_path), bad)
     # ... also when they come from a manifest file whose fingerprint is otherwise valid.
     m = _build(tmp_path)
     d = m.to_dict()
@@ -175,14 +176,14 @@ def test_check_path_fast_path_keeps_every_refusal():
     for pick, size in zip(picks, sizes):
         rel = "".join(alphabet[i] for i in pick[:size])
         try:
-            assert mf.check_path(rel) == rel and _confined(rel), rel
+            assert mixpath.check_path(rel) == rel and _confined(rel), rel
         except ManifestError as e:
             assert not _confined(rel), rel
             assert "is not a confined path" not in str(e), (rel, str(e))
             refusals.add(str(e).split("' ", 1)[-1].split(";")[0])
     assert len(refusals) >= 5, refusals        # every kind of refusal was exercised
     for ok in ("a/b.parquet", "src/shard-00000-00000.lengths.npy", "...", ".x/..y", "é/ü"):
-        assert mf.check_path(ok) == ok
+        assert mixpath.check_path(ok) == ok
 
 
 def test_fast_shard_parse_agrees_with_the_checked_one(tmp_path):
@@ -211,8 +212,8 @@ def test_fast_shard_parse_agrees_with_the_checked_one(tmp_path):
 
 
 def test_resolve_confined(tmp_path):
-    assert mf.resolve("s3://bucket/mix/", "a/b.parquet") == "s3://bucket/mix/a/b.parquet"
-    assert mf.resolve(str(tmp_path), "a/b") == f"{tmp_path}/a/b"
+    assert mixpath.resolve("s3://bucket/mix/", "a/b.parquet") == "s3://bucket/mix/a/b.parquet"
+    assert mixpath.resolve(str(tmp_path), "a/b") == f"{tmp_path}/a/b"
 
 
 def test_verify_names_each_mismatch(tmp_path):
