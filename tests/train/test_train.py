@@ -15,6 +15,7 @@ from open1b_train.show import f32_from_hex
 from open1b_train.train import train
 from tests.kernels.support import needs_interpreter
 from tests.train.conftest import REF_STEPS, micro_cfg
+from tests.train.trainmix import SEQ, train_mix
 
 
 def _lines(run: str) -> list[dict]:
@@ -23,17 +24,24 @@ def _lines(run: str) -> list[dict]:
 
 @pytest.mark.slow
 @needs_interpreter
-def test_cpu_reference_and_triton_path_give_the_same_step_hashes(tmp_path, mix4):
-    """A micro step (4 micro-batches: accumulation, reduction, norm, AdamW) on the CPU
-    reference and on the Triton kernels (interpreter): every component of the step hash
-    identical. One step: the interpreter runs ~60 s per step on 2 cores, and every op's own
+def test_cpu_reference_and_triton_path_give_the_same_step_hashes(tmp_path):
+    """Three micro steps on the CPU reference and on the Triton kernels (interpreter):
+    every component of every step hash identical. The schedule ramps from one window a
+    step to two at step 3, so the run crosses a batch-ramp phase, accumulates two
+    micro-batches, and updates AdamW moments that earlier steps wrote. Four micro-batches
+    in all: the interpreter runs ~15 s per micro-batch on 2 cores, and every op's own
     parity tests cover the rest."""
+    mix = train_mix(tmp_path / "mix", steps=4, batch=1,
+                    phases=[{"start_tokens": 0, "batch_sequences": 1},
+                            {"start_tokens": 2 * SEQ, "batch_sequences": 2}])
     runs = {}
     for backend in ("cpu", "triton"):
         runs[backend] = str(tmp_path / backend)
-        train(micro_cfg(steps=1, backend=backend), mix4, runs[backend], progress=False)
+        train(micro_cfg(steps=3, backend=backend), mix, runs[backend], progress=False)
     a, b = _lines(runs["cpu"]), _lines(runs["triton"])
-    assert len(a) == len(b) == 2
+    assert len(a) == len(b) == 4
+    assert [x["windows"][1] - x["windows"][0] for x in a[1:]] == [1, 1, 2]
+    assert a[3]["components"]["optim"] != a[2]["components"]["optim"]
     for x, y in zip(a, b):
         assert x.get("components") == y.get("components")
         assert x["hash"] == y["hash"]
