@@ -27,6 +27,7 @@ import tempfile
 import time
 
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -134,12 +135,16 @@ def quality(steps: int | None, png: str) -> dict:
     it = iter(StreamLoader(plan, world=1, ranks=range(1), end_step=len(ours)))
     stock = []
     t0 = time.perf_counter()
+    bar = tqdm(total=len(ours), unit="step", desc="stock bf16", disable=not sys.stderr.isatty())
     for s in range(1, len(ours) + 1):
         acc = sched.accumulation(s, 1)
         mbs = [next(it) for _ in range(acc)]
         loss, _ = train_step(model, opt, [(m["input_ids"], m["labels"]) for m in mbs],
                              sched.step(s).lr * demo().lr_scale)
         stock.append(loss)
+        bar.set_postfix_str(f"loss {loss:.4f}")
+        bar.update(1)
+    bar.close()
     t_stock = time.perf_counter() - t0
     import matplotlib
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from open1b_train.allocator import keep_freed_memory
 import dataclasses
-import json
 import os
 import platform
 import resource
@@ -39,13 +38,12 @@ from open1b_audit.chain import Finding
 from open1b_data import StreamLoader
 from open1b_data.errors import Open1bDataError
 from open1b_train import checkpoint, runlog, statehash
-from open1b_train.config import from_dict
 from open1b_train.errors import CheckpointError, DivergenceError, Open1bTrainError
 from open1b_train.params import Layout, init_params, param_specs
 from open1b_train.step import OptimState
 from open1b_train.loop import micro_batches
 from open1b_train.train import (Run, State, backend_scope, compute_step, data_digest_of,
-                                resolve)
+                                read_run, resolve, tensors_of)
 
 ORDER = ("grad", "scalars", "params", "optim")     # the order a step computes them in
 
@@ -85,21 +83,6 @@ def machine() -> dict[str, Any]:
             platform.machine(), "python": platform.python_version(), "torch": torch.__version__,
             "cpus": os.cpu_count(),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
-
-
-def run_config(run_dir: str, mix: str | None):
-    try:
-        with open(os.path.join(run_dir, "config.json")) as f:
-            cfg = from_dict(json.load(f))
-        if mix is None:
-            with open(os.path.join(run_dir, "run.json")) as f:
-                mix = json.load(f)["mix"]
-    except FileNotFoundError as e:
-        raise Open1bTrainError(f"{run_dir} is not a run directory ({e.filename} is missing)"
-                               ) from None
-    except (ValueError, KeyError) as e:
-        raise Open1bTrainError(f"{run_dir}: unreadable run files ({e})") from None
-    return cfg, mix
 
 
 def make_spill(directory: str):
@@ -144,16 +127,10 @@ def _start_state(run: Run, lines: list[dict], c: int) -> tuple[State, Finding | 
         return None, Finding(c, "checkpoint", f"{path} records step hash {rec.get('run_hash')}, "
                                               f"the log's step {c} is {lines[c]['hash']} "
                                               f"(a checkpoint of another run)")
-    missing = [s.name for s in specs if s.name not in ck.params or s.name not in ck.m]
-    if missing:
-        return None, Finding(c, "checkpoint", f"{path} lacks parameters {missing[:3]}")
-    params = {s.name: ck.params[s.name] for s in specs}
-    opt = OptimState(layout.zeros(run.device), layout.zeros(run.device),
-                     int(rec["adam_step"]), int(rec["skip_left"]))
-    for name, view in layout.views(opt.m).items():
-        view.copy_(ck.m[name])
-    for name, view in layout.views(opt.v).items():
-        view.copy_(ck.v[name])
+    try:
+        params, opt = tensors_of(ck, run)
+    except CheckpointError as e:
+        return None, Finding(c, "checkpoint", str(e))
     comps = lines[c]["components"]
     if statehash.tensors_digest(params) != comps["params"]:
         return None, Finding(c, "params", f"checkpoint {path}: its parameters differ from the "
@@ -174,7 +151,7 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
     keep_freed_memory()
     t_start = time.perf_counter()
     lines = runlog.read(run_dir, strict=False)
-    cfg, mix = run_config(run_dir, mix)
+    cfg, mix = read_run(run_dir, mix)
     cfg = dataclasses.replace(cfg, backend=backend)
     res = ReplayResult(run_dir, mix, step, 0, backend, "cpu")
     if step < 1 or step >= len(lines):

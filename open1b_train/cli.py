@@ -204,18 +204,12 @@ def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, npro
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def resume_cmd(run, mix, steps, nproc, quiet) -> None:
     """Continue RUN from its latest good checkpoint (same config, mix and seed)."""
-    from open1b_train.config import from_dict
+    from open1b_train.train import read_run
 
     try:
-        with open(os.path.join(run, "config.json")) as f:
-            cfg = from_dict(json.load(f))
-        if mix is None:
-            with open(os.path.join(run, "run.json")) as f:
-                mix = json.load(f)["mix"]
-    except FileNotFoundError as e:
-        _fail(click.ClickException(f"{run} is not a run directory ({e.filename} missing)"))
-    except (ValueError, KeyError, Open1bTrainError) as e:
-        _fail(click.ClickException(f"{run}: unreadable run files ({e})"))
+        cfg, mix = read_run(run, mix)
+    except Open1bTrainError as e:
+        _fail(click.ClickException(str(e)))
     if steps is not None:
         cfg = dataclasses.replace(cfg, steps=steps)
     _train(cfg, mix, run, quiet, nproc)

@@ -32,7 +32,7 @@ from open1b_data.stream.schedule import Schedule
 from open1b_train import __version__, checkpoint, runlog, statehash
 from open1b_train.allocator import keep_freed_memory
 from open1b_train.config import TrainConfig, from_dict
-from open1b_train.errors import ConfigError, ResumeError
+from open1b_train.errors import CheckpointError, ConfigError, Open1bTrainError, ResumeError
 from open1b_train.loop import Computed, Summary, run_steps
 from open1b_train.params import Layout, init_params, param_specs
 from open1b_train.trace import Tracer
@@ -168,17 +168,7 @@ def resume_state(run: Run, lines: list[dict[str, Any]]) -> tuple[State, list[dic
         raise ResumeError(f"checkpoint {ck.path} records step hash {rec.get('run_hash')}, the "
                           f"log's step {c} is {lines[c]['hash']}; they are from different runs")
     layout = Layout(param_specs(run.cfg.model))
-    specs = param_specs(run.cfg.model)
-    missing = [s.name for s in specs if s.name not in ck.params or s.name not in ck.m]
-    if missing:
-        raise ResumeError(f"checkpoint {ck.path} lacks parameters {missing[:3]}")
-    opt = OptimState(layout.zeros(run.device), layout.zeros(run.device),
-                     int(rec["adam_step"]), int(rec["skip_left"]))
-    for name, view in layout.views(opt.m).items():
-        view.copy_(ck.m[name])
-    for name, view in layout.views(opt.v).items():
-        view.copy_(ck.v[name])
-    params = {s.name: ck.params[s.name] for s in specs}
+    params, opt = tensors_of(ck, run)
     got = {"params": statehash.tensors_digest(params),
            "optim": statehash.optim_digest(layout.views(opt.m), layout.views(opt.v),
                                            opt.adam_step, opt.skip_left)}
@@ -189,6 +179,42 @@ def resume_state(run: Run, lines: list[dict[str, Any]]) -> tuple[State, list[dic
                               f"the log's step {c} ({logged[comp]}); the checkpoint was "
                               f"altered - resume from an earlier one")
     return State(c, params, opt, lines[c]["hash"], rec["loader"]), lines[:c + 1]
+
+
+def tensors_of(ck: checkpoint.Checkpoint, run: Run) -> tuple[dict[str, torch.Tensor],
+                                                             OptimState]:
+    """A loaded checkpoint's parameters and optimizer state, laid out for ``run``'s model
+    (not yet checked against the log: the caller compares digests)."""
+    specs = param_specs(run.cfg.model)
+    missing = [s.name for s in specs if s.name not in ck.params or s.name not in ck.m]
+    if missing:
+        raise CheckpointError(f"checkpoint {ck.path} lacks parameters {missing[:3]} of this "
+                              f"run's model; it was written for another config")
+    layout = Layout(specs)
+    rec = ck.record
+    opt = OptimState(layout.zeros(run.device), layout.zeros(run.device),
+                     int(rec["adam_step"]), int(rec["skip_left"]))
+    for name, view in layout.views(opt.m).items():
+        view.copy_(ck.m[name])
+    for name, view in layout.views(opt.v).items():
+        view.copy_(ck.v[name])
+    return {s.name: ck.params[s.name] for s in specs}, opt
+
+
+def read_run(run_dir: str, mix: str | None = None) -> tuple[TrainConfig, str]:
+    """A run directory's config and its mix (``mix`` overrides the one it recorded)."""
+    try:
+        with open(os.path.join(run_dir, CONFIG)) as f:
+            cfg = from_dict(json.load(f))
+        if mix is None:
+            with open(os.path.join(run_dir, RUN_INFO)) as f:
+                mix = json.load(f)["mix"]
+    except FileNotFoundError as e:
+        raise Open1bTrainError(f"{run_dir} is not a run directory ({e.filename} is missing)"
+                               ) from None
+    except (ValueError, KeyError) as e:
+        raise Open1bTrainError(f"{run_dir}: unreadable run files ({e})") from None
+    return cfg, mix
 
 
 def _genesis_difference(run: Run, old: dict, new: dict) -> str:

@@ -16,7 +16,8 @@ Contract (docs/FORMATS.md, "manifest.json"):
   to turn one into a URL). A confined path is accepted by one compiled regular expression
   (``mixpath.CONFINED``, ~2 us a path), and a shard entry is parsed in straight-line code
   (``_fast_shard``) with the field-by-field parse as the fallback that names what is
-  wrong: opening a mix checks 3,322 shard entries at Open-1B scale (BENCHMARKS.md: ~0.15 s, half of it parsing the JSON and the fingerprint).
+  wrong: opening a mix checks 3,322 shard entries at Open-1B scale (BENCHMARKS.md:
+  ~0.15 s, half of it parsing the JSON and the fingerprint).
 - ``load_manifest`` refuses, with the path and what to pass instead, anything that is not
   a built mix: a mix definition ``.toml`` or another file, a directory without
   ``manifest.json``, an unreadable one; storage failures (no credentials, no network) name
