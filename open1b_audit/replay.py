@@ -106,8 +106,7 @@ def make_spill(directory: str):
 
 def _start_state(run: Run, lines: list[dict], c: int) -> tuple[State, Finding | None]:
     """The verified state after step ``c`` (a checkpoint, or the seed's init for 0)."""
-    specs = param_specs(run.cfg.model)
-    layout = Layout(specs)
+    layout = Layout(param_specs(run.cfg.model))
     g = lines[0]["genesis"]
     if c == 0:
         params = init_params(run.cfg.model, run.cfg.seed, run.device)

@@ -225,7 +225,7 @@ def _genesis_difference(run: Run, old: dict, new: dict) -> str:
             f"another --out")
 
 
-# ----------------------------------------------------------------------------- the loop
+# ----------------------------------------------------------------------------- running
 
 def open_run(cfg: TrainConfig, mix: str, run_dir: str, lead: bool = True,
              sync=lambda: None) -> tuple[Run, State, dict[int, dict], bool]:

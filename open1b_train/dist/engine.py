@@ -36,7 +36,6 @@ import torch.distributed as dist
 
 from kernels.reduce import reciprocal_f32, tree_sum
 from kernels.rounding import sqrt_rn
-from open1b_data import StreamLoader
 from open1b_train import checkpoint, statehash
 from open1b_train.allocator import keep_freed_memory
 from open1b_train.config import TrainConfig
