@@ -38,12 +38,13 @@ from open1b_audit.chain import Finding
 from open1b_data import StreamLoader
 from open1b_data.errors import Open1bDataError
 from open1b_train import checkpoint, runlog, statehash
+from open1b_train.config import departures
 from open1b_train.errors import CheckpointError, DivergenceError, Open1bTrainError
 from open1b_train.params import Layout, init_params, param_specs
 from open1b_train.step import OptimState
 from open1b_train.loop import micro_batches
 from open1b_train.train import (Run, State, backend_scope, compute_step, data_digest_of,
-                                read_run, resolve, tensors_of)
+                                derived_loader_state, read_run, resolve, tensors_of)
 
 ORDER = ("grad", "scalars", "params", "optim")     # the order a step computes them in
 
@@ -63,6 +64,7 @@ class ReplayResult:
     seconds: float = 0.0
     peak_memory_bytes: int = 0
     fold_peak_partials: int = 0
+    recipe: dict[str, Any] | None = None    # the preset claimed and every departure from it
 
     @property
     def ok(self) -> bool:
@@ -75,7 +77,7 @@ class ReplayResult:
                 "finding": None if self.finding is None else self.finding.to_dict(),
                 "seconds": round(self.seconds, 3), "step_seconds": self.step_seconds,
                 "peak_memory_bytes": self.peak_memory_bytes,
-                "treefold_peak_partials": self.fold_peak_partials}
+                "treefold_peak_partials": self.fold_peak_partials, "recipe": self.recipe}
 
 
 def machine() -> dict[str, Any]:
@@ -139,7 +141,10 @@ def _start_state(run: Run, lines: list[dict], c: int) -> tuple[State, Finding | 
         return None, Finding(c, "optim", f"checkpoint {path}: its optimizer state (moments "
                                          f"or counters) differs from the log's digest for "
                                          f"step {c}")
-    return State(c, params, opt, lines[c]["hash"], rec.get("loader")), None
+    loader = derived_loader_state(run, c, rec.get("loader"))
+    if isinstance(loader, str):
+        return None, Finding(c, "checkpoint", f"{path}: {loader}")
+    return State(c, params, opt, lines[c]["hash"], loader), None
 
 
 def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu",
@@ -161,6 +166,9 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
         return _done(res, t_start)
     run = resolve(cfg, mix, run_dir)
     res.device = str(run.device)
+    res.recipe = {"preset": run.cfg.preset, "departures": [
+        {"field": k, "preset": want, "run": got}
+        for k, want, got in departures(run.cfg, run.plan.view.seed)]}
     g = lines[0]["genesis"]
     for key, have in (("config_identity", run.cfg.identity_sha256()),
                       ("mix_fingerprint", run.plan.fingerprint), ("seed", run.cfg.seed)):
@@ -182,10 +190,9 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
         state, res.finding = _start_state(run, lines, c)
         if res.finding is not None:
             return _done(res, t_start)
+        # the position is derived from (seed, mix, step): nothing stored is loaded
         loader = StreamLoader(run.plan, world=V, ranks=range(V), start_step=c + 1,
                               end_step=step)
-        if state.loader is not None:
-            loader.load_state_dict(state.loader)
         it = iter(loader)
         sp = make_spill(spill) if spill else None
         for s in range(c + 1, step + 1):

@@ -39,6 +39,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from open1b_train.errors import CheckpointError
+from open1b_train.safeio import read_json_object, read_regular
 
 FORMAT = "open1b-checkpoint"
 VERSION = 1
@@ -150,15 +151,20 @@ def list_steps(run: str) -> list[int]:
 
 def read_record(path: str) -> dict[str, Any]:
     rpath = os.path.join(path, "record.json")
-    try:
-        with open(rpath, "rb") as f:
-            rec = json.loads(f.read())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no record.json; it is not a checkpoint") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{rpath}: unreadable ({e}); the checkpoint is corrupt") from None
-    if not isinstance(rec, dict) or (rec.get("format"), rec.get("version")) != (FORMAT, VERSION):
+    if not os.path.lexists(rpath):
+        raise CheckpointError(f"{path}: no record.json; it is not a checkpoint")
+    rec = read_json_object(rpath, "checkpoint record", CheckpointError)
+    if (rec.get("format"), rec.get("version")) != (FORMAT, VERSION):
         raise CheckpointError(f"{rpath}: not a version-{VERSION} {FORMAT} record")
+    for key in ("step", "adam_step", "skip_left"):     # hashed into the optim digest / path
+        v = rec.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise CheckpointError(f"{rpath}: {key} must be an integer >= 0, got {v!r}; the "
+                                  f"record is corrupt")
+    name = os.path.basename(os.path.normpath(path))
+    if name.startswith("step-") and name[5:].isdigit() and int(name[5:]) != rec["step"]:
+        raise CheckpointError(f"{rpath}: records step {rec['step']} inside {name}; the "
+                              f"checkpoint was moved or edited")
     return rec
 
 
@@ -166,19 +172,18 @@ def load(path: str, device: torch.device | str = "cpu") -> Checkpoint:
     """Read and verify a checkpoint directory (see the module docstring)."""
     rec = read_record(path)
     files = rec.get("files") or {}
-    if "params.safetensors" not in files or not any(f.startswith("optim-") for f in files):
+    if not isinstance(files, dict) or "params.safetensors" not in files or not any(f.startswith("optim-") for f in files):
         raise CheckpointError(f"{path}: the record lists no params/optim files; corrupt")
     params: dict[str, torch.Tensor] = {}
     m: dict[str, torch.Tensor] = {}
     v: dict[str, torch.Tensor] = {}
     for name in sorted(files):
-        fpath = os.path.join(path, os.path.basename(name))
-        try:
-            with open(fpath, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise CheckpointError(f"{fpath}: cannot read ({e.strerror}); the checkpoint is "
-                                  f"incomplete - resume from an earlier one") from None
+        if not isinstance(name, str) or not isinstance(files[name], str) or \
+                os.path.basename(name) != name or not name.endswith(".safetensors"):
+            raise CheckpointError(f"{path}/record.json: files lists {name!r}; a checkpoint "
+                                  f"file is a plain *.safetensors name with its sha256")
+        fpath = os.path.join(path, name)
+        data = read_regular(fpath, "checkpoint file", CheckpointError)
         got = hashlib.sha256(data).hexdigest()
         if got != files[name]:
             raise CheckpointError(f"{fpath}: sha256 {got} differs from the record's "
@@ -194,7 +199,7 @@ def load(path: str, device: torch.device | str = "cpu") -> Checkpoint:
             m.update({k[2:]: t for k, t in tensors.items() if k.startswith("m.")})
             v.update({k[2:]: t for k, t in tensors.items() if k.startswith("v.")})
     move = lambda d: {k: t.to(device) for k, t in d.items()}  # noqa: E731
-    return Checkpoint(int(rec["step"]), path, rec, move(params), move(m), move(v))
+    return Checkpoint(rec["step"], path, rec, move(params), move(m), move(v))
 
 
 def prune(run: str, keep: int) -> None:

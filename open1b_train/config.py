@@ -172,6 +172,32 @@ class TrainConfig:
 
 
 IDENTITY_FREE = ("steps", "checkpoint_every", "keep_checkpoints", "backend")
+NOT_RECIPE = ("preset", "mesh")     # which preset it claims; the topology (fixes bits, not recipe)
+
+
+def departures(cfg: TrainConfig, mix_seed: int | None = None) -> list[tuple[str, Any, Any]]:
+    """Every field of ``cfg``'s identity that differs from its published preset, as
+    (field, preset value, run value), ``model.*`` fields by their dotted name. The preset's
+    "take it from the mix" values (``model.vocab = 0``, ``seed = None``) stand for the
+    mix's; the mesh is a topology, not a recipe constant, and is not listed. A replay and
+    its certificate name these, so a run that injects spikes or changes any constant of
+    the recipe is flagged, however honestly its steps reproduce."""
+    base = preset(cfg.preset)
+    if cfg.seed is None:
+        cfg = dataclasses.replace(cfg, seed=mix_seed)
+    if base.model.vocab == 0:
+        base = dataclasses.replace(base, model=dataclasses.replace(base.model,
+                                                                   vocab=cfg.model.vocab))
+    if base.seed is None and mix_seed is not None:
+        base = dataclasses.replace(base, seed=mix_seed)
+
+    def flat(c: TrainConfig) -> dict[str, Any]:
+        d = c.identity()
+        out = {f"model.{k}": v for k, v in d.pop("model").items()}
+        out.update({k: v for k, v in d.items() if k not in NOT_RECIPE})
+        return out
+    want, got = flat(base), flat(cfg)
+    return [(k, want.get(k), got.get(k)) for k in sorted(got) if got.get(k) != want.get(k)]
 
 
 # --------------------------------------------------------------------------- presets

@@ -8,6 +8,7 @@ boundary state, the checkpoint cadence - cannot drift between the two.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -73,10 +74,10 @@ def run_steps(run: Run, state: State, expected: dict[int, dict], stepper: Steppe
         if stepper.lead:
             echo(f"{run.dir}: already trained to step {state.step} (last step {run.last_step})")
         return Summary(run.dir, first, state.step, state.prev_hash, None, 0.0, 0, 0)
+    # the loader seeks to ``first`` from (seed, mix) alone: a checkpoint's stored position
+    # was compared with the derived one on resume and is never loaded
     loader = StreamLoader(run.plan, world=V, ranks=stepper.ranks, start_step=first,
                           end_step=run.last_step)
-    if state.loader is not None:
-        loader.load_state_dict(state.loader)
     bar = _progress(run, first, progress if stepper.lead else False)
     t_start = time.perf_counter()
     tokens = skipped = 0
@@ -90,9 +91,10 @@ def run_steps(run: Run, state: State, expected: dict[int, dict], stepper: Steppe
             out = stepper.compute(state, step, info, micro_batches(items, V, run.device))
             seconds = time.perf_counter() - t0
             stepper.agree(step, out.line)
-            check_reproduced(step, out.line, expected)
             annotate(out.line, run, info, out.upd, out.loss, seconds, **out.extra)
-            if stepper.lead:
+            if step in expected:             # published before: it stays, never rewritten
+                check_reproduced(step, out.line, expected, run.dir if stepper.lead else None)
+            elif stepper.lead:
                 runlog.append(run.dir, out.line)
             state.step, state.prev_hash = step, out.line["hash"]
             state.loader = boundary_state(loader.state_dict(), V)
@@ -122,16 +124,33 @@ def micro_batches(items: list[dict], V: int, device: torch.device) -> list[list[
     return out
 
 
-def check_reproduced(step: int, line: dict, expected: dict[int, dict]) -> None:
-    """A step recomputed after a resume must equal its logged line, component for component."""
+def check_reproduced(step: int, line: dict, expected: dict[int, dict],
+                     run_dir: str | None = None) -> None:
+    """A step recomputed after a resume must equal its logged line, component for component.
+    On a difference the published line stays where it is and the recomputed one is written
+    beside it (``RUN/recomputed/step-<n>.json``, when ``run_dir`` is given): both kept."""
     want = expected.get(step)
-    if want is not None and want["hash"] != line["hash"]:
-        comp = [c for c in statehash.COMPONENTS
-                if want["components"].get(c) != line["components"][c]]
+    if want is not None and want.get("hash") != line["hash"]:
+        comps = want.get("components") if isinstance(want.get("components"), dict) else {}
+        comp = [c for c in statehash.COMPONENTS if comps.get(c) != line["components"][c]]
+        where = ""
+        if run_dir is not None:
+            path = recomputed_path(run_dir, step)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.tmp-{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(json.dumps(line, sort_keys=True, indent=1))
+            os.replace(tmp, path)
+            where = (f"; the published line is kept as line {step + 1} of "
+                     f"{runlog.path_of(run_dir)}, the recomputed one is in {path}")
         raise ReproducibilityError(
             f"step {step} recomputed after a resume differs from the logged step "
             f"({', '.join(comp) or 'hash'}); the same inputs gave other bits - this "
-            f"machine or build does not reproduce the run")
+            f"machine or build does not reproduce the run{where}")
+
+
+def recomputed_path(run_dir: str, step: int) -> str:
+    return os.path.join(run_dir, "recomputed", f"step-{step:08d}.json")
 
 
 def annotate(line: dict, run: Run, info, upd, loss, seconds: float, **extra) -> None:

@@ -28,7 +28,9 @@ import torch
 import kernels.backend as kb
 from open1b_data import StreamPlan
 from open1b_data.build.manifest import load_manifest
+from open1b_data.stream.loader import step_boundary_state
 from open1b_data.stream.schedule import Schedule
+from open1b_data.stream.state import differing_fields
 from open1b_train import __version__, checkpoint, runlog, statehash
 from open1b_train.allocator import keep_freed_memory
 from open1b_train.config import TrainConfig, from_dict
@@ -178,7 +180,26 @@ def resume_state(run: Run, lines: list[dict[str, Any]]) -> tuple[State, list[dic
             raise ResumeError(f"checkpoint {ck.path}: its {comp} digest {digest} differs from "
                               f"the log's step {c} ({logged[comp]}); the checkpoint was "
                               f"altered - resume from an earlier one")
-    return State(c, params, opt, lines[c]["hash"], rec["loader"]), lines[:c + 1]
+    loader = derived_loader_state(run, c, rec.get("loader"))
+    if isinstance(loader, str):
+        raise ResumeError(f"checkpoint {ck.path}: {loader}; resume from an earlier checkpoint")
+    return State(c, params, opt, lines[c]["hash"], loader), lines[:c + 1]
+
+
+def derived_loader_state(run: Run, step: int, stored: Any) -> dict[str, Any] | str:
+    """The stream position after ``step``, re-derived from (seed, mix, step) - or, when the
+    checkpoint's stored ``loader`` record differs from it in any field, a sentence naming
+    the step and the first differing field. The stored record is never used: an edited
+    buffer offset there would make every later step train on windows that are not the
+    stream's."""
+    want = step_boundary_state(run.plan, run.cfg.virtual_ranks, step + 1)
+    diff = differing_fields(stored, want)
+    if not diff:
+        return want
+    f = diff[0]
+    return (f"its record.json field loader.{f[0]} is {f[1]!r} but the stream gives {f[2]!r} "
+            f"at the boundary after step {step} ({len(diff)} field(s) differ): the recorded "
+            f"stream position was edited")
 
 
 def tensors_of(ck: checkpoint.Checkpoint, run: Run) -> tuple[dict[str, torch.Tensor],
@@ -249,8 +270,10 @@ def open_run(cfg: TrainConfig, mix: str, run_dir: str, lead: bool = True,
             runlog.append(run.dir, genesis)
         return run, state, {}, True
     state, keep = resume_state(run, lines)
-    if lead and (len(keep) != len(lines) or runlog.has_partial_tail(run.dir)):
-        runlog.rewrite(run.dir, keep)
+    if lead and runlog.has_partial_tail(run.dir):
+        runlog.set_aside_partial_tail(run.dir)
+    # the lines past the checkpoint stay published: each recomputed step must equal its line
+    # (loop.check_reproduced); none is removed before its replacement is known to be equal
     return run, state, {ln["step"]: ln for ln in lines[len(keep):]}, False
 
 

@@ -354,3 +354,16 @@ class StreamLoader(_Base):
             self._step, self._item = step, item
             self._share = None if share is None else (w, W)
             self._records[step] = stream.to_dict()
+
+
+def step_boundary_state(plan: StreamPlan, world: int, step: int) -> dict[str, Any]:
+    """The state of a loader serving all ``world`` ranks, standing at the start of ``step``
+    (past the last step: at the end of the schedule) - what ``state_dict`` gives there.
+    A pure function of (seed, mix, step): a resume or an audit replay derives it and
+    compares a stored one with it, never trusting the stored one."""
+    sched = Schedule.from_definition(plan.view.definition)
+    first = sched.total_windows if step > sched.last_step else sched.step(step).first_window
+    return {"format": FORMAT, "version": VERSION, "world": int(world), "ranks": [0, int(world)],
+            "step": int(step), "item": 0, "stream": plan.state_at(first).to_dict(),
+            "worker": None}
+

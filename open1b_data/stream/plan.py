@@ -37,7 +37,7 @@ from open1b_data.stream import rng
 from open1b_data.errors import StateMismatchError, StreamError
 from open1b_data.stream.mixview import MixView
 from open1b_data.stream.segments import SEG_FIELDS, Cursor, DrawInfo, Draws, Segment, Segments
-from open1b_data.stream.state import BufferDoc, StreamState
+from open1b_data.stream.state import BufferDoc, StreamState, differing_fields
 
 CHUNK_DRAWS = 1 << 22       # draws planned per vectorized block when advancing far
 CURSOR_CACHE = 4096
@@ -333,19 +333,21 @@ class StreamPlan:
         """Check ``state`` against this mix (fingerprint, seed, sources, that its per-source
         counts are what the mix RNG's draws give - counted from the nearest known cursor,
         so O(K) with a seek index - and that its buffer is the document its draw counter
-        gives), remember it as a seek point, and return its window index."""
+        gives), that it is exactly the state the stream has at its window - every field,
+        the packing buffer's offset included, re-derived from the draws - and return its
+        window index. A state is never trusted as a seek point: a record whose offset was
+        edited would otherwise shift the content of every later window."""
         state.check_mix(self.fingerprint, self.seed, self.sources)
         if state.window_tokens != self.window:
             raise StateMismatchError(f"state window {state.window_tokens} tokens, mix window "
                                      f"{self.window}")
         consumed = list(state.consumed)
-        draw, offset = state.next_draw, 0
+        draw = state.next_draw
         if state.buffer is not None:
             b = state.buffer
             s = self.sources.index(b.source)
             consumed[s] -= 1
             draw -= 1
-            offset = b.offset
             blk = self.draws(draw, tuple(consumed), 1, 0)
             got = (self.sources[int(blk.source[0])], int(blk.shard[0]), int(blk.doc[0]),
                    int(blk.epoch[0]), int(blk.length[0]))
@@ -361,7 +363,14 @@ class StreamPlan:
             raise StateMismatchError(f"stream state counts {state.consumed} disagree with the "
                                      f"mix RNG's first {state.next_draw} draws; the state is "
                                      f"corrupt")
-        self._remember(Cursor(state.window * self.window, draw, offset, tuple(consumed)))
+        derived = self.state_at(state.window).to_dict()
+        diff = differing_fields(state.to_dict(), derived)
+        if diff:
+            f = diff[0]
+            raise StateMismatchError(
+                f"stream state at window {state.window}: {f[0]} is {f[1]!r}, the stream gives "
+                f"{f[2]!r} there ({len(diff)} field(s) differ); the state was edited or is "
+                f"corrupt - it is re-derived from (seed, mix), never trusted")
         return state.window
 
     # ------------------------------------------------------------------ reverse direction

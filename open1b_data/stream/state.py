@@ -153,3 +153,20 @@ class StreamState:
         if sources is not None and tuple(sources) != self.sources:
             raise StateMismatchError(f"stream state sources {self.sources} differ from the "
                                      f"mix's {tuple(sources)}")
+
+
+def differing_fields(got: Any, want: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """Every leaf where two JSON-like records differ, as (dotted path, got, want), in key
+    order - so a refusal can name the exact field that was edited."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        out = []
+        for k in sorted(set(got) | set(want), key=str):
+            out += differing_fields(got.get(k), want.get(k), f"{prefix}{k}.")
+        return out
+    if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+        out = []
+        for i, (a, b) in enumerate(zip(got, want)):
+            out += differing_fields(a, b, f"{prefix}{i}.")
+        return out
+    return [] if got == want and type(got) is type(want) else [(prefix.rstrip("."), got, want)]
+
