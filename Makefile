@@ -52,7 +52,8 @@ demo: $(RUNTIME)
 test: $(TESTDEPS)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n 2 -m "not gpu" --timeout=900
 
-# Installs the benchmark-only peers (datatrove); each benchmark's command is in BENCHMARKS.md.
+# Installs the benchmark-only peers (datatrove). Benchmarks run from the repository root as
+# `.venv/bin/python -m benchmarks.<system>.<name>`; each one's command is in BENCHMARKS.md.
 bench: $(TESTDEPS)
 	$(PIP) install -q -e '.[test,bench]'
 

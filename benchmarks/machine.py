@@ -10,13 +10,22 @@ Rule for "under load": a 1-minute load average above the usable cores at the sta
 run, or above twice the cores at any later sample. At the start only earlier jobs count;
 later, the benchmark's own threads (at most the usable cores) are in the average too, so
 only load beyond that is attributed to others.
+
+Also the one timing rule for side-by-side timings (``median_s``) and where results go
+(``RESULTS``, ``benchmarks/results/``).
 """
 from __future__ import annotations
 
 import datetime
 import os
 import platform
+import statistics
 import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
 
 
 def cores() -> int:
@@ -32,6 +41,17 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def median_s(fn, repeats: int) -> float:
+    """Median wall seconds of ``repeats`` calls of ``fn``, after one untimed warm-up call."""
+    fn()  # warm up allocator and caches
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 class LoadLog:

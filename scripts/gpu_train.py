@@ -8,7 +8,7 @@ Open-1B step against stock PyTorch.
 2. speed - one optimizer step of the ``open1b`` preset (the paper's shapes, 1.61B
    parameters) on one micro-batch of 4 x 4,096 tokens: forward, backward, global norm,
    clip and fused AdamW, timed with CUDA events (median of ``repeats``), as tokens/s.
-   Anchor, same GPU, same run: the stock model of ``benchmarks/stock_model.py`` (bf16
+   Anchor, same GPU, same run: the stock model of ``benchmarks/train/stock_model.py`` (bf16
    ``nn.Linear``, SDPA, ``torch.optim.AdamW(fused=True)``) with every block compiled by
    ``torch.compile``. Ratio = ours / stock (>= 1: we are faster).
 3. hashing - the share of the step's time spent hashing parameters, gradient and moments
@@ -38,7 +38,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from open1b_train.config import micro, open1b  # noqa: E402
 from open1b_train.params import Layout, init_params, param_specs  # noqa: E402
@@ -93,8 +92,8 @@ def speed(device: str, dry_run: bool, repeats: int) -> dict:
     """One optimizer step of ours vs the compiled stock model (see the module docstring)."""
     from open1b_train import statehash
     from open1b_train.step import MicroBatch, OptimState, apply_update, reduce_step
-    from stock_model import StockModel, optimizer
-    from stock_model import train_step as stock_step
+    from benchmarks.train.stock_model import StockModel, optimizer
+    from benchmarks.train.stock_model import train_step as stock_step
 
     cfg = open1b() if not dry_run else dataclasses.replace(
         micro(), model=dataclasses.replace(micro().model, vocab=512))

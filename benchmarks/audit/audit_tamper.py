@@ -1,0 +1,65 @@
+"""Tamper detection: how many ways of tampering with a published run the audit catches.
+
+An honest ``micro`` run (8 steps, checkpoints every 2) on a small built mix, then a copy
+tampered in each way of ``tests/audit/tamper.py``; each copy is audited the way auditors
+covering a whole run do it (every checkpoint interval replayed with ``open1b-audit``'s
+``replay``). A case counts as caught when the audit reports a finding, and as named when
+that finding's step and component are the expected ones. The honest run must pass.
+
+    .venv/bin/python -m benchmarks.audit.audit_tamper --out benchmarks/results/results-tamper.md
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.machine import report_end, report_head
+from open1b_train.train import train
+from tests.audit import tamper
+from tests.train.conftest import micro_cfg
+from tests.train.trainmix import train_mix
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    lines = report_head("python -m benchmarks.audit.audit_tamper") + [
+        "", "| tampering | caught | reported at (step, component) | expected | audit s |",
+        "|---|---|---|---|---|"]
+    caught = named = 0
+    with tempfile.TemporaryDirectory() as d:
+        mix4 = train_mix(Path(d) / "mix4", steps=24, batch=4)
+        ref = os.path.join(d, "ref")
+        train(micro_cfg(steps=tamper.STEPS), mix4, ref, progress=False)
+        honest = tamper.audit_all(ref)
+        other = tamper.rank_gradient(mix4, os.path.join(d, "other"))[0]
+        for i, (case, (component, step)) in enumerate(tamper.CASES.items()):
+            work = os.path.join(d, f"case{i}")
+            os.makedirs(work)
+            run, mix, at = tamper.make(case, ref, mix4, other, work)
+            want = (component, at if step is None else step)
+            t0 = time.perf_counter()
+            found = tamper.audit_all(run, mix)
+            dt = time.perf_counter() - t0
+            got = None if found is None else (found.component, found.step)
+            caught += found is not None
+            named += got == want
+            lines.append(f"| {case} | {'yes' if found else '**no**'} | "
+                         f"{'-' if got is None else f'{got[1]}, {got[0]}'} | "
+                         f"{want[1]}, {want[0]} | {dt:.1f} |")
+    n = len(tamper.CASES)
+    lines.append(f"\n**caught {caught} / {n}**, step and component named as expected in "
+                 f"{named} / {n}; the honest run: "
+                 f"{'passes' if honest is None else 'FLAGGED: ' + str(honest)}.")
+    report_end(lines, a.out)
+
+
+if __name__ == "__main__":
+    main()
