@@ -10,6 +10,8 @@ Contracts:
   decompressor ourselves). Corrupt compressed data raises ``CorruptInputError``.
 - ``iter_lines(url)`` splits that stream on ``b"\\n"`` in bounded memory (one line at a
   time); a partial last line of a truncated stream is never yielded.
+- ``exists`` and ``list_tree`` never answer from a stale listing: on object stores they drop
+  fsspec's cached listings first (several build tasks write one output).
 - ``list_files(root, patterns)`` is sorted by '/'-separated relative path and carries each
   file's size and checksum: ``sha256`` hex of the bytes for local files (and for object
   stores that publish it, e.g. HF LFS files), ``"etag:<ETag>"`` for object stores that
@@ -29,6 +31,7 @@ import contextlib
 import errno
 import gzip
 import hashlib
+import json
 import os
 import tempfile
 import zlib
@@ -315,7 +318,71 @@ def atomic_write_bytes(url: str, data: bytes) -> None:
         f.write(data)
 
 
+# ---------------------------------------------------------------------------------------
+# Fresh listings: several tasks or processes write one output; none may trust a listing
+# fsspec cached before another wrote
+
+def _forget(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Drop fsspec's cached listings of ``path``, its parents and everything below it.
+    ``invalidate_cache`` alone keeps the listings below, and s3fs's ``find`` refills only
+    missing ones: a subdirectory listed before another task wrote into it stayed stale,
+    and a later read of the new file failed client-side ("does not exist": s3fs sizes a
+    file from the cached listing of its directory before the GET)."""
+    fs.invalidate_cache(path)
+    cache = getattr(fs, "dircache", None)
+    if cache is not None:
+        below = path.rstrip("/") + "/"
+        for key in [k for k in list(cache) if k.startswith(below)]:
+            cache.pop(key, None)
+
+
 def exists(url: str) -> bool:
+    """Whether ``url`` exists now: on an object store the cached listing of its directory
+    is dropped first (another task or process may have written it since)."""
     with failures(url, "check"):
         fs, path = url_to_fs(url)
+        if not is_local(fs):
+            _forget(fs, path.rsplit("/", 1)[0])
         return fs.exists(path)
+
+
+def list_tree(url: str) -> list[str]:
+    """Every file under ``url`` (recursive), as paths relative to it, sorted, from a fresh
+    listing (see ``exists``); [] when ``url`` does not exist."""
+    with failures(url, "list"):
+        fs, path = url_to_fs(url)
+        if not is_local(fs):
+            _forget(fs, path)
+        if not fs.exists(path):
+            return []
+        root = path.rstrip("/") + "/"
+        return sorted(p[len(root):] for p in fs.find(path) if p.startswith(root))
+
+
+def read_json(url: str) -> Any:
+    return json.loads(read_bytes(url))
+
+
+def dumps(obj: Any) -> bytes:
+    """Deterministic, readable JSON bytes (sorted keys, indent 1, ASCII, trailing newline)."""
+    return (json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=True) + "\n").encode()
+
+
+def write_json(url: str, obj: Any) -> None:
+    atomic_write_bytes(url, dumps(obj))
+
+
+def sweep_temporaries(url: str) -> int:
+    """Delete temporary files a killed writer left under a LOCAL output directory (names
+    ``.tmp-*``, the atomic writers' prefix). Only safe when no other process writes there,
+    so build-mix calls it for whole builds, never for ``--task`` runs."""
+    fs, path = url_to_fs(url)
+    if not is_local(fs) or not os.path.isdir(path):
+        return 0
+    n = 0
+    for dirpath, _, names in os.walk(path):
+        for name in names:
+            if name.startswith(".tmp-") or ".tmp-" in name:
+                os.unlink(os.path.join(dirpath, name))
+                n += 1
+    return n

@@ -44,8 +44,8 @@ from typing import Any
 
 from open1b_data import __version__
 from open1b_data.build.report import InputSummary, Progress, SourceSummary, summarize
-from open1b_data.build.store import (dumps, exists, join, list_files, read_bytes, read_json,
-                                     sweep_temporaries, write_bytes, write_json)
+from open1b_data.storage import (atomic_write_bytes, dumps, exists, join, list_tree,
+                                 read_bytes, read_json, sweep_temporaries, write_json)
 from open1b_data.build.task import (EXECUTORS, TOKENIZER, Job, Workers, choose_executor,
                                     hf_tokenizer, input_record, run_jobs, valid_marker)
 from open1b_data.errors import BuildError, StorageError
@@ -235,7 +235,7 @@ def _write_transformers_directory(mix: MixSpec, out: str) -> dict[str, Any]:
     record = []
     for name, data in sorted(files.items()):
         rel = f"{HF_DIRECTORY}/{name}"
-        write_bytes(join(out, rel), data)
+        atomic_write_bytes(join(out, rel), data)
         record.append({"path": rel, "sha256": hashlib.sha256(data).hexdigest()})
     return {"path": HF_DIRECTORY, "files": record}
 
@@ -322,7 +322,7 @@ def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list
     all_jobs = [j for _, j in jobs]
     mine = [] if options.merge_only or options.tokenizer_only else [
         j for g, j in jobs if options.owns(g)]
-    existing = set(list_files(out))
+    existing = set(list_tree(out))
     todo = [j for j in mine if valid_marker(j, existing) is None]
     progress.total_inputs = len(mine)
     progress.inputs_done = len(mine) - len(todo)
@@ -332,7 +332,7 @@ def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list
                  len(mine) - len(todo), options.workers, workers.kind)
         run_jobs(todo, workers, progress)
     progress.maybe_print(force=bool(todo))
-    existing = set(list_files(out))
+    existing = set(list_tree(out))
     found = {j: valid_marker(j, existing) for j in all_jobs}
     missing = tuple(f"{j.source}/{j.input.path}" for j in all_jobs if found[j] is None)
     manifest = None

@@ -47,7 +47,7 @@ from typing import Any, Callable
 import numpy as np
 
 from open1b_data.build.report import Progress
-from open1b_data.build.store import join, read_json, write_json
+from open1b_data.storage import join, read_json, write_json
 from open1b_data.errors import BuildError, Open1bDataError
 from open1b_data.build.definition import MixSpec
 

@@ -112,23 +112,22 @@ def test_build_mix_reads_and_writes_s3(s3_endpoint, tmp_path):
 
 def test_listing_forgets_stale_subdirectory_listings(s3_endpoint):
     """Another process writes into a directory this process listed before: after
-    store.list_files the new file is listed AND readable (s3fs kept the subdirectory's old
+    storage.list_tree the new file is listed AND readable (s3fs kept the subdirectory's old
     listing and answered 'does not exist' from it, without asking the server: the task
     array below failed that way, now and then, when it read the lengths files it merged)."""
     import s3fs
 
     from open1b_data import storage
-    from open1b_data.build import store
 
     writer = s3fs.S3FileSystem(endpoint_url=s3_endpoint, skip_instance_cache=True)
     writer.mkdir("stale")
     writer.pipe_file("stale/mix/src/a.npy", b"a")
-    assert store.list_files("s3://stale/mix") == ["src/a.npy"]   # caches src/'s listing
+    assert storage.list_tree("s3://stale/mix") == ["src/a.npy"]   # caches src/'s listing
     writer.pipe_file("stale/mix/src/b.npy", b"b")                # another process
-    assert store.list_files("s3://stale/mix") == ["src/a.npy", "src/b.npy"]
+    assert storage.list_tree("s3://stale/mix") == ["src/a.npy", "src/b.npy"]
     assert storage.read_bytes("s3://stale/mix/src/b.npy") == b"b"
     writer.pipe_file("stale/mix/src/c.npy", b"c")
-    assert store.exists("s3://stale/mix/src/c.npy")
+    assert storage.exists("s3://stale/mix/src/c.npy")
     assert storage.read_bytes("s3://stale/mix/src/c.npy") == b"c"
 
 
