@@ -17,6 +17,14 @@ The signature is Ed25519 (``cryptography``) over the canonical JSON (sorted keys
 spaces, ASCII) of the certificate with ``signature`` set to null; ``public_key`` is the raw
 32-byte key in hex, which is also the auditor's identity for coverage. Keys are PEM files
 (PKCS#8 private, SubjectPublicKeyInfo public) made by ``open1b-audit keygen``.
+
+A certificate is read as data from a regular file (``safeio``) and its shape checked
+(``check_shape``) before any field is used: anyone can write one, so a wrong type, a
+missing field or JSON nested too deeply is a ``CertificateError`` naming it. A trusted-keys
+file (``read_trusted_keys``) lists the public keys whose certificates count: one key per
+line as 64 hex digits (the raw key, as ``keygen`` prints it), and/or PEM public key blocks
+(``KEY.pub`` as ``keygen`` writes it); blank lines and lines starting with ``#`` are
+ignored.
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ from open1b_audit import __version__
 from open1b_audit.chain import Finding
 from open1b_train import statehash
 from open1b_train.errors import Open1bTrainError
+from open1b_train.safeio import read_json_object, read_regular
 
 FORMAT = "open1b-certificate"
 VERSION = 1
@@ -83,11 +92,54 @@ def sign(cert: dict[str, Any], key_path: str) -> dict[str, Any]:
                                   "value": key.sign(_message(cert)).hex()}}
 
 
+def _is_hex(x: Any, nbytes: int | None = None) -> bool:
+    if not isinstance(x, str) or (nbytes is not None and len(x) != 2 * nbytes):
+        return False
+    try:
+        bytes.fromhex(x)
+    except ValueError:
+        return False
+    return True
+
+
+def check_shape(cert: Any) -> None:
+    """Raise ``CertificateError`` naming the first field of ``cert`` that is missing or of
+    the wrong type (see the module docstring for the format)."""
+    def bad(field: str, want: str) -> CertificateError:
+        return CertificateError(f"not a valid {FORMAT}: {field} must be {want}")
+
+    if not isinstance(cert, dict) or (cert.get("format"), cert.get("version")) != (FORMAT, VERSION):
+        raise CertificateError(f"not a version-{VERSION} {FORMAT}")
+    if type(cert.get("step")) is not int:
+        raise bad("step", "an integer")
+    if cert.get("verdict") not in ("match", "mismatch"):
+        raise bad("verdict", '"match" or "mismatch"')
+    run = cert.get("run")
+    if not isinstance(run, dict) or not all(isinstance(run.get(k), str)
+                                            for k in ("genesis", "run_hash")):
+        raise bad("run", "an object with genesis and run_hash strings")
+    for k in ("input_state", "output_state"):
+        st = cert.get(k)
+        if not isinstance(st, dict) or not isinstance(st.get("hash"), str):
+            raise bad(k, "an object with a hash string")
+    comps = cert.get("components")
+    if comps is not None and (not isinstance(comps, dict) or
+                              not all(isinstance(v, str) for v in comps.values())):
+        raise bad("components", "null or an object of digest strings")
+    if not isinstance(cert.get("auditor", ""), str):
+        raise bad("auditor", "a string")
+    sig = cert.get("signature")
+    if sig is not None and (not isinstance(sig, dict) or sig.get("algorithm") != "ed25519"
+                            or not _is_hex(sig.get("public_key"), 32)
+                            or not _is_hex(sig.get("value"), 64)):
+        raise bad("signature", 'null or {"algorithm": "ed25519", "public_key": 64 hex '
+                               'digits, "value": 128 hex digits}')
+
+
 def verify(cert: dict[str, Any]) -> str | None:
     """The signer's public key (hex) if the signature verifies, None if unsigned; raises
     ``CertificateError`` for a malformed certificate or a bad signature."""
-    if not isinstance(cert, dict) or (cert.get("format"), cert.get("version")) != (FORMAT, VERSION):
-        raise CertificateError(f"not a version-{VERSION} {FORMAT}")
+    check_shape(cert)
     sig = cert.get("signature")
     if sig is None:
         return None
@@ -101,7 +153,7 @@ def verify(cert: dict[str, Any]) -> str | None:
         raise CertificateError(f"the certificate of step {cert.get('step')} by "
                                f"{cert.get('auditor')!r} has a signature that does not verify "
                                f"(edited after signing, or not signed by that key)") from None
-    return sig["public_key"]
+    return sig["public_key"].lower()
 
 
 def keygen(path: str) -> str:
@@ -133,8 +185,50 @@ def write(cert: dict[str, Any], path: str) -> None:
 
 
 def read(path: str) -> dict[str, Any]:
+    """A certificate file: a regular file holding one JSON object (shape not checked here:
+    ``verify`` does)."""
+    return read_json_object(path, "certificate", CertificateError)
+
+
+def read_trusted_keys(path: str) -> set[str]:
+    """The raw Ed25519 public keys (hex) a trusted-keys file lists (module docstring)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise CertificateError(f"{path}: not a readable certificate ({e})") from None
+        text = read_regular(path, "trusted-keys file", CertificateError).decode("ascii")
+    except UnicodeDecodeError:
+        raise CertificateError(f"{path}: a trusted-keys file is ASCII text (64-hex keys or "
+                               f"PEM public keys)") from None
+    keys: set[str] = set()
+    pem: list[str] | None = None
+    for n, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if pem is not None:
+            pem.append(line)
+            if line.startswith("-----END"):
+                try:
+                    key = serialization.load_pem_public_key("\n".join(pem).encode())
+                except (ValueError, TypeError) as e:
+                    raise CertificateError(f"{path}: the PEM block ending on line {n} is not a "
+                                           f"public key ({e})") from None
+                if not isinstance(key, Ed25519PublicKey):
+                    raise CertificateError(f"{path}: the PEM block ending on line {n} is not "
+                                           f"an Ed25519 public key")
+                keys.add(key.public_bytes(serialization.Encoding.Raw,
+                                          serialization.PublicFormat.Raw).hex())
+                pem = None
+        elif not line or line.startswith("#"):
+            continue
+        elif line.startswith("-----BEGIN"):
+            pem = [line]
+        elif _is_hex(line, 32):
+            keys.add(line.lower())
+        else:
+            raise CertificateError(f"{path}: line {n} is neither a 64-hex Ed25519 public key "
+                                   f"nor part of a PEM public key: {line[:40]!r}")
+    if pem is not None:
+        raise CertificateError(f"{path}: a PEM block is not closed (no -----END line)")
+    if not keys:
+        raise CertificateError(f"{path}: lists no public key")
+    return keys

@@ -30,13 +30,46 @@ def _emit(obj, as_json: bool, human) -> None:
         human(obj)
 
 
-def _steps_of(run: str) -> list[dict]:
+def _hash_param(ctx, param, value):
+    from open1b_audit.chain import is_hash
+
+    if value is not None and not is_hash(value.lower()):
+        raise click.BadParameter(f"{value!r} is not a run hash (64 hex digits)")
+    return None if value is None else value.lower()
+
+
+def expect_run_hash(f):
+    return click.option(
+        "--expect-run-hash", "expect", default=None, metavar="H", callback=_hash_param,
+        help="The run hash its owner published: refuse a log that does not end in it.")(f)
+
+
+def _log_of(run: str, expect: str | None = None):
+    """RUN's log (``runlog.Log``), refused (one line) unless it ends in ``expect``."""
+    from open1b_audit import chain
     from open1b_train import runlog
 
-    lines = runlog.read(run, strict=False)
-    if not lines:
+    if not os.path.lexists(runlog.path_of(run)):
         raise click.ClickException(f"{run}: no steps.jsonl (not a run directory?)")
-    return lines
+    log = runlog.read_log(run)
+    if not log.lines:
+        raise click.ClickException(f"{run}: steps.jsonl has no complete line")
+    if expect is not None:
+        f = chain.pin(log.lines, expect, log.partial_bytes)
+        if f is not None:
+            raise click.ClickException(f"{run} is not the published run: {f}")
+    return log
+
+
+def _steps_of(run: str, expect: str | None = None) -> list[dict]:
+    return _log_of(run, expect).lines
+
+
+def _cut_note(log) -> str | None:
+    if not log.partial_bytes:
+        return None
+    return (f"note: {log.path} line {log.partial_line} is cut off ({log.partial_bytes} bytes, "
+            f"no newline); it is not part of the chain and was not read")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -47,20 +80,25 @@ def main() -> None:
 
 @main.command("chain")
 @click.argument("run", type=click.Path(file_okay=False))
+@expect_run_hash
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def chain_cmd(run, as_json) -> None:
-    """Is RUN/steps.jsonl one unbroken hash chain? (No re-execution; seconds.)"""
+def chain_cmd(run, expect, as_json) -> None:
+    """Is RUN/steps.jsonl one unbroken hash chain? (No re-execution; seconds.) A cut-off
+    last line is a finding; compare the run hash with the published one (--expect-run-hash)."""
     from open1b_audit import chain
 
     try:
-        lines = _steps_of(run)
-        f = chain.check(lines)
+        log = _log_of(run, expect)
+        lines = log.lines
+        f = chain.check(lines) or chain.cut_tail(lines, log.partial_bytes)
     except ERRORS as e:
         _fail(e)
-    rep = {"run": run, "steps": len(lines) - 1, "run_hash": lines[-1]["hash"],
+    rep = {"run": run, "steps": len(lines) - 1, "run_hash": lines[-1].get("hash"),
+           "expected_run_hash": expect, "partial_tail_bytes": log.partial_bytes,
            "finding": None if f is None else f.to_dict()}
     _emit(rep, as_json, lambda r: click.echo(
-        f"{run}: {r['steps']} steps, run hash {r['run_hash']}\n"
+        f"{run}: {r['steps']} steps, run hash {r['run_hash']}"
+        + (" (the published one)" if expect else "") + "\n"
         + ("chain OK" if f is None else f"BROKEN at {f}")))
     if f is not None:
         sys.exit(1)
@@ -82,9 +120,10 @@ def chain_cmd(run, as_json) -> None:
 @click.option("--key", type=click.Path(dir_okay=False), default=None,
               help="Sign the certificates with this Ed25519 key (open1b-audit keygen).")
 @click.option("--auditor", default=None, help="Your name in the certificates.")
+@expect_run_hash
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def replay_cmd(run, step, mix, backend, from_step, spill, certify, key, auditor,
-               as_json) -> None:
+               expect, as_json) -> None:
     """Re-execute steps of RUN and compare every component digest with its log; exits 1
     naming the first step and component that differ."""
     from open1b_audit import certificate
@@ -93,10 +132,11 @@ def replay_cmd(run, step, mix, backend, from_step, spill, certify, key, auditor,
     if key and not certify:
         raise click.UsageError("--key signs certificates: give --certify DIR too")
     try:
+        log = _log_of(run, expect)
         res = replay(run, step, mix, backend, spill, from_step)
         written = []
         if certify:
-            lines = _steps_of(run)
+            lines = log.lines
             os.makedirs(certify, exist_ok=True)
             who = auditor or os.environ.get("USER", "auditor")
             for s in sorted(set(res.verified) | ({res.finding.step} if res.finding and
@@ -104,6 +144,7 @@ def replay_cmd(run, step, mix, backend, from_step, spill, certify, key, auditor,
                 cert = certificate.build(lines, s, res.lines.get(s),
                                          res.finding if s not in res.verified else None,
                                          who, backend, machine(), res.start)
+                cert["recipe"] = res.recipe        # signed with the rest
                 if key:
                     cert = certificate.sign(cert, key)
                 path = os.path.join(certify, f"step-{s:08d}.json")
@@ -111,7 +152,8 @@ def replay_cmd(run, step, mix, backend, from_step, spill, certify, key, auditor,
                 written.append(path)
     except ERRORS as e:
         _fail(e)
-    rep = {**res.to_dict(), "certificates": written}
+    rep = {**res.to_dict(), "certificates": written, "expected_run_hash": expect,
+           "partial_tail_bytes": log.partial_bytes}
 
     def human(r):
         click.echo(f"replay of {run} steps {r['replayed_from'] + 1}..{step} on {r['device']} "
@@ -124,9 +166,16 @@ def replay_cmd(run, step, mix, backend, from_step, spill, certify, key, auditor,
         click.echo(f"verdict: {r['verdict'].upper()}  time {r['seconds']:.1f} s, peak memory "
                    f"{r['peak_memory_bytes'] / 2**20:.0f} MiB, TreeFold partials <= "
                    f"{r['treefold_peak_partials']}")
+        rc = r.get("recipe")
+        if rc and rc["departures"]:
+            click.echo(f"RECIPE: the run departs from the published {rc['preset']!r} preset in "
+                       + ", ".join(f"{d['field']} ({d['preset']!r} -> {d['run']!r})"
+                                   for d in rc["departures"]))
         for p in r["certificates"]:
             click.echo(f"  wrote {p}")
     _emit(rep, as_json, human)
+    if _cut_note(log) and not as_json:
+        click.echo(_cut_note(log))
     if not res.ok:
         sys.exit(1)
 
@@ -146,6 +195,9 @@ def trace_cmd(run, step, out, mix, backend) -> None:
         t = trace_step(run, step, out, mix=mix, backend=backend)
     except ERRORS as e:
         _fail(e)
+    if not t.ops:                       # the replay stopped before the step (a broken log)
+        _fail(ValueError(f"step {step} of {run} was not replayed, nothing traced: "
+                         f"{t.replay.finding}"))
     click.echo(f"wrote {out}: {len(t.ops)} ops of step {step} "
                f"({'replay matches the log' if t.replay.ok else 'replay DIFFERS from the log'})")
 
@@ -159,33 +211,56 @@ def trace_cmd(run, step, out, mix, backend) -> None:
 @click.option("--mix", default=None, help="The built mix (default: the one the run names).")
 @click.option("--backend", type=click.Choice(["cpu", "triton"]), default="cpu",
               show_default=True)
+@click.option("--search", type=click.Choice(["all", "binary"]), default="all",
+              show_default=True,
+              help="all: replay every checkpoint interval (vouches for 1..UNTIL); binary: "
+                   "sample O(log n) intervals - never vouches, names what it skipped.")
+@expect_run_hash
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def bisect_cmd(run, until, against, mix, backend, as_json) -> None:
-    """The first step whose replay differs from RUN's log, then its first differing op."""
+def bisect_cmd(run, until, against, mix, backend, search, expect, as_json) -> None:
+    """The first step whose replay differs from RUN's log, then its first differing op.
+    Exits 0 only when every step 1..UNTIL was replayed and reproduced."""
     from open1b_audit.bisect import bisect
 
     try:
-        rep = bisect(run, until, against, mix=mix, backend=backend)
+        _log_of(run, expect)
+        rep = bisect(run, until, against, search, mix=mix, backend=backend)
     except ERRORS as e:
         _fail(e)
 
+    def steps(ivs):
+        return ", ".join(f"{a + 1}..{b}" if b > a + 1 else f"{b}" for a, b in ivs)
+
     def human(r):
-        if r["step"] is None:
-            click.echo(f"steps 1..{until} of {run} all reproduce: nothing to bisect")
+        if r["vouched"]:
+            click.echo(f"steps 1..{until} of {run} all reproduce (every checkpoint interval "
+                       f"replayed: {steps(r['replayed_intervals'])}): nothing to bisect")
             return
         f = r["finding"]
-        click.echo(f"first differing step: {r['step']} ({f['component']}: {f['detail']})")
+        if f is not None:
+            first = "first differing" if r["search"] == "all" else "a differing (maybe not the first)"
+            click.echo(f"{first} step: {r['step']} ({f['component']}: {f['detail']})")
+        else:
+            click.echo(f"the replayed steps reproduce: {steps(r['replayed_intervals'])}")
         op = r["operator"]
-        if op:
+        if op and op.get("stage") == "optim":
+            click.echo(f"first differing operator: {op['name']} (optimizer, {op['op']}, "
+                       f"parameter {op['param']}, tensor {op['tensor']}) - {op['why']}")
+        elif op:
             click.echo(f"first differing operator: {op['name']} (virtual rank {op['rank']}, "
                        f"micro-batch {op['mb']}, layer {op['layer']}, {op['dir']}, op "
                        f"{op['op']}) - {op['why']}")
         elif r.get("operator_unavailable"):
             click.echo(r["operator_unavailable"])
-        else:
+        elif f is not None:
             click.echo("the traces of that step are identical op for op")
+        if r["not_replayed"]:
+            click.echo(f"not replayed: steps {steps(r['not_replayed'])}")
+        click.echo(f"steps 1..{until} are NOT vouched for"
+                   + ("" if f is not None else " (a binary search samples intervals; "
+                      "`--search all` replays every one)"))
     _emit(rep, as_json, human)
-    if rep["step"] is not None:
+    if not rep["vouched"]:
         sys.exit(1)
 
 
@@ -230,12 +305,17 @@ def assign_cmd(run, auditors, redundancy, seed, as_json) -> None:
 @click.argument("run", type=click.Path(file_okay=False))
 @click.argument("certs", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--redundancy", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Distinct auditors a step needs to count as covered.")
+              help="Distinct signing keys a step needs to count as covered.")
+@click.option("--trusted-keys", "trusted_keys", type=click.Path(dir_okay=False), default=None,
+              help="Count only certificates signed by the keys in this file (lines of 64-hex "
+                   "Ed25519 public keys and/or PEM public keys as keygen writes KEY.pub).")
+@expect_run_hash
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def coverage_cmd(run, certs, redundancy, as_json) -> None:
-    """Which steps of RUN the certificates cover, the gaps, and any conflict (exit 1)."""
-    from open1b_audit import certificate
-    from open1b_audit.coverage import coverage
+def coverage_cmd(run, certs, redundancy, trusted_keys, expect, as_json) -> None:
+    """Which steps of RUN the certificates cover (signed, by distinct keys), the gaps, and
+    any conflict (exit 1)."""
+    from open1b_audit import certificate, chain
+    from open1b_audit.coverage import coverage, read_all
 
     paths = []
     for c in certs:
@@ -244,16 +324,34 @@ def coverage_cmd(run, certs, redundancy, as_json) -> None:
         else:
             paths.append(c)
     try:
-        rep = coverage(_steps_of(run), [(p, certificate.read(p)) for p in paths], redundancy)
+        trusted = certificate.read_trusted_keys(trusted_keys) if trusted_keys else None
+        lines = _steps_of(run, expect)
+        f = chain.check(lines)
+        if f is not None:
+            raise click.ClickException(f"{run}: the log is not one chain ({f}); certificates "
+                                       f"cannot be checked against it")
+        rep = coverage(lines, read_all(paths), redundancy, trusted)
     except ERRORS as e:
         _fail(e)
+    if trusted is None:
+        rep["warning"] = (f"no --trusted-keys: any key counts (anyone can make one); "
+                          f"{rep['keys_counted']} distinct key(s) counted")
+        click.echo(f"warning: {rep['warning']}", err=True)
 
     def human(r):
+        whose = "any key" if trusted is None else f"{len(trusted)} trusted key(s)"
         click.echo(f"{run}: {r['covered']} of {r['steps']} steps certified by >= "
-                   f"{redundancy} distinct auditor(s); run hash {r['run_hash'][:16]}...")
+                   f"{redundancy} distinct signing key(s) ({r['keys_counted']} counted, of "
+                   f"{whose}); run hash {str(r['run_hash'])[:16]}...")
         if r["gaps"]:
             g = r["gaps"]
             click.echo(f"gaps ({len(g)}): {', '.join(map(str, g[:20]))}{' ...' if len(g) > 20 else ''}")
+        for c in r["unsigned"]:
+            click.echo(f"unsigned (not counted) step {c['step']}: {c['certificate']} "
+                       f"(auditor {c['auditor']!r})")
+        for c in r["untrusted"]:
+            click.echo(f"untrusted key (not counted) step {c['step']}: {c['certificate']} "
+                       f"(key {c['key'][:16]}...)")
         for c in r["conflicts"]:
             click.echo(f"CONFLICT step {c['step']}: {c['certificate']}: {c['why']}")
     _emit(rep, as_json, human)
@@ -268,15 +366,31 @@ def coverage_cmd(run, certs, redundancy, as_json) -> None:
 @click.option("--out", default=None,
               help="Also write DIR/windows.npy (uint32 windows x tokens) and DIR/step.json "
                    "(this report with every document, its tokens and its proof).")
+@click.option("--run", "run", type=click.Path(file_okay=False), default=None,
+              help="The run directory to check against: plan with its genesis's seed, require "
+                   "its mix fingerprint, compare the digest with the step's logged one.")
+@expect_run_hash
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def fetch_step_cmd(mix_url, step, out, as_json) -> None:
+def fetch_step_cmd(mix_url, step, out, run, expect, as_json) -> None:
     """Fetch only the documents STEP of a run trained on from the mix at MIX_URL, prove
     each against its shard's Merkle root, and rebuild the step's windows and data digest;
-    exits 1 naming a document that fails its proof, with nothing reported as verified."""
-    from open1b_audit.fetch import fetch_step, write_step
+    exits 1 naming a document that fails its proof, with nothing reported as verified.
+    With --run, exits 1 when the digest is not the one RUN logged for STEP."""
+    from open1b_audit import chain
+    from open1b_audit.fetch import fetch_step, run_step, write_step
 
+    if expect and not run:
+        raise click.UsageError("--expect-run-hash pins the run: give --run RUN too")
     try:
-        data = fetch_step(mix_url, step)
+        against = None
+        if run:
+            lines = _steps_of(run, expect)
+            f = chain.check(lines)
+            if f is not None:
+                raise click.ClickException(f"{run}: the log is not one chain ({f}); its data "
+                                           f"digests cannot be trusted")
+            against = run_step(run, lines, step)
+        data = fetch_step(mix_url, step, against)
         written = write_step(data, out) if out else []
     except ERRORS as e:
         _fail(e)
@@ -292,9 +406,14 @@ def fetch_step_cmd(mix_url, step, out, as_json) -> None:
             click.echo(f"  window {w['window']:>9}  sha256 {w['sha256']}")
         if n > 8:
             click.echo(f"  ... {n - 8} more (--json lists all)")
-        click.echo(f"data digest  {r['data_digest']}")
-        click.echo(f"             (compare with step {step}'s components.data in the run's "
-                   f"steps.jsonl)")
+        click.echo(f"data digest  {r['data_digest']}  (planned with seed {r['seed']})")
+        if r["run"] is None:
+            click.echo(f"             (compare with step {step}'s components.data in the "
+                       f"run's steps.jsonl; give --run RUN: a run trained with another seed "
+                       f"used other windows)")
+        else:
+            click.echo(f"run {run} step {step} logs {r['run']['logged_data_digest']}: "
+                       f"{'MATCH' if r['run']['matches'] else 'MISMATCH'}")
         click.echo(f"documents    {r['documents']} from {r['shards']} shard(s), each proved "
                    f"against its shard's Merkle root")
         b = r["bytes_fetched"]
@@ -305,6 +424,10 @@ def fetch_step_cmd(mix_url, step, out, as_json) -> None:
         for p in r["written"]:
             click.echo(f"  wrote {p}")
     _emit(rep, as_json, human)
+    if data.matches is False:
+        click.echo(f"step {step}: the data rebuilt from the mix differs from what {run} logged "
+                   f"(components.data)", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,21 @@
 """``open1b-audit coverage RUN CERTS...``: what a set of certificates establishes.
 
-Every certificate is read, its signature verified (a bad signature is an error), and
-checked against the run's log: the same genesis, and for its step the same input and
-output state hashes as the published log - a "match" certificate about other hashes is a
-*conflict* (it certifies a different run), as is a "mismatch" certificate, and as are two
-certificates of one step that disagree with each other. An auditor is identified by its
-public key when the certificate is signed, else by its declared name (marked unsigned).
-The report lists, per step, the distinct auditors that certified it; the steps certified
-fewer than ``redundancy`` times (gaps); and every conflict. Conflicts fail the command.
+Anyone can write a certificate, and anyone can make a key, so redundancy counts only what
+a name cannot fake: *signed* certificates whose signature verifies, one per distinct public
+key - and with ``trusted`` (``--trusted-keys FILE``) only the keys listed there. Unsigned
+certificates and those signed by an untrusted key are listed, marked, and never counted.
+
+Every certificate is checked (never an exception, the report always completes):
+
+* unreadable or malformed (not JSON, wrong types, missing fields, nested too deeply), or a
+  signature that does not verify: a *conflict*, listed with why;
+* about another run (genesis), a step this run does not log, a "mismatch" verdict, other
+  input or output state hashes than the run's log, or other component digests than the
+  log's for that step: a *conflict* - a "mismatch" certificate is never credited.
+
+The report lists per step the distinct keys that certified it, the steps certified by
+fewer than ``redundancy`` of them (gaps), the unsigned and untrusted certificates, and
+every conflict. Conflicts fail the command.
 """
 from __future__ import annotations
 
@@ -15,46 +23,78 @@ from collections import defaultdict
 from typing import Any
 
 from open1b_audit import certificate
+from open1b_audit.certificate import CertificateError
 
 
-def coverage(lines: list[dict[str, Any]], certs: list[tuple[str, dict]],
-             redundancy: int = 1) -> dict[str, Any]:
+def read_all(paths: list[str]) -> list[tuple[str, dict[str, Any] | CertificateError]]:
+    """Each certificate file, or the error that makes it unreadable."""
+    out: list[tuple[str, dict[str, Any] | CertificateError]] = []
+    for p in paths:
+        try:
+            out.append((p, certificate.read(p)))
+        except CertificateError as e:
+            out.append((p, e))
+    return out
+
+
+def _why_not(lines: list[dict[str, Any]], cert: dict[str, Any]) -> str | None:
+    """Why a well-formed certificate is not about the published steps as logged (None: it
+    is a match certificate of a logged step, with the log's hashes and digests)."""
+    s, last = cert["step"], len(lines) - 1
+    if not 1 <= s <= last:
+        return f"certifies step {s!r}, which this run does not log"
+    if cert["run"]["genesis"] != lines[0].get("hash"):
+        return "it is about another run (its genesis differs)"
+    if cert["verdict"] != "match":
+        return f"the auditor's replay disagrees: {cert.get('finding')}"
+    if (cert["input_state"]["hash"], cert["output_state"]["hash"]) != \
+            (lines[s - 1].get("hash"), lines[s].get("hash")):
+        return "it certifies other state hashes than the run's log"
+    if cert["components"] is not None and cert["components"] != lines[s].get("components"):
+        return "its component digests differ from the run's log for the step"
+    return None
+
+
+def coverage(lines: list[dict[str, Any]],
+             certs: list[tuple[str, dict[str, Any] | CertificateError]],
+             redundancy: int = 1, trusted: set[str] | None = None) -> dict[str, Any]:
     by_step: dict[int, set[str]] = defaultdict(set)
     conflicts: list[dict[str, Any]] = []
-    seen: dict[int, tuple[str, dict]] = {}
-    last = len(lines) - 1
+    unsigned: list[dict[str, Any]] = []
+    untrusted: list[dict[str, Any]] = []
     for path, cert in certs:
-        key = certificate.verify(cert)             # raises on a bad signature
+        if isinstance(cert, CertificateError):
+            conflicts.append({"certificate": path, "step": None,
+                              "why": f"unreadable: {cert}"})
+            continue
+        try:
+            key = certificate.verify(cert)
+        except CertificateError as e:
+            step = cert.get("step") if isinstance(cert, dict) else None
+            conflicts.append({"certificate": path,
+                              "step": step if type(step) is int else None, "why": str(e)})
+            continue
+        s = cert["step"]
         who = key if key is not None else f"unsigned:{cert.get('auditor')}"
-        s = cert.get("step")
-        if not isinstance(s, int) or not 1 <= s <= last:
-            conflicts.append({"certificate": path, "step": s,
-                              "why": f"certifies step {s!r}, which this run does not log"})
+        why = _why_not(lines, cert)
+        if why is not None:
+            conflicts.append({"certificate": path, "step": s, "auditor": who, "why": why})
             continue
-        if cert["run"]["genesis"] != lines[0]["hash"]:
-            conflicts.append({"certificate": path, "step": s,
-                              "why": "it is about another run (its genesis differs)"})
-            continue
-        if cert["verdict"] != "match":
-            conflicts.append({"certificate": path, "step": s, "auditor": who,
-                              "why": f"the auditor's replay disagrees: {cert.get('finding')}"})
-            continue
-        pub_in, pub_out = lines[s - 1]["hash"], lines[s]["hash"]
-        if (cert["input_state"]["hash"], cert["output_state"]["hash"]) != (pub_in, pub_out):
-            conflicts.append({"certificate": path, "step": s, "auditor": who,
-                              "why": "it certifies other state hashes than the run's log"})
-            continue
-        prev = seen.get(s)
-        if prev is not None and prev[1]["components"] != cert["components"]:
-            conflicts.append({"certificate": path, "step": s, "auditor": who,
-                              "why": f"it disagrees with {prev[0]} about the step's "
-                                     f"component digests"})
-            continue
-        seen.setdefault(s, (path, cert))
-        by_step[s].add(who)
+        if key is None:
+            unsigned.append({"certificate": path, "step": s, "auditor": cert.get("auditor")})
+        elif trusted is not None and key not in trusted:
+            untrusted.append({"certificate": path, "step": s, "key": key,
+                              "auditor": cert.get("auditor")})
+        else:
+            by_step[s].add(key)
+    last = len(lines) - 1
     steps = list(range(1, last + 1))
-    gaps = [s for s in steps if len(by_step[s]) < redundancy]
+    keys = set().union(*by_step.values()) if by_step else set()
     return {"steps": last, "redundancy": redundancy,
             "certified": {s: sorted(by_step[s]) for s in steps if by_step[s]},
             "covered": sum(1 for s in steps if len(by_step[s]) >= redundancy),
-            "gaps": gaps, "conflicts": conflicts, "run_hash": lines[-1]["hash"]}
+            "gaps": [s for s in steps if len(by_step[s]) < redundancy],
+            "keys_counted": len(keys),
+            "trusted_keys": None if trusted is None else len(trusted),
+            "unsigned": unsigned, "untrusted": untrusted,
+            "conflicts": conflicts, "run_hash": lines[-1].get("hash")}

@@ -25,6 +25,14 @@ mix, fetched document by document and proved, without downloading the corpus.
 Every byte read is counted by what it was for (manifest, lengths, footers, row groups,
 proofs) and set against the mix's token shard bytes. The doc_id of a document is what its
 shard says; the tree commits to the tokens, not to the id.
+
+A step's windows depend on the seed as well as the mix: the plan draws documents with the
+run's seed, which need not be the mix's default. Against a run (``--run RUN``,
+``run_step``), the seed and mix fingerprint are the ones the run's genesis records: the
+step is planned with that seed, the manifest's recomputed fingerprint must be the
+genesis's (else ``StateMismatchError`` before anything else is fetched), and the rebuilt
+data digest is compared with the step's logged ``components.data`` (``StepData.matches``).
+Without a run the mix's seed is used, which is only the run's if it trained with it.
 """
 from __future__ import annotations
 
@@ -39,7 +47,7 @@ import numpy as np
 
 from open1b_data.build.manifest import ShardEntry, parse_manifest, read_manifest_bytes
 from open1b_data.build.mixpath import mix_root
-from open1b_data.errors import ManifestError, ShardFormatError
+from open1b_data.errors import ManifestError, ShardFormatError, StateMismatchError
 from open1b_data.storage import atomic_write_bytes, join, url_to_fs
 from open1b_data.storage_errors import failures
 from open1b_data.stream.mixview import MixView, summary_of
@@ -197,6 +205,41 @@ class _CountedView(MixView):
 
 
 @dataclass(frozen=True)
+class RunStep:
+    """What a run logged about one step's data: the seed and mix fingerprint of its genesis
+    and the step's ``components.data``."""
+
+    run: str
+    step: int
+    seed: int
+    fingerprint: str
+    data_digest: str
+
+    def to_dict(self) -> dict:
+        return {"dir": self.run, "step": self.step, "seed": self.seed,
+                "mix_fingerprint": self.fingerprint, "logged_data_digest": self.data_digest}
+
+
+def run_step(run: str, lines: list[dict], step: int) -> RunStep:
+    """Step ``step`` of the run whose (chain-checked) log is ``lines``; a field of the
+    wrong type or a step the log does not hold is a ``StateMismatchError``."""
+    g = lines[0].get("genesis") if lines else None
+    g = g if isinstance(g, dict) else {}
+    seed, fp = g.get("seed"), g.get("mix_fingerprint")
+    if type(seed) is not int or not isinstance(fp, str):
+        raise StateMismatchError(f"{run}: its genesis records no integer seed and mix "
+                                 f"fingerprint (seed {seed!r}, mix_fingerprint {fp!r})")
+    if not 1 <= step < len(lines):
+        raise StateMismatchError(f"{run} logs steps 1..{len(lines) - 1}; it has no step "
+                                 f"{step} to compare with")
+    comps = lines[step].get("components")
+    data = comps.get("data") if isinstance(comps, dict) else None
+    if not isinstance(data, str):
+        raise StateMismatchError(f"{run}: step {step} logs no components.data digest")
+    return RunStep(run, step, seed, fp, data)
+
+
+@dataclass(frozen=True)
 class StepData:
     """One step's windows, rebuilt from proved documents, and what it cost to get them."""
 
@@ -213,11 +256,21 @@ class StepData:
     bytes_fetched: dict
     requests: int
     mix_bytes: int
+    seed: int = 0                       # the seed the step was planned with
+    run: RunStep | None = None          # the run it is compared with (None: not compared)
+
+    @property
+    def matches(self) -> bool | None:
+        """Whether the rebuilt data digest is the run's logged one (None: no run)."""
+        return None if self.run is None else self.data_digest == self.run.data_digest
 
     def to_dict(self, with_documents: bool = False) -> dict:
         total = self.bytes_fetched["total"]
         out = {"mix": self.mix, "name": self.name, "fingerprint": self.fingerprint,
-               "step": self.step, "window_tokens": int(self.tokens.shape[1]),
+               "seed": self.seed, "step": self.step,
+               "run": None if self.run is None else {**self.run.to_dict(),
+                                                     "matches": self.matches},
+               "window_tokens": int(self.tokens.shape[1]),
                "windows": [{"window": m, "sha256": h}
                            for m, h in zip(self.windows, self.window_sha256)],
                "data_digest": self.data_digest, "documents": len(self.documents),
@@ -230,8 +283,9 @@ class StepData:
         return out
 
 
-def fetch_step(mix_url: str, step: int) -> StepData:
-    """Fetch, prove and rebuild the windows of ``step`` (module docstring)."""
+def fetch_step(mix_url: str, step: int, run: RunStep | None = None) -> StepData:
+    """Fetch, prove and rebuild the windows of ``step`` (module docstring), planned with
+    ``run``'s seed and checked against its mix fingerprint when a run is given."""
     from open1b_data.stream.plan import StreamPlan
     from open1b_data.stream.proof import Placement, prove_documents, rebuild_windows
     from open1b_data.stream.schedule import Schedule
@@ -242,11 +296,16 @@ def fetch_step(mix_url: str, step: int) -> StepData:
     url, raw = read_manifest_bytes(mix_url)
     fetcher.count("manifest", len(raw), 1)
     manifest = parse_manifest(raw, url)     # recomputes the fingerprint
+    if run is not None and manifest.fingerprint != run.fingerprint:
+        raise StateMismatchError(
+            f"step {step}: the run {run.run} trained on mix fingerprint {run.fingerprint[:16]}"
+            f"..., the mix at {mix_url} is {manifest.fingerprint[:16]}...; not the run's mix")
     root = mix_root(mix_url)
     view = _CountedView(root, summary_of(manifest), fetcher)
     info = Schedule.from_definition(view.definition).step(step)
     a, b = info.first_window, info.first_window + info.batch_sequences
-    segs = StreamPlan(view).segments_range(a, b)
+    plan = StreamPlan(view, seed=None if run is None else run.seed)
+    segs = plan.segments_range(a, b)
     names = view.names
     keys = [(names[s], h, d) for s, h, d in zip(segs.source.tolist(), segs.shard.tolist(),
                                                  segs.doc.tolist())]
@@ -273,7 +332,7 @@ def fetch_step(mix_url: str, step: int) -> StepData:
         data_digest=data_digest(windows, [bytes.fromhex(h) for h in shas]),
         documents=tuple(proved), shards=len({(d.source, d.shard) for d in proved}),
         bytes_fetched=fetched, requests=sum(fetcher.requests.values()),
-        mix_bytes=sum(sh.bytes for _, sh in manifest.shards()))
+        mix_bytes=sum(sh.bytes for _, sh in manifest.shards()), seed=plan.seed, run=run)
 
 
 def write_step(data: StepData, out: str) -> list[str]:

@@ -164,7 +164,7 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
     res.finding = chain.check(lines[:step + 1])
     if res.finding is not None:
         return _done(res, t_start)
-    run = resolve(cfg, mix, run_dir)
+    run = resolve(cfg, mix, run_dir, use_index=False)
     res.device = str(run.device)
     res.recipe = {"preset": run.cfg.preset, "departures": [
         {"field": k, "preset": want, "run": got}
@@ -205,6 +205,10 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
                 res.finding = Finding(s, "data", f"the step's windows cannot be read as "
                                                  f"published: {e}")
                 break
+            shown = informational_difference(run, info, want)
+            if shown:
+                res.finding = Finding(s, "log", shown)
+                break
             batches = micro_batches(items, V, run.device)
             if data_digest_of(batches) != want["components"]["data"]:
                 res.finding = Finding(s, "data", "the step's windows (from the mix, in stream "
@@ -234,6 +238,20 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
             res.verified.append(s)
             res.step_seconds[s] = round(time.perf_counter() - t0, 3)
     return _done(res, t_start)
+
+
+def informational_difference(run: Run, info, line: dict) -> str | None:
+    """The unhashed fields a reader of the log sees that the replay can re-derive (the
+    step's window range, batch-ramp phase and mesh): a sentence naming the first that
+    disagrees with the schedule, or None. (Loss, LR and gradient norm are checked against
+    the hashed scalars by ``chain``; timings are never trusted or derived.)"""
+    want = {"windows": [info.first_window, info.first_window + info.batch_sequences],
+            "phase": info.phase, "mesh": list(run.cfg.mesh)}
+    for k, v in want.items():
+        if k in line and line[k] != v:
+            return (f"the log's unhashed field {k} says {line[k]!r}, the run's schedule and "
+                    f"config give {v!r} (edited)")
+    return None
 
 
 def _explain(comp: str, got: dict, want: dict) -> str:

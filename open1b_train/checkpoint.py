@@ -172,7 +172,8 @@ def load(path: str, device: torch.device | str = "cpu") -> Checkpoint:
     """Read and verify a checkpoint directory (see the module docstring)."""
     rec = read_record(path)
     files = rec.get("files") or {}
-    if not isinstance(files, dict) or "params.safetensors" not in files or not any(f.startswith("optim-") for f in files):
+    if not isinstance(files, dict) or "params.safetensors" not in files or \
+            not any(str(f).startswith("optim-") for f in files):
         raise CheckpointError(f"{path}: the record lists no params/optim files; corrupt")
     params: dict[str, torch.Tensor] = {}
     m: dict[str, torch.Tensor] = {}

@@ -304,4 +304,7 @@ def load_config(path: str) -> TrainConfig:
 
 def from_dict(d: dict[str, Any]) -> TrainConfig:
     """The config recorded in a run (``TrainConfig.to_dict``), validated again."""
-    return apply_overrides(preset(d.get("preset", "open1b")), d)
+    name = d.get("preset", "open1b")
+    if not isinstance(name, str):
+        raise ConfigError(f"preset: must be a string, got {name!r}")
+    return apply_overrides(preset(name), d)

@@ -193,12 +193,19 @@ def decide(cfg: TrainConfig, step: int, norm: float, loss: float, opt: OptimStat
 
 def update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, torch.Tensor],
            grads: dict[str, torch.Tensor], m: dict[str, torch.Tensor],
-           v: dict[str, torch.Tensor], norm: torch.Tensor, adam_step: int, lr: float) -> None:
+           v: dict[str, torch.Tensor], norm: torch.Tensor, adam_step: int, lr: float,
+           trace: Trace = None) -> None:
     """Clip by ``clip_coefficient(norm)`` and AdamW every parameter present in ``grads``
-    (all of them, or one logical shard's) in place."""
+    (all of them, or one logical shard's) in place. ``trace`` (read-only) sees
+    ``optim.clip_coef``, then per parameter ``optim.clip.<name>`` (the gradient AdamW
+    consumes: clipped, or as reduced when the coefficient is 1) and
+    ``optim.adamw.<name>.m`` / ``.v`` / ``.param`` after its update."""
     # the coefficient on the host (CPU float32 ops, one correctly rounded division), then
     # one float32 multiply per element on the gradients' device: the same bits anywhere
-    coef = float(clip_coefficient(norm.detach().to("cpu", torch.float32).reshape(()), cfg.clip))
+    coef_t = clip_coefficient(norm.detach().to("cpu", torch.float32).reshape(()), cfg.clip)
+    coef = float(coef_t)
+    if trace is not None:
+        trace("optim.clip_coef", coef_t)
     adam = AdamWConfig(cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay)
     for spec in specs:
         if spec.name not in grads:
@@ -207,21 +214,30 @@ def update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, torch.Ten
         if coef != 1.0:
             g.mul_(coef)                    # one IEEE multiply (x 1.0 is exact: skipped)
         wd = cfg.weight_decay if spec.decay else 0.0
+        if trace is not None:
+            trace(f"optim.clip.{spec.name}", g)
         adamw_step_(params[spec.name], g, m[spec.name], v[spec.name], adam_step, lr, wd, adam)
+        if trace is not None:
+            for which, t in (("m", m), ("v", v), ("param", params)):
+                trace(f"optim.adamw.{spec.name}.{which}", t[spec.name])
 
 
 def apply_update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, torch.Tensor],
                  layout: Layout, grad: torch.Tensor, loss: torch.Tensor, opt: OptimState,
-                 step: int, lr: float) -> Update:
-    """The recipe after the reduction on one process (see the module docstring)."""
+                 step: int, lr: float, trace: Trace = None) -> Update:
+    """The recipe after the reduction on one process (see the module docstring).
+    ``trace`` (read-only) sees ``optim.norm`` (the pre-clip norm), then ``update``'s ops
+    unless the step is skipped."""
     if step in cfg.inject_spike:
         grad.mul_(SPIKE_INJECTION)
     norm_t = grad_norm([grad])
+    if trace is not None:
+        trace("optim.norm", norm_t)
     upd = decide(cfg, step, float(norm_t), float(loss), opt)
     if not upd.skipped:
         opt.adam_step += 1
         update(cfg, specs, params, layout.views(grad), layout.views(opt.m),
-               layout.views(opt.v), norm_t, opt.adam_step, lr)
+               layout.views(opt.v), norm_t, opt.adam_step, lr, trace)
     return Update(upd.norm, upd.skipped, upd.spike, lr)
 
 

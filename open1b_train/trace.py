@@ -4,10 +4,15 @@ and by ``open1b-audit trace``).
 A trace is the sequence, in execution order, of ``(op, digest)`` for every op output of one
 step: each virtual rank's micro-batches' forward and backward ops (names like
 ``rank1.mb0.layers.3.fwd.mlp.swiglu`` or ``rank0.mb2.layers.0.bwd.attn.core.dq``, see
-``open1b_train.model``), each rank's accumulated gradient, each replica partial and the
-reduced gradient. The digest is the tensor's ``kernels.sha256`` root (hex). Stored as JSON
-lines ``{"i": index, "op": name, "digest": hex}``, one per op, under a header line
-``{"format": "open1b-trace", "version": 1, "step": N}`` in ``RUN/traces/step-<n>.jsonl``.
+``open1b_train.model``), each rank's accumulated gradient, each replica partial, the
+reduced gradient, then the optimizer (``open1b_train.step``): ``optim.norm`` (the pre-clip
+norm), and unless the step is skipped ``optim.clip_coef`` and, per parameter in model
+order, ``optim.clip.<param>`` (the gradient AdamW consumes) and ``optim.adamw.<param>.m``,
+``.v``, ``.param`` after its update. Tracing only reads tensors: a traced step has the
+same bits as an untraced one. The digest is the tensor's ``kernels.sha256`` root (hex).
+Stored as JSON lines ``{"i": index, "op": name, "digest": hex}``, one per op, under a
+header line ``{"format": "open1b-trace", "version": 1, "step": N}`` in
+``RUN/traces/step-<n>.jsonl``.
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ import os
 import torch
 
 from open1b_train import statehash
+from open1b_train.errors import Open1bTrainError
+from open1b_train.safeio import parse_json, read_regular
 
 FORMAT = "open1b-trace"
 
@@ -46,12 +53,22 @@ class Tracer:
 
 
 def read(path: str) -> tuple[int, list[tuple[str, str]]]:
-    try:
-        with open(path) as f:
-            head = json.loads(f.readline())
-            ops = [(r["op"], r["digest"]) for r in map(json.loads, f)]
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"{path}: not a readable trace ({e})") from None
-    if head.get("format") != FORMAT:
-        raise ValueError(f"{path}: not an {FORMAT} file")
-    return int(head["step"]), ops
+    """A trace file written by ``Tracer.write`` (another party's: a regular file only,
+    every line checked); a malformed one is an ``Open1bTrainError`` naming the path."""
+    lines = read_regular(path, "trace").split(b"\n")
+    head = parse_json(lines[0], path)
+    if not isinstance(head, dict) or head.get("format") != FORMAT or \
+            isinstance(head.get("step"), bool) or not isinstance(head.get("step"), int):
+        raise Open1bTrainError(f"{path}: not an {FORMAT} file (its first line must be the "
+                               f"header with the step)")
+    ops = []
+    for i, raw in enumerate(lines[1:], start=2):
+        if not raw.strip():
+            continue
+        r = parse_json(raw, f"{path} line {i}")
+        if not isinstance(r, dict) or not isinstance(r.get("op"), str) or \
+                not isinstance(r.get("digest"), str):
+            raise Open1bTrainError(f"{path} line {i}: not a trace entry (needs string 'op' and "
+                                   f"'digest')")
+        ops.append((r["op"], r["digest"]))
+    return head["step"], ops

@@ -37,6 +37,7 @@ from open1b_train.config import TrainConfig, from_dict
 from open1b_train.errors import CheckpointError, ConfigError, Open1bTrainError, ResumeError
 from open1b_train.loop import Computed, Summary, run_steps
 from open1b_train.params import Layout, init_params, param_specs
+from open1b_train.safeio import read_json_object
 from open1b_train.trace import Tracer
 from open1b_train.trace import path_of as trace_path
 from open1b_train.step import MicroBatch, OptimState, apply_update, float32_hex, reduce_step
@@ -89,8 +90,10 @@ def backend_scope(cfg: TrainConfig):
     return kb.force(None if cfg.backend == "auto" else cfg.backend)
 
 
-def resolve(cfg: TrainConfig, mix: str, run_dir: str) -> Run:
-    """Fill the config from the mix (vocabulary, seed) and check that they fit."""
+def resolve(cfg: TrainConfig, mix: str, run_dir: str, use_index: bool = True) -> Run:
+    """Fill the config from the mix (vocabulary, seed) and check that they fit. An auditor
+    passes ``use_index=False``: a seek index stored in the mix is derived data its owner
+    could have rewritten, so the replay plans from the stream's origin."""
     manifest = load_manifest(mix)
     vocab = int(manifest.tokenizer["vocab_size"])
     if cfg.model.vocab == 0:
@@ -101,7 +104,7 @@ def resolve(cfg: TrainConfig, mix: str, run_dir: str) -> Run:
                           f"another mix")
     if cfg.seed is None:
         cfg = dataclasses.replace(cfg, seed=manifest.seed)
-    plan = StreamPlan.open(mix, seed=cfg.seed)
+    plan = StreamPlan.open(mix, seed=cfg.seed, use_index=use_index)
     schedule = Schedule.from_definition(plan.view.definition)
     last = schedule.last_step if cfg.steps is None else min(cfg.steps, schedule.last_step)
     V = cfg.virtual_ranks
@@ -224,17 +227,16 @@ def tensors_of(ck: checkpoint.Checkpoint, run: Run) -> tuple[dict[str, torch.Ten
 
 def read_run(run_dir: str, mix: str | None = None) -> tuple[TrainConfig, str]:
     """A run directory's config and its mix (``mix`` overrides the one it recorded)."""
-    try:
-        with open(os.path.join(run_dir, CONFIG)) as f:
-            cfg = from_dict(json.load(f))
-        if mix is None:
-            with open(os.path.join(run_dir, RUN_INFO)) as f:
-                mix = json.load(f)["mix"]
-    except FileNotFoundError as e:
-        raise Open1bTrainError(f"{run_dir} is not a run directory ({e.filename} is missing)"
-                               ) from None
-    except (ValueError, KeyError) as e:
-        raise Open1bTrainError(f"{run_dir}: unreadable run files ({e})") from None
+    cpath = os.path.join(run_dir, CONFIG)
+    if not os.path.lexists(cpath):
+        raise Open1bTrainError(f"{run_dir} is not a run directory ({cpath} is missing)")
+    cfg = from_dict(read_json_object(cpath, "run config"))
+    if mix is None:
+        info = read_json_object(os.path.join(run_dir, RUN_INFO), "run info")
+        mix = info.get("mix")
+        if not isinstance(mix, str) or not mix:
+            raise Open1bTrainError(f"{run_dir}/{RUN_INFO}: 'mix' must name the run's mix, got "
+                                   f"{mix!r}; pass --mix")
     return cfg, mix
 
 
@@ -331,8 +333,10 @@ def compute_step(run: Run, state: State, batches: list[list[MicroBatch]], step: 
     t1 = time.perf_counter()
     grad_digest = statehash.tensors_digest(layout.views(red.grad))   # before clipping
     t_hash = time.perf_counter() - t1
+    # trace only when tracing: stand-ins for apply_update (tests/audit/tamper.py) keep
+    # its nine-argument signature
     upd = apply_update(run.cfg, specs, state.params, layout, red.grad, red.loss, state.opt,
-                       step, info.lr * run.cfg.lr_scale)
+                       step, info.lr * run.cfg.lr_scale, trace=trace)
     t1 = time.perf_counter()
     comps = {"data": data_digest_of(batches), "grad": grad_digest,
              "params": statehash.tensors_digest(state.params),

@@ -1,5 +1,5 @@
 """Ways to tamper with a published run (each used by tests/audit/test_tamper.py and by
-benchmarks/audit_tamper.py, which reports how many are caught).
+benchmarks/audit/audit_tamper.py, which reports how many are caught).
 
 ``CASES`` maps each way to the (component, step) the audit must name (step None: the
 first step that reads the tampered shard); ``make`` builds the tampered copy."""
@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from open1b_audit.chain import Finding
 from open1b_data import StreamPlan
 from open1b_train import checkpoint, runlog, statehash
 from open1b_train.train import train
@@ -198,8 +199,9 @@ def lr_changed(mix: str, work: str) -> tuple[str, int]:
 
     real = S.apply_update
 
-    def doubled(cfg, specs, params, layout, grad, loss, opt, step, lr):
-        return real(cfg, specs, params, layout, grad, loss, opt, step, lr * 2 if step == 5 else lr)
+    def doubled(cfg, specs, params, layout, grad, loss, opt, step, lr, **kw):
+        return real(cfg, specs, params, layout, grad, loss, opt, step,
+                    lr * 2 if step == 5 else lr, **kw)
     r = os.path.join(work, "run")
     import open1b_train.train as T
     _dishonest(r, mix, lambda: Patch(T, "apply_update", doubled))
@@ -225,6 +227,123 @@ def rank_gradient(mix: str, work: str) -> tuple[str, int]:
     return r, 5
 
 
+def stream_position(run: str, work: str) -> tuple[str, int]:
+    """The packing buffer's offset edited in checkpoint 4's record (no hash covers it): a
+    run resumed from it would train steps 5.. on windows that are not the stream's."""
+    r = os.path.join(work, "run")
+    shutil.copytree(run, r)
+    for s in (4, 6, 8):
+        rpath = os.path.join(checkpoint.step_dir(r, s), "record.json")
+        rec = json.load(open(rpath))
+        buf = rec["loader"]["stream"]["buffer"]
+        if buf is not None:
+            buf["offset"] = buf["offset"] - 1 if buf["offset"] > 1 else buf["offset"] + 1
+        else:
+            rec["loader"]["stream"]["window"] += 1
+        json.dump(rec, open(rpath, "w"), sort_keys=True, indent=1)
+    return r, 4
+
+
+def one_interval(mix: str, run: str, work: str) -> tuple[str, int]:
+    """Forged at one checkpoint only: checkpoint 6's first moment changed, the log's optim
+    digest of step 6 rewritten to it and the chain re-hashed, then steps 7-8 trained
+    honestly from it (a sound bisect must not say "all reproduce")."""
+    r = os.path.join(work, "run")
+    shutil.copytree(run, r)
+    ck = checkpoint.step_dir(r, 6)
+    name = next(n for n in sorted(os.listdir(ck)) if n.startswith("optim-"))
+    t = st_load(open(os.path.join(ck, name), "rb").read())
+    key = next(k for k in sorted(t) if k.startswith("m."))
+    t[key].view(-1)[5] += 1e-3
+    _rewrite_file_in_record(ck, name, st_save(t))
+    loaded = checkpoint.load(ck)
+    rec = loaded.record
+    lines = runlog.read(r)[:7]
+    lines[6]["components"]["optim"] = statehash.optim_digest(
+        loaded.m, loaded.v, rec["adam_step"], rec["skip_left"])
+    rehash_chain(lines, 6)
+    runlog.rewrite(r, lines)
+    rpath = os.path.join(ck, "record.json")
+    rec = json.load(open(rpath))
+    rec["run_hash"] = lines[6]["hash"]
+    json.dump(rec, open(rpath, "w"), sort_keys=True, indent=1)
+    shutil.rmtree(checkpoint.step_dir(r, 8))
+    train(micro_cfg(steps=STEPS), mix, r, progress=False)
+    return r, 6
+
+
+def data_and_manifest(run: str, mix: str, work: str) -> tuple[str, str, int]:
+    """A token changed in a shard and the manifest rewritten to match it (the shard's sha256
+    and size, the fingerprint recomputed): a consistent mix, but not the one the run's
+    genesis names."""
+    from open1b_data.build.manifest import fingerprint
+
+    run, mix2, _ = token_in_shard(run, mix, work)
+    mpath = os.path.join(mix2, "manifest.json")
+    man = json.load(open(mpath))
+    for src in man["sources"]:
+        for sh in src["shards"]:
+            data = open(os.path.join(mix2, sh["path"]), "rb").read()
+            sh["sha256"], sh["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+    man["fingerprint"] = fingerprint(man)
+    json.dump(man, open(mpath, "w"), indent=1, sort_keys=True)
+    return run, mix2, 0
+
+
+def record_counter(run: str, work: str) -> tuple[str, int]:
+    """The Adam step counter edited in checkpoint 6's record (the file hashes untouched)."""
+    r = os.path.join(work, "run")
+    shutil.copytree(run, r)
+    rpath = os.path.join(checkpoint.step_dir(r, 6), "record.json")
+    rec = json.load(open(rpath))
+    rec["adam_step"] += 1
+    json.dump(rec, open(rpath, "w"), sort_keys=True, indent=1)
+    return r, 6
+
+
+def shown_window_range(run: str, work: str) -> tuple[str, int]:
+    """The unhashed ``windows`` a reader sees for step 3 edited (the chain still holds)."""
+    r = os.path.join(work, "run")
+    shutil.copytree(run, r)
+    lines = runlog.read(r)
+    lines[3]["windows"] = [w + 4 for w in lines[3]["windows"]]
+    runlog.rewrite(r, lines)
+    return r, 3
+
+
+def recipe_departure(mix: str, work: str) -> tuple[str, int]:
+    """Trained with an injected spike at step 3 (a recipe change declared in config.json):
+    every step reproduces, so the audit must flag the departure itself."""
+    r = os.path.join(work, "run")
+    train(micro_cfg(steps=STEPS, inject_spike=(3,)), mix, r, progress=False)
+    return r, 0
+
+
+def truncated_log(run: str, work: str) -> tuple[str, int]:
+    """The last two lines removed: a valid, shorter chain with another run hash."""
+    r = os.path.join(work, "run")
+    shutil.copytree(run, r)
+    runlog.rewrite(r, runlog.read(r)[:STEPS - 1])
+    return r, STEPS - 1
+
+
+def cut_last_line(run: str, work: str) -> tuple[str, int]:
+    """The last line cut off mid-way (no newline): the complete lines still chain."""
+    r = os.path.join(work, "run")
+    shutil.copytree(run, r)
+    p = runlog.path_of(r)
+    raw = open(p, "rb").read()
+    open(p, "wb").write(raw[:-40])
+    return r, STEPS
+
+
+def rechained_suffix(run: str, work: str) -> tuple[str, int]:
+    """Step 7's loss edited and the chain re-hashed from there: same length, valid chain,
+    another run hash (the replay would name step 7; the pin refuses before any work)."""
+    r, _ = edited_line(run, work, rehash=True)
+    return r, STEPS
+
+
 CASES = {
     "a token of one window changed in a shard": ("data", None),   # the shard's first use
     "two windows of a step swapped": ("data", 5),
@@ -237,7 +356,17 @@ CASES = {
     "a checkpoint of another run substituted": ("checkpoint", 6),
     "a steps.jsonl line edited": ("scalars", 7),
     "a steps.jsonl line edited, the chain rehashed": ("params", 7),
+    "the stream position edited in a checkpoint record": ("checkpoint", 4),
+    "one checkpoint forged, the chain re-hashed, trained on honestly": ("optim", 6),
+    "a shard and its manifest rewritten together": ("data", 0),
+    "the Adam step counter edited in a checkpoint record": ("optim", 6),
+    "a step's shown window range edited (unhashed field)": ("log", 3),
+    "a spike injected by the config (a recipe departure)": ("config", 0),
+    "the log truncated (pinned to the published run hash)": ("log", STEPS - 1),
+    "the last line cut off (pinned)": ("log", STEPS),
+    "a re-chained suffix (pinned)": ("log", STEPS + 1),   # no step has the hash
 }
+PINNED = ("(pinned", "pinned to the published")   # cases audited with --expect-run-hash
 
 
 def make(case: str, ref_run: str, mix4: str, other_run: str, work: str):
@@ -245,7 +374,25 @@ def make(case: str, ref_run: str, mix4: str, other_run: str, work: str):
     the step a shard change is first read at or None)."""
     at = None
     mix = None
-    if case.startswith("a token"):
+    if case.startswith("the log truncated"):
+        run, _ = truncated_log(ref_run, work)
+    elif case.startswith("the last line cut off"):
+        run, _ = cut_last_line(ref_run, work)
+    elif case.startswith("a re-chained suffix"):
+        run, _ = rechained_suffix(ref_run, work)
+    elif case.startswith("the stream position"):
+        run, _ = stream_position(ref_run, work)
+    elif case.startswith("one checkpoint forged"):
+        run, _ = one_interval(mix4, ref_run, work)
+    elif case.startswith("a shard and its manifest"):
+        run, mix, at = data_and_manifest(ref_run, mix4, work)
+    elif case.startswith("the Adam step counter"):
+        run, _ = record_counter(ref_run, work)
+    elif case.startswith("a step's shown window"):
+        run, _ = shown_window_range(ref_run, work)
+    elif case.startswith("a spike injected"):
+        run, _ = recipe_departure(mix4, work)
+    elif case.startswith("a token"):
         run, mix, at = token_in_shard(ref_run, mix4, work)
     elif case.startswith("two windows"):
         run, _ = swapped_windows(mix4, work)
@@ -268,9 +415,17 @@ def make(case: str, ref_run: str, mix4: str, other_run: str, work: str):
     return run, mix, at
 
 
-def audit_all(run: str, mix: str | None = None):
-    """The first finding of replaying every interval between checkpoints, in order."""
+def audit_all(run: str, mix: str | None = None, expect: str | None = None):
+    """The first finding of pinning the log to the published run hash ``expect`` (when
+    given), then of replaying every interval between checkpoints, in order."""
+    from open1b_audit import chain
     from open1b_audit.replay import replay
+
+    if expect is not None:
+        log = runlog.read_log(run)
+        found = chain.pin(log.lines, expect, log.partial_bytes)
+        if found is not None:
+            return found
 
     marks = [0] + [c for c in checkpoint.list_steps(run) if c > 0]
     last = max(marks)
@@ -280,4 +435,7 @@ def audit_all(run: str, mix: str | None = None):
         res = replay(run, b, mix=mix, from_step=a if a in checkpoint.list_steps(run) else 0)
         if res.finding is not None:
             return res.finding
+        if res.recipe and res.recipe["departures"]:     # an auditor of the published recipe
+            return Finding(0, "config", f"departs from the {res.recipe['preset']} preset in "
+                           + ", ".join(d["field"] for d in res.recipe["departures"]))
     return None

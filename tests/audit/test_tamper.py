@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from open1b_train import runlog
 from tests.audit import tamper
 
 audit_all = tamper.audit_all
@@ -30,6 +31,7 @@ def test_tampering_is_caught_naming_step_and_component(case, tmp_path, ref_run, 
     run, mix, caught_at = tamper.make(case, ref_run, mix4, other_run, str(tmp_path))
     step = caught_at if step is None else step
     assert os.path.exists(run)
-    found = audit_all(run, mix)
+    expect = runlog.read(ref_run)[-1]["hash"] if any(k in case for k in tamper.PINNED) else None
+    found = audit_all(run, mix, expect)
     assert found is not None, f"not caught: {case}"
     assert (found.component, found.step) == (component, step), str(found)
