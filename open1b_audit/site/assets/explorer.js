@@ -3,7 +3,7 @@
    which file:// allows. Text from the corpus is only ever set with textContent. */
 (function () {
   "use strict";
-  var NS = "http://www.w3.org/2000/svg", W = 640, H = 180, PAD = 44;
+  var NS = "http://www.w3.org/2000/svg", W = 660, H = 180, PAD = 64;
 
   function svg(tag, attrs, parent) {
     var n = document.createElementNS(NS, tag);
