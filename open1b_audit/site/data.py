@@ -82,6 +82,7 @@ class Explorer:
     finding: Any                    # chain.Finding | None
     certs: list[tuple[str, dict]]
     build_index: bool = False
+    _columns: dict | None = None
 
     @classmethod
     def open(cls, run: str, mix: str | None = None, certs: str | None = None,
@@ -125,34 +126,34 @@ class Explorer:
     def has_step(self, s: int) -> bool:
         return 1 <= s <= self.last
 
+    def columns(self) -> dict[str, list]:
+        """Every logged step's curves, decoded once: step, cumulative tokens (the hashed
+        per-step tokens summed), each series, and the skipped / spike flags."""
+        if getattr(self, "_columns", None) is None:
+            cols: dict[str, list] = {k: [] for k in ("step", "tokens", *SERIES, "skipped",
+                                                     "spike")}
+            total = 0
+            for s, line in enumerate(self.lines[1:], start=1):
+                sc = scalars_of(line)
+                total += sc["tokens"] or 0
+                cols["step"].append(s)
+                cols["tokens"].append(total)
+                for k in ("loss", "lr", "grad_norm", "val_loss"):
+                    cols[k].append(_num(sc[k]))
+                cols["tokens_per_s"].append(_num(line.get("tokens_per_s")))
+                cols["skipped"].append(1 if sc["skipped"] else 0)
+                cols["spike"].append(1 if sc["spike"] else 0)
+            if not any(v is not None for v in cols["val_loss"]):
+                del cols["val_loss"]
+            self._columns = cols
+        return self._columns
+
     def series(self, a: int, b: int) -> dict[str, list]:
-        """Columns of steps a..b (inclusive): step, cumulative tokens (the hashed per-step
-        tokens summed), every curve, and the skipped / spike flags."""
-        cols: dict[str, list] = {k: [] for k in ("step", "tokens", *SERIES, "skipped", "spike")}
-        total = self._tokens_before(a)
-        for s in range(a, b + 1):
-            line = self.lines[s]
-            sc = scalars_of(line)
-            total += sc["tokens"] or 0
-            cols["step"].append(s)
-            cols["tokens"].append(total)
-            for k in ("loss", "lr", "grad_norm", "val_loss"):
-                cols[k].append(_num(sc[k]))
-            cols["tokens_per_s"].append(_num(line.get("tokens_per_s")))
-            cols["skipped"].append(1 if sc["skipped"] else 0)
-            cols["spike"].append(1 if sc["spike"] else 0)
-        if not any(v is not None for v in cols["val_loss"]):
-            del cols["val_loss"]
-        return cols
+        """The columns of steps a..b (inclusive)."""
+        return {k: v[a - 1:b] for k, v in self.columns().items()}
 
     def _tokens_before(self, a: int) -> int:
-        if not hasattr(self, "_cum"):
-            cum, t = [0], 0
-            for line in self.lines[1:]:
-                t += scalars_of(line)["tokens"] or 0
-                cum.append(t)
-            self._cum = cum
-        return self._cum[a - 1]
+        return self.columns()["tokens"][a - 2] if a > 1 else 0
 
     def chunks(self) -> int:
         return max(1, -(-self.last // CHUNK_STEPS))
@@ -204,7 +205,7 @@ class Explorer:
 
     def run_page(self) -> dict[str, Any]:
         gen = self.lines[0]["genesis"]
-        flags = [(s, scalars_of(line)) for s, line in enumerate(self.lines[1:], start=1)]
+        cols = self.columns()
         cov = self.coverage()
         return {"run": self.run, "mix": self.mix, "mix_name": self.plan.view.name,
                 "steps": self.last, "run_hash": self.lines[-1].get("hash"),
@@ -213,10 +214,9 @@ class Explorer:
                 "chain": {"ok": self.finding is None,
                           "finding": None if self.finding is None else self.finding.to_dict()},
                 "phases": self.phases(),
-                "skipped": [s for s, sc in flags if sc["skipped"]],
-                "skipped_tokens": [self._tokens_before(s + 1) for s, sc in flags
-                                   if sc["skipped"]],
-                "spikes": [s for s, sc in flags if sc["spike"]],
+                "skipped": [s for s, f in zip(cols["step"], cols["skipped"]) if f],
+                "skipped_tokens": [t for t, f in zip(cols["tokens"], cols["skipped"]) if f],
+                "spikes": [s for s, f in zip(cols["step"], cols["spike"]) if f],
                 "chunks": self.chunks(), "chunk_steps": CHUNK_STEPS,
                 "coverage": {"covered": cov["covered"], "conflicts": len(cov["conflicts"]),
                              "certificates": len(self.certs)}}
