@@ -32,8 +32,16 @@ $(RUNTIME): $(SOURCES)
 
 $(TESTDEPS): $(SOURCES)
 	$(install_runtime)
-	@echo "==> [setup] the test extra: pytest, moto, transformers, datasets, triton (1.3 GB)"
+	@echo "==> [setup] the test extra: pytest, moto, transformers, datasets, triton, selenium (1.3 GB)"
 	$(PIP) install --progress-bar on -e '.[test]'
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then \
+	  echo "==> [setup] headless Chromium for the explorer's browser tests: present"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "==> [setup] apt-get install chromium chromium-driver (the explorer's browser tests)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	else \
+	  echo "==> [setup] no chromium + chromedriver and not root with apt-get: the browser tests will skip"; \
+	fi
 	touch $@
 
 setup: $(RUNTIME)

@@ -88,10 +88,12 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds >= 1.5 else f"{seconds:.1f} s"
 
 
-def open_plan(mix: str, build_index: bool = False) -> tuple[StreamPlan, Schedule]:
+def open_plan(mix: str, build_index: bool = False, seed: int | None = None
+              ) -> tuple[StreamPlan, Schedule]:
     """The mix's plan (seek index attached when one exists; built first with
-    ``build_index``) and its schedule."""
-    plan = StreamPlan.open(mix)
+    ``build_index``) and its schedule; ``seed`` None is the mix's own (a run may train the
+    mix with another: its genesis names it)."""
+    plan = StreamPlan.open(mix, seed=seed)
     if build_index:
         from open1b_data.stream import seekindex
 
@@ -164,10 +166,11 @@ def _content(plan: StreamPlan, reader, ms: list[int]):
 
 def stream_at(mix: str, window: int | None = None, step: int | None = None,
               world: int | None = None, rank: int | None = None, decode: bool = False,
-              plan_only: bool = False, stats: bool = False, build_index: bool = False
-              ) -> dict:
+              plan_only: bool = False, stats: bool = False, build_index: bool = False,
+              seed: int | None = None) -> dict:
     """What the stream holds at ``window`` or ``step`` (module docstring). ``plan_only``:
-    segments only, no shard read; ``stats``: the batch statistics instead of the windows."""
+    segments only, no shard read; ``stats``: the batch statistics instead of the windows;
+    ``seed``: the stream's seed when not the mix's (``open_plan``)."""
     from open1b_data.stream.windows import WindowReader, load_mix_tokenizer, window_sha256
 
     if (window is None) == (step is None):
@@ -178,7 +181,7 @@ def stream_at(mix: str, window: int | None = None, step: int | None = None,
     if decode and stats:
         raise StreamError("--stats replaces the segment listing that --decode annotates; "
                           "give one of them")
-    plan, sched = open_plan(mix, build_index)
+    plan, sched = open_plan(mix, build_index, seed)
     R = sched.spec.reference_world if world is None else world
     entries, info = _entries(sched, R, window, step, rank)
     ms = [m for m, _, _ in entries]

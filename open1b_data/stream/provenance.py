@@ -52,6 +52,27 @@ def _occurrence(sched: Schedule, world: int, m: int, epoch: int, draw: int, doc_
             "separator": doc_start + length > doc_length}
 
 
+def occurrences(plan: StreamPlan, sched: Schedule, world: int, s: int, h: int, d: int,
+                lo: int, hi: int) -> list[dict]:
+    """Every window of ``[lo, hi)`` with tokens of document (source s, shard h, row d):
+    the plan inverts the document's position in each epoch's order, nothing is replayed."""
+    occ = []
+    w = plan.window
+    for info in plan.occurrences(s, h, d, lo, hi):
+        for m in range(max(info.first_window, lo), min(info.last_window, hi - 1) + 1):
+            start = max(0, m * w - info.start)
+            stop = min(info.length + 1, (m + 1) * w - info.start)
+            occ.append(_occurrence(sched, world, m, info.epoch, info.draw, start,
+                                   stop - start, info.length))
+    return occ
+
+
+def document(plan: StreamPlan, reader, sched: Schedule, world: int, s: int, h: int, d: int,
+             lo: int, hi: int) -> dict:
+    """One document's entry of the report (its ``occurrences`` in windows ``[lo, hi)``)."""
+    return _doc_entry(plan, reader, s, h, d, occurrences(plan, sched, world, s, h, d, lo, hi))
+
+
 def _doc_entry(plan, reader, s, h, d, occ) -> dict:
     return {"source": plan.sources[s], "shard": h,
             "shard_path": plan.view.sources[s].shard_paths[h], "doc": d,
@@ -61,15 +82,17 @@ def _doc_entry(plan, reader, s, h, d, occ) -> dict:
 
 
 def report(mix: str, doc_id: str | None = None, phrase: str | None = None,
-           steps: tuple[int, int] | None = None, world: int | None = None) -> dict:
-    """Provenance of a doc_id or a phrase within steps A..B (see module docstring)."""
+           steps: tuple[int, int] | None = None, world: int | None = None,
+           seed: int | None = None) -> dict:
+    """Provenance of a doc_id or a phrase within steps A..B (see module docstring);
+    ``seed`` None is the mix's own (a run's genesis names the seed it trained with)."""
     from open1b_data.stream.windows import WindowReader
 
     if (doc_id is None) == (phrase is None):
         raise StreamError("provenance needs exactly one of doc_id or phrase")
     if phrase is not None and not phrase:
         raise StreamError("the phrase is empty; give the text to look for")
-    plan = StreamPlan.open(mix)
+    plan = StreamPlan.open(mix, seed=seed)
     sched = Schedule.from_definition(plan.view.definition)
     R = sched.spec.reference_world if world is None else int(world)
     if R < 1:
@@ -85,16 +108,7 @@ def report(mix: str, doc_id: str | None = None, phrase: str | None = None,
         if not locs:
             raise StreamError(f"no document with doc_id {doc_id!r} in mix {plan.view.name!r}; "
                               f"doc ids are source-native (e.g. a WARC-Record-ID)")
-        for s, h, d in locs:
-            occ = []
-            for info in plan.occurrences(s, h, d, lo, hi):
-                w = plan.window
-                for m in range(max(info.first_window, lo), min(info.last_window, hi - 1) + 1):
-                    start = max(0, m * w - info.start)
-                    stop = min(info.length + 1, (m + 1) * w - info.start)
-                    occ.append(_occurrence(sched, R, m, info.epoch, info.draw, start,
-                                           stop - start, info.length))
-            docs.append(_doc_entry(plan, reader, s, h, d, occ))
+        docs = [document(plan, reader, sched, R, s, h, d, lo, hi) for s, h, d in locs]
     else:
         docs = _phrase(plan, reader, sched, R, phrase, lo, hi)
     out["documents"] = docs

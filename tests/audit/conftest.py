@@ -1,2 +1,32 @@
-"""The training tests' mixes and honest reference run, shared with the audit tests."""
+"""The training tests' mixes and honest reference run, shared with the audit tests; and the
+run explorer's subject, a micro run whose corpus holds markup and script."""
+import pytest
+
 from tests.train.conftest import _one_thread, mix4, mix12, ref_run  # noqa: F401
+
+
+@pytest.fixture(scope="session")
+def site_run(tmp_path_factory):
+    """tests/audit/sitefixture.py: a micro run, documents with script, one step certified."""
+    import torch
+
+    from tests.audit.sitefixture import make_site_run
+    from tests.train.conftest import cli_env
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return make_site_run(tmp_path_factory.mktemp("site"), cli_env())
+    finally:
+        torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def site_dir(site_run, tmp_path_factory) -> str:
+    """The explorer of ``site_run`` written as a static site (every step)."""
+    from open1b_audit.site.data import Explorer
+    from open1b_audit.site.static import write_site
+
+    out = str(tmp_path_factory.mktemp("explorer") / "site")
+    write_site(Explorer.open(site_run.run, site_run.mix, site_run.certs), out)
+    return out

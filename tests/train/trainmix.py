@@ -16,9 +16,12 @@ BATCH = 12
 
 
 def train_mix(dst: Path, steps: int = 12, batch: int = BATCH, seq: int = SEQ,
-              phases: list[dict] | None = None) -> str:
-    """Build the mix under ``dst``; returns the built mix directory."""
+              phases: list[dict] | None = None, prepare=None) -> str:
+    """Build the mix under ``dst``; returns the built mix directory. ``prepare(toml_path)``
+    may edit the cut corpus first (e.g. plant a document)."""
     path = small_mix(dst, docs=30, inputs_per_source=1, vocab=512, tokens_per_shard=4000)
+    if prepare is not None:
+        prepare(path)
     raw = tomllib.loads(path.read_text())
     raw["mix"]["window"] = seq + 1
     raw["schedule"] = {

@@ -1,0 +1,425 @@
+"""What each explorer page shows, gathered from a run, its mix and certificates as plain,
+JSON-able dicts (rendered by ``render.py``).
+
+``Explorer.open(run, mix, certs)`` reads the log once, checks the chain
+(``open1b_audit.chain``), opens the stream plan with the run's seed and refuses a mix whose
+fingerprint is not the genesis's. Every per-step value comes from the hashed ``scalars``
+of a line (float32 bits as hex, the LR as a hex float), never from the decimal fields
+beside them, which the chain does not cover; tokens/s is unhashed and is labelled
+owner-reported wherever it appears. A step's windows, documents and decoded text are the
+stream's answer (``inspect.stream_at`` over the run's virtual ranks: mesh order, the order
+of ``scalars.window_loss``), its statistics those of ``stream-at --stats``, a document's
+steps the plan's reverse provenance, coverage ``open1b_audit.coverage.coverage``.
+
+Sizes stay bounded at Open-1B scale (80,957 steps): the run page carries a min/max
+downsampled overview of each curve (``OVERVIEW_BUCKETS``), the full curves come in chunks
+of ``CHUNK_STEPS`` steps, and a step page carries decoded text up to ``TEXT_BUDGET``
+characters (then the document pages hold it).
+"""
+from __future__ import annotations
+
+import math
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from open1b_train.errors import Open1bTrainError
+
+CHUNK_STEPS = 4096          # steps per curve chunk (a few hundred KB of JS each)
+OVERVIEW_BUCKETS = 1000     # the overview keeps each bucket's min and max: <= 2,000 points
+TEXT_BUDGET = 1_000_000     # decoded characters on one step page
+DOC_TEXT_CHARS = 2_000_000  # a document page shows at most this much of one document
+PHRASE_STEPS = 256          # a served phrase search decodes at most this many steps' documents
+SERIES = ("loss", "lr", "grad_norm", "tokens_per_s", "val_loss")
+
+
+class SiteError(Open1bTrainError):
+    """The explorer cannot show what was asked (wrong mix, step not logged, ...)."""
+
+
+def f32(h: Any) -> float | None:
+    """A float32 logged as its 8 hex digits of bits (None when absent or malformed)."""
+    if not isinstance(h, str) or len(h) != 8:
+        return None
+    try:
+        return struct.unpack("<f", struct.pack("<I", int(h, 16)))[0]
+    except ValueError:
+        return None
+
+
+def hexfloat(h: Any) -> float | None:
+    try:
+        return float.fromhex(h) if isinstance(h, str) else None
+    except ValueError:
+        return None
+
+
+def scalars_of(line: dict) -> dict[str, Any]:
+    """The hashed scalars of a step, decoded (an optional ``val_loss`` as either form)."""
+    sc = line.get("scalars") or {}
+    val = sc.get("val_loss")
+    return {"loss": f32(sc.get("loss")), "lr": hexfloat(sc.get("lr")),
+            "grad_norm": f32(sc.get("grad_norm")),
+            "val_loss": f32(val) if isinstance(val, str) and len(val) == 8 else hexfloat(val),
+            "tokens": sc.get("tokens") if isinstance(sc.get("tokens"), int) else None,
+            "skipped": sc.get("skipped") is True, "spike": sc.get("spike") is True,
+            "window_loss": [f32(x) for x in sc.get("window_loss") or []]}
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+@dataclass
+class Explorer:
+    run: str
+    mix: str
+    lines: list[dict[str, Any]]
+    mesh: tuple[int, int]
+    plan: Any                       # StreamPlan with the run's seed
+    sched: Any                      # Schedule of the mix
+    finding: Any                    # chain.Finding | None
+    certs: list[tuple[str, dict]]
+    build_index: bool = False
+    _columns: dict | None = None
+
+    @classmethod
+    def open(cls, run: str, mix: str | None = None, certs: str | None = None,
+             build_index: bool = False) -> "Explorer":
+        from open1b_audit import certificate, chain
+        from open1b_data import StreamPlan
+        from open1b_data.stream.schedule import Schedule
+        from open1b_train import runlog
+        from open1b_train.train import read_run
+
+        lines = runlog.read(run, strict=False)
+        if not lines or "genesis" not in lines[0]:
+            raise SiteError(f"{run}: no steps.jsonl with a genesis line (not a run directory?)")
+        cfg, mix = read_run(run, mix)
+        gen = lines[0]["genesis"]
+        plan = StreamPlan.open(mix, seed=gen.get("seed"), build_index=build_index)
+        if plan.fingerprint != gen.get("mix_fingerprint"):
+            raise SiteError(f"{mix}: fingerprint {plan.fingerprint[:16]}... is not the run's "
+                            f"mix ({str(gen.get('mix_fingerprint'))[:16]}...); pass --mix "
+                            f"with the mix the run trained on")
+        paths = []
+        if certs is not None:
+            if not os.path.isdir(certs):
+                raise SiteError(f"--certs {certs}: not a directory of certificates")
+            paths = sorted(os.path.join(certs, n) for n in os.listdir(certs)
+                           if n.endswith(".json"))
+        return cls(run, mix, lines, tuple(cfg.mesh), plan,
+                   Schedule.from_definition(plan.view.definition), chain.check(lines),
+                   [(p, certificate.read(p)) for p in paths], build_index)
+
+    # ------------------------------------------------------------------ the run
+
+    @property
+    def last(self) -> int:
+        return len(self.lines) - 1
+
+    @property
+    def world(self) -> int:
+        return self.mesh[0] * self.mesh[1]
+
+    def has_step(self, s: int) -> bool:
+        return 1 <= s <= self.last
+
+    def columns(self) -> dict[str, list]:
+        """Every logged step's curves, decoded once: step, cumulative tokens (the hashed
+        per-step tokens summed), each series, and the skipped / spike flags."""
+        if getattr(self, "_columns", None) is None:
+            cols: dict[str, list] = {k: [] for k in ("step", "tokens", *SERIES, "skipped",
+                                                     "spike")}
+            total = 0
+            for s, line in enumerate(self.lines[1:], start=1):
+                sc = scalars_of(line)
+                total += sc["tokens"] or 0
+                cols["step"].append(s)
+                cols["tokens"].append(total)
+                for k in ("loss", "lr", "grad_norm", "val_loss"):
+                    cols[k].append(_num(sc[k]))
+                cols["tokens_per_s"].append(_num(line.get("tokens_per_s")))
+                cols["skipped"].append(1 if sc["skipped"] else 0)
+                cols["spike"].append(1 if sc["spike"] else 0)
+            if not any(v is not None for v in cols["val_loss"]):
+                del cols["val_loss"]
+            self._columns = cols
+        return self._columns
+
+    def series(self, a: int, b: int) -> dict[str, list]:
+        """The columns of steps a..b (inclusive)."""
+        return {k: v[a - 1:b] for k, v in self.columns().items()}
+
+    def _tokens_before(self, a: int) -> int:
+        return self.columns()["tokens"][a - 2] if a > 1 else 0
+
+    def chunks(self) -> int:
+        return max(1, -(-self.last // CHUNK_STEPS))
+
+    def chunk(self, i: int) -> dict[str, Any]:
+        """Curve chunk i: steps ``i*CHUNK_STEPS+1 ..`` (full resolution)."""
+        if not 0 <= i < self.chunks():
+            raise SiteError(f"curve chunk {i} does not exist (0..{self.chunks() - 1})")
+        a = i * CHUNK_STEPS + 1
+        return {"chunk": i, **self.series(a, min(self.last, a + CHUNK_STEPS - 1))}
+
+    def overview(self) -> dict[str, Any]:
+        """Each curve downsampled to its min and max per bucket of steps (spikes survive)."""
+        if self.last < 1:
+            return {"series": {}}
+        cols = self.series(1, self.last)
+        n = len(cols["step"])
+        size = max(1, -(-n // OVERVIEW_BUCKETS))
+        out = {}
+        for k in SERIES:
+            if k not in cols:
+                continue
+            ys = cols[k]
+            keep: list[int] = []
+            for lo in range(0, n, size):
+                idx = [i for i in range(lo, min(n, lo + size)) if ys[i] is not None]
+                if idx:
+                    keep.extend(sorted({min(idx, key=ys.__getitem__),
+                                        max(idx, key=ys.__getitem__)}))
+            out[k] = {"step": [cols["step"][i] for i in keep],
+                      "tokens": [cols["tokens"][i] for i in keep], "y": [ys[i] for i in keep]}
+        return {"series": out, "bucket_steps": size}
+
+    def phases(self) -> list[dict[str, Any]]:
+        """The batch-ramp phases the logged steps span (from the mix's schedule)."""
+        out: list[dict[str, Any]] = []
+        for r in self.sched.runs:
+            first = r.first_step
+            if first > self.last:
+                break
+            info = self.sched.step(first)
+            last = min(self.last, first + r.steps - 1)
+            if out and out[-1]["phase"] == info.phase and out[-1]["batch"] == r.batch:
+                out[-1]["last_step"] = last
+                continue
+            out.append({"phase": info.phase, "batch": r.batch, "first_step": first,
+                        "last_step": last, "tokens_before": info.tokens_before})
+        return out
+
+    def run_page(self) -> dict[str, Any]:
+        gen = self.lines[0]["genesis"]
+        cols = self.columns()
+        cov = self.coverage()
+        return {"run": self.run, "mix": self.mix, "mix_name": self.plan.view.name,
+                "steps": self.last, "run_hash": self.lines[-1].get("hash"),
+                "genesis_hash": self.lines[0].get("hash"), "genesis": gen,
+                "mesh": list(self.mesh), "schedule_last_step": self.sched.last_step,
+                "chain": {"ok": self.finding is None,
+                          "finding": None if self.finding is None else self.finding.to_dict()},
+                "phases": self.phases(),
+                "skipped": [s for s, f in zip(cols["step"], cols["skipped"]) if f],
+                "skipped_tokens": [t for t, f in zip(cols["tokens"], cols["skipped"]) if f],
+                "spikes": [s for s, f in zip(cols["step"], cols["spike"]) if f],
+                "chunks": self.chunks(), "chunk_steps": CHUNK_STEPS,
+                "coverage": {"covered": cov["covered"], "conflicts": len(cov["conflicts"]),
+                             "certificates": len(self.certs)}}
+
+    # ------------------------------------------------------------------ a step
+
+    def _line(self, s: int) -> dict[str, Any]:
+        if not 0 <= s <= self.last:
+            raise SiteError(f"{self.run} logs steps 0..{self.last}; step {s} is not in it")
+        return self.lines[s]
+
+    def step_page(self, s: int, text_budget: int = TEXT_BUDGET) -> dict[str, Any]:
+        from open1b_data.stream import inspect
+
+        line = self._line(s)
+        out: dict[str, Any] = {"step": s, "hash": line.get("hash"), "prev": line.get("prev"),
+                               "last_step": self.last,
+                               "previous_step": s - 1 if s > 0 else None,
+                               "next_step": s + 1 if s < self.last else None}
+        if s == 0:
+            out["genesis"] = line.get("genesis")
+            return out
+        sc = scalars_of(line)
+        info = self.sched.step(s)
+        out.update(components=line.get("components"), scalars=sc,
+                   raw_scalars=line.get("scalars"), phase=info.phase,
+                   batch=info.batch_sequences, tokens_before=info.tokens_before,
+                   tokens_after=info.tokens_after, windows_range=[info.first_window,
+                                                                   info.first_window
+                                                                   + info.batch_sequences],
+                   owner_reported={"seconds": _num(line.get("seconds")),
+                                   "tokens_per_s": _num(line.get("tokens_per_s"))},
+                   certificates=self.step_certificates(s), world=self.world)
+        seed = self.plan.seed
+        rep = inspect.stream_at(self.mix, step=s, world=self.world, decode=True,
+                                build_index=self.build_index, seed=seed)
+        stats = inspect.stream_at(self.mix, step=s, world=self.world, stats=True,
+                                  seed=seed)["stats"]
+        losses = sc["window_loss"]
+        if len(losses) != len(rep["windows"]):
+            out["loss_mismatch"] = (f"the log has {len(losses)} window losses, the stream "
+                                    f"{len(rep['windows'])} windows for this step")
+        used = 0
+        windows = []
+        for i, w in enumerate(rep["windows"]):
+            segs = []
+            for g in w["segments"]:
+                text = g.get("text")
+                if text is not None and used + len(text) > text_budget:
+                    text = None
+                used += len(text or "")
+                key = _doc_key(self.plan, g["source"], g["shard"], g["doc"])
+                segs.append({"source": g["source"], "shard": g["shard"],
+                             "shard_path": g["shard_path"], "row": g["doc"],
+                             "doc_id": g["doc_id"], "doc_key": key, "epoch": g["epoch"],
+                             "tokens": [g["doc_start"], g["doc_end"]],
+                             "doc_length": g["doc_length"], "separator": g["separator"],
+                             "window_offset": g["window_offset"], "text": text,
+                             "text_omitted": g.get("text") is not None and text is None})
+            windows.append({"window": w["window"], "rank": w["rank"],
+                            "micro_batch": w["micro_batch"], "sha256": w["sha256"],
+                            "loss": losses[i] if i < len(losses) else None,
+                            "documents": segs})
+        out.update(windows=windows, stats=stats, text_chars=used)
+        return out
+
+    def step_certificates(self, s: int) -> list[dict[str, Any]]:
+        from open1b_audit import certificate
+
+        out = []
+        for path, c in self.certs:
+            if not isinstance(c, dict) or c.get("step") != s:
+                continue
+            try:
+                key = certificate.verify(c)
+                sig = "unsigned" if key is None else "verified"
+            except certificate.CertificateError:
+                key, sig = None, "BAD SIGNATURE"
+            out.append({"file": os.path.basename(path), "auditor": c.get("auditor"),
+                        "public_key": key, "signature": sig, "verdict": c.get("verdict"),
+                        "backend": c.get("backend"), "finding": c.get("finding"),
+                        "replayed_from": c.get("replayed_from"),
+                        "output_hash": (c.get("output_state") or {}).get("hash"),
+                        "software": c.get("software")})
+        return out
+
+    # ------------------------------------------------------------------ a document
+
+    def _windows_span(self) -> tuple[int, int]:
+        last = self.sched.step(self.last)
+        return self.sched.step(1).first_window, last.first_window + last.batch_sequences
+
+    def document_page(self, key: str) -> dict[str, Any]:
+        from open1b_data.stream import provenance
+        from open1b_data.stream.windows import WindowReader, load_mix_tokenizer
+
+        s, h, d = _parse_key(self.plan, key)
+        reader = WindowReader(self.plan, whole_shards=False)
+        lo, hi = self._windows_span()
+        doc = provenance.document(self.plan, reader, self.sched, self.world, s, h, d, lo, hi)
+        toks = reader.documents(s, h, [d])[0]
+        text = load_mix_tokenizer(self.plan.view.mix_url).decode(
+            toks.tolist(), skip_special_tokens=False)
+        rows = reader.shards
+        doc.update(key=key, text=text[:DOC_TEXT_CHARS], text_chars=len(text),
+                   input=rows.column(s, h, "input", [d])[0],
+                   input_row=int(rows.column(s, h, "row", [d])[0]), last_step=self.last)
+        return doc
+
+    # ------------------------------------------------------------------ coverage, mix
+
+    def coverage(self) -> dict[str, Any]:
+        from open1b_audit.coverage import coverage
+
+        if not hasattr(self, "_coverage"):
+            self._coverage = coverage(self.lines, self.certs, 1)
+        return self._coverage
+
+    def coverage_page(self) -> dict[str, Any]:
+        cov = self.coverage()
+        counts = {int(s): len(a) for s, a in cov["certified"].items()}
+        return {"steps": self.last, "covered": cov["covered"], "counts": counts,
+                "auditors": sorted({a for v in cov["certified"].values() for a in v}),
+                "conflicts": cov["conflicts"], "certificates": len(self.certs),
+                "run_hash": cov["run_hash"]}
+
+    def mix_page(self) -> dict[str, Any]:
+        from open1b_data.build.manifest import load_manifest
+
+        m = load_manifest(self.plan.view.mix_url)
+        return {"name": m.name, "fingerprint": m.fingerprint, "builder": m.builder_version,
+                "seed": m.seed, "window": m.window, "run_seed": self.plan.seed,
+                "schedule": (m.definition or {}).get("schedule"),
+                "vocab_size": m.tokenizer.get("vocab_size"),
+                "totals": getattr(m, "totals", None),
+                "sources": [{"name": e.name, "format": e.format, "documents": e.documents,
+                             "tokens": e.tokens, "mean_tokens": e.mean_tokens_per_doc,
+                             "target_share": e.target_share, "token_share": e.token_share,
+                             "shards": len(e.shards), "read": e.counts.get("read"),
+                             "kept": e.counts.get("kept"),
+                             "dropped": dict(e.counts.get("dropped") or {})}
+                            for e in m.sources]}
+
+    # ------------------------------------------------------------------ search
+
+    def search(self, q: str, steps: tuple[int, int] | None = None) -> dict[str, Any]:
+        """A step or window number, a document id, or a phrase (served search)."""
+        from open1b_data.errors import StreamError
+        from open1b_data.stream import provenance
+
+        q = q.strip()
+        out: dict[str, Any] = {"query": q, "step": None, "window": None, "documents": [],
+                               "steps": None}
+        if not q:
+            return out
+        if q.isdigit():
+            n = int(q)
+            out["step"] = n if self.has_step(n) else None
+            if n < self.sched.total_windows:
+                out["window"] = {"window": n, "step": self.sched.step_of_window(n)}
+            return out
+        a, b = steps or (1, self.last)
+        try:
+            rep = provenance.report(self.mix, doc_id=q, steps=(a, b), world=self.world,
+                                    seed=self.plan.seed)
+            out["steps"] = [a, b]
+        except StreamError:
+            if steps is None:
+                a, b = max(1, self.last - PHRASE_STEPS + 1), self.last
+            if b - a + 1 > PHRASE_STEPS:
+                raise SiteError(f"a phrase search decodes every document of its steps; "
+                                f"give at most {PHRASE_STEPS} steps, got {a}:{b}") from None
+            rep = provenance.report(self.mix, phrase=q, steps=(a, b), world=self.world,
+                                    seed=self.plan.seed)
+            out["steps"] = [a, b]
+        out["documents"] = [{**d, "doc_key": f"{self.plan.sources.index(d['source'])}-"
+                                             f"{d['shard']}-{d['doc']}"}
+                            for d in rep["documents"]]
+        return out
+
+    def search_index(self, docs: list[dict[str, Any]], written: list[int]) -> dict[str, Any]:
+        """What the static search page searches: the written steps, the schedule's runs
+        (window -> step), and the documents of the written steps with their text."""
+        return {"last_step": self.last, "written": written,
+                "seq_tokens": self.sched.spec.seq_tokens,
+                "total_windows": self.sched.total_windows,
+                "runs": [[r.first_step, r.steps, r.batch, r.tokens_before]
+                         for r in self.sched.runs],
+                "docs": [{"key": d["key"], "id": d["doc_id"], "source": d["source"],
+                          "steps": d["steps"], "text": d["text"]} for d in docs]}
+
+
+def _doc_key(plan, source: str, shard: int, row: int) -> str:
+    return f"{plan.sources.index(source)}-{shard}-{row}"
+
+
+def _parse_key(plan, key: str) -> tuple[int, int, int]:
+    try:
+        s, h, d = (int(x) for x in key.split("-"))
+    except ValueError:
+        raise SiteError(f"document {key!r}: expected SOURCE-SHARD-ROW numbers") from None
+    view = plan.view
+    if not (0 <= s < len(view.sources) and 0 <= h < view.sources[s].shards
+            and 0 <= d < view.sources[s].shard_documents[h]):
+        raise SiteError(f"document {key!r} is not in mix {view.name!r}")
+    return s, h, d

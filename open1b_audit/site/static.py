@@ -1,0 +1,107 @@
+"""``open1b-audit site``: write the explorer as a static site (HTML + JS data files + one
+script and style sheet), to host anywhere or open from disk.
+
+Which step pages: ``steps`` (default: the first ``DEFAULT_STEPS`` logged steps and every step
+with a certificate) plus the genesis; which document pages: every document of those steps, at
+most ``MAX_DOCS`` (past that a document is listed without a page). Curves are written whole,
+in chunks of ``data.CHUNK_STEPS`` steps; the static search covers the written steps'
+documents. Returns what it wrote: pages, bytes, the largest file, seconds.
+"""
+from __future__ import annotations
+
+import os
+import time
+from importlib import resources
+from typing import Any
+
+from open1b_audit.site import render
+from open1b_audit.site.data import Explorer, SiteError
+
+DEFAULT_STEPS = 64
+MAX_DOCS = 5000
+ASSETS = ("explorer.js", "explorer.css")
+
+
+def default_steps(ex: Explorer) -> list[int]:
+    certified = {c.get("step") for _, c in ex.certs if isinstance(c, dict)}
+    first = set(range(1, min(ex.last, DEFAULT_STEPS) + 1))
+    return sorted(s for s in first | certified if isinstance(s, int) and ex.has_step(s))
+
+
+def run_script(ex: Explorer) -> str:
+    d = ex.run_page()
+    keep = ("steps", "phases", "skipped", "skipped_tokens", "chunks", "chunk_steps")
+    return render.data_script("OPEN1B_RUN", {**{k: d[k] for k in keep},
+                                             "overview": ex.overview()})
+
+
+def asset(name: str) -> bytes:
+    return resources.files("open1b_audit.site").joinpath("assets", name).read_bytes()
+
+
+class _Writer:
+    def __init__(self, out: str) -> None:
+        self.out, self.files, self.bytes, self.largest = out, 0, 0, ("", 0)
+
+    def __call__(self, rel: str, content: str | bytes) -> None:
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        path = os.path.join(self.out, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        self.files += 1
+        self.bytes += len(data)
+        if len(data) > self.largest[1]:
+            self.largest = (rel, len(data))
+
+
+def write_site(ex: Explorer, out: str, steps: list[int] | None = None,
+               progress=None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    steps = default_steps(ex) if steps is None else steps
+    bad = [s for s in steps if not ex.has_step(s)]
+    if bad:
+        raise SiteError(f"{ex.run} logs steps 1..{ex.last}; cannot write step {bad[0]}")
+    os.makedirs(out, exist_ok=True)
+    w = _Writer(out)
+    for name in ASSETS:
+        w(f"assets/{name}", asset(name))
+    for path, _ in ex.certs:
+        w(f"certs/{os.path.basename(path)}", open(path, "rb").read())
+    w("index.html", render.run_page(ex.run_page()))
+    w("data/run.js", run_script(ex))
+    for i in range(ex.chunks()):
+        w(f"data/curves-{i}.js", render.data_script("OPEN1B_CHUNKS", ex.chunk(i), i))
+    w("mix.html", render.mix_page(ex.mix_page()))
+    written = set(steps) | {0}
+    has_step = written.__contains__
+    w("coverage.html", render.coverage_page(ex.coverage_page(), has_step))
+    pages = {}
+    timings = []
+    for s in steps:
+        t = time.perf_counter()
+        pages[s] = ex.step_page(s)
+        timings.append(time.perf_counter() - t)
+        if progress:
+            progress(f"step {s}")
+    keys: list[str] = []
+    for d in pages.values():
+        for win in d["windows"]:
+            keys.extend(g["doc_key"] for g in win["documents"])
+    keys = list(dict.fromkeys(keys))[:MAX_DOCS]
+    docs = []
+    for k in keys:
+        doc = ex.document_page(k)
+        docs.append(doc)
+        w(f"doc-{k}.html", render.document_page(doc, has_step))
+    has_doc = set(keys).__contains__
+    w("step-0.html", render.step_page(ex.step_page(0), has_step, has_doc))
+    for s, d in pages.items():
+        w(f"step-{s}.html", render.step_page(d, has_step, has_doc))
+    w("search.html", render.search_page(None, has_step, has_doc))
+    w("data/search.js", render.data_script("OPEN1B_SEARCH", ex.search_index(docs, steps)))
+    return {"out": out, "steps": steps, "documents": len(docs), "files": w.files,
+            "bytes": w.bytes, "largest": {"file": w.largest[0], "bytes": w.largest[1]},
+            "step_seconds_max": max(timings, default=0.0),
+            "seconds": time.perf_counter() - t0}
+
