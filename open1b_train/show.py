@@ -5,6 +5,13 @@ The step's hash and components, loss, learning rate, pre-clip gradient norm and 
 ``top`` highest-loss windows are listed with the source documents behind them (the
 stream's own provenance: source, shard file, row, source-native id, token span), so a
 loss spike can be traced to the documents that caused it.
+
+Every value shown is one an audit checks: the scalars are the step's hashed ``scalars``
+(float32 bits, the LR's hex float), never the decimal ``loss`` / ``lr`` / ``grad_norm``
+beside them, which nothing hashes. The phase is the schedule's at the step, from the run's
+mix, whose fingerprint must equal the hashed genesis record's and whose token count for
+the step must equal the hashed ``tokens``. The one unhashed value, the step's wall time,
+is reported apart, under ``unhashed``.
 """
 from __future__ import annotations
 
@@ -47,7 +54,7 @@ def step_report(run: str, step: int, top: int = 5, mix: str | None = None) -> di
     rep.update(components=line["components"], loss=f32_from_hex(sc["loss"]),
                grad_norm=f32_from_hex(sc["grad_norm"]), lr=float.fromhex(sc["lr"]),
                skipped=sc["skipped"], spike=sc["spike"], tokens=sc["tokens"],
-               phase=line.get("phase"), seconds=line.get("seconds"))
+               unhashed={"seconds": line.get("seconds")})
     if mix is None:
         try:
             with open(os.path.join(run, "run.json")) as f:
@@ -60,7 +67,16 @@ def step_report(run: str, step: int, top: int = 5, mix: str | None = None) -> di
     from open1b_data.stream.schedule import Schedule
 
     plan = StreamPlan.open(mix, seed=cfg["seed"])
+    want = lines[0]["genesis"].get("mix_fingerprint")
+    if plan.fingerprint != want:
+        raise Open1bTrainError(f"{run}: mix {mix} has fingerprint {plan.fingerprint[:16]}..., "
+                               f"the run was trained on {str(want)[:16]}...; pass its --mix")
     sched = Schedule.from_definition(plan.view.definition)
+    info = sched.step(step)
+    if info.tokens_after != sc["tokens"]:
+        raise Open1bTrainError(f"{run}: step {step} logs {sc['tokens']} tokens consumed, the "
+                               f"schedule gives {info.tokens_after}; wrong --mix?")
+    rep["phase"] = info.phase
     order = mesh_windows(sched, step, tuple(cfg["mesh"]))
     losses = [f32_from_hex(h) for h in sc["window_loss"]]
     if len(losses) != len(order):

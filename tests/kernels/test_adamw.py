@@ -1,6 +1,8 @@
-"""Fused AdamW: CPU == Triton bit for bit; scalars exactly specified; float64 accuracy."""
+"""Fused AdamW: CPU == Triton bit for bit; both == the documented formula bit for bit (m, v
+and the parameter, over several steps); scalars exactly specified; float64 accuracy."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -81,3 +83,93 @@ def test_bf16_param_rounded_once():
     adamw.adamw_step_(p, g, m, v, 5, 1e-3, 0.1)
     adamw.adamw_step_(p32, g, m2, v2, 5, 1e-3, 0.1)
     assert torch.equal(p, p32.to(torch.bfloat16))
+
+
+# ------------------------------------------------ the documented formula, bit for bit
+# A reference written from the module docstring (kernels/CONTRACT.md section 1): host
+# scalars in binary64 rounded once to float32, then every per-element operation one
+# float32 IEEE op in the documented order (numpy float32, nothing fused).
+F32 = np.float32
+STEPS = ((1, 1e-3, 0.1), (2, 1e-3, 0.0), (3, 7e-4, 0.1), (4, 3e-4, 0.1), (1000, 4.5e-4, 0.1))
+
+
+def _power(base: float, n: int) -> float:
+    result = 1.0
+    while n:                                   # binary exponentiation, binary64 multiplies
+        if n & 1:
+            result *= base
+        base *= base
+        n >>= 1
+    return result
+
+
+def _scalars(step, lr, wd, beta1=0.9, beta2=0.95, eps=1e-8):
+    b1, b2 = F32(beta1), F32(beta2)
+    return dict(a=F32(lr / (1.0 - _power(beta1, step))),
+                r2=F32(1.0 / math.sqrt(1.0 - _power(beta2, step))),
+                decay=F32(1.0 - lr * wd), b1=b1, b2=b2, c1=F32(1) - b1, c2=F32(1) - b2,
+                eps=F32(eps))
+
+
+def _sqrt_rn(x):
+    return np.sqrt(x.astype(np.float64)).astype(np.float32)
+
+
+def _v_documented(v, g, s):
+    return v * s["b2"] + (g * g) * s["c2"]
+
+
+def _reference_step(p, g, m, v, s, v_update=_v_documented):
+    """(param, m, v) after one step, as the docstring orders it; p is a torch tensor."""
+    m = m * s["b1"] + g * s["c1"]
+    v = v_update(v, g, s)
+    u = (m * s["a"]) / (_sqrt_rn(v) * s["r2"] + s["eps"])
+    p32 = p.to(torch.float32).numpy() * s["decay"] - u
+    return torch.from_numpy(p32).to(p.dtype), m, v
+
+
+def _wide_state(n, seed, pdtype):
+    """Random state over many binades, with subnormal, zero and huge gradients, so that
+    every reordering of the per-element arithmetic changes some bits."""
+    gen = torch.Generator().manual_seed(seed)
+    p, g, m, v = state(n, seed, pdtype)
+    g *= torch.exp2(torch.randint(-12, 12, (n,), generator=gen).float())
+    g[:6] = torch.tensor([1e-40, -1e-39, 0.0, -0.0, 1e30, -3e-45])
+    return p, g, m, v
+
+
+def _v_alternatives(v, g, s):
+    """Plausible rewrites of v's update that the reference must tell apart."""
+    return {"g*(g*C2)": v * s["b2"] + g * (g * s["c2"]),
+            "(C2*g)*g": v * s["b2"] + (s["c2"] * g) * g,
+            "C2=f32(1-beta2)": v * s["b2"] + (g * g) * F32(1.0 - 0.95),
+            "rounded once": (v.astype(np.float64) * np.float64(s["b2"])
+                             + g.astype(np.float64) ** 2 * np.float64(s["c2"])).astype(F32)}
+
+
+def _check_against_reference(backend, pdtype, n=3001):
+    p, g, m, v = _wide_state(n, seed=4, pdtype=pdtype)
+    ref_p, ref_m, ref_v = p.clone(), m.numpy().copy(), v.numpy().copy()
+    gn = g.numpy()
+    itype = torch.int16 if pdtype == torch.bfloat16 else torch.int32
+    for step, lr, wd in STEPS:
+        s = _scalars(step, lr, wd)
+        with force(backend):
+            adamw.adamw_step_(p, g, m, v, step, lr, wd)
+        for name, alt in _v_alternatives(ref_v, gn, s).items():
+            assert not np.array_equal(alt.view(np.int32), _v_documented(ref_v, gn, s)
+                                      .view(np.int32)), f"inputs cannot tell {name} apart"
+        ref_p, ref_m, ref_v = _reference_step(ref_p, gn, ref_m, ref_v, s)
+        assert torch.equal(m.view(torch.int32), torch.from_numpy(ref_m).view(torch.int32)), step
+        assert torch.equal(v.view(torch.int32), torch.from_numpy(ref_v).view(torch.int32)), step
+        assert torch.equal(p.view(itype), ref_p.view(itype)), step
+
+
+@pytest.mark.parametrize("pdtype", [torch.bfloat16, torch.float32])
+def test_cpu_follows_the_documented_formula_bitwise(pdtype):
+    _check_against_reference("cpu", pdtype)
+
+
+@needs_triton
+def test_triton_follows_the_documented_formula_bitwise():
+    _check_against_reference("triton", torch.bfloat16, n=1500)

@@ -1,4 +1,6 @@
-"""Global grad norm and clipping: CPU == Triton bit for bit; accuracy against float64."""
+"""Global grad norm and clipping: CPU == Triton bit for bit; both == the pairwise tree in
+its exact order (on inputs where other orders give other bits); accuracy against float64."""
+import numpy as np
 import pytest
 import torch
 
@@ -57,3 +59,100 @@ def test_small_norm_leaves_bits_unchanged():
 def test_rejects_non_float32():
     with pytest.raises(TypeError, match="float32"):
         gradnorm.grad_norm([torch.ones(3, dtype=torch.bfloat16)])
+
+
+# ------------------------------------------------ the pairwise tree, in its exact order
+# A reference written from the docstrings (kernels/gradnorm.py, kernels/reduce.py): zero-pad
+# to a power of two, add adjacent pairs level by level, one float32 add each; per tensor,
+# then over the per-tensor sums in list order; sqrt correctly rounded.
+def _tree(x: np.ndarray) -> np.float32:
+    s = np.asarray(x, dtype=np.float32).reshape(-1)
+    if s.size > 1:
+        s = np.concatenate([s, np.zeros((1 << (s.size - 1).bit_length()) - s.size, np.float32)])
+    while s.size > 1:
+        s = s[0::2] + s[1::2]
+    return s[0]
+
+
+def _sequential(x) -> np.float32:
+    total = np.float32(0.0)
+    for e in np.asarray(x, dtype=np.float32).reshape(-1):
+        total = np.float32(total + e)
+    return total
+
+
+def _norm(total) -> np.float32:
+    return np.float32(np.sqrt(np.float64(total)))
+
+
+def _reference(gs: list[torch.Tensor], combine=_tree) -> np.float32:
+    return _norm(_tree(np.array([combine(t.numpy().reshape(-1) ** 2) for t in gs],
+                                np.float32)))
+
+
+# Five squares whose pairwise tree keeps the three small ones together until they are big
+# enough to survive meeting 1.0 and then 1.0 again: ((1 + 4u) + (u + u)) + 1 = 2 + 2^-21
+# (u = 2^-24, half an ulp of 1), while a running sum loses each u to a tie-to-even (2 + 2^-22)
+# and the reversed tree loses one (2 + 2^-22); the norms differ by one ulp.
+PATTERN = [1.0, 2.0**-11, 2.0**-12, 2.0**-12, 1.0]
+
+
+def _spread(stride: int, n: int) -> torch.Tensor:
+    """PATTERN at elements 0, stride, 2*stride, ...: with stride = CHUNK one per chunk."""
+    t = torch.zeros(n)
+    t[torch.arange(len(PATTERN)) * stride] = torch.tensor(PATTERN)
+    return t
+
+
+def _chunk_partials(t: torch.Tensor) -> np.ndarray:
+    flat = t.numpy().reshape(-1)
+    return np.array([_tree(flat[i:i + gradnorm.CHUNK] ** 2)
+                     for i in range(0, flat.size, gradnorm.CHUNK)], np.float32)
+
+
+ORDER_CASES = {
+    # across 4,096-element chunks: the tree over the chunk partials
+    "chunks": [_spread(gradnorm.CHUNK, 4 * gradnorm.CHUNK + 1)],
+    # inside one chunk: the tree over adjacent elements
+    "elements": [_spread(1, 37)],
+    # across the list: the tree over the per-tensor sums, in list order
+    "tensors": [torch.tensor([x]) for x in PATTERN],
+}
+
+
+@pytest.mark.parametrize("case", sorted(ORDER_CASES))
+def test_inputs_tell_the_tree_from_other_orders(case):
+    gs = ORDER_CASES[case]
+    want = _reference(gs)
+    if case == "chunks":
+        parts = _chunk_partials(gs[0])
+        others = [_norm(_sequential(parts)), _norm(_tree(parts[::-1].copy()))]
+    elif case == "elements":
+        sq = gs[0].numpy() ** 2
+        others = [_norm(_sequential(sq)), _norm(_tree(sq[::-1].copy()))]
+    else:
+        per = np.array([_tree(t.numpy() ** 2) for t in gs], np.float32)
+        others = [_norm(_sequential(per)), _norm(_tree(per[::-1].copy()))]
+    assert want == np.float32(np.sqrt(2.0 + 2.0**-21))
+    assert all(o != want for o in others), (want, others)
+
+
+def _check_exact_order(backend):
+    cases = [*ORDER_CASES.values(), grads(0.5, seed=4), [g * 1e-20 for g in grads(1.0, 5)]]
+    for gs in cases:
+        with force(backend):
+            norm = gradnorm.grad_norm(gs)
+            clipped = [t.clone() for t in gs]
+            norm2 = gradnorm.clip_grads_(clipped)
+        want = torch.tensor(_reference(gs))
+        assert torch.equal(norm.view(torch.int32), want.view(torch.int32))
+        assert torch.equal(norm2.view(torch.int32), want.view(torch.int32))
+
+
+def test_cpu_norm_is_the_exact_tree():
+    _check_exact_order("cpu")
+
+
+@needs_triton
+def test_triton_norm_is_the_exact_tree():
+    _check_exact_order("triton")
