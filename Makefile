@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check
 RUNTIME := $(VENV)/.installed-runtime
 TESTDEPS := $(VENV)/.installed
-SOURCES := pyproject.toml setup.py $(wildcard open1b_data/build/_bpe*.[ch]) $(wildcard kernels/_*.c)
+SOURCES := pyproject.toml setup.py $(wildcard open1b_data/ingest/tokenizer/_bpe*.[ch]) $(wildcard kernels/core/_*.c)
 
 .PHONY: setup demo test test-fast bench clean
 
@@ -58,6 +58,8 @@ demo: $(RUNTIME)
 	$(BIN)/open1b-audit replay build/demo-run --step 24
 
 test: $(TESTDEPS)
+	@echo "==> ruff check . (the whole tree: E, F, W)"
+	$(BIN)/ruff check .
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n 2 -m "not gpu" --timeout=900
 
 # Installs the benchmark-only peers (datatrove). Benchmarks run from the repository root as

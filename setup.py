@@ -1,8 +1,8 @@
 """The compiled parts, both optional (where no C compiler is available the install goes on):
 
-* ``open1b_data.build._bpe`` (open1b_data/build/_bpe.c): the build's fast encoder; without
-  it ``FastEncoder`` uses tiktoken alone.
-* ``kernels._mathc`` (kernels/_mathc.c): compiled loops of ``kernels.mathfn``'s exp and log
+* ``open1b_data.ingest.tokenizer._bpe`` (open1b_data/ingest/tokenizer/_bpe.c): the build's
+  fast encoder; without it ``FastEncoder`` uses tiktoken alone.
+* ``kernels.core._mathc`` (kernels/core/_mathc.c): compiled loops of ``kernels.core.mathfn``'s exp and log
   for the CPU reference, the same bits as its torch code; without it the torch code runs.
   Its flags keep every float operation a separate IEEE float32 operation: no fused
   multiply-add contraction, no value-changing optimization; -fno-trapping-math only lets
@@ -20,11 +20,11 @@ LICENSE = ({"license_expression": "Apache-2.0"} if int(setuptools.__version__.sp
            else {"license": "Apache-2.0"})
 
 setup(**LICENSE, ext_modules=[
-    Extension("open1b_data.build._bpe", ["open1b_data/build/_bpe.c"],
-              depends=[f"open1b_data/build/_bpe_{h}.h" for h in
+    Extension("open1b_data.ingest.tokenizer._bpe", ["open1b_data/ingest/tokenizer/_bpe.c"],
+              depends=[f"open1b_data/ingest/tokenizer/_bpe_{h}.h" for h in
                        ("split", "table", "merge", "unicode")],
               extra_compile_args=["-O3", "-std=c11"], optional=True),
-    Extension("kernels._mathc", ["kernels/_mathc.c"],
+    Extension("kernels.core._mathc", ["kernels/core/_mathc.c"],
               extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math",
                                   "-fno-trapping-math"],
               optional=True),

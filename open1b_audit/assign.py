@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 
-from open1b_train.errors import Open1bTrainError
+from open1b_audit.errors import Open1bAuditError
 
 
 def assign(steps: list[int], auditors: int, redundancy: int, seed: int) -> dict[int, list[int]]:
     """{auditor index: ascending steps}."""
     if auditors < 1 or not 1 <= redundancy <= auditors:
-        raise Open1bTrainError(f"need 1 <= --redundancy ({redundancy}) <= --auditors "
+        raise Open1bAuditError(f"need 1 <= --redundancy ({redundancy}) <= --auditors "
                                f"({auditors}): a step's auditors must be distinct")
     order = sorted(steps, key=lambda s: hashlib.sha256(
         f"open1b-assign/1:{seed}:{s}".encode()).digest())

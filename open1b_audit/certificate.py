@@ -35,15 +35,12 @@ from typing import Any
 from open1b_audit import __version__
 from open1b_audit.chain import Finding
 from open1b_train import statehash
-from open1b_train.errors import Open1bTrainError
-from open1b_train.safeio import read_json_object, read_regular
+from open1b_audit.errors import CertificateError
+from open1b.safeio import read_json_object, read_regular
 
 FORMAT = "open1b-certificate"
 VERSION = 1
 
-
-class CertificateError(Open1bTrainError):
-    """A certificate that is malformed or whose signature does not verify."""
 
 
 def _state(line: dict[str, Any]) -> dict[str, Any]:

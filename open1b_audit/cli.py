@@ -6,29 +6,17 @@ unreadable files) exit 1 with one line, usage errors 2; never a traceback.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import click
 
+from open1b.cli import ERRORS, Cli, emit, fail
 from open1b_audit import __version__
 from open1b_data.cli.stream import STEPS
-from open1b_data.errors import Open1bDataError
-from open1b_train.errors import Open1bTrainError
-
-ERRORS = (Open1bTrainError, Open1bDataError, ValueError, OSError)
 
 
-def _fail(e: Exception) -> None:
-    raise click.ClickException(str(e)) from None
 
-
-def _emit(obj, as_json: bool, human) -> None:
-    if as_json:
-        click.echo(json.dumps(obj, indent=1, default=str))
-    else:
-        human(obj)
 
 
 def _hash_param(ctx, param, value):
@@ -73,7 +61,7 @@ def _cut_note(log) -> str | None:
             f"no newline); it is not part of the chain and was not read")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="open1b-audit")
 def main() -> None:
     """Check a published Open-1B run step by step on this machine (docs/AUDIT.md)."""
@@ -93,11 +81,11 @@ def chain_cmd(run, expect, as_json) -> None:
         lines = log.lines
         f = chain.check(lines) or chain.cut_tail(lines, log.partial_bytes)
     except ERRORS as e:
-        _fail(e)
+        fail(e)
     rep = {"run": run, "steps": len(lines) - 1, "run_hash": lines[-1].get("hash"),
            "expected_run_hash": expect, "partial_tail_bytes": log.partial_bytes,
            "finding": None if f is None else f.to_dict()}
-    _emit(rep, as_json, lambda r: click.echo(
+    emit(rep, as_json, lambda r: click.echo(
         f"{run}: {r['steps']} steps, run hash {r['run_hash']}"
         + (" (the published one)" if expect else "") + "\n"
         + ("chain OK" if f is None else f"BROKEN at {f}")))
@@ -152,7 +140,7 @@ def replay_cmd(run, step, mix, backend, from_step, spill, certify, key, auditor,
                 certificate.write(cert, path)
                 written.append(path)
     except ERRORS as e:
-        _fail(e)
+        fail(e)
     rep = {**res.to_dict(), "certificates": written, "expected_run_hash": expect,
            "partial_tail_bytes": log.partial_bytes}
 
@@ -174,7 +162,7 @@ def replay_cmd(run, step, mix, backend, from_step, spill, certify, key, auditor,
                                    for d in rc["departures"]))
         for p in r["certificates"]:
             click.echo(f"  wrote {p}")
-    _emit(rep, as_json, human)
+    emit(rep, as_json, human)
     if _cut_note(log) and not as_json:
         click.echo(_cut_note(log))
     if not res.ok:
@@ -195,9 +183,9 @@ def trace_cmd(run, step, out, mix, backend) -> None:
     try:
         t = trace_step(run, step, out, mix=mix, backend=backend)
     except ERRORS as e:
-        _fail(e)
+        fail(e)
     if not t.ops:                       # the replay stopped before the step (a broken log)
-        _fail(ValueError(f"step {step} of {run} was not replayed, nothing traced: "
+        fail(ValueError(f"step {step} of {run} was not replayed, nothing traced: "
                          f"{t.replay.finding}"))
     click.echo(f"wrote {out}: {len(t.ops)} ops of step {step} "
                f"({'replay matches the log' if t.replay.ok else 'replay DIFFERS from the log'})")
@@ -227,7 +215,7 @@ def bisect_cmd(run, until, against, mix, backend, search, expect, as_json) -> No
         _log_of(run, expect)
         rep = bisect(run, until, against, search, mix=mix, backend=backend)
     except ERRORS as e:
-        _fail(e)
+        fail(e)
 
     def steps(ivs):
         return ", ".join(f"{a + 1}..{b}" if b > a + 1 else f"{b}" for a, b in ivs)
@@ -260,7 +248,7 @@ def bisect_cmd(run, until, against, mix, backend, search, expect, as_json) -> No
         click.echo(f"steps 1..{until} are NOT vouched for"
                    + ("" if f is not None else " (a binary search samples intervals; "
                       "`--search all` replays every one)"))
-    _emit(rep, as_json, human)
+    emit(rep, as_json, human)
     if not rep["vouched"]:
         sys.exit(1)
 
@@ -274,7 +262,7 @@ def keygen_cmd(key) -> None:
     try:
         pub = certificate.keygen(key)
     except ERRORS as e:
-        _fail(e)
+        fail(e)
     click.echo(f"wrote {key} (private, mode 600) and {key}.pub; public key {pub}")
 
 
@@ -293,10 +281,10 @@ def assign_cmd(run, auditors, redundancy, seed, as_json) -> None:
         steps = list(range(1, len(_steps_of(run))))
         a = assign(steps, auditors, redundancy, seed)
     except ERRORS as e:
-        _fail(e)
+        fail(e)
     rep = {"run": run, "steps": len(steps), "auditors": auditors, "redundancy": redundancy,
            "seed": seed, "assignment": {str(k): v for k, v in a.items()}}
-    _emit(rep, as_json, lambda r: [click.echo(f"auditor {k:>4}: {len(v)} steps: "
+    emit(rep, as_json, lambda r: [click.echo(f"auditor {k:>4}: {len(v)} steps: "
                                               f"{', '.join(map(str, v[:12]))}"
                                               f"{' ...' if len(v) > 12 else ''}")
                                    for k, v in a.items()])
@@ -333,7 +321,7 @@ def coverage_cmd(run, certs, redundancy, trusted_keys, expect, as_json) -> None:
                                        f"cannot be checked against it")
         rep = coverage(lines, read_all(paths), redundancy, trusted)
     except ERRORS as e:
-        _fail(e)
+        fail(e)
     if trusted is None:
         rep["warning"] = (f"no --trusted-keys: any key counts (anyone can make one); "
                           f"{rep['keys_counted']} distinct key(s) counted")
@@ -355,7 +343,7 @@ def coverage_cmd(run, certs, redundancy, trusted_keys, expect, as_json) -> None:
                        f"(key {c['key'][:16]}...)")
         for c in r["conflicts"]:
             click.echo(f"CONFLICT step {c['step']}: {c['certificate']}: {c['why']}")
-    _emit(rep, as_json, human)
+    emit(rep, as_json, human)
     if rep["conflicts"]:
         sys.exit(1)
 
@@ -394,7 +382,7 @@ def fetch_step_cmd(mix_url, step, out, run, expect, as_json) -> None:
         data = fetch_step(mix_url, step, against)
         written = write_step(data, out) if out else []
     except ERRORS as e:
-        _fail(e)
+        fail(e)
     rep = {**data.to_dict(), "written": written}
 
     def human(r):
@@ -424,7 +412,7 @@ def fetch_step_cmd(mix_url, step, out, run, expect, as_json) -> None:
                    f"the mix's {r['mix_bytes']:,} token shard bytes ({parts})")
         for p in r["written"]:
             click.echo(f"  wrote {p}")
-    _emit(rep, as_json, human)
+    emit(rep, as_json, human)
     if data.matches is False:
         click.echo(f"step {step}: the data rebuilt from the mix differs from what {run} logged "
                    f"(components.data)", err=True)
@@ -454,8 +442,8 @@ def site_cmd(run, mix, certs, out, steps, build_index, as_json) -> None:
         ex = Explorer.open(run, mix, certs, build_index)
         rep = write_site(ex, out, None if steps is None else list(range(steps[0], steps[1] + 1)))
     except ERRORS as e:
-        _fail(e)
-    _emit(rep, as_json, lambda r: click.echo(
+        fail(e)
+    emit(rep, as_json, lambda r: click.echo(
         f"wrote {r['out']}: {r['files']} files, {r['bytes'] / 2**20:.1f} MiB ({len(r['steps'])} "
         f"step pages, {r['documents']} document pages; largest {r['largest']['file']} "
         f"{r['largest']['bytes'] / 2**10:.0f} KiB) in {r['seconds']:.1f} s\n"
@@ -481,7 +469,7 @@ def serve_cmd(run, mix, certs, port, build_index) -> None:
         ex = Explorer.open(run, mix, certs, build_index)
         server = make_server(ex, port)
     except ERRORS as e:
-        _fail(e)
+        fail(e)
     host, bound = server.server_address[:2]
     click.echo(f"serving {run} ({ex.last} steps) at http://{host}:{bound}/ - Ctrl-C stops")
     try:

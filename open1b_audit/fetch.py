@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from open1b_data.build.manifest import ShardEntry, parse_manifest, read_manifest_bytes
-from open1b_data.build.mixpath import mix_root
+from open1b_data.formats.manifest import ShardEntry, parse_manifest, read_manifest_bytes
+from open1b_data.formats.mixpath import mix_root
 from open1b_data.errors import ManifestError, ShardFormatError, StateMismatchError
 from open1b_data.storage import atomic_write_bytes, join, url_to_fs
 from open1b_data.storage_errors import failures
@@ -132,7 +132,7 @@ def read_rows_remote(fetcher: Fetcher, url: str, entry: ShardEntry, source: str,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from open1b_data.build.shards import check_footer, list_parts
+    from open1b_data.formats.shards import check_footer, list_parts
 
     size = fetcher.size(url)
     tail = fetcher.ranges(url, [(size - PARQUET_TAIL, size)], "footers")[0] \
@@ -188,7 +188,7 @@ class _CountedView(MixView):
         self.loaded: dict[tuple[int, int], np.ndarray] = {}
 
     def lengths(self, source: int, shard: int) -> np.ndarray:
-        from open1b_data.build.shards import parse_lengths
+        from open1b_data.formats.shards import parse_lengths
 
         key = (source, shard)
         if key not in self.loaded:

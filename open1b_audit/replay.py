@@ -8,7 +8,7 @@ and compare every component digest with its log.
    against its record's sha256, its record against the log (the step's hash), its
    parameters and optimizer state against the log's digests for that step. From step 0 the
    initial parameters are also re-derived from the seed and compared.
-4. Each step up to N is re-executed with Algorithm 1 (``open1b_train.train.compute_step``:
+4. Each step up to N is re-executed with Algorithm 1 (``open1b_train.step.compute_step``:
    virtual ranks in mesh order, TreeFold over replicas) on one device, on the CPU reference
    or the Triton kernels. Its data digest is compared before anything is computed, then the
    gradient, scalars, parameters and optimizer state, and the step hash.
@@ -21,7 +21,6 @@ The peak resident memory and the time of every step are reported.
 """
 from __future__ import annotations
 
-from open1b_train.allocator import keep_freed_memory
 import dataclasses
 import os
 import platform
@@ -37,14 +36,16 @@ from open1b_audit import chain
 from open1b_audit.chain import Finding
 from open1b_data import StreamLoader
 from open1b_data.errors import Open1bDataError
-from open1b_train import checkpoint, runlog, statehash
+from open1b_train import checkpoint, runlog
+from open1b_train.allocator import keep_freed_memory
 from open1b_train.config import departures
-from open1b_train.errors import CheckpointError, DivergenceError, Open1bTrainError
-from open1b_train.params import Layout, init_params, param_specs
-from open1b_train.step import OptimState
+from open1b_train.errors import DivergenceError
+from open1b_audit.errors import Open1bAuditError
 from open1b_train.loop import micro_batches
-from open1b_train.train import (Run, State, backend_scope, compute_step, data_digest_of,
-                                derived_loader_state, read_run, resolve, tensors_of)
+from open1b_train.params import Layout, param_specs
+from open1b_train.run import (Run, State, StateMismatch, backend_scope, checkpoint_state,
+                              initial_state, read_run, resolve)
+from open1b_train.step import compute_step, data_digest_of
 
 ORDER = ("grad", "scalars", "params", "optim")     # the order a step computes them in
 
@@ -107,44 +108,14 @@ def make_spill(directory: str):
 
 
 def _start_state(run: Run, lines: list[dict], c: int) -> tuple[State, Finding | None]:
-    """The verified state after step ``c`` (a checkpoint, or the seed's init for 0)."""
-    layout = Layout(param_specs(run.cfg.model))
-    g = lines[0]["genesis"]
-    if c == 0:
-        params = init_params(run.cfg.model, run.cfg.seed, run.device)
-        if statehash.tensors_digest(params) != g["params"]:
-            return None, Finding(0, "params", "the initial parameters re-derived from the "
-                                              f"seed {run.cfg.seed} differ from the genesis "
-                                              f"digest (another seed or init)")
-        opt = OptimState(layout.zeros(run.device), layout.zeros(run.device))
-        return State(0, params, opt, lines[0]["hash"], None), None
-    path = checkpoint.step_dir(run.dir, c)
+    """The verified state after step ``c`` (a checkpoint, or the seed's init for 0):
+    ``open1b_train.run``'s checks, a difference as a finding."""
     try:
-        ck = checkpoint.load(path, run.device)
-    except CheckpointError as e:
-        return None, Finding(c, "checkpoint", str(e))
-    rec = ck.record
-    if rec.get("run_hash") != lines[c]["hash"]:
-        return None, Finding(c, "checkpoint", f"{path} records step hash {rec.get('run_hash')}, "
-                                              f"the log's step {c} is {lines[c]['hash']} "
-                                              f"(a checkpoint of another run)")
-    try:
-        params, opt = tensors_of(ck, run)
-    except CheckpointError as e:
-        return None, Finding(c, "checkpoint", str(e))
-    comps = lines[c]["components"]
-    if statehash.tensors_digest(params) != comps["params"]:
-        return None, Finding(c, "params", f"checkpoint {path}: its parameters differ from the "
-                                          f"log's digest for step {c}")
-    if statehash.optim_digest(layout.views(opt.m), layout.views(opt.v), opt.adam_step,
-                              opt.skip_left) != comps["optim"]:
-        return None, Finding(c, "optim", f"checkpoint {path}: its optimizer state (moments "
-                                         f"or counters) differs from the log's digest for "
-                                         f"step {c}")
-    loader = derived_loader_state(run, c, rec.get("loader"))
-    if isinstance(loader, str):
-        return None, Finding(c, "checkpoint", f"{path}: {loader}")
-    return State(c, params, opt, lines[c]["hash"], loader), None
+        state = initial_state(run, lines[0]["genesis"]) if c == 0 else \
+            checkpoint_state(run, lines, c)
+    except StateMismatch as e:
+        return None, Finding(e.step, e.component, e.detail)
+    return state, None
 
 
 def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu",
@@ -159,7 +130,7 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
     cfg = dataclasses.replace(cfg, backend=backend)
     res = ReplayResult(run_dir, mix, step, 0, backend, "cpu")
     if step < 1 or step >= len(lines):
-        raise Open1bTrainError(f"{run_dir} logs steps 1..{len(lines) - 1}; cannot replay step "
+        raise Open1bAuditError(f"{run_dir} logs steps 1..{len(lines) - 1}; cannot replay step "
                                f"{step}")
     res.finding = chain.check(lines[:step + 1])
     if res.finding is not None:
@@ -180,7 +151,7 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
     avail = [s for s in checkpoint.list_steps(run_dir) if s < step]
     c = from_step if from_step is not None else (avail[-1] if avail else 0)
     if c >= step or (c and c not in avail):
-        raise Open1bTrainError(f"no checkpoint at step {c} before step {step} in {run_dir} "
+        raise Open1bAuditError(f"no checkpoint at step {c} before step {step} in {run_dir} "
                                f"(available: {avail})")
     res.start = c
     specs = param_specs(run.cfg.model)

@@ -1,10 +1,10 @@
 """Mix 0626 builder and the topologically invariant stream.
 
-Two systems, data flowing one way: ``open1b_data.build`` (mix definition -> readers ->
-filters -> tokenizer -> token shards + manifest) and ``open1b_data.stream`` (plan -> windows
--> state -> loader, provenance); ``open1b_data.cli`` is the thin ``open1b-data`` layer on
-top. The public entry points are importable from here (lazily, so ``import open1b_data``
-stays cheap)::
+Data flows one way: ``open1b_data.ingest`` (readers -> filters -> tokenizer) writes what
+``open1b_data.formats`` defines (the mix definition, token shards + lengths, Merkle trees,
+the manifest), which ``open1b_data.stream`` reads (plan -> windows -> state -> loader,
+provenance); ``open1b_data.cli`` is the thin ``open1b-data`` layer on top. The public entry
+points are importable from here (lazily, so ``import open1b_data`` stays cheap)::
 
     from open1b_data import StreamLoader, StreamPlan, Schedule, load_manifest
 """
@@ -20,12 +20,12 @@ _PUBLIC = {
     "WindowReader": "open1b_data.stream.windows",
     "window_sha256": "open1b_data.stream.windows",
     "MixView": "open1b_data.stream.mixview",
-    "BuiltManifest": "open1b_data.build.manifest",
-    "load_manifest": "open1b_data.build.manifest",
-    "MixSpec": "open1b_data.build.definition",
-    "load_mix": "open1b_data.build.definition",
-    "build_mix": "open1b_data.build.pipeline",
-    "BuildOptions": "open1b_data.build.pipeline",
+    "BuiltManifest": "open1b_data.formats.manifest",
+    "load_manifest": "open1b_data.formats.manifest",
+    "MixSpec": "open1b_data.formats.definition",
+    "load_mix": "open1b_data.formats.definition",
+    "build_mix": "open1b_data.ingest.pipeline",
+    "BuildOptions": "open1b_data.ingest.pipeline",
     "Open1bDataError": "open1b_data.errors",
 }
 

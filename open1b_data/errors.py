@@ -2,7 +2,10 @@
 ``Open1bDataError`` whose message names the offending value and says what to do."""
 
 
-class Open1bDataError(Exception):
+from open1b.errors import Open1bError
+
+
+class Open1bDataError(Open1bError):
     """Base of every error raised on purpose by open1b_data."""
 
 

@@ -42,6 +42,7 @@ from typing import IO, Any
 import fsspec
 import zstandard
 
+from open1b.canonical import readable_json
 from open1b_data.errors import FileAccessError, Open1bDataError
 from open1b_data.storage_errors import failures
 
@@ -363,13 +364,8 @@ def read_json(url: str) -> Any:
     return json.loads(read_bytes(url))
 
 
-def dumps(obj: Any) -> bytes:
-    """Deterministic, readable JSON bytes (sorted keys, indent 1, ASCII, trailing newline)."""
-    return (json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=True) + "\n").encode()
-
-
 def write_json(url: str, obj: Any) -> None:
-    atomic_write_bytes(url, dumps(obj))
+    atomic_write_bytes(url, readable_json(obj))
 
 
 def sweep_temporaries(url: str) -> int:

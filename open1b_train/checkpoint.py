@@ -39,7 +39,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from open1b_train.errors import CheckpointError
-from open1b_train.safeio import read_json_object, read_regular
+from open1b.safeio import read_json_object, read_regular
 
 FORMAT = "open1b-checkpoint"
 VERSION = 1

@@ -14,16 +14,12 @@ import sys
 
 import click
 
-from open1b_data.errors import Open1bDataError
+from open1b.cli import ERRORS, Cli, fail
 from open1b_train import __version__
-from open1b_train.errors import Open1bTrainError
 
 DEMO_MIX = os.path.join("build", "demo-mix")
 DEMO_RUN = os.path.join("build", "demo-run")
 
-
-def _fail(e: Exception) -> None:
-    raise click.ClickException(str(e)) from None
 
 
 def _mesh(ctx, param, text: str | None) -> tuple[int, int] | None:
@@ -59,7 +55,7 @@ def _step_set(text: str | None) -> frozenset[int]:
 
 def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1,
            trace_steps: frozenset[int] = frozenset()) -> None:
-    from open1b_train.dist import launch
+    from open1b_train.distributed import launch
     from open1b_train.train import train
 
     if not os.path.exists(os.path.join(mix, "manifest.json")) and "://" not in mix:
@@ -90,8 +86,8 @@ def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1,
     try:
         s = train(cfg, mix, out, progress=None if not quiet else False,
                   echo=lambda m: click.echo(m, err=True), trace_steps=trace_steps)
-    except (Open1bTrainError, Open1bDataError) as e:
-        _fail(e)
+    except ERRORS as e:
+        fail(e)
     if s.tokens:
         click.echo(f"trained steps {s.first_step}..{s.last_step}: {s.tokens:,} tokens in "
                    f"{s.seconds:.1f} s ({s.tokens / max(s.seconds, 1e-9):,.0f} tokens/s), "
@@ -99,7 +95,8 @@ def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1,
     click.echo(f"run hash (step {s.last_step}): {s.run_hash}")
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Cli, invoke_without_command=True,
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="open1b-train")
 @click.pass_context
 def main(ctx: click.Context) -> None:
@@ -131,15 +128,15 @@ def _worker(cfg, mix: str, out: str, quiet: bool) -> None:
     """One process of a torch.distributed run (started by --nproc or by torchrun)."""
     import torch.distributed as dist
 
-    from open1b_train.dist import launch
-    from open1b_train.dist.engine import train_distributed
+    from open1b_train.distributed import launch
+    from open1b_train.distributed.engine import train_distributed
 
     launch.init_worker()
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         s = train_distributed(cfg, mix, out, progress=None if not quiet else False,
                               echo=lambda m: click.echo(m, err=True))
-    except (Open1bTrainError, Open1bDataError) as e:
+    except ERRORS as e:
         raise click.ClickException(f"rank {rank}: {e}") from None
     except RuntimeError as e:          # a collective failed: a peer died or timed out
         raise click.ClickException(f"rank {rank}: a collective failed ({str(e).splitlines()[0]}); "
@@ -189,8 +186,8 @@ def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, npro
         changes = {k: v for k, v in (("steps", steps), ("mesh", mesh), ("seed", seed),
                                      ("backend", backend)) if v is not None}
         cfg = dataclasses.replace(cfg, **changes)
-    except Open1bTrainError as e:
-        _fail(e)
+    except ERRORS as e:
+        fail(e)
     _train(cfg, mix, out, quiet, nproc, trace_steps)
 
 
@@ -204,12 +201,12 @@ def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, npro
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def resume_cmd(run, mix, steps, nproc, quiet) -> None:
     """Continue RUN from its latest good checkpoint (same config, mix and seed)."""
-    from open1b_train.train import read_run
+    from open1b_train.run import read_run
 
     try:
         cfg, mix = read_run(run, mix)
-    except Open1bTrainError as e:
-        _fail(click.ClickException(str(e)))
+    except ERRORS as e:
+        fail(click.ClickException(str(e)))
     if steps is not None:
         cfg = dataclasses.replace(cfg, steps=steps)
     _train(cfg, mix, run, quiet, nproc)
@@ -229,8 +226,8 @@ def show_cmd(run, step, top, mix, as_json) -> None:
 
     try:
         rep = show.step_report(run, step, top, mix)
-    except (Open1bTrainError, Open1bDataError) as e:
-        _fail(e)
+    except ERRORS as e:
+        fail(e)
     if as_json:
         click.echo(json.dumps(rep, indent=1))
     else:
@@ -246,8 +243,8 @@ def plot_cmd(run, out) -> None:
 
     try:
         path = plot.plot_run(run, out)
-    except Open1bTrainError as e:
-        _fail(e)
+    except ERRORS as e:
+        fail(e)
     click.echo(f"wrote {path}")
 
 

@@ -8,7 +8,7 @@ from the Open-1B base with ``dataclasses.replace``:
   vocabulary 128,256, sliding window 512 with full causal attention on the layers listed by
   ``ModelConfig.full_layers`` (every 5th layer and the last: indices 4, 9, 14, 19, 23).
 * ``demo`` - small enough to train on the demo mix on 2 CPU cores at a useful speed. Its
-  LM head uses 2 int8 slices (``kernels.lmhead``: 3 exact int8 GEMMs per product instead of
+  LM head uses 2 int8 slices (``kernels.ops.lmhead``: 3 exact int8 GEMMs per product instead of
   6, accurate to ~5e-4 relative, about what bf16 logits cost) because at vocabulary 8,192
   and width 256 the LM head is most of a CPU step's work.
 * ``micro`` - a few thousand parameters per matrix, for tests under the Triton interpreter.
@@ -35,12 +35,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
-import json
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from open1b.canonical import sha256_json
 from open1b_train.errors import ConfigError
 
 LSQ_INIT_NORMED = 0.125     # activation step of q/k/v and gate_up (inputs are RMS-normalized)
@@ -167,8 +166,7 @@ class TrainConfig:
         return d
 
     def identity_sha256(self) -> str:
-        return hashlib.sha256(json.dumps(self.identity(), sort_keys=True,
-                                         separators=(",", ":")).encode()).hexdigest()
+        return sha256_json(self.identity())
 
 
 IDENTITY_FREE = ("steps", "checkpoint_every", "keep_checkpoints", "backend")

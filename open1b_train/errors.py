@@ -2,7 +2,10 @@
 offending value and says what to do."""
 
 
-class Open1bTrainError(Exception):
+from open1b.errors import Open1bError
+
+
+class Open1bTrainError(Open1bError):
     """Base of every error raised on purpose by open1b_train."""
 
 

@@ -22,8 +22,8 @@ from open1b_train import runlog, statehash
 from open1b_train.errors import ReproducibilityError
 from open1b_train.step import MicroBatch
 
-if TYPE_CHECKING:                      # train.py imports this module
-    from open1b_train.train import Run, State
+if TYPE_CHECKING:                      # run.py needs nothing of this module
+    from open1b_train.run import Run, State
 
 
 @dataclass(frozen=True)

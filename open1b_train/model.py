@@ -16,7 +16,7 @@ and embedding gradients come out of the kernels in float32 (autograd would round
 the bf16 parameter dtype); where one activation feeds several branches its gradients add
 as ``bf16(fp32(a) + fp32(b) [+ fp32(c)])`` left to right in the order written below (q, k,
 v for the attention input; branch then residual elsewhere). The same code runs the CPU
-reference or the Triton kernels (``kernels.backend``), so the two give the same bits.
+reference or the Triton kernels (``kernels.core.backend``), so the two give the same bits.
 The LM head's input gradient (fp32 from the exact GEMM) is rounded once to bf16.
 
 ``forward_backward(cfg, params, input_ids, labels, trace=None)`` returns the micro-batch
@@ -32,17 +32,17 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.attention import attention_forward
-from kernels.attention_bwd import attention_backward
-from kernels.embedding import embedding_bwd, embedding_fwd
-from kernels.linear_int8 import linear_int8_backward, linear_int8_forward, linear_int8_forward_cpu
-from kernels.backend import use_triton
-from kernels.lmhead import lmhead_backward, lmhead_forward
-from kernels.reduce import reciprocal_f32, tree_sum
-from kernels.rmsnorm import rmsnorm_bwd, rmsnorm_fwd
-from kernels.rope import rope_bwd, rope_fwd
-from kernels.swiglu import swiglu_bwd, swiglu_fwd
-from kernels.xent import Z_LOSS, xent_backward, xent_forward
+from kernels.attention.forward import attention_forward
+from kernels.attention.backward import attention_backward
+from kernels.ops.embedding import embedding_bwd, embedding_fwd
+from kernels.int8.linear import linear_int8_backward, linear_int8_forward, linear_int8_forward_cpu
+from kernels.core.backend import use_triton
+from kernels.ops.lmhead import lmhead_backward, lmhead_forward
+from kernels.core.reduce import reciprocal_f32, tree_sum
+from kernels.ops.rmsnorm import rmsnorm_bwd, rmsnorm_fwd
+from kernels.ops.rope import rope_bwd, rope_fwd
+from kernels.ops.swiglu import swiglu_bwd, swiglu_fwd
+from kernels.ops.xent import Z_LOSS, xent_backward, xent_forward
 from open1b_train.config import ModelConfig
 
 Trace = Callable[[str, torch.Tensor], None] | None
@@ -159,7 +159,7 @@ def _mlp_bwd(cfg: ModelConfig, p: dict, i: int, dout: torch.Tensor, sv: dict,
 
 def sequence_losses(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
                     batch: int) -> torch.Tensor:
-    """Each sequence's loss: the cross-entropy + z-loss rows of ``kernels.xent`` (same
+    """Each sequence's loss: the cross-entropy + z-loss rows of ``kernels.ops.xent`` (same
     expression, one IEEE op each), pairwise-tree summed per sequence, times fp32(1/S)."""
     xt = logits.gather(1, labels[:, None])[:, 0]
     rows = (lse - xt) + Z_LOSS * (lse * lse)                                  # (B*S,)

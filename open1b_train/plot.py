@@ -75,7 +75,7 @@ def series(lines: list[dict], phase_start_tokens: list[int] | None = None) -> Se
 def phase_start_tokens(run: str, genesis: dict, mix: str | None = None) -> list[int] | None:
     """The schedule's phase starts of the run's mix (``mix``, else the one ``RUN/run.json``
     names), or None when it cannot be read or is not the mix the genesis record hashed."""
-    from open1b_data.build.manifest import load_manifest
+    from open1b_data.formats.manifest import load_manifest
     from open1b_data.errors import Open1bDataError
     from open1b_data.stream.schedule import Schedule
 

@@ -17,13 +17,13 @@ nested too deeply is an error, not a ``RecursionError``).
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
+from open1b.canonical import canonical_json
 from open1b_train.errors import ResumeError
-from open1b_train.safeio import parse_json, read_regular
+from open1b.safeio import parse_json, read_regular
 
 NAME = "steps.jsonl"
 
@@ -88,7 +88,7 @@ def has_partial_tail(run: str) -> bool:
 
 def append(run: str, record: dict[str, Any]) -> None:
     with open(path_of(run), "ab") as f:
-        f.write(json.dumps(record, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+        f.write(canonical_json(record) + b"\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -99,7 +99,7 @@ def rewrite(run: str, records: list[dict[str, Any]]) -> None:
     tmp = f"{p}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
         for r in records:
-            f.write(json.dumps(r, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+            f.write(canonical_json(r) + b"\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, p)

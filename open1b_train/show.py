@@ -15,10 +15,10 @@ is reported apart, under ``unhashed``.
 """
 from __future__ import annotations
 
-import json
 import os
 import struct
 
+from open1b.safeio import read_json_object
 from open1b_train import runlog
 from open1b_train.errors import Open1bTrainError
 
@@ -38,6 +38,24 @@ def mesh_windows(schedule, step: int, mesh: tuple[int, int]) -> list[tuple[int, 
     return out
 
 
+def _check_shape(run: str, step: int, line: dict) -> None:
+    """The fields a report reads, with the types the trainer writes (a log is published
+    data: an edited one gets a one-line refusal, not a traceback)."""
+    want = {"genesis": dict} if step == 0 else {"components": dict, "scalars": dict}
+    for key, kind in {"hash": str, **want}.items():
+        if not isinstance(line.get(key), kind):
+            raise Open1bTrainError(f"{run}: step {step}'s {key} must be {kind.__name__}, got "
+                                   f"{line.get(key)!r:.60}; the log was edited or damaged - "
+                                   f"check it with `open1b-audit chain {run}`")
+    if step:
+        sc = line["scalars"]
+        bad = [k for k in ("loss", "grad_norm", "lr") if not isinstance(sc.get(k), str)]
+        if bad or not all(isinstance(v, str) for v in line["components"].values()):
+            raise Open1bTrainError(f"{run}: step {step}'s scalars or components are not the "
+                                   f"hex digests the trainer writes; the log was edited or "
+                                   f"damaged - check it with `open1b-audit chain {run}`")
+
+
 def step_report(run: str, step: int, top: int = 5, mix: str | None = None) -> dict:
     lines = runlog.read(run)
     if not lines:
@@ -46,6 +64,7 @@ def step_report(run: str, step: int, top: int = 5, mix: str | None = None) -> di
         raise Open1bTrainError(f"{run} has steps 0..{len(lines) - 1}; step {step} was not "
                                f"trained (yet)")
     line = lines[step]
+    _check_shape(run, step, line)
     rep = {"run": run, "step": step, "hash": line["hash"], "prev": line["prev"]}
     if step == 0:
         rep["genesis"] = line["genesis"]
@@ -56,13 +75,12 @@ def step_report(run: str, step: int, top: int = 5, mix: str | None = None) -> di
                skipped=sc["skipped"], spike=sc["spike"], tokens=sc["tokens"],
                unhashed={"seconds": line.get("seconds")})
     if mix is None:
-        try:
-            with open(os.path.join(run, "run.json")) as f:
-                mix = json.load(f)["mix"]
-        except (OSError, ValueError, KeyError):
-            raise Open1bTrainError(f"{run}: no run.json naming its mix; pass --mix") from None
-    with open(os.path.join(run, "config.json")) as f:
-        cfg = json.load(f)
+        info_path = os.path.join(run, "run.json")
+        mix = read_json_object(info_path, "run info").get("mix") \
+            if os.path.lexists(info_path) else None
+        if not isinstance(mix, str):
+            raise Open1bTrainError(f"{run}: no run.json naming its mix; pass --mix")
+    cfg = read_json_object(os.path.join(run, "config.json"), "run config")
     from open1b_data import StreamPlan, WindowReader
     from open1b_data.stream.schedule import Schedule
 

@@ -10,7 +10,7 @@ in the log so that a mismatch names what differs:
   logical mesh of a run has the same data digest per step: which virtual rank trains a
   window is fixed by the schedule (window m goes to rank m mod V), not by the data.
 * ``grad``    - the reduced gradient as Algorithm 1 leaves it (before a spike injection
-  and before clipping): ``kernels.sha256.digest_roots`` of the flat float32 gradient's
+  and before clipping): ``kernels.hashing.sha256.digest_roots`` of the flat float32 gradient's
   per-parameter views (names of ``params.py``).
 * ``params``  - the parameters after the step: ``digest_roots`` of the named tensors.
 * ``optim``   - SHA-256 of the canonical JSON of ``{"adam_step", "skip_left", "m", "v"}``,
@@ -23,37 +23,30 @@ The step hash is SHA-256 of the canonical JSON of ``{"format": "open1b-step/1", 
 "prev", "data", "grad", "params", "optim", "scalars"}`` where ``prev`` is the previous
 step's hash; step 0 is the run's initial state (``genesis``: config identity, mix
 fingerprint, seed, initial params and optimizer digests). The last step's hash is the
-run hash. Canonical JSON = ``json.dumps(sort_keys=True, separators=(",", ":"),
-ensure_ascii=True)``.
+run hash. Canonical JSON = ``open1b.canonical.canonical_json`` (sorted keys, no spaces,
+ASCII, no NaN).
 
-Tensors are hashed where they live (``kernels.sha256``: on a GPU only the 32-byte chunk
+Tensors are hashed where they live (``kernels.hashing.sha256``: on a GPU only the 32-byte chunk
 digests cross to the host).
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import struct
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
-import kernels.backend as kb
-from kernels.sha256 import tensor_root
+import kernels.core.backend as kb
+from open1b.canonical import canonical_json as canonical  # noqa: F401 (statehash.canonical)
+from open1b.canonical import sha256_json as sha
+from kernels.hashing.sha256 import tensor_root
 
 DATA_MAGIC = b"open1b-step-data/1"
 STEP_FORMAT = "open1b-step/1"
 COMPONENTS = ("data", "grad", "params", "optim", "scalars")
-
-
-def canonical(obj) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-def sha(obj) -> str:
-    return hashlib.sha256(canonical(obj)).hexdigest()
 
 
 def window_digests(tokens: torch.Tensor) -> list[bytes]:
@@ -72,7 +65,7 @@ def data_digest(windows: Sequence[int], digests: Sequence[bytes]) -> str:
 
 
 def roots(named: Mapping[str, torch.Tensor]) -> dict[str, bytes]:
-    """The 32-byte ``kernels.sha256`` root of every tensor: the Triton kernel for CUDA
+    """The 32-byte ``kernels.hashing.sha256`` root of every tensor: the Triton kernel for CUDA
     tensors, hashlib for CPU tensors even when the Triton path is forced (the digests are
     identical by definition - integer arithmetic only - and the interpreter would spend
     minutes). A sharded run computes the roots of the tensors it owns and gathers them."""
@@ -82,7 +75,7 @@ def roots(named: Mapping[str, torch.Tensor]) -> dict[str, bytes]:
 
 
 def roots_digest(rts: Mapping[str, bytes]) -> str:
-    """``kernels.sha256.digest_roots`` from precomputed roots: names sorted by UTF-8 bytes,
+    """``kernels.hashing.sha256.digest_roots`` from precomputed roots: names sorted by UTF-8 bytes,
     each ``u64 len(name) || name || root``."""
     h = hashlib.sha256()
     for key in sorted(rts, key=lambda k: k.encode("utf-8")):
@@ -92,7 +85,7 @@ def roots_digest(rts: Mapping[str, bytes]) -> str:
 
 
 def tensors_digest(named: Mapping[str, torch.Tensor]) -> str:
-    """``kernels.sha256.digest_roots`` of a name -> tensor mapping (see ``roots``)."""
+    """``kernels.hashing.sha256.digest_roots`` of a name -> tensor mapping (see ``roots``)."""
     return roots_digest(roots(named))
 
 

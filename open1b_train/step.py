@@ -22,7 +22,7 @@ gradient is sharded, because every step below is elementwise or a pairwise-tree 
 the flat gradient in model order):
 
 * ``inject_spike`` steps (a forensics/testing knob of the config) multiply g by 1e4 first.
-* norm = ``kernels.gradnorm.grad_norm([g])``: the pairwise tree sum of g*g over the flat
+* norm = ``kernels.ops.gradnorm.grad_norm([g])``: the pairwise tree sum of g*g over the flat
   gradient (model order, every parameter starting at a multiple of 4,096, zero gaps:
   ``params.Layout``), correctly rounded sqrt. Because the tree is blockable, the same
   value is the tree over the 4,096-element chunk partials, which a sharded run computes.
@@ -35,30 +35,36 @@ the flat gradient in model order):
   moments and the Adam step counter are left exactly as they were; the learning rate keeps
   following the consumed tokens. So a spike skips its own update and the next four; a new
   spike while skipping restarts the count at five.
-* Otherwise: clip (g *= ``kernels.gradnorm.clip_coefficient(norm)`` = min(1, clip /
+* Otherwise: clip (g *= ``kernels.ops.gradnorm.clip_coefficient(norm)`` = min(1, clip /
   (norm + 1e-6)), one correctly rounded division and one multiply per element),
-  the Adam step counter t += 1, and the fused AdamW of ``kernels.adamw`` per parameter at
+  the Adam step counter t += 1, and the fused AdamW of ``kernels.ops.adamw`` per parameter at
   ``lr = schedule LR at the step's tokens_after * lr_scale`` (binary64) with weight decay on
   the decayed group only (``params.py``). The weight quantization steps of the W8A8
-  linears are re-derived from the updated weights at their next use (``kernels.linear_int8``
+  linears are re-derived from the updated weights at their next use (``kernels.int8.linear``
   re-pins them at every call), so they always match the weights.
 """
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from kernels.adamw import AdamWConfig, adamw_step_
-from kernels.gradnorm import clip_coefficient, grad_norm
-from kernels.reduce import reciprocal_f32
+from kernels.ops.adamw import AdamWConfig, adamw_step_
+from kernels.ops.gradnorm import clip_coefficient, grad_norm
+from kernels.core.reduce import reciprocal_f32
+from open1b_train import statehash
 from open1b_train.config import TrainConfig
 from open1b_train.errors import DivergenceError
 from open1b_train.model import Trace, forward_backward
 from open1b_train.params import Layout, ParamSpec
 from open1b_train.treefold import Spill, TreeFold
+
+if TYPE_CHECKING:                      # run.py imports this module
+    from open1b_train.run import Run, State
 
 SPIKE_INJECTION = 1e4
 
@@ -120,57 +126,78 @@ def _into(flat: torch.Tensor, layout: Layout, grads: dict[str, torch.Tensor], r:
             view.copy_(scaled)
 
 
+def rank_gradient(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layout,
+                  mbs: list[MicroBatch], out: torch.Tensor, trace: Trace = None,
+                  rank: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Algorithm 1, step 1, for one virtual rank: its micro-batches' gradients accumulated
+    in order into the flat ``out`` (overwritten), each times fp32(1/A); returns the rank's
+    loss reduced the same way (shape (1,)) and each micro-batch's per-sequence losses."""
+    r = reciprocal_f32(len(mbs))
+    loss_v, per = None, []
+    for j, mb in enumerate(mbs):
+        tr = None if trace is None else (
+            lambda name, t, j=j: trace(f"rank{rank}.mb{j}.{name}", t))
+        loss, per_seq, grads = forward_backward(cfg.model, params, mb.input_ids, mb.labels, tr)
+        _into(out, layout, grads, r, add=j > 0)
+        del grads
+        scaled = loss.reshape(1) if r == 1.0 else loss.reshape(1) * r
+        loss_v = scaled if j == 0 else loss_v + scaled
+        per.append(per_seq)
+    return loss_v, per
+
+
+def loss_reduction(losses: list[torch.Tensor], reps: int, shards: int) -> torch.Tensor:
+    """Algorithm 1's order over the virtual ranks' losses (mesh order): shards added in
+    ascending order then times fp32(1/S), replicas folded by TreeFold, times fp32(1/R)."""
+    fold = TreeFold()
+    inv_s, inv_r = reciprocal_f32(shards), reciprocal_f32(reps)
+    for rep in range(reps):
+        p = losses[rep * shards]
+        for sh in range(1, shards):
+            p = p + losses[rep * shards + sh]
+        fold.push(p * inv_s if inv_s != 1.0 else p)
+    g = fold.result()
+    return (g * inv_r if inv_r != 1.0 else g).reshape(())
+
+
 def reduce_step(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layout,
                 batches: list[list[MicroBatch]], trace: Trace = None,
                 spill: Spill | None = None, device: torch.device | str = "cpu") -> Reduced:
-    """Algorithm 1: ``batches[v]`` are virtual rank v's micro-batches in order."""
+    """Algorithm 1 on one process: ``batches[v]`` are virtual rank v's micro-batches in
+    order. At most one rank gradient, one replica partial and the fold's partials live."""
     reps, shards = cfg.mesh
     if len(batches) != reps * shards:
         raise ValueError(f"need {reps * shards} virtual ranks' micro-batches, got {len(batches)}")
     inv_s, inv_r = reciprocal_f32(shards), reciprocal_f32(reps)
-    fold, loss_fold = TreeFold(spill), TreeFold()
-    window_losses = []
+    fold = TreeFold(spill)
+    losses, window_losses = [], []
     g_v = layout.zeros(device) if shards > 1 else None
-    partial = loss_partial = None
+    partial = None
     for v, mbs in enumerate(batches):
         shard = v % shards
-        r = reciprocal_f32(len(mbs))
         target = layout.zeros(device) if shard == 0 else g_v   # rank 0 of a replica: in place
-        loss_v = None
-        for j, mb in enumerate(mbs):
-            tr = None if trace is None else (
-                lambda name, t, v=v, j=j: trace(f"rank{v}.mb{j}.{name}", t))
-            loss, per_seq, grads = forward_backward(cfg.model, params, mb.input_ids,
-                                                    mb.labels, tr)
-            _into(target, layout, grads, r, add=j > 0)
-            del grads
-            scaled = loss.reshape(1) if r == 1.0 else loss.reshape(1) * r
-            loss_v = scaled if j == 0 else loss_v + scaled
-            window_losses.append(per_seq)
+        loss_v, per = rank_gradient(cfg, params, layout, mbs, target, trace, v)
+        losses.append(loss_v)
+        window_losses.extend(per)
         if trace is not None:
             trace(f"rank{v}.grad", target)
         if shard == 0:
-            partial, loss_partial = target, loss_v
+            partial = target
         else:
             partial.add_(target)
-            loss_partial = loss_partial + loss_v
         if shard == shards - 1:
             if inv_s != 1.0:
                 partial.mul_(inv_s)
-                loss_partial = loss_partial * inv_s
             if trace is not None:
                 trace(f"replica{v // shards}.partial", partial)
             fold.push(partial)
-            loss_fold.push(loss_partial)
             partial = None
     g = fold.result()
-    loss = loss_fold.result()
     if inv_r != 1.0:
         g = g * inv_r
-        loss = loss * inv_r
     if trace is not None:
         trace("reduced", g)
-    return Reduced(g, loss.reshape(()), torch.cat(window_losses), fold.peak)
+    return Reduced(g, loss_reduction(losses, reps, shards), torch.cat(window_losses), fold.peak)
 
 
 def decide(cfg: TrainConfig, step: int, norm: float, loss: float, opt: OptimState) -> Update:
@@ -244,3 +271,59 @@ def apply_update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, tor
 def float32_hex(x: float | torch.Tensor) -> str:
     """The bits of a float32 value as 8 hex digits (exact, for logs and hashes)."""
     return f"{int(np.array(float(x), dtype=np.float32).view(np.uint32)):08x}"
+
+
+# ----------------------------------------------------------------------------- the step's line
+
+@dataclass(frozen=True)
+class StepOut:
+    line: dict[str, Any]
+    upd: Any
+    loss: torch.Tensor
+    hash_seconds: float
+    peak_partials: int
+
+
+
+def data_digest_of(batches: list[list[MicroBatch]]) -> str:
+    """The step's data component from its micro-batches (any order: stream order inside)."""
+    windows = [(m, d) for mbs in batches for mb in mbs
+               for m, d in zip(mb.windows, statehash.window_digests(mb.tokens))]
+    return statehash.data_digest(*zip(*windows))
+
+
+def compute_step(run: Run, state: State, batches: list[list[MicroBatch]], step: int, info,
+                 specs, layout: Layout, trace=None, spill=None):
+    """Algorithm 1 + the recipe on ``state`` (updated in place) and the step's hashed log
+    line: ``StepOut`` (line, Update, loss tensor, seconds spent hashing, most TreeFold
+    partials alive). The trainer and the audit replay both run steps through here."""
+    red = reduce_step(run.cfg, state.params, layout, batches, trace=trace, spill=spill,
+                      device=run.device)
+    t1 = time.perf_counter()
+    grad_digest = statehash.tensors_digest(layout.views(red.grad))   # before clipping
+    t_hash = time.perf_counter() - t1
+    upd = apply_update(run.cfg, specs, state.params, layout, red.grad, red.loss, state.opt,
+                       step, info.lr * run.cfg.lr_scale, trace=trace)
+    t1 = time.perf_counter()
+    comps = {"data": data_digest_of(batches), "grad": grad_digest,
+             "params": statehash.tensors_digest(state.params),
+             "optim": statehash.optim_digest(layout.views(state.opt.m), layout.views(state.opt.v),
+                                             state.opt.adam_step, state.opt.skip_left)}
+    line = step_line(step, state.prev_hash, comps,
+                     scalars_record(red.loss, upd, info.tokens_after, red.window_losses))
+    return StepOut(line, upd, red.loss, t_hash + time.perf_counter() - t1, red.peak_partials)
+
+
+def scalars_record(loss, upd, tokens_after: int, window_losses) -> dict[str, Any]:
+    """The exact scalars of a step, as hashed (float32 bits as hex, LR as a hex float)."""
+    return {"loss": float32_hex(loss), "grad_norm": float32_hex(upd.norm),
+            "lr": float(upd.lr).hex(), "skipped": upd.skipped, "spike": upd.spike,
+            "tokens": tokens_after,
+            "window_loss": [float32_hex(x) for x in window_losses.tolist()]}
+
+
+def step_line(step: int, prev: str, comps: dict[str, str], scalars: dict[str, Any]) -> dict:
+    """The hashed part of a step's log line (``runlog``)."""
+    comps = {**comps, "scalars": statehash.sha(scalars)}
+    return {"step": step, "hash": statehash.step_hash(step, prev, comps), "prev": prev,
+            "components": comps, "scalars": scalars}

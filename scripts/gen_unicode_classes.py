@@ -1,4 +1,4 @@
-"""Write ``open1b_data/build/_bpe_unicode.h``: the character classes the compiled splitter uses.
+"""Write ``open1b_data/ingest/tokenizer/_bpe_unicode.h``: the character classes the compiled splitter uses.
 
 The Llama-3 split pattern needs three Unicode classes: ``\\p{L}`` (general category L*),
 ``\\p{N}`` (N*) and ``\\s`` (the White_Space property). HF ``tokenizers`` (the reference
@@ -7,7 +7,7 @@ encoder, through Oniguruma) and tiktoken (the ``regex`` crate) both follow Unico
 both treat as unassigned), so the table is built from Unicode 16.0 data, taken from the
 ``unicodedata2`` package pinned below rather than from this interpreter's ``unicodedata``
 (Python 3.11 has Unicode 14.0). The header is committed, so builds never depend on the
-machine; ``tests/build/test_bpe_native.py`` compares the compiled split with HF's on every
+machine; ``tests/ingest/test_bpe_native.py`` compares the compiled split with HF's on every
 code point.
 
     pip install unicodedata2==16.0.0 && python scripts/gen_unicode_classes.py
@@ -23,7 +23,7 @@ WHITE_SPACE = [*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x20
                0x2029, 0x202F, 0x205F, 0x3000]
 LETTER, NUMBER, SPACE = 1, 2, 4
 OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                   "open1b_data", "_bpe_unicode.h")
+                   "open1b_data", "ingest", "tokenizer", "_bpe_unicode.h")
 
 
 def classes(ud) -> bytearray:

@@ -4,7 +4,7 @@ Run it as-is on any machine with an NVIDIA GPU:
 
     python scripts/gpu_check.py [--out gpu_check.json] [--only rmsnorm] [--repeats 20]
 
-For every ``GPU_CHECKS`` entry of every ``kernels.<noun>`` module (kernels/registry.py):
+For every ``GPU_CHECKS`` entry of every ``kernels.<noun>`` module (kernels/core/registry.py):
 1. parity: the op on CUDA (Triton) vs the CPU reference on the same inputs, bit for bit;
    mismatched elements are counted per output (NaN positions must agree; payloads are
    outside the contract). Shapes are the check's ``parity_scale`` of Open-1B's.
@@ -27,12 +27,9 @@ two spawned processes on the project's 2-vCPU VM it took 5.9-6.1 min against 3.0
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 import json
 import os
-import pkgutil
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -46,38 +43,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))      # gpu_train beside this file
 
-import kernels  # noqa: E402
-from kernels import backend  # noqa: E402
-from kernels.registry import GpuCheck  # noqa: E402
+from kernels.core import backend  # noqa: E402
+from kernels.core.registry import FORBIDDEN, GpuCheck, discover  # noqa: E402
 
-SKIP_MODULES = {"backend", "registry"}
-FORBIDDEN = {
-    "float fma/mad": re.compile(r"\b(?:fma|mad)\.[a-z0-9.]*\b(?:f16|bf16|f32|f64|f16x2|bf16x2)\b"),
-    ".approx": re.compile(r"\.approx\b"),
-    ".ftz": re.compile(r"\.ftz\b"),
-    "ex2": re.compile(r"\bex2\."),
-    "lg2": re.compile(r"\blg2\."),
-    "rsqrt": re.compile(r"\brsqrt\."),
-    "div.full": re.compile(r"\bdiv\.full\b"),
-}
 PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
-
-
-# ------------------------------------------------------------------ discovery
-def discover(only: str | None) -> tuple[list[tuple[str, GpuCheck]], list[dict]]:
-    checks, errors = [], []
-    for info in sorted(pkgutil.iter_modules(kernels.__path__), key=lambda m: m.name):
-        if info.name in SKIP_MODULES or info.name.startswith("_"):
-            continue
-        try:
-            module = importlib.import_module(f"kernels.{info.name}")
-        except Exception as exc:  # report and go on: one broken op must not hide the rest
-            errors.append({"module": info.name, "error": f"import failed: {exc!r}"})
-            continue
-        for check in getattr(module, "GPU_CHECKS", []):
-            if only is None or only in check.name:
-                checks.append((info.name, check))
-    return checks, errors
 
 
 # ------------------------------------------------------------------ kernel capture

@@ -12,9 +12,9 @@ Open-1B step against stock PyTorch.
    ``nn.Linear``, SDPA, ``torch.optim.AdamW(fused=True)``) with every block compiled by
    ``torch.compile``. Ratio = ours / stock (>= 1: we are faster).
 3. hashing - the share of the step's time spent hashing parameters, gradient and moments
-   on the device (``kernels.sha256``).
+   on the device (``kernels.hashing.sha256``).
 4. collectives - a one-process torch.distributed group (NCCL on a GPU, gloo in the dry run):
-   the deterministic reduce-scatter + all-reduce of ``open1b_train.dist`` on 64 MB device
+   the deterministic reduce-scatter + all-reduce of ``open1b_train.distributed`` on 64 MB device
    gradients of a 4x2 logical mesh, bit for bit against the sequential reference, timed;
    and the distributed trainer (``train_distributed``) on that group gives the
    single-process run hash of the same mesh. One process exercises the code path; the
@@ -44,8 +44,8 @@ from open1b_train.params import Layout, init_params, param_specs  # noqa: E402
 
 
 def _demo_mix(workdir: str) -> str:
-    from open1b_data.build.definition import default_mix_path, load_mix
-    from open1b_data.build.pipeline import BuildOptions, build_mix
+    from open1b_data.formats.definition import default_mix_path, load_mix
+    from open1b_data.ingest.pipeline import BuildOptions, build_mix
 
     out = os.path.join(workdir, "demo-mix")
     build_mix(load_mix(default_mix_path()), out, BuildOptions(workers=2, progress=False))
@@ -149,10 +149,10 @@ def collectives(device: str, dry_run: bool, workdir: str, repeats: int) -> dict:
     import torch.distributed as dist
 
     from open1b_train import runlog
-    from open1b_train.dist import collectives as C
-    from open1b_train.dist.engine import train_distributed
-    from open1b_train.dist.exchange import Exchange
-    from open1b_train.dist.placement import Placement
+    from open1b_train.distributed import collectives as C
+    from open1b_train.distributed.engine import train_distributed
+    from open1b_train.distributed.exchange import Exchange
+    from open1b_train.distributed.placement import Placement
     from open1b_train.train import train
 
     if not dist.is_initialized():

@@ -76,9 +76,9 @@ def print_shares(mix_path: str) -> None:
     """The text bytes each source keeps after its filters, read back through the real
     readers: the `share` values of demo.toml are these bytes' proportions."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from open1b_data.build.document import Document
-    from open1b_data.build.definition import load_mix
-    from open1b_data.build.sources import list_inputs, read_input
+    from open1b_data.ingest.document import Document
+    from open1b_data.formats.definition import load_mix
+    from open1b_data.ingest.sources import list_inputs, read_input
 
     if not os.path.exists(mix_path):
         return

@@ -1,7 +1,7 @@
 """Tamper detection: how many ways of tampering with a published run the audit catches.
 
 An honest ``micro`` run (8 steps, checkpoints every 2) on a small built mix, then a copy
-tampered in each way of ``tests/audit/tamper.py``; each copy is audited the way auditors
+tampered in each way of ``tests/fixtures/tamper.py``; each copy is audited the way auditors
 covering a whole run do it (every checkpoint interval replayed with ``open1b-audit``'s
 ``replay``). A case counts as caught when the audit reports a finding, and as named when
 that finding's step and component are the expected ones. The honest run must pass.
@@ -20,9 +20,9 @@ import torch
 
 from benchmarks.machine import report_end, report_head
 from open1b_train.train import train
-from tests.audit import tamper
-from tests.train.conftest import micro_cfg
-from tests.train.trainmix import train_mix
+from tests.fixtures import tamper
+from tests.fixtures.runs import micro_cfg
+from tests.fixtures.trainmix import train_mix
 
 
 def main() -> None:

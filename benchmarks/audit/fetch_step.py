@@ -28,14 +28,14 @@ def main() -> None:
     args = ap.parse_args()
 
     from open1b_audit.fetch import fetch_step
-    from open1b_data.build.manifest import load_manifest
+    from open1b_data.formats.manifest import load_manifest
 
     load = LoadLog()
     tmp = None
     mix = args.mix
     if mix is None:
-        from open1b_data.build.definition import default_mix_path, load_mix
-        from open1b_data.build.pipeline import BuildOptions, build_mix
+        from open1b_data.formats.definition import default_mix_path, load_mix
+        from open1b_data.ingest.pipeline import BuildOptions, build_mix
 
         tmp = tempfile.mkdtemp(prefix="open1b-fetch-")
         mix = os.path.join(tmp, "demo")

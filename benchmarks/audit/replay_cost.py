@@ -42,8 +42,8 @@ SEQ = 4096
 
 
 def _mix() -> str:
-    from open1b_data.build.definition import default_mix_path, load_mix
-    from open1b_data.build.pipeline import BuildOptions, build_mix
+    from open1b_data.formats.definition import default_mix_path, load_mix
+    from open1b_data.ingest.pipeline import BuildOptions, build_mix
 
     out = os.path.join("build", "demo-mix")
     if not os.path.exists(os.path.join(out, "manifest.json")):
@@ -118,7 +118,7 @@ def per_op() -> dict:
     t1, wall1 = _timed(one, head_tokens)
     head = {k: v for k, v in t1.items() if _layer_of(k) is None}
     # AdamW per parameter, SHA-256 per byte
-    from kernels.adamw import AdamWConfig, adamw_step_
+    from kernels.ops.adamw import AdamWConfig, adamw_step_
     n = 1 << 24
     w, g = torch.randn(n) * 0.02, torch.randn(n) * 1e-3
     m, v = torch.zeros(n), torch.zeros(n)

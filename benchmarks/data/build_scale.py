@@ -36,7 +36,7 @@ from benchmarks.machine import RESULTS, cpu_model
 
 def time_training(mix, inputs, sample_bytes: int) -> tuple[float, float, int]:
     """Wall s, CPU s and bytes of one tokenizer training on a sample of ``sample_bytes``."""
-    from open1b_data.build import tokenizer as tk
+    from open1b_data.ingest import tokenizer as tk
 
     spec = dataclasses.replace(mix.tokenizer, sample_bytes=sample_bytes)
     sample = tk.select_sample(dataclasses.replace(mix, tokenizer=spec), inputs)
@@ -108,8 +108,8 @@ def main() -> None:
     ap.add_argument("--results", default=str(RESULTS / "results-scale-out.md"))
     a = ap.parse_args()
 
-    from open1b_data.build.definition import default_mix_path, load_mix
-    from open1b_data.build.pipeline import list_all_inputs
+    from open1b_data.formats.definition import default_mix_path, load_mix
+    from open1b_data.ingest.pipeline import list_all_inputs
 
     mix = load_mix(default_mix_path())
     load_start = os.getloadavg()

@@ -47,8 +47,8 @@ from benchmarks.machine import RESULTS, LoadLog, describe
 
 
 def kept_texts(mix) -> list[str]:
-    from open1b_data.build.document import Document
-    from open1b_data.build.sources import list_inputs, read_input
+    from open1b_data.ingest.document import Document
+    from open1b_data.ingest.sources import list_inputs, read_input
 
     return [item.text for spec in mix.sources for inp in list_inputs(spec)
             for item in read_input(spec, inp) if isinstance(item, Document)]
@@ -61,7 +61,7 @@ def cpu_seconds() -> float:
 
 
 def train(mix, out: str) -> float:
-    from open1b_data.build.pipeline import ensure_tokenizer, list_all_inputs
+    from open1b_data.ingest.pipeline import ensure_tokenizer, list_all_inputs
 
     t0 = time.perf_counter()
     ensure_tokenizer(mix, out, list_all_inputs(mix))
@@ -79,8 +79,8 @@ def _keep_only_tokenizer(out: str) -> None:
 
 def time_pipeline(mix, out: str, workers: int) -> tuple[float, float, object]:
     """One full build of every input into an output that holds only the tokenizer."""
-    from open1b_data.build import task as build_task
-    from open1b_data.build.pipeline import BuildOptions, build_mix
+    from open1b_data.ingest import task as build_task
+    from open1b_data.ingest.pipeline import BuildOptions, build_mix
 
     _keep_only_tokenizer(out)
     build_task.forget_encoders()  # a command loads its encoders once
@@ -117,7 +117,7 @@ def time_encode_batch(tok_path: str, texts: list[str], threads: int,
 def time_fast_encoder(tok_path: str, texts: list[str], workers: int) -> tuple[float, float]:
     """The encoder alone, run as the pipeline runs it: in this process at 1 worker, else
     split over ``workers`` forked processes (each encodes every workers-th text)."""
-    from open1b_data.build.tokenizer import FastEncoder, load_tokenizer
+    from open1b_data.ingest.tokenizer import FastEncoder, load_tokenizer
 
     fast = FastEncoder.from_tokenizer(load_tokenizer(tok_path))
     fast.encode_batch(texts[:50])
@@ -189,9 +189,9 @@ def time_datatrove(tok_path: str, texts: list[str], workers: int,
 def profile_one_build(mix, out: str) -> str:
     """CPU-time cProfile of a single-process rebuild of every input (tokenizer trained,
     modules imported: the steady state of one worker)."""
-    from open1b_data.build.pipeline import BuildOptions, build_mix
+    from open1b_data.ingest.pipeline import BuildOptions, build_mix
 
-    from open1b_data.build import task as build_task
+    from open1b_data.ingest import task as build_task
 
     _keep_only_tokenizer(out)
     build_task.forget_encoders()
@@ -213,7 +213,7 @@ def main() -> None:
     ap.add_argument("--results", default=str(RESULTS / "results-build.md"))
     args = ap.parse_args()
 
-    from open1b_data.build.definition import default_mix_path, load_mix
+    from open1b_data.formats.definition import default_mix_path, load_mix
 
     mix_path = args.manifest or default_mix_path()
     mix = load_mix(mix_path)

@@ -6,7 +6,7 @@ scale) and recomputes the fingerprint. Measured side by side in one process, int
 ``--repeat`` times each (median and best):
 
   * ``load_manifest`` of this checkout;
-  * ``load_manifest`` of ``--baseline REV`` (``git show REV:open1b_data/build/manifest.py``,
+  * ``load_manifest`` of ``--baseline REV`` (``git show REV:open1b_data/formats/manifest.py``,
     imported as its own module; the rest of the package is this checkout's);
   * ``check_path`` alone over the manifest's 6,644 paths, both versions;
   * anchor: ``json.loads`` of the bytes + the fingerprint (sha256 of the canonical JSON) -
@@ -38,8 +38,8 @@ from benchmarks.machine import REPO, cores, cpu_model
 
 
 def baseline_module(rev: str):
-    """``open1b_data/build/manifest.py`` as it was at ``rev``, as a separate module."""
-    source = subprocess.run(["git", "show", f"{rev}:open1b_data/build/manifest.py"],
+    """``open1b_data/formats/manifest.py`` as it was at ``rev``, as a separate module."""
+    source = subprocess.run(["git", "show", f"{rev}:open1b_data/formats/manifest.py"],
                             cwd=REPO, check=True, capture_output=True, text=True).stdout
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(source)
@@ -65,7 +65,7 @@ def main() -> None:
                          "commit before check_path became one regex)")
     ap.add_argument("--repeat", type=int, default=15)
     args = ap.parse_args()
-    from open1b_data.build import manifest as new
+    from open1b_data.formats import manifest as new
 
     path = Path(args.mix) / "manifest.json"
     if not path.exists():

@@ -37,12 +37,12 @@ import time
 from benchmarks.data.build_throughput import time_pipeline, train
 from benchmarks.machine import REPO, RESULTS, LoadLog, describe
 
-BASELINE = "7988655~1"     # open1b_data/build/shards.py before shards had trees
+BASELINE = "7988655~1"     # open1b_data/formats/shards.py before shards had trees
 
 
 def baseline_shards(rev: str):
-    """``open1b_data/build/shards.py`` at ``rev`` as a separate module."""
-    source = subprocess.run(["git", "show", f"{rev}:open1b_data/build/shards.py"], cwd=REPO,
+    """``open1b_data/formats/shards.py`` at ``rev`` as a separate module."""
+    source = subprocess.run(["git", "show", f"{rev}:open1b_data/formats/shards.py"], cwd=REPO,
                             check=True, capture_output=True, text=True).stdout
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(source)
@@ -56,8 +56,8 @@ def baseline_shards(rev: str):
 
 def documents(mix_dir: str) -> dict[str, list]:
     """Every kept document of the built mix, per source in shard order."""
-    from open1b_data.build.manifest import load_manifest
-    from open1b_data.build.shards import iter_documents
+    from open1b_data.formats.manifest import load_manifest
+    from open1b_data.formats.shards import iter_documents
 
     m = load_manifest(mix_dir)
     return {s.name: [r for sh in s.shards for r in iter_documents(f"{mix_dir}/{sh.path}")]
@@ -76,7 +76,7 @@ def write_all(writer_cls, docs: dict[str, list], spec, out: str) -> float:
 
 
 def trees_alone(docs: dict[str, list], spec) -> float:
-    from open1b_data.build import merkle
+    from open1b_data.formats import merkle
 
     t0 = time.perf_counter()
     for rows in docs.values():
@@ -95,7 +95,7 @@ def manifest_cost(path: str, repeat: int) -> tuple[int, int, int, float, float] 
     """(shards, bytes without trees, bytes with, median s without, median s with)."""
     import json
 
-    from open1b_data.build import manifest as mf
+    from open1b_data.formats import manifest as mf
 
     if not os.path.exists(path):
         return None
@@ -129,8 +129,8 @@ def main() -> None:
     ap.add_argument("--results", default=str(RESULTS / "results-merkle.md"))
     args = ap.parse_args()
 
-    from open1b_data.build.definition import default_mix_path, load_mix
-    from open1b_data.build.shards import ShardWriter
+    from open1b_data.formats.definition import default_mix_path, load_mix
+    from open1b_data.formats.shards import ShardWriter
 
     old = baseline_shards(args.baseline)
     mix = load_mix(default_mix_path())

@@ -25,10 +25,10 @@ def _measure(threads: int, repeats: int, vocab: int) -> dict:
 
     import numpy as np
 
-    from open1b_data.build import tokenizer as tk
-    from open1b_data.build.document import Document
-    from open1b_data.build.definition import default_mix_path, load_mix
-    from open1b_data.build.sources import list_inputs, read_input
+    from open1b_data.ingest import tokenizer as tk
+    from open1b_data.ingest.document import Document
+    from open1b_data.formats.definition import default_mix_path, load_mix
+    from open1b_data.ingest.sources import list_inputs, read_input
 
     mix = load_mix(default_mix_path())
     mix = dataclasses.replace(mix, tokenizer=dataclasses.replace(mix.tokenizer,

@@ -2,7 +2,8 @@
 
     .venv/bin/python -m benchmarks.kernels.block [--d-model 2048] [--seq 256] [--repeats 3] [--out FILE]
 
-Ours: kernels/block.py under force("cpu") (bf16 activations, W8A8 int8 linears, exactly
+Ours: tests/kernels/block.py (the ops composed through their autograd wrappers) under
+force("cpu") (bf16 activations, W8A8 int8 linears, exactly
 specified arithmetic). Anchor: the same block in stock torch CPU float32 (F.linear,
 RMSNorm from torch ops, RoPE, F.scaled_dot_product_attention with a boolean causal+window
 mask and repeated KV heads, SwiGLU), no quantization. Heads: d_model / 128 query heads,
@@ -24,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.machine import LoadLog, describe
-from kernels.backend import force
-from kernels.block import BlockConfig, block_forward, init_params
+from kernels.core.backend import force
+from tests.kernels.block import BlockConfig, block_forward, init_params
 
 
 def torch_block(cfg: BlockConfig, p, x):

@@ -20,8 +20,9 @@ import click
 import torch
 
 from benchmarks.machine import LoadLog, describe, median_s
-from kernels import adamw, embedding, gradnorm, mathfn, rmsnorm, rope, swiglu
-from kernels.backend import force
+from kernels.ops import adamw, embedding, gradnorm, rmsnorm, rope, swiglu
+from kernels.core import mathfn
+from kernels.core.backend import force
 
 
 def cases(t: int):

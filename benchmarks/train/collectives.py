@@ -2,7 +2,7 @@
 
 For P gloo processes on loopback and a float32 gradient of ``--mb`` MiB per process:
 
-* reduce-scatter: ours (``open1b_train.dist.collectives.reduce_scatter`` on a 1 x P mesh:
+* reduce-scatter: ours (``open1b_train.distributed.collectives.reduce_scatter`` on a 1 x P mesh:
   all-to-all of P slices, ascending sums, reciprocal multiply) vs
   ``torch.distributed.reduce_scatter_tensor`` (or ``reduce_scatter`` where gloo lacks it);
 * all-reduce: ours (``all_reduce`` on a P x 1 mesh: an all-to-all of pieces, each piece
@@ -29,9 +29,9 @@ import torch.multiprocessing as mp
 
 from benchmarks.machine import report_end, report_head
 from open1b_train.allocator import keep_freed_memory
-from open1b_train.dist import collectives as C
-from open1b_train.dist.exchange import Exchange
-from open1b_train.dist.placement import Placement
+from open1b_train.distributed import collectives as C
+from open1b_train.distributed.exchange import Exchange
+from open1b_train.distributed.placement import Placement
 from open1b_train.treefold import blocks
 
 

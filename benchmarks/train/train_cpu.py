@@ -40,8 +40,8 @@ from open1b_train.step import MicroBatch, OptimState, apply_update, reduce_step
 
 
 def _mix() -> str:
-    from open1b_data.build.definition import default_mix_path, load_mix
-    from open1b_data.build.pipeline import BuildOptions, build_mix
+    from open1b_data.formats.definition import default_mix_path, load_mix
+    from open1b_data.ingest.pipeline import BuildOptions, build_mix
 
     out = os.path.join("build", "demo-mix")
     if not os.path.exists(os.path.join(out, "manifest.json")):
@@ -50,7 +50,7 @@ def _mix() -> str:
 
 
 def speed(repeats: int) -> dict:
-    from open1b_data.build.manifest import load_manifest
+    from open1b_data.formats.manifest import load_manifest
 
     mix = _mix()
     vocab = int(load_manifest(mix).tokenizer["vocab_size"])
@@ -118,7 +118,7 @@ def quality(steps: int | None, png: str) -> dict:
     ours = [ln["loss"] for ln in lines]
     # the stock model on the same windows, init, LR and clipping
     from open1b_data import StreamLoader, StreamPlan
-    from open1b_data.build.manifest import load_manifest
+    from open1b_data.formats.manifest import load_manifest
     from open1b_data.stream.schedule import Schedule
 
     vocab = int(load_manifest(mix).tokenizer["vocab_size"])

@@ -26,8 +26,8 @@ BIN = os.path.dirname(sys.executable)
 
 
 def _mix() -> str:
-    from open1b_data.build.definition import default_mix_path, load_mix
-    from open1b_data.build.pipeline import BuildOptions, build_mix
+    from open1b_data.formats.definition import default_mix_path, load_mix
+    from open1b_data.ingest.pipeline import BuildOptions, build_mix
 
     out = os.path.join("build", "demo-mix")
     if not os.path.exists(os.path.join(out, "manifest.json")):

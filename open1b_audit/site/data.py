@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from open1b_train.errors import Open1bTrainError
+from open1b_audit.errors import SiteError
 
 CHUNK_STEPS = 4096          # steps per curve chunk (a few hundred KB of JS each)
 OVERVIEW_BUCKETS = 1000     # the overview keeps each bucket's min and max: <= 2,000 points
@@ -33,9 +33,6 @@ DOC_TEXT_CHARS = 2_000_000  # a document page shows at most this much of one doc
 PHRASE_STEPS = 256          # a served phrase search decodes at most this many steps' documents
 SERIES = ("loss", "lr", "grad_norm", "tokens_per_s", "val_loss")
 
-
-class SiteError(Open1bTrainError):
-    """The explorer cannot show what was asked (wrong mix, step not logged, ...)."""
 
 
 def f32(h: Any) -> float | None:
@@ -91,7 +88,7 @@ class Explorer:
         from open1b_data import StreamPlan
         from open1b_data.stream.schedule import Schedule
         from open1b_train import runlog
-        from open1b_train.train import read_run
+        from open1b_train.run import read_run
 
         lines = runlog.read(run, strict=False)
         if not lines or "genesis" not in lines[0]:
@@ -344,7 +341,7 @@ class Explorer:
                 "run_hash": cov["run_hash"]}
 
     def mix_page(self) -> dict[str, Any]:
-        from open1b_data.build.manifest import load_manifest
+        from open1b_data.formats.manifest import load_manifest
 
         m = load_manifest(self.plan.view.mix_url)
         return {"name": m.name, "fingerprint": m.fingerprint, "builder": m.builder_version,

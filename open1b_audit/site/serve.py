@@ -81,15 +81,14 @@ class Site:
 
 
 def handler(site: Site) -> type[BaseHTTPRequestHandler]:
-    from open1b_data.errors import Open1bDataError
-    from open1b_train.errors import Open1bTrainError
+    from open1b.errors import Open1bError
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:              # noqa: N802 (http.server's name)
             u = urlsplit(self.path)
             try:
                 code, kind, body = site.get(u.path, parse_qs(u.query))
-            except (Open1bTrainError, Open1bDataError, ValueError, OSError) as e:
+            except (Open1bError, ValueError, OSError) as e:
                 code, kind, body = (HTTPStatus.NOT_FOUND, TYPES[".html"],
                                     render.error_page(str(e)).encode())
             self.send_response(code)

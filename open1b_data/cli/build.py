@@ -1,5 +1,5 @@
 """``open1b-data build-mix`` and ``open1b-data verify``: thin click commands over
-``open1b_data.build.pipeline.build_mix`` and ``open1b_data.build.verify.verify``.
+``open1b_data.ingest.pipeline.build_mix`` and ``open1b_data.ingest.verify.verify``.
 
 Object stores: ``--out s3://bucket/prefix`` and ``s3://`` roots in the mix definition go
 through s3fs. Point them at a custom endpoint (MinIO, moto, Ceph...) with the environment:
@@ -74,9 +74,9 @@ def build_mix(manifest_path: str | None, out: str, workers: int | None, executor
 
     Without --manifest this builds the embedded demo mix into build/demo-mix under the
     current directory."""
-    from open1b_data.build.pipeline import BuildOptions, build_mix as run
-    from open1b_data.build.report import format_bad_inputs, format_table
-    from open1b_data.build.definition import default_mix_path, load_mix
+    from open1b_data.ingest.pipeline import BuildOptions, build_mix as run
+    from open1b_data.ingest.report import format_bad_inputs, format_table
+    from open1b_data.formats.definition import default_mix_path, load_mix
 
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -139,7 +139,7 @@ def build_mix(manifest_path: str | None, out: str, workers: int | None, executor
 def verify(mix: str, as_json: bool) -> None:
     """Re-hash every shard and lengths file of built MIX (directory or URL) against its
     manifest.json; exits non-zero naming each mismatch."""
-    from open1b_data.build.verify import verify as run
+    from open1b_data.ingest.verify import verify as run
 
     try:
         problems = run(mix)

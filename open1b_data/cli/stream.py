@@ -189,7 +189,7 @@ def schedule(step, tokens, mix, world, as_json):
 
 
 def _schedule_spec(mix: str):
-    from open1b_data.build.definition import load_mix
+    from open1b_data.formats.definition import load_mix
 
     if mix.endswith(".toml"):
         return load_mix(mix).schedule

@@ -1,7 +1,7 @@
 """What the stream needs of a built mix, and nothing more.
 
 Contract: ``MixView.open(mix_url)`` reads ``manifest.json`` through
-``open1b_data.build.manifest.load_manifest`` (which checks the format and recomputes the
+``open1b_data.formats.manifest.load_manifest`` (which checks the format and recomputes the
 fingerprint) and keeps, per source in manifest order: its name, document and token counts,
 per-shard document counts, the token shards' paths, sizes and sha256 (``shardreader.py``
 checks every shard byte against them), the lengths-file URLs with their sha256, and the
@@ -38,7 +38,7 @@ from fractions import Fraction
 import numpy as np
 
 from open1b_data.errors import ManifestError, StreamError
-from open1b_data.build.shards import parse_lengths
+from open1b_data.formats.shards import parse_lengths
 from open1b_data.storage import read_bytes
 
 WEIGHT_LIMIT = 1 << 62
@@ -180,7 +180,7 @@ class MixView:
     def open(cls, mix_url: str) -> "MixView":
         """The view of the mix at ``mix_url``, from its manifest as ``load_manifest`` checks
         it (format, fields, recomputed fingerprint)."""
-        from open1b_data.build.manifest import load_manifest
+        from open1b_data.formats.manifest import load_manifest
 
         root = _root(mix_url)
         return cls(root, summary_of(load_manifest(root)))
@@ -197,7 +197,7 @@ class MixView:
                           f"{list(self.names)}")
 
     def url(self, rel_path: str) -> str:
-        from open1b_data.build.mixpath import resolve
+        from open1b_data.formats.mixpath import resolve
 
         return resolve(self.mix_url, rel_path)
 

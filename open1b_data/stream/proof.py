@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from open1b_data.build import merkle
-from open1b_data.build.manifest import BuiltManifest, ShardEntry
-from open1b_data.build.mixpath import resolve
+from open1b_data.formats import merkle
+from open1b_data.formats.manifest import BuiltManifest, ShardEntry
+from open1b_data.formats.mixpath import resolve
 from open1b_data.errors import ProofError, StreamError
 
 DocKey = tuple[str, int, int]           # (source name, shard index, row in the shard)
@@ -184,9 +184,9 @@ def local_ranges(url: str, ranges: list[tuple[int, int]]) -> list[bytes]:
 
 def prove_stream_at(mix: str, rep: dict) -> dict:
     """``rep`` (a ``stream-at`` report with tokens) plus ``documents`` and ``merkle``."""
-    from open1b_data.build.manifest import load_manifest
-    from open1b_data.build.mixpath import mix_root
-    from open1b_data.build.shards import read_rows
+    from open1b_data.formats.manifest import load_manifest
+    from open1b_data.formats.mixpath import mix_root
+    from open1b_data.formats.shards import read_rows
     from open1b_data.stream.windows import window_sha256
 
     root = mix_root(mix)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from open1b_data.errors import ManifestError, StreamError
-from open1b_data.build.definition import ScheduleSpec, default_mix_path, load_mix
+from open1b_data.formats.definition import ScheduleSpec, default_mix_path, load_mix
 from open1b_data.stream.cospi import cos_pi
 
 
@@ -108,7 +108,7 @@ class Schedule:
     @classmethod
     def from_definition(cls, definition: dict | None) -> "Schedule":
         """Schedule of a built mix's ``definition`` (manifest.json); None = the Open-1B one."""
-        from open1b_data.build.definition import _parse_schedule
+        from open1b_data.formats.definition import _parse_schedule
 
         if definition is None:
             return cls(open1b_spec())

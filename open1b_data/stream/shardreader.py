@@ -115,7 +115,7 @@ def _parse(url: str, buf) -> CheckedFile:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from open1b_data.build.shards import _check
+    from open1b_data.formats.shards import _check
 
     try:
         pf = pq.ParquetFile(pa.BufferReader(buf))
@@ -168,7 +168,7 @@ class ShardReader:
 
     def rows(self, source: int, shard: int, docs) -> list[np.ndarray]:
         """Token ids of documents ``docs`` of one shard, reading only their row groups."""
-        from open1b_data.build.shards import list_parts
+        from open1b_data.formats.shards import list_parts
 
         f = self.parquet(source, shard)
         got: dict[int, np.ndarray] = {}
@@ -199,7 +199,7 @@ class ShardReader:
     # ------------------------------------------------------------------ whole shards
 
     def _decode(self, source: int, shard: int) -> ShardTokens:
-        from open1b_data.build.shards import list_parts
+        from open1b_data.formats.shards import list_parts
 
         f = self._checked(source, shard)
         # the buffer is Arrow's and in memory: Arrow's threads may decode it in parallel

@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from open1b.canonical import canonical_json
 from open1b_data.errors import StateMismatchError, StreamError
 
 FORMAT = "open1b-stream-state"
@@ -96,7 +97,7 @@ class StreamState:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return canonical_json(self.to_dict()).decode("ascii")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StreamState":

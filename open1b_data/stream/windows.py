@@ -53,7 +53,7 @@ def window_sha256(tokens: np.ndarray) -> str:
 
 def load_mix_tokenizer(mix_url: str):
     """The mix's ``tokenizers.Tokenizer`` (path from manifest.json's ``tokenizer.path``)."""
-    from open1b_data.build.tokenizer import load_tokenizer
+    from open1b_data.formats.tokenizerfile import load_tokenizer
 
     manifest = json.loads(read_bytes(join(mix_url, "manifest.json")))
     return load_tokenizer(join(mix_url, manifest["tokenizer"]["path"]))

@@ -2,16 +2,16 @@
 run explorer's subject, a micro run whose corpus holds markup and script."""
 import pytest
 
-from tests.train.conftest import _one_thread, mix4, mix12, ref_run  # noqa: F401
+from tests.train.conftest import _one_thread  # noqa: F401
 
 
 @pytest.fixture(scope="session")
 def site_run(tmp_path_factory):
-    """tests/audit/sitefixture.py: a micro run, documents with script, one step certified."""
+    """tests/fixtures/sitefixture.py: a micro run, documents with script, one step certified."""
     import torch
 
-    from tests.audit.sitefixture import make_site_run
-    from tests.train.conftest import cli_env
+    from tests.fixtures.sitefixture import make_site_run
+    from tests.fixtures.runs import cli_env
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)

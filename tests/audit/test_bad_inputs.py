@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from open1b_train import checkpoint, runlog
-from tests.train.conftest import cli_env
+from tests.fixtures.runs import cli_env
 
 TIMEOUT = 120          # seconds: an import of torch on a busy machine, not a hang
 
@@ -83,11 +83,8 @@ CASES = [
      A + ("coverage", "{run}", "{run}/config.json"), "error", "not one chain"),
     ("comps-list-trace", _set("components", []),
      A + ("trace", "{run}", "--step", "4", "--out", "{run}/t.jsonl"), "error", "not replayed"),
-    pytest.param("comps-list-show", _set("components", []),
-                 T + ("show", "{run}", "--step", "3"), "error", "components",
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "open1b_train/show.py print_report iterates rep['components'].items() "
-                     "unchecked: AttributeError traceback (not this package's file)"))),
+    ("comps-list-show", _set("components", []),
+     T + ("show", "{run}", "--step", "3"), "error", "components"),
     # JSON nested 100000 deep
     *[(f"deep-{c[0]}", _raw_line(b"[" * 100000), A + c, "error", "nested too deeply")
       for c in (("chain", "{run}"), ("replay", "{run}", "--step", "4"),

@@ -23,9 +23,10 @@ from safetensors.torch import save as st_save
 from open1b_audit.cli import main as audit_cli
 from open1b_train import checkpoint, runlog, statehash
 from open1b_train.params import Layout, param_specs
-from open1b_train.train import read_run, train
-from tests.audit.tamper import _rewrite_file_in_record, rehash_chain
-from tests.train.conftest import REF_STEPS, micro_cfg
+from open1b_train.run import read_run
+from open1b_train.train import train
+from tests.fixtures.tamper import _rewrite_file_in_record, rehash_chain
+from tests.fixtures.runs import REF_STEPS, micro_cfg
 
 FORGED = 4
 

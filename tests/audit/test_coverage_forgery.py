@@ -15,7 +15,7 @@ from open1b_audit import certificate
 from open1b_audit.cli import main as audit_cli
 from open1b_audit.coverage import coverage
 from open1b_audit.chain import Finding
-from tests.audit.fakelog import lines_of, write_run
+from tests.fixtures.fakelog import lines_of, write_run
 
 STEPS = 8
 

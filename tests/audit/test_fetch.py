@@ -19,12 +19,12 @@ from click.testing import CliRunner
 
 from open1b_audit.cli import main as audit_cli
 from open1b_audit.fetch import fetch_step
-from open1b_data.build import merkle
-from open1b_data.build.manifest import load_manifest
+from open1b_data.formats import merkle
+from open1b_data.formats.manifest import load_manifest
 from open1b_data.errors import ProofError
 from open1b_train import runlog, statehash
-from tests.build.test_merkle import rewrite_shard, strip_roots
-from tests.build.test_s3 import s3_endpoint  # noqa: F401  (the loopback S3 server)
+from tests.formats.test_merkle import rewrite_shard, strip_roots
+from tests.formats.test_s3 import s3_endpoint  # noqa: F401  (the loopback S3 server)
 
 STEPS = (1, 70, 140)
 BUCKET = "fetch-step-test"     # one step in each phase of the demo schedule (8, 16, 32 windows)
@@ -32,8 +32,8 @@ BUCKET = "fetch-step-test"     # one step in each phase of the demo schedule (8,
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> str:
-    from open1b_data.build.definition import default_mix_path, load_mix
-    from open1b_data.build.pipeline import BuildOptions, build_mix
+    from open1b_data.formats.definition import default_mix_path, load_mix
+    from open1b_data.ingest.pipeline import BuildOptions, build_mix
 
     out = tmp_path_factory.mktemp("demo") / "mix"
     build_mix(load_mix(default_mix_path()), str(out), BuildOptions(workers=1, progress=False))

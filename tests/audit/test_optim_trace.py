@@ -17,9 +17,10 @@ from open1b_audit.trace import describe, first_difference
 from open1b_train import checkpoint, runlog
 from open1b_train.params import param_specs
 from open1b_train.trace import path_of, read
-from open1b_train.train import read_run, train
-from tests.audit.tamper import Patch
-from tests.train.conftest import REF_STEPS, micro_cfg
+from open1b_train.run import read_run
+from open1b_train.train import train
+from tests.fixtures.tamper import Patch
+from tests.fixtures.runs import REF_STEPS, micro_cfg
 
 PARAM = "layers.1.mlp.down.weight"
 

@@ -11,7 +11,7 @@ import sys
 from open1b_audit.replay import replay
 from open1b_train.config import departures, micro
 from open1b_train.train import train
-from tests.train.conftest import cli_env, micro_cfg
+from tests.fixtures.runs import cli_env, micro_cfg
 
 
 def test_departures_name_every_changed_recipe_field():

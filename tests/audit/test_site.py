@@ -17,7 +17,7 @@ from open1b_audit.site.data import Explorer, f32, scalars_of
 from open1b_data.stream import inspect, provenance
 from open1b_train import runlog
 from open1b_train.show import step_report
-from tests.audit.sitefixture import ATTACK, CERTIFIED, CERTIFIED_STEPS, STEPS
+from tests.fixtures.sitefixture import ATTACK, CERTIFIED, CERTIFIED_STEPS, STEPS
 
 
 def test_script_json_cannot_close_or_open_anything():
@@ -87,8 +87,9 @@ def test_edited_unhashed_fields_change_nothing(site_run, tmp_path):
     lines[2] = {**lines[2], "loss": 0.001, "lr": 9.0, "grad_norm": 1e9}
     runlog.rewrite(run, lines)
     ex = Explorer.open(run, site_run.mix)
-    assert ex.finding is None                      # not hashed: the chain cannot see it
-    assert ex.series(1, STEPS) == before           # and the explorer does not show it
+    # the chain refuses decimals that disagree with the hashed scalars, naming the step
+    assert (ex.finding.step, ex.finding.component) == (2, "scalars"), ex.finding
+    assert ex.series(1, STEPS) == before           # and the explorer does not show them
 
 
 def test_cli_site_and_its_errors(site_run, tmp_path):

@@ -17,7 +17,7 @@ import pytest
 
 from open1b_audit.site.data import Explorer
 from open1b_data.stream import inspect, provenance
-from tests.audit.sitefixture import ATTACK, CERTIFIED_STEPS, STEPS
+from tests.fixtures.sitefixture import ATTACK, CERTIFIED_STEPS, STEPS
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"

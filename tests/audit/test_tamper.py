@@ -8,7 +8,7 @@ import os
 import pytest
 
 from open1b_train import runlog
-from tests.audit import tamper
+from tests.fixtures import tamper
 
 audit_all = tamper.audit_all
 

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from open1b_data.build.manifest import fingerprint
+from open1b_data.formats.manifest import fingerprint
 from open1b_data.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,7 +85,7 @@ def _huge_lengths(m: dict, mix: Path) -> None:
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory) -> dict[str, str]:
     """Every bad input the table refers to, by placeholder name."""
-    from tests.stream.s2mix import text_mix
+    from tests.fixtures.s2mix import text_mix
 
     root = tmp_path_factory.mktemp("errors")
     mix, _ = text_mix(str(root / "mix"))
@@ -350,7 +350,7 @@ def test_permission_denied(paths, offline, tmp_path):
 def test_crafted_lengths_header_fails_before_allocating(paths):
     """The parser's own size check, with a manifest that vouches for the file: the declared
     2^40 elements are compared with the document count and the file size first."""
-    from open1b_data.build.shards import parse_lengths
+    from open1b_data.formats.shards import parse_lengths
     from open1b_data.errors import ShardFormatError
 
     m = json.loads(Path(paths["huge"], "manifest.json").read_text())

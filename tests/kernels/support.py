@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import backend
+from kernels.core import backend
 
 # Kernels on the tensors' own device: a CUDA device, or CPU tensors under the interpreter.
 needs_triton = pytest.mark.skipif(not backend.triton_available(),

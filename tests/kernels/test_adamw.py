@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import adamw
-from kernels.backend import force
+from kernels.ops import adamw
+from kernels.core.backend import force
 from tests.kernels.support import needs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -1,4 +1,5 @@
-"""One Open-1B transformer block (kernels/block.py) at tiny shapes.
+"""One Open-1B transformer block (``tests/kernels/block.py``: the ops composed through their
+autograd wrappers) at tiny shapes.
 
 1. Bit parity: forward output and every parameter/input gradient are identical (int view)
    under force("cpu") and force("triton") (the interpreter on CPU tensors).
@@ -13,7 +14,7 @@
    the rotated per-row int8 gradient GEMMs of the linear backward. Measured (this config):
    out 3.1% of max|out|; gradients cosine >= 0.9936, rel. L2 <= 0.113; steps <= 5.1% of the
    term mass.
-3. Golden SHA-256 (kernels.hashing) of output and gradients in tests/assets/block_golden.json.
+3. Golden SHA-256 (kernels.hashing.tensorbytes) of output and gradients in tests/assets/block_golden.json.
    Regenerate (only after an intended change) with K4_WRITE_BLOCK_GOLDEN=1.
 """
 from __future__ import annotations
@@ -26,11 +27,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import hashing
-from kernels.backend import force, triton_available
-from kernels.block import BlockConfig, block_forward, init_params
-from kernels.linear_int8 import Q_MAX
-from kernels.philox import truncated_normal
+from kernels.hashing import tensorbytes as hashing
+from kernels.core.backend import force, triton_available
+from tests.kernels.block import BlockConfig, block_forward, init_params
+from kernels.int8.linear import Q_MAX
+from kernels.ops.philox import truncated_normal
 from tests.kernels.support import bits
 
 CFG = BlockConfig(d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn=128, window=16)

@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from kernels import embedding
-from kernels.backend import force
-from kernels.reduce import tree_sum_cpu
+from kernels.ops import embedding
+from tests.kernels import autograd
+from kernels.core.backend import force
+from kernels.core.reduce import tree_sum_cpu
 from tests.kernels.support import needs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -52,7 +53,7 @@ def test_independent_of_batch_layout():
 def test_accuracy_against_float64_and_autograd():
     w, ids, dy = make(64, 32, (5, 200), seed=3)
     wr = w.float().requires_grad_(True)
-    y = embedding.embedding(wr, ids)
+    y = autograd.embedding(wr, ids)
     assert torch.equal(y, w.float()[ids])
     dy32 = dy.float() * 1.37
     y.backward(dy32)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.backend import HAVE_TRITON
+from kernels.core.backend import HAVE_TRITON
+from kernels.core.registry import FORBIDDEN, discover
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
 
@@ -29,10 +30,7 @@ def test_exits_2_with_a_clear_message_without_cuda(tmp_path):
 
 
 def registered_checks() -> list[str]:
-    sys.path.insert(0, str(SCRIPT.parent))
-    import gpu_check
-
-    checks, errors = gpu_check.discover(None)
+    checks, errors = discover(None)
     assert errors == []
     return [c.name for _, c in checks]
 
@@ -61,13 +59,10 @@ def test_every_registered_op_compiles_for_sm90_without_a_forbidden_instruction(t
 
 
 def test_the_scan_patterns_catch_what_the_contract_forbids():
-    sys.path.insert(0, str(SCRIPT.parent))
-    import gpu_check
-
     bad = ["fma.rn.f32 %r1, %r2, %r3, %r4;", "ex2.approx.f32 %r1, %r2;", "add.ftz.f32 %r1, %r2, %r3;",
            "div.full.f32 %r1, %r2, %r3;", "rsqrt.approx.ftz.f32 %r1, %r2;", "lg2.approx.f32 %r1, %r2;",
            "fma.rn.bf16x2 %r1, %r2, %r3, %r4;"]
     good = ["mad.lo.s32 %r1, %r2, %r3, %r4;", "mul.rn.f32 %r1, %r2, %r3;", "div.rn.f32 %r1, %r2, %r3;",
             "sqrt.rn.f32 %r1, %r2;", "mad.wide.s32 %rd1, %r2, 4, %rd3;"]
-    hit = lambda line: any(p.search(line) for p in gpu_check.FORBIDDEN.values())  # noqa: E731
+    hit = lambda line: any(p.search(line) for p in FORBIDDEN.values())  # noqa: E731
     assert all(hit(b) for b in bad) and not any(hit(g) for g in good)

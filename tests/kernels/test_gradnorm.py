@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import gradnorm
-from kernels.backend import force
-from kernels.reduce import tree_sum_cpu
+from kernels.ops import gradnorm
+from kernels.core.backend import force
+from kernels.core.reduce import tree_sum_cpu
 from tests.kernels.support import needs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -62,7 +62,7 @@ def test_rejects_non_float32():
 
 
 # ------------------------------------------------ the pairwise tree, in its exact order
-# A reference written from the docstrings (kernels/gradnorm.py, kernels/reduce.py): zero-pad
+# A reference written from the docstrings (kernels/ops/gradnorm.py, kernels/core/reduce.py): zero-pad
 # to a power of two, add adjacent pairs level by level, one float32 add each; per tensor,
 # then over the per-tensor sums in list order; sqrt correctly rounded.
 def _tree(x: np.ndarray) -> np.float32:

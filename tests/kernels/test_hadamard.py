@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from kernels import backend
-from kernels.hadamard import hadamard, hadamard_cpu, padded_width
+from kernels.core import backend
+from kernels.int8.hadamard import hadamard, hadamard_cpu, padded_width
 from tests.kernels.support import needs_interpreter
 
 

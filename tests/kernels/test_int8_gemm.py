@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import backend
-from kernels.int8_gemm import MAX_K, bf16_rne, int8_mm, int8_mm_cpu
+from kernels.core import backend
+from kernels.int8.gemm import MAX_K, bf16_rne, int8_mm, int8_mm_cpu
 from tests.kernels.support import bits, needs_interpreter
 
 

@@ -10,13 +10,14 @@ from decimal import Decimal, getcontext
 import pytest
 import torch
 
-from kernels import backend
-from kernels.int8_gemm import bf16_rne
-from kernels.hadamard import padded_width
-from kernels.int8_gemm import MAX_K
-from kernels.linear_int8 import (HADAMARD_BLOCK, INV_127, MAX_TOKENS, TWO_OVER_SQRT127, linear_int8,
+from kernels.core import backend
+from kernels.int8.gemm import bf16_rne
+from kernels.int8.hadamard import padded_width
+from kernels.int8.gemm import MAX_K
+from kernels.int8.linear import (HADAMARD_BLOCK, INV_127, MAX_TOKENS, TWO_OVER_SQRT127,
                                  linear_int8_backward, linear_int8_forward, quantize_cpu,
                                  weight_step)
+from tests.kernels.autograd import linear_int8
 from tests.kernels.support import bits, needs_interpreter
 
 

@@ -1,12 +1,12 @@
-"""The compiled CPU loops of kernels.mathc give exactly mathfn's torch bits."""
+"""The compiled CPU loops of kernels.core.mathc give exactly mathfn's torch bits."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels import mathc, mathfn
+from kernels.core import mathc, mathfn
 
-pytest.importorskip("kernels._mathc", reason="the optional extension was not compiled")
+pytest.importorskip("kernels.core._mathc", reason="the optional extension was not compiled")
 
 
 def _inputs() -> torch.Tensor:
@@ -47,7 +47,7 @@ def test_disabled_by_environment(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("slices", [2, 3])
 def test_compiled_slicer_equals_the_torch_slicer(dtype, slices, monkeypatch):
-    from kernels import lmhead
+    from kernels.ops import lmhead
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(67, 301, generator=g) * 10.0 ** torch.randint(-35, 35, (67, 301),

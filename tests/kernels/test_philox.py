@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import hashing, philox
-from kernels.backend import force
+from kernels.hashing import tensorbytes as hashing
+from kernels.ops import philox
+from kernels.core.backend import force
 from tests.kernels.support import needs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import backend, linear_int8, quantize
+from kernels.core import backend
+from kernels.int8 import linear as linear_int8, quantize
 from tests.kernels.support import bits, needs_interpreter
 
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from kernels import reduce
-from kernels.backend import force
+from kernels.core import reduce
+from kernels.core.backend import force
 from tests.kernels.support import needs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

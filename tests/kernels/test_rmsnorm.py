@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from kernels import rmsnorm
-from kernels.backend import force
+from kernels.ops import rmsnorm
+from tests.kernels import autograd
+from kernels.core.backend import force
 from tests.kernels.support import needs_triton, same_bits
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -76,13 +77,13 @@ def test_accuracy_against_float64(gain):
 def test_autograd_wrapper_matches_functional():
     x, w, dy = make((4, 6, 32), 1.0, torch.float32, True, seed=3)
     xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    y = rmsnorm.rmsnorm(xr, wr)
+    y = autograd.rmsnorm(xr, wr)
     y.backward(dy)
     fy, rstd = rmsnorm.rmsnorm_fwd(x, w)
     fdx, fdg = rmsnorm.rmsnorm_bwd(dy, x, w, rstd)
     assert torch.equal(y, fy) and torch.equal(xr.grad, fdx) and torch.equal(wr.grad, fdg)
     q = x.clone().requires_grad_(True)
-    rmsnorm.qk_norm(q).backward(dy)
+    autograd.qk_norm(q).backward(dy)
     assert torch.equal(q.grad, rmsnorm.rmsnorm_bwd(dy, x, None, rmsnorm.rmsnorm_fwd(x, None)[1])[0])
 
 

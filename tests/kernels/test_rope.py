@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from kernels import rope
-from kernels.backend import force
+from kernels.ops import rope
+from tests.kernels import autograd
+from kernels.core.backend import force
 from tests.kernels.support import needs_triton, same_bits
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -64,7 +65,7 @@ def test_rotation_and_gradient_against_float64():
     ref = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
     ref.backward(dy.double())
     xr = x.clone().requires_grad_(True)
-    y = rope.rope(xr)
+    y = autograd.rope(xr)
     y.backward(dy)
     assert (y.double() - ref.detach()).abs().max() < 2e-5 * x.abs().max()
     assert (xr.grad.double() - xd.grad).abs().max() < 2e-5 * dy.abs().max()

@@ -12,14 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from open1b_data.build.shards import read_shard_info
+from open1b_data.formats.shards import read_shard_info
 from open1b_data.errors import ManifestError, StreamError
 from open1b_data.stream import seekindex
 from open1b_data.stream.loader import StreamLoader
 from open1b_data.stream.mixview import summary_of
 from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.windows import WindowReader
-from tests.stream.s2mix import token_mix
+from tests.fixtures.s2mix import token_mix
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_a_file_edited_after_its_check_is_not_served(mix, pristine):
 
 
 def test_mixview_json_with_another_seed_is_never_used(mix, pristine):
-    from open1b_data.build.manifest import load_manifest
+    from open1b_data.formats.manifest import load_manifest
 
     # the cache file as earlier versions wrote and trusted it: keyed by the manifest bytes
     raw = open(os.path.join(mix, "manifest.json"), "rb").read()

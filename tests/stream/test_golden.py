@@ -47,7 +47,7 @@ def compute(tmp) -> dict:
 def window_tokens(plan, segs, eot: int) -> bytes:
     """A window's canonical bytes: its token ids as uint32 little-endian, read straight from
     the shards (documents followed by the separator ``eot``)."""
-    from open1b_data.build.shards import read_document
+    from open1b_data.formats.shards import read_document
 
     parts = []
     for s in segs:
@@ -59,8 +59,8 @@ def window_tokens(plan, segs, eot: int) -> bytes:
 
 
 def compute_demo(tmp) -> dict:
-    from open1b_data.build.pipeline import build_mix
-    from open1b_data.build.definition import default_mix_path, load_mix
+    from open1b_data.ingest.pipeline import build_mix
+    from open1b_data.formats.definition import default_mix_path, load_mix
 
     build_mix(load_mix(default_mix_path()), str(tmp))
     plan = StreamPlan.open(str(tmp), use_index=False)

@@ -6,7 +6,7 @@ import pytest
 from open1b_data.stream import rng
 from open1b_data.errors import StreamError
 from open1b_data.stream.plan import StreamPlan
-from open1b_data.build.synthetic import SyntheticSource, write_synthetic_mix
+from tests.fixtures.synthetic import SyntheticSource, write_synthetic_mix
 
 WINDOW = 257
 SCHEDULE = {"seq_tokens": WINDOW - 1, "micro_batch": 2, "reference_world": 2,
@@ -161,8 +161,8 @@ def test_bad_requests_fail_clearly(mix):
 
 
 def test_synthetic_token_shards_match_lengths(tmp_path):
-    from open1b_data.build.verify import verify
-    from open1b_data.build.shards import read_document
+    from open1b_data.ingest.verify import verify
+    from open1b_data.formats.shards import read_document
 
     url = small_mix(tmp_path / "tok", sources=SOURCES[1:], token_shards=True)
     # everything the manifest names is intact; only the (never written) tokenizer is absent

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from open1b_data.errors import StreamError
-from open1b_data.build.definition import Phase, ScheduleSpec, default_mix_path, load_mix
+from open1b_data.formats.definition import Phase, ScheduleSpec, default_mix_path, load_mix
 from open1b_data.stream.schedule import Schedule, open1b_spec, rank_of
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.schedule import Schedule
-from open1b_data.build.tokenizer import load_tokenizer
+from open1b_data.ingest.tokenizer import load_tokenizer
 from open1b_data.stream.windows import WindowReader, window_sha256
-from tests.stream.s2mix import text_mix, token_mix
+from tests.fixtures.s2mix import text_mix, token_mix
 
 
 @pytest.fixture(scope="module")

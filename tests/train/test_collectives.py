@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from open1b_train.dist import collectives as C
-from open1b_train.dist.exchange import Exchange
-from open1b_train.dist.placement import Placement
+from open1b_train.distributed import collectives as C
+from open1b_train.distributed.exchange import Exchange
+from open1b_train.distributed.placement import Placement
 from tests.train import distproc
 
 MESHES = [(r, s) for r in range(1, 9) for s in range(1, 5)]

@@ -16,8 +16,8 @@ import pytest
 from open1b_train import checkpoint, runlog
 from open1b_train.train import train
 from tests.train import distproc
-from tests.train.conftest import cli_env, micro_cfg
-from tests.train.trainmix import train_mix
+from tests.fixtures.runs import cli_env, micro_cfg
+from tests.fixtures.trainmix import train_mix
 
 MESHES = [(1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (5, 1)]
 STEPS = 2
@@ -33,7 +33,7 @@ def _mix_for(mesh, mix12, mix10) -> str:
 
 
 def _dist_worker(rank: int, world: int, jobs: list[tuple[tuple[int, int], str, str]]) -> None:
-    from open1b_train.dist.engine import train_distributed
+    from open1b_train.distributed.engine import train_distributed
 
     for mesh, mix, run in jobs:
         train_distributed(micro_cfg(steps=STEPS, mesh=mesh), mix, run, progress=False,

@@ -25,8 +25,8 @@ STEPS = 2
 
 
 def compute(tmp: str) -> dict:
-    from open1b_data.build.definition import default_mix_path, load_mix
-    from open1b_data.build.pipeline import BuildOptions, build_mix
+    from open1b_data.formats.definition import default_mix_path, load_mix
+    from open1b_data.ingest.pipeline import BuildOptions, build_mix
 
     mix = os.path.join(tmp, "demo-mix")
     built = build_mix(load_mix(default_mix_path()), mix, BuildOptions(workers=1, progress=False))

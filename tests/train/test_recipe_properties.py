@@ -24,8 +24,8 @@ from open1b_train import step as step_mod
 from open1b_train.params import Layout, ParamSpec
 from open1b_train.step import MicroBatch
 from open1b_train.train import train
-from tests.train.conftest import micro_cfg
-from tests.train.trainmix import train_mix
+from tests.fixtures.runs import micro_cfg
+from tests.fixtures.trainmix import train_mix
 
 # ---------------------------------------------------------------- LR across a batch ramp
 
@@ -59,7 +59,7 @@ def ramp_mix(tmp_path_factory) -> str:
 
 
 def test_lr_follows_consumed_tokens_across_a_batch_ramp(ramp_mix, tmp_path):
-    from open1b_data.build.manifest import load_manifest
+    from open1b_data.formats.manifest import load_manifest
 
     sched = Schedule.from_definition(load_manifest(ramp_mix).definition)
     warmup, stop = sched.spec.warmup_tokens, sched.spec.stop_tokens

@@ -14,8 +14,8 @@ from open1b_train.errors import CheckpointError, DivergenceError, ResumeError
 from open1b_train.show import f32_from_hex
 from open1b_train.train import train
 from tests.kernels.support import needs_interpreter
-from tests.train.conftest import REF_STEPS, micro_cfg
-from tests.train.trainmix import SEQ, train_mix
+from tests.fixtures.runs import REF_STEPS, micro_cfg
+from tests.fixtures.trainmix import SEQ, train_mix
 
 
 def _lines(run: str) -> list[dict]:

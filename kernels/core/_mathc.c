@@ -1,0 +1,204 @@
+/* kernels.core._mathc: compiled loops for the CPU reference of kernels.core.mathfn's exp and log.
+ *
+ * The torch code in kernels/core/mathfn.py is the definition (and the Triton twins follow it
+ * step for step); these loops evaluate exactly the same float32 operations in the same
+ * order, so they give the same bits - tests/kernels/test_mathc.py compares them on every
+ * class of input (normals, subnormals, zeros, infinities, NaN, the clamp edges). They only
+ * remove torch's cost of one full pass per operation (~30 passes for exp). It also holds
+ * the integer row slicer of kernels.ops.lmhead (bit operations only: exact in any order).
+ *
+ * Exactness rules this file relies on (and setup.py enforces with its flags):
+ *   - every float expression is evaluated in float32 (x86-64 SSE / AArch64: no excess
+ *     precision; -fexcess-precision=standard), one IEEE operation at a time, round to
+ *     nearest even;
+ *   - no contraction of a*b+c into a fused multiply-add (-ffp-contract=off), no
+ *     reassociation or other value-changing optimization (no -ffast-math);
+ *   - float <-> int conversions only of integral, in-range values; bit patterns via memcpy.
+ * Constants are the float32 values of mathfn.py (written as exact float literals).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+
+static const float RND = 12582912.0f;          /* 1.5 * 2^23 */
+static const float LOG2E = 1.4426950216293335f;
+static const float LN2_HI = 0.693359375f;
+static const float LN2_LO = -0.00021219444170128554f;
+static const float EXP_LO = -104.0f, EXP_HI = 89.0f;
+static const float E2 = 0.5f, E3 = 0.1666666716337204f, E4 = 0.0416666679084301f,
+                   E5 = 0.008333333767950535f, E6 = 0.0013888889225199819f,
+                   E7 = 0.00019841270113829523f;
+static const float TWO_M126 = 1.1754943508222875e-38f;
+static const float TWO_P25 = 33554432.0f;
+static const float L1 = 0.6666666865348816f, L2 = 0.4000000059604645f,
+                   L3 = 0.2857142984867096f, L4 = 0.2222222238779068f,
+                   L5 = 0.1818181872367859f;
+static const uint32_t NAN_BITS = 0x7FC00000u;
+
+static inline float from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static inline float pow2i(int32_t k) {        /* 2^k, k in [-126, 127], exact */
+    return from_bits((uint32_t)(k + 127) << 23);
+}
+
+static inline float exp1(float x) {
+    float xs = (x != x) ? 0.0f : x;
+    xs = xs < EXP_LO ? EXP_LO : xs;            /* clamp(lo, hi) = min(max(x, lo), hi) */
+    xs = xs > EXP_HI ? EXP_HI : xs;
+    float t = xs * LOG2E;
+    float kf = (t + RND) - RND;
+    float r = xs - kf * LN2_HI;
+    r = r - kf * LN2_LO;
+    float q = r * E7 + E6;
+    q = q * r + E5;
+    q = q * r + E4;
+    q = q * r + E3;
+    q = q * r + E2;
+    float y = (r * r) * q + r;
+    y = y + 1.0f;
+    int32_t k = (int32_t)kf;
+    int32_t k1 = k >> 1;                       /* arithmetic shift, as torch's int32 >> */
+    y = (y * pow2i(k1)) * pow2i(k - k1);
+    return (x != x) ? from_bits(NAN_BITS) : y;
+}
+
+static inline float log1(float x) {
+    int ok = (x > 0.0f) && (x < INFINITY);
+    float xs = ok ? x : 1.0f;
+    int sub = xs < TWO_M126;
+    xs = sub ? xs * TWO_P25 : xs;
+    int32_t bits = (int32_t)to_bits(xs);
+    int32_t e = (bits >> 23) - 127 - (sub ? 25 : 0);
+    int32_t mbits = bits & 0x7FFFFF;
+    int big = mbits > 0x3504F3;
+    float m = from_bits((uint32_t)(mbits | (big ? (126 << 23) : (127 << 23))));
+    e = e + big;
+    float f = m - 1.0f;
+    float s = f / (f + 2.0f);
+    float z = s * s;
+    float q = z * L5 + L4;
+    q = q * z + L3;
+    q = q * z + L2;
+    q = q * z + L1;
+    float big_r = q * z;
+    float hfsq = (f * 0.5f) * f;
+    float ef = (float)e;
+    float y = s * (hfsq + big_r) + ef * LN2_LO;
+    y = ef * LN2_HI - ((hfsq - y) - f);
+    y = (x == 0.0f) ? -INFINITY : y;
+    y = (x == INFINITY) ? INFINITY : y;
+    return (x < 0.0f || x != x) ? from_bits(NAN_BITS) : y;
+}
+
+/* One loop per function (not a function pointer): the body inlines and vectorizes; on
+ * x86-64 GCC also builds an AVX2 clone picked at load time (the same IEEE operations on
+ * wider registers - FMA stays off - so the same bits). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+
+#define UNARY(NAME, FN)                                                                  \
+    CLONES static void loop_##NAME(const float *restrict a, float *restrict b,           \
+                                   Py_ssize_t n) {                                        \
+        for (Py_ssize_t i = 0; i < n; i++) b[i] = FN(a[i]);                               \
+    }                                                                                     \
+    static PyObject *py_##NAME(PyObject *self, PyObject *args) {                         \
+        (void)self;                                                                       \
+        Py_buffer src, dst;                                                               \
+        if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;                     \
+        if (src.len != dst.len || src.len % 4) {                                          \
+            PyBuffer_Release(&src);                                                       \
+            PyBuffer_Release(&dst);                                                       \
+            PyErr_SetString(PyExc_ValueError, "need float32 buffers of equal length");    \
+            return NULL;                                                                  \
+        }                                                                                 \
+        Py_ssize_t n = src.len / 4;                                                       \
+        Py_BEGIN_ALLOW_THREADS                                                            \
+        loop_##NAME((const float *)src.buf, (float *)dst.buf, n);                         \
+        Py_END_ALLOW_THREADS                                                              \
+        PyBuffer_Release(&src);                                                           \
+        PyBuffer_Release(&dst);                                                           \
+        Py_RETURN_NONE;                                                                   \
+    }
+
+UNARY(exp, exp1)
+UNARY(log, log1)
+
+/* kernels.ops.lmhead's slicer (slice_rows_cpu): integer and bit operations only, so any
+ * evaluation order gives the same result. Rows r0 .. r1-1 of a row-major (R, K) operand,
+ * float32 or bf16 bits; out int8 (S, R, K); exps int32 (R). */
+CLONES static void slice_loop(const void *src, int is_bf16, Py_ssize_t R, Py_ssize_t K,
+                              int S, Py_ssize_t r0, Py_ssize_t r1, int8_t *out,
+                              int32_t *exps) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        int32_t eb = 1;
+        for (Py_ssize_t k = 0; k < K; k++) {
+            uint32_t b = is_bf16 ? ((uint32_t)((const uint16_t *)src)[r * K + k] << 16)
+                                 : ((const uint32_t *)src)[r * K + k];
+            int32_t ef = (int32_t)((b >> 23) & 0xFF);
+            int32_t e = ef < 1 ? 1 : ef;
+            eb = e > eb ? e : eb;
+        }
+        exps[r] = eb;
+        for (Py_ssize_t k = 0; k < K; k++) {
+            uint32_t b = is_bf16 ? ((uint32_t)((const uint16_t *)src)[r * K + k] << 16)
+                                 : ((const uint32_t *)src)[r * K + k];
+            int32_t ef = (int32_t)((b >> 23) & 0xFF);
+            int32_t man = (int32_t)(b & 0x7FFFFF) | ((ef != 0) << 23);
+            int32_t e = ef < 1 ? 1 : ef;
+            int32_t sh = eb - e + (24 - 7 * S);
+            sh = sh > 31 ? 31 : sh;
+            int32_t mag = man >> sh;
+            int32_t neg = -(int32_t)(b >> 31);           /* -1 for negative, else 0 */
+            for (int i = 0; i < S; i++) {
+                int32_t part = (mag >> (7 * (S - 1 - i))) & 127;
+                out[(Py_ssize_t)i * R * K + r * K + k] = (int8_t)((part ^ neg) - neg);
+            }
+        }
+    }
+}
+
+static PyObject *py_slice_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer src, out, exps;
+    Py_ssize_t R, K, r0, r1;
+    int is_bf16, S;
+    if (!PyArg_ParseTuple(args, "y*pnniw*w*nn", &src, &is_bf16, &R, &K, &S, &out, &exps,
+                          &r0, &r1))
+        return NULL;
+    int ok = S >= 1 && S <= 4 && R >= 0 && K >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R &&
+             src.len == R * K * (is_bf16 ? 2 : 4) && out.len == (Py_ssize_t)S * R * K &&
+             exps.len == R * 4;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        slice_loop(src.buf, is_bf16, R, K, S, r0, r1, (int8_t *)out.buf, (int32_t *)exps.buf);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&exps);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "slice_rows: inconsistent shapes or buffer sizes");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"slice_rows", py_slice_rows, METH_VARARGS,
+     "slice_rows(src, is_bf16, R, K, S, out, exps, r0, r1): kernels.ops.lmhead's row slicer."},
+    {"exp", py_exp, METH_VARARGS, "exp(src, dst): mathfn.exp of float32 src into dst."},
+    {"log", py_log, METH_VARARGS, "log(src, dst): mathfn.log of float32 src into dst."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_mathc",
+                                    "Compiled CPU loops of kernels.core.mathfn (same bits).", -1,
+                                    methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__mathc(void) { return PyModule_Create(&module); }

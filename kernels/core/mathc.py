@@ -1,0 +1,89 @@
+"""Compiled CPU loops for ``kernels.core.mathfn``'s exp and log (the same bits, ~15x faster)
+and for ``kernels.ops.lmhead``'s row slicer (integer operations: the same result).
+
+``kernels/core/_mathc.c`` evaluates exactly the float32 operations of ``mathfn._exp`` /
+``mathfn._log`` in the same order (its build flags forbid fused multiply-add contraction
+and value-changing optimizations), one element at a time in a vectorized C loop, instead
+of torch's one full pass per operation. The torch code stays the definition and the
+fallback: where the extension was not compiled (no C compiler at install time), or with
+``OPEN1B_MATHC=0`` in the environment, ``apply`` returns None and mathfn runs its torch
+code. tests/kernels/test_mathc.py checks bit equality with the torch code on every class
+of input.
+
+Large inputs are split into one contiguous piece per torch intra-op thread; the C loop
+releases the GIL, so the pieces run in parallel.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+try:
+    from kernels.core import _mathc
+except ImportError:  # pragma: no cover - the extension is optional
+    _mathc = None
+
+PARALLEL_MIN = 1 << 18   # elements below which one thread is faster than a hand-off
+_POOL: ThreadPoolExecutor | None = None
+
+
+def available() -> bool:
+    """True when the compiled loops are present and not disabled by OPEN1B_MATHC=0."""
+    return _mathc is not None and os.environ.get("OPEN1B_MATHC", "1") != "0"
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None or _POOL._max_workers < n:
+        _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="open1b-mathc")
+    return _POOL
+
+
+def _parallel(fn, n: int) -> None:
+    """``fn(lo, hi)`` over [0, n) in one contiguous piece per torch intra-op thread."""
+    threads = min(torch.get_num_threads(), max(1, n // 64))
+    if threads <= 1:
+        fn(0, n)
+        return
+    step = -(-n // threads)
+    cuts = [(i, min(i + step, n)) for i in range(0, n, step)]
+    list(_pool(len(cuts)).map(lambda c: fn(*c), cuts))
+
+
+def slice_rows(x: torch.Tensor, slices: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``kernels.ops.lmhead.slice_rows_cpu`` by the compiled loop (integer operations only, so
+    the same result), or None when the loop is unavailable."""
+    if not available() or x.device.type != "cpu" or x.dtype not in (torch.float32,
+                                                                    torch.bfloat16):
+        return None
+    r, k = x.shape
+    src = x.contiguous()
+    bits = src.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
+    out = torch.empty((slices, r, k), dtype=torch.int8)
+    exps = torch.empty((r,), dtype=torch.int32)
+    a, o, e = bits.reshape(-1).numpy(), out.reshape(-1).numpy(), exps.numpy()
+    _parallel(lambda lo, hi: _mathc.slice_rows(a, x.dtype == torch.bfloat16, r, k, slices,
+                                               o, e, lo, hi), r)
+    return out, exps
+
+
+def apply(name: str, x: torch.Tensor) -> torch.Tensor | None:
+    """``mathfn.<name>(x)`` by the compiled loop for a CPU float32 tensor, or None when
+    the loop is unavailable (the caller then evaluates the torch code)."""
+    if not available() or x.device.type != "cpu" or x.dtype != torch.float32:
+        return None
+    fn = getattr(_mathc, name)
+    src = x.contiguous()
+    out = torch.empty_like(src)
+    a, b = src.reshape(-1).numpy(), out.reshape(-1).numpy()
+    n = a.shape[0]
+    threads = min(torch.get_num_threads(), max(1, n // PARALLEL_MIN))
+    if threads <= 1:
+        fn(a, b)
+    else:
+        step = -(-n // threads)
+        cuts = [(i, min(i + step, n)) for i in range(0, n, step)]
+        list(_pool(len(cuts)).map(lambda c: fn(a[c[0]:c[1]], b[c[0]:c[1]]), cuts))
+    return out.reshape(x.shape)

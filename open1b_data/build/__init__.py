@@ -1,1 +1,0 @@
-"""Building a mix: definition -> readers -> filters -> tokenizer -> shards + manifest."""
