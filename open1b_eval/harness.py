@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
@@ -37,6 +36,7 @@ from kernels import backend as kbackend
 from kernels.rope import MAX_T
 from open1b_eval.decoder import Decoder
 from open1b_eval.generate import generate
+from open1b_eval.scoring import token_logprobs
 from open1b_eval.trained import load
 
 
@@ -65,13 +65,8 @@ class Open1bLM(LM):
         """Log-probability of ids[1:] each given the ids before it, and whether each was
         the greedy (argmax) token; the model's input (ids[:-1]) is cut to the rightmost
         ``max_length`` tokens."""
-        ids = ids[-(self.max_length + 1):]
         with _backend(self.backend):
-            logits = self.dec.forward(torch.tensor([ids], device=self.dec.device))[0, :-1]
-        lg = logits.double().cpu()
-        target = torch.tensor(ids[1:])
-        lp = lg.gather(1, target[:, None])[:, 0] - torch.logsumexp(lg, -1)
-        return lp.tolist(), (lg.argmax(-1) == target).tolist()
+            return token_logprobs(self.dec, ids[-(self.max_length + 1):])
 
     def _pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         n = len(context) - len(context.rstrip())

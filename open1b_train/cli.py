@@ -2,7 +2,7 @@
 
 With no arguments it trains the ``demo`` preset on ``build/demo-mix`` (what ``make demo``
 builds) into ``build/demo-run``, resuming if that run exists. Commands: ``run``,
-``resume``, ``show``, ``plot``. Errors exit with status 1 and one line naming the bad value
+``resume``, ``show``, ``plot``, ``generate``, ``export`` (the last two from ``open1b_eval``). Errors exit with status 1 and one line naming the bad value
 and what to do; never a traceback.
 """
 from __future__ import annotations
@@ -249,6 +249,13 @@ def plot_cmd(run, out) -> None:
     except Open1bTrainError as e:
         _fail(e)
     click.echo(f"wrote {path}")
+
+
+# using a trained run (open1b_eval, docs/EVAL.md): generate and export
+from open1b_eval.cli import export_cmd, generate_cmd  # noqa: E402
+
+main.add_command(generate_cmd)
+main.add_command(export_cmd)
 
 
 if __name__ == "__main__":  # python -m open1b_train.cli
