@@ -139,3 +139,7 @@ def cli() -> None:
     from lm_eval.__main__ import cli_evaluate
 
     cli_evaluate()
+
+
+if __name__ == "__main__":  # python -m open1b_eval.harness ARGS (as open1b-lm-eval)
+    cli()
