@@ -113,3 +113,20 @@ def test_loglikelihood_rolling_sums_every_token(ref_run):
         lp, _ = lm.token_logprobs(full[max(0, end - 17):end])
         want += sum(lp[-(end - start):])
     assert got == pytest.approx(want, abs=1e-6) and got < 0
+
+
+def test_suite_over_two_checkpoints_writes_table_json_and_png(ref_run, tmp_path):
+    pytest.importorskip("lm_eval")
+    from click.testing import CliRunner
+
+    from open1b_eval.cli import main
+
+    out = tmp_path / "suite"
+    r = CliRunner().invoke(main, ["suite", ref_run, "--tasks", "open1b_tiny_mc", "--steps",
+                                  "4,8", "--include-path", write_tasks(tmp_path),
+                                  "--out", str(out), "--backend", "cpu", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output[r.output.index("{"):])["rows"]
+    assert [(x["step"], x["tokens"], x["metric"]) for x in rows] == [(4, 512, "acc"),
+                                                                      (8, 1024, "acc")]
+    assert (out / "suite.png").stat().st_size > 1000 and (out / "suite.md").exists()
