@@ -119,8 +119,9 @@ if HAVE_TRITON:
     @triton.jit
     def _decode_kernel(qd_ptr, eq_ptr, kd_ptr, ek_ptr, v8_ptr, u_ptr, pos_ptr, out_ptr,
                        window, scale, q_plane, k_plane, SKP,
-                       HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BN: tl.constexpr,
-                       R: tl.constexpr, HAS_WINDOW: tl.constexpr):
+                       HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+                       BQ: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
+                       HAS_WINDOW: tl.constexpr):
         # Program b * HQ + h: the one query of sequence b, head h, replicated over R rows.
         bh = tl.program_id(0)
         b = bh // HQ
