@@ -2,7 +2,8 @@
 
 With no arguments it trains the ``demo`` preset on ``build/demo-mix`` (what ``make demo``
 builds) into ``build/demo-run``, resuming if that run exists. Commands: ``run``,
-``resume``, ``show``, ``plot``, ``generate``, ``export`` (the last two from ``open1b_eval``). Errors exit with status 1 and one line naming the bad value
+``resume``, ``show``, ``plot``, ``generate``, ``export`` (the last two from
+``open1b_eval``). Errors exit with status 1 and one line naming the bad value
 and what to do; never a traceback.
 """
 from __future__ import annotations
