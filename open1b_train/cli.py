@@ -2,7 +2,8 @@
 
 With no arguments it trains the ``demo`` preset on ``build/demo-mix`` (what ``make demo``
 builds) into ``build/demo-run``, resuming if that run exists. Commands: ``run``,
-``resume``, ``show``, ``plot``. Errors exit with status 1 and one line naming the bad value
+``resume``, ``show``, ``plot``, and ``generate``, ``export`` (from ``open1b_eval``, through
+the ``open1b_train.commands`` entry points). Errors exit with status 1 and one line naming the bad value
 and what to do; never a traceback.
 """
 from __future__ import annotations
@@ -246,6 +247,19 @@ def plot_cmd(run, out) -> None:
     except ERRORS as e:
         fail(e)
     click.echo(f"wrote {path}")
+
+
+def _plugins() -> None:
+    """Commands other packages add to ``open1b-train`` through the entry-point group
+    ``open1b_train.commands`` (``generate`` and ``export`` from ``open1b_eval``, docs/EVAL.md):
+    the trainer never imports the packages downstream of it."""
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group="open1b_train.commands"), key=lambda e: e.name):
+        main.add_command(ep.load(), ep.name)
+
+
+_plugins()
 
 
 if __name__ == "__main__":  # python -m open1b_train.cli
