@@ -21,7 +21,7 @@ import torch
 from benchmarks.machine import report_end, report_head
 from open1b_train import runlog
 from open1b_train.train import train
-from tests.fixtures import tamper
+from tests.fixtures import auditors, tamper
 from tests.fixtures.runs import micro_cfg
 from tests.fixtures.trainmix import train_mix
 
@@ -65,10 +65,10 @@ def main() -> None:
                   "written from the log without replaying anything):", "",
                   "| forgery | caught | steps counted covered | listed at step |",
                   "|---|---|---|---|"]
-        forged = tamper.coverage_forgeries(runlog.read(ref), os.path.join(d, "keys"))
+        forged = auditors.coverage_forgeries(runlog.read(ref), os.path.join(d, "keys"))
         ok = 0
         for name, (rep, step) in forged.items():
-            hit = tamper.coverage_caught(rep, step)
+            hit = auditors.coverage_caught(rep, step)
             ok += hit
             lines.append(f"| {name} | {'yes' if hit else '**no**'} | {rep['covered']} | {step} |")
         lines.append(f"\n**caught {ok} / {len(forged)}** forged-auditor cases.")
