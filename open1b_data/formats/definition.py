@@ -156,6 +156,8 @@ class MixSpec:
         # a mix without them keeps the definition, and the fingerprint, it always had
         if d["heldout"] is None:
             d.pop("heldout")
+        else:                                   # as the TOML table writes it
+            d["heldout"] = {"fraction": d["heldout"]}
         for src in d["sources"]:
             if src["heldout"] is None:
                 src.pop("heldout")
