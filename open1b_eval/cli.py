@@ -112,21 +112,30 @@ def main() -> None:
 @click.option("--window", type=click.IntRange(min=1), default=None,
               help="Context tokens per prediction window (default: the mix's training window).")
 @click.option("--png", default=None, help="PNG for --all-steps (default: RUN/validation.png).")
+@click.option("--heldout-windows", type=click.IntRange(min=0), default=8, show_default=True,
+              help="Held-out windows per source scored when the run's mix has held-out data "
+                   "(the documents it never trains on); 0 = skip them.")
 @_BACKEND
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def perplexity_cmd(run, files, step, all_steps, window, png, backend, as_json) -> None:
-    """Loss (nats/token) and perplexity per source of the text FILES (one source each)."""
+def perplexity_cmd(run, files, step, all_steps, window, png, heldout_windows, backend,
+                   as_json) -> None:
+    """Loss (nats/token) and perplexity per source of the text FILES (one source each),
+    and of the mix's held-out data when it has some (then FILES may be omitted)."""
     from open1b_eval import perplexity as pp
     from open1b_train.checkpoint import list_steps
 
     try:
-        sources = pp.read_sources(list(files))
+        sources = pp.read_sources(list(files), allow_none=bool(heldout_windows)
+                                  and not all_steps)
         with _force(backend):
-            if all_steps:
+            if not all_steps:
+                t = _load(run, step)
+                if not sources and not pp.has_heldout(t):
+                    pp.read_sources([])          # raises: no files and nothing held out
+                reps = [pp.perplexity(t, sources, window, heldout_windows)]
+            else:
                 png = png or os.path.join(run, "validation.png")
                 reps = pp.over_steps(run, sources, list_steps(run), window, png)
-            else:
-                reps = [pp.perplexity(_load(run, step), sources, window)]
     except EvalError as e:
         _fail(e)
     if as_json:
@@ -134,7 +143,12 @@ def perplexity_cmd(run, files, step, all_steps, window, png, backend, as_json) -
         return
     for r in reps:
         click.echo(f"step {r['step']} (window {r['window']}):")
-        for name, s in [*r["sources"].items(), ("all", r["all"])]:
+        rows = [*r["sources"].items(), ("all", r["all"])] if r["sources"] else []
+        if "heldout" in r:
+            h = r["heldout"]
+            rows += [(f"held-out {k}", v) for k, v in h["sources"].items()]
+            rows.append(("held-out all", h["all"]))
+        for name, s in rows:
             click.echo(f"  {name:<32} {s['tokens']:>9,} tokens  loss {s['loss']:.4f}  "
                        f"ppl {s['perplexity']:.2f}")
     if all_steps:

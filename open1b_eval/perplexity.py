@@ -7,6 +7,13 @@ context in disjoint windows (``scoring.rolling_nll``); perplexity = exp(loss). `
 defaults to the mix's training window (the mix's ``window`` - 1). Validation over
 checkpoints (``over_steps``) reloads each checkpoint and writes a PNG of the loss per
 source against the step.
+
+Held-out data: when the run's mix reserves a held-out set (``[heldout]`` in its definition,
+STREAM.md section 10), ``heldout`` scores each source's first ``windows`` held-out windows
+(``open1b_data.stream.heldout``: the documents the stream never trains on, packed into the
+mix's windows): every token of a window but the first is predicted from the tokens before
+it in the window, exactly as in training; loss = mean -log p over them, per source and
+over all.
 """
 from __future__ import annotations
 
@@ -15,7 +22,7 @@ import os
 
 from open1b_eval.decoder import Decoder
 from open1b_eval.errors import EvalError
-from open1b_eval.scoring import rolling_nll
+from open1b_eval.scoring import rolling_nll, token_logprobs
 from open1b_eval.trained import Trained, load
 
 
@@ -26,7 +33,45 @@ def training_window(t: Trained) -> int:
     return load_manifest(t.mix).window - 1
 
 
-def read_sources(files: list[str]) -> dict[str, str]:
+def has_heldout(t: Trained) -> bool:
+    """Whether the run's mix reserves held-out data."""
+    from open1b_data.stream.mixview import MixView
+
+    return any(s.heldout for s in MixView.open(t.mix).sources)
+
+
+def heldout(t: Trained, windows: int = 8) -> dict:
+    """{"windows", "sources": {name: {"windows", "tokens", "loss", "perplexity"}}, "all"}
+    over each held-out source's first ``windows`` held-out windows (see the docstring)."""
+    from open1b_data.stream.heldout import HeldoutWindows
+
+    ho = HeldoutWindows.open(t.mix)
+    try:
+        if not ho.sources:
+            raise EvalError(f"the mix of {t.run} ({t.mix}) has no held-out data; its "
+                            f"definition needs [heldout] fraction = \"...\"")
+        dec = Decoder(t.cfg, t.params)
+        rows, tot, n = {}, 0.0, 0
+        for name in ho.sources:
+            ws = ho.windows(name, windows)
+            nll = 0.0
+            for w in ws:
+                nll -= sum(token_logprobs(dec, w.tolist())[0])
+            k = int(ws.shape[0]) * (ho.window - 1)
+            if k == 0:
+                continue
+            rows[name] = {"windows": int(ws.shape[0]), "tokens": k, "loss": nll / k,
+                          "perplexity": math.exp(nll / k)}
+            tot, n = tot + nll, n + k
+    finally:
+        ho.close()
+    if not n:
+        raise EvalError(f"the held-out sets of {t.mix} hold no full window")
+    return {"windows": windows, "sources": rows,
+            "all": {"tokens": n, "loss": tot / n, "perplexity": math.exp(tot / n)}}
+
+
+def read_sources(files: list[str], allow_none: bool = False) -> dict[str, str]:
     out = {}
     for f in files:
         try:
@@ -34,13 +79,16 @@ def read_sources(files: list[str]) -> dict[str, str]:
                 out[os.path.basename(f)] = fh.read()
         except (OSError, UnicodeDecodeError) as e:
             raise EvalError(f"{f}: cannot read it as UTF-8 text ({e})") from None
-    if not out:
+    if not out and not allow_none:
         raise EvalError("no text files given: pass FILES (plain UTF-8 text, one source each)")
     return out
 
 
-def perplexity(t: Trained, sources: dict[str, str], window: int | None = None) -> dict:
-    """{"step", "window", "sources": {name: {"tokens", "loss", "perplexity"}}, "all"}."""
+def perplexity(t: Trained, sources: dict[str, str], window: int | None = None,
+               heldout_windows: int | None = None) -> dict:
+    """{"step", "window", "sources": {name: {"tokens", "loss", "perplexity"}}, "all"}, and
+    "heldout" (``heldout``) when ``heldout_windows`` is given and the mix has held-out
+    data."""
     window = window or training_window(t)
     dec = Decoder(t.cfg, t.params)
     rows, tot, n = {}, 0.0, 0
@@ -50,8 +98,12 @@ def perplexity(t: Trained, sources: dict[str, str], window: int | None = None) -
             raise EvalError(f"{name}: no tokens to score (empty file)")
         rows[name] = {"tokens": k, "loss": nll / k, "perplexity": math.exp(nll / k)}
         tot, n = tot + nll, n + k
-    return {"run": t.run, "step": t.step, "window": window, "sources": rows,
-            "all": {"tokens": n, "loss": tot / n, "perplexity": math.exp(tot / n)}}
+    rep = {"run": t.run, "step": t.step, "window": window, "sources": rows,
+           "all": {"tokens": n, "loss": tot / n, "perplexity": math.exp(tot / n)}
+           if n else None}
+    if heldout_windows and has_heldout(t):
+        rep["heldout"] = heldout(t, heldout_windows)
+    return rep
 
 
 def over_steps(run: str, sources: dict[str, str], steps: list[int], window: int | None,

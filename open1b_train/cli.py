@@ -174,9 +174,15 @@ def _worker(cfg, mix: str, out: str, quiet: bool) -> None:
 @click.option("--trace-steps", default=None, callback=lambda c, p, v: _step_set(v),
               help="Steps (e.g. 5,7 or 10:12) whose per-op digest trace is written to "
                    "RUN/traces/ (for open1b-audit bisect).")
+@click.option("--eval-every", type=click.IntRange(min=0), default=None,
+              help="Validation loss per source on the mix's held-out windows every N steps, "
+                   "hashed into those steps' scalars (val_loss); 0 = off (default). Needs a "
+                   "mix with [heldout]; part of the run's identity.")
+@click.option("--eval-windows", type=click.IntRange(min=1), default=None,
+              help="Held-out windows per source the validation loss covers (default 8).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, nproc,
-            trace_steps, quiet) -> None:
+            trace_steps, eval_every, eval_windows, quiet) -> None:
     """Train (or continue) a run: RUN/steps.jsonl gets one hashed line per step."""
     from open1b_train.config import load_config, preset
 
@@ -185,7 +191,8 @@ def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, npro
         if config_path and preset_name:
             raise click.UsageError("give --config or --preset, not both")
         changes = {k: v for k, v in (("steps", steps), ("mesh", mesh), ("seed", seed),
-                                     ("backend", backend)) if v is not None}
+                                     ("backend", backend), ("eval_every", eval_every),
+                                     ("eval_windows", eval_windows)) if v is not None}
         cfg = dataclasses.replace(cfg, **changes)
     except ERRORS as e:
         fail(e)

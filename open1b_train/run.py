@@ -33,7 +33,7 @@ from open1b_data.formats.manifest import load_manifest
 from open1b_data.stream.loader import step_boundary_state
 from open1b_data.stream.schedule import Schedule
 from open1b_data.stream.state import differing_fields
-from open1b_train import __version__, checkpoint, runlog, statehash
+from open1b_train import __version__, checkpoint, runlog, statehash, validate
 from open1b_train.config import TrainConfig, from_dict
 from open1b_train.errors import CheckpointError, ConfigError, Open1bTrainError, ResumeError
 from open1b_train.params import Layout, init_params, param_specs
@@ -55,6 +55,7 @@ class Run:
     schedule: Schedule
     last_step: int
     device: torch.device
+    validation: dict[str, torch.Tensor] | None = None   # held-out windows (eval_every > 0)
 
 
 @dataclass
@@ -101,7 +102,9 @@ def resolve(cfg: TrainConfig, mix: str, run_dir: str, use_index: bool = True) ->
     for r in schedule.runs:                     # every batch must split over the mesh
         if r.first_step <= last:
             schedule.accumulation(r.first_step, V)
-    return Run(cfg, mix, run_dir, plan, schedule, last, _device(cfg))
+    device = _device(cfg)
+    val = validate.load_windows(cfg, plan.view, device) if cfg.eval_every else None
+    return Run(cfg, mix, run_dir, plan, schedule, last, device, val)
 
 
 # ----------------------------------------------------------------------------- state
