@@ -27,6 +27,7 @@ import tempfile
 import time
 from typing import Any
 
+from open1b_audit.errors import SelftestError
 from open1b_audit.selftest import expected as expected_mod
 from open1b_audit.selftest import machine, trajectory
 
@@ -98,6 +99,12 @@ def run_selftest(steps: int = expected_mod.STEPS, interpreter: bool = False,
     if not 1 <= steps <= expected_mod.STEPS:
         raise ValueError(f"steps must be in [1, {expected_mod.STEPS}] (the committed golden "
                          f"lines), got {steps}")
+    from kernels.core import ieee
+
+    try:
+        ieee.require_ieee()                  # before minutes of work it could not trust
+    except ieee.FlushToZeroError as e:
+        raise SelftestError(str(e)) from None
     t0 = time.perf_counter()
     exp = expected_mod.load()
     report: dict[str, Any] = {"machine": machine.describe(), "checks": []}
