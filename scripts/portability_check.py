@@ -50,7 +50,7 @@ ROWS: dict[str, tuple[dict[str, str], list[str], str | None]] = {
     "flush-denormal": ({}, ["--flush-denormal"], None),
     "fma-control": ({}, ["--fma-control"], None),
     "torch-2.11": ({}, [], "torch211"),
-    "torch-2.15": ({}, [], "torch215"),
+    "torch-2.14.1": ({}, [], "torch214"),
     "numpy-2.3": ({}, [], "numpy23"),
     "python-3.12": ({}, [], "py312"),
 }

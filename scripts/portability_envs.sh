@@ -8,8 +8,9 @@
 #   scripts/portability_envs.sh [NAME ...]     # default: every environment below
 set -euo pipefail
 ENVS=${ENVS:-/tmp/open1b-envs}
-PY311=${PY311:-$(command -v python3.11 || echo /root/.pyenv/versions/3.11.7/bin/python3.11)}
-PY312=${PY312:-$(command -v python3.12 || echo /root/.pyenv/versions/3.12.1/bin/python3.12)}
+first() { for p in "$@"; do "$p" -c "" 2>/dev/null && { echo "$p"; return; }; done; echo "$1"; }
+PY311=${PY311:-$(first python3.11 /root/.pyenv/versions/3.11.7/bin/python3.11)}
+PY312=${PY312:-$(first python3.12 /root/.pyenv/versions/3.12.1/bin/python3.12)}
 DEPS="pyarrow tokenizers tiktoken zstandard fsspec click safetensors tqdm cryptography setuptools wheel"
 mkdir -p "$ENVS"
 
@@ -23,11 +24,11 @@ make_env() {  # name python torch-spec numpy-spec
   "$dir/bin/python" -c "import torch, numpy, sys; print('$name:', sys.version.split()[0], torch.__version__, numpy.__version__)"
 }
 
-for name in "${@:-torch211 torch215 numpy23 py312}"; do
+for name in "${@:-torch211 torch214 numpy23 py312}"; do
   for n in $name; do
     case $n in
       torch211) make_env torch211 "$PY311" "torch==2.11.0" "numpy==2.4.6" ;;
-      torch215) make_env torch215 "$PY311" "torch==2.15.0" "numpy==2.4.6" ;;
+      torch214) make_env torch214 "$PY311" "torch==2.14.1" "numpy==2.4.6" ;;
       numpy23)  make_env numpy23  "$PY311" "torch==2.13.0" "numpy==2.3.5" ;;
       py312)    make_env py312    "$PY312" "torch==2.13.0" "numpy==2.4.6" ;;
       *) echo "unknown environment $n" >&2; exit 2 ;;

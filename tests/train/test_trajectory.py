@@ -61,8 +61,9 @@ def test_micro_trajectory_with_a_resume_in_the_middle_is_the_golden_one(tmp_path
     by = {ln["step"]: ln for ln in lines[1:]}
     assert [by[s]["phase"] for s in (80, 81)] == [0, 1]
     assert [len(by[s]["scalars"]["window_loss"]) for s in (80, 81)] == [3, 9]  # A = 1, 3
-    skipped = [s for s, ln in by.items() if ln["scalars"]["skipped"]]
-    assert skipped == [50, 51, 52, 53, 54] and by[50]["scalars"]["spike"]
+    skipped = {s for s, ln in by.items() if ln["scalars"]["skipped"]}
+    assert {50, 51, 52, 53, 54} <= skipped and by[50]["scalars"]["spike"]   # injected
+    assert any(ln["scalars"]["spike"] for s, ln in by.items() if s != 50)   # and genuine
     lr = [by[s]["lr"] for s in sorted(by)]
     peak = lr.index(max(lr))
     assert 5 <= peak <= 11 and lr[-1] < lr[peak] / 5
