@@ -67,6 +67,55 @@ def main() -> None:
     """Check a published Open-1B run step by step on this machine (docs/AUDIT.md)."""
 
 
+@main.command("selftest")
+@click.option("--steps", type=click.IntRange(1, 3), default=3, show_default=True,
+              help="Steps of the golden micro trajectory to replay on each backend.")
+@click.option("--interpreter", is_flag=True,
+              help="Also run the Triton kernels under the interpreter (needs triton; slow).")
+@click.option("--work", type=click.Path(file_okay=False), default=None,
+              help="Directory for the temporary mix and runs (default: the system's).")
+@click.option("--json", "as_json", is_flag=True,
+              help="The whole report (machine description included), for a certificate.")
+def selftest_cmd(steps, interpreter, work, as_json) -> None:
+    """Does this machine compute the runtime's bits? Re-derives the demo preset's initial
+    weights, replays the committed golden trajectory's first steps on every backend here,
+    names the first differing step, component and operator. Run it first (minutes)."""
+    from open1b_audit.selftest import run_selftest
+
+    try:
+        rep = run_selftest(steps=steps, interpreter=interpreter, work=work)
+    except ERRORS as e:
+        fail(e)
+
+    def human(r):
+        m = r["machine"]
+        cpu = m["cpu"]
+        click.echo(f"machine: {cpu['arch']} {cpu['model']} ({cpu['cores']} cores), torch "
+                   f"{m['torch']} (CPU capability {m['torch_cpu_capability']}), numpy "
+                   f"{m['numpy']}, python {m['python']}, C math extension "
+                   f"{'on' if m['mathc'] else 'off'}, FTZ {'ON' if m['flush']['ftz'] else 'off'}"
+                   f", DAZ {'ON' if m['flush']['daz'] else 'off'}"
+                   + (f", GPU {m['cuda']}" if m["cuda"] else ""))
+        click.echo(f"cpu flags: {' '.join(cpu['flags'])}")
+        for c in r["checks"]:
+            what = c["check"] + (f" [{c['backend']}]" if "backend" in c else "")
+            line = f"  {what:<42} {c['verdict']}"
+            d = c.get("difference")
+            if d:
+                line += f": step {d['step']} {d['component']} differs"
+            if c.get("operator"):
+                line += f", first at op {c['operator'].get('name')} ({c['operator']['why']})"
+            if c.get("error"):
+                line += f": {c['error']}"
+            if c["verdict"] == "MISMATCH" and "expected" in c:
+                line += f": expected {c['expected'][:16]}..., got {c['got'][:16]}..."
+            click.echo(line)
+        click.echo(f"verdict: {r['verdict']} ({r['seconds']} s)")
+    emit(rep, as_json, human)
+    if not rep["ok"]:
+        sys.exit(1)
+
+
 @main.command("chain")
 @click.argument("run", type=click.Path(file_okay=False))
 @expect_run_hash

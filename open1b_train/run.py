@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 import kernels.core.backend as kb
+from kernels.core import ieee
 from open1b_data import StreamPlan
 from open1b_data.formats.manifest import load_manifest
 from open1b_data.stream.loader import step_boundary_state
@@ -77,7 +78,13 @@ def _device(cfg: TrainConfig) -> torch.device:
 
 
 def backend_scope(cfg: TrainConfig):
-    """``kernels.core.backend.force`` for the config's backend (auto: by device)."""
+    """``kernels.core.backend.force`` for the config's backend (auto: by device), after
+    refusing a process that flushes subnormals (``kernels.core.ieee``): its CPU steps would
+    have other bits, so it may neither train nor replay."""
+    try:
+        ieee.require_ieee()
+    except ieee.FlushToZeroError as e:
+        raise Open1bTrainError(str(e)) from None
     return kb.force(None if cfg.backend == "auto" else cfg.backend)
 
 
