@@ -163,6 +163,11 @@ class StateMismatch(ResumeError):
         self.step, self.component, self.detail = step, component, detail
 
 
+class CheckpointMismatch(StateMismatch, CheckpointError):
+    """A checkpoint that cannot be used at all (unreadable, edited files, another run's):
+    a ``CheckpointError`` too, for callers that handle those."""
+
+
 def initial_state(run: Run, genesis: dict[str, Any]) -> State:
     """The state before step 1, re-derived from the seed, checked against the genesis."""
     params = init_params(run.cfg.model, run.cfg.seed, run.device)
@@ -194,21 +199,21 @@ def checkpoint_state(run: Run, lines: list[dict[str, Any]], c: int) -> State:
                                   f"run)")
         params, opt = tensors_of(ck, run)
     except CheckpointError as e:
-        raise StateMismatch(c, "checkpoint", str(e)) from None
+        raise CheckpointMismatch(c, "checkpoint", str(e)) from None
     layout = Layout(param_specs(run.cfg.model))
     comps = lines[c]["components"]
     if statehash.tensors_digest(params) != comps["params"]:
-        raise StateMismatch(c, "params", f"checkpoint {path}: its parameters differ from the "
-                                         f"log's digest for step {c}; the checkpoint was "
-                                         f"altered")
+        raise StateMismatch(c, "params", f"checkpoint {path}: its parameters digest differs "
+                                         f"from the log's step {c}; the checkpoint was "
+                                         f"altered - resume from an earlier one")
     if statehash.optim_digest(layout.views(opt.m), layout.views(opt.v), opt.adam_step,
                               opt.skip_left) != comps["optim"]:
         raise StateMismatch(c, "optim", f"checkpoint {path}: its optimizer state (moments or "
-                                        f"counters) differs from the log's digest for step "
-                                        f"{c}; the checkpoint was altered")
+                                        f"counters) differs from the log's step {c}; the "
+                                        f"checkpoint was altered - resume from an earlier one")
     loader = derived_loader_state(run, c, rec.get("loader"))
     if isinstance(loader, str):
-        raise StateMismatch(c, "checkpoint", f"{path}: {loader}")
+        raise CheckpointMismatch(c, "checkpoint", f"{path}: {loader}")
     return State(c, params, opt, lines[c]["hash"], loader)
 
 
