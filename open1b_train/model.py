@@ -19,7 +19,8 @@ v for the attention input; branch then residual elsewhere). The same code runs t
 reference or the Triton kernels (``kernels.core.backend``), so the two give the same bits.
 The LM head's input gradient (fp32 from the exact GEMM) is rounded once to bf16.
 
-``forward_backward(cfg, params, input_ids, labels, trace=None)`` returns the micro-batch
+``layer_forward`` / ``layer_backward`` are one layer's part of it (what the block benchmark
+times). ``forward_backward(cfg, params, input_ids, labels, trace=None)`` returns the micro-batch
 loss (mean over its tokens, float32), each sequence's loss (float32, mean over its tokens:
 the same rows, summed by the pairwise tree then times fp32(1/S)) and the float32 gradient
 of every parameter. ``trace(name, tensor)`` (optional) is called with every op's output in
@@ -157,6 +158,37 @@ def _mlp_bwd(cfg: ModelConfig, p: dict, i: int, dout: torch.Tensor, sv: dict,
     return tr(f"{pre}.bwd.mlp.gate_up.dx", dx).reshape(b, s, d)
 
 
+def layer_forward(cfg: ModelConfig, p: dict[str, torch.Tensor], i: int, x: torch.Tensor,
+                  trace: Trace | _Tracer = None) -> tuple[torch.Tensor, tuple]:
+    """Layer ``i``'s forward on x (B, S, D) bf16: (its output, what ``layer_backward``
+    needs). The ops ``forward_backward`` runs for that layer, in the same order."""
+    tr = trace if isinstance(trace, _Tracer) else _Tracer(trace)
+    xn, r1 = rmsnorm_fwd(x, p[f"layers.{i}.attn_norm.gain"], cfg.eps)
+    a, sa = _attn_fwd(cfg, p, i, xn, tr)
+    h = tr(f"layers.{i}.fwd.h", add_bf16(x, a))
+    hn, r2 = rmsnorm_fwd(h, p[f"layers.{i}.mlp_norm.gain"], cfg.eps)
+    m, sm = _mlp_fwd(cfg, p, i, hn, tr)
+    return tr(f"layers.{i}.fwd.out", add_bf16(h, m)), (x, r1, sa, h, r2, sm)
+
+
+def layer_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], i: int, dx: torch.Tensor,
+                   saved: tuple, grads: dict[str, torch.Tensor],
+                   trace: Trace | _Tracer = None) -> torch.Tensor:
+    """Layer ``i``'s backward: the gradient (bf16) of its input x given ``dx`` of its
+    output and ``saved`` from ``layer_forward``; its parameters' float32 gradients go into
+    ``grads``. The ops ``forward_backward`` runs for that layer, in the same order."""
+    tr = trace if isinstance(trace, _Tracer) else _Tracer(trace)
+    x_in, r1, sa, h, r2, sm = saved
+    dhn = _mlp_bwd(cfg, p, i, dx, sm, grads, tr)
+    dh_norm, grads[f"layers.{i}.mlp_norm.gain"] = rmsnorm_bwd(
+        dhn, h, p[f"layers.{i}.mlp_norm.gain"], r2)
+    dh = tr(f"layers.{i}.bwd.h", add_bf16(dh_norm, dx))
+    dxn = _attn_bwd(cfg, p, i, dh, sa, grads, tr)
+    dx_norm, grads[f"layers.{i}.attn_norm.gain"] = rmsnorm_bwd(
+        dxn, x_in, p[f"layers.{i}.attn_norm.gain"], r1)
+    return tr(f"layers.{i}.bwd.x", add_bf16(dx_norm, dh))
+
+
 def sequence_losses(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
                     batch: int) -> torch.Tensor:
     """Each sequence's loss: the cross-entropy + z-loss rows of ``kernels.ops.xent`` (same
@@ -178,14 +210,9 @@ def _forward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tens
     tr("embed_norm.fwd", x)
     tape = []
     for i in range(cfg.n_layers):
-        xn, r1 = rmsnorm_fwd(x, p[f"layers.{i}.attn_norm.gain"], cfg.eps)
-        a, sa = _attn_fwd(cfg, p, i, xn, tr)
-        h = tr(f"layers.{i}.fwd.h", add_bf16(x, a))
-        hn, r2 = rmsnorm_fwd(h, p[f"layers.{i}.mlp_norm.gain"], cfg.eps)
-        m, sm = _mlp_fwd(cfg, p, i, hn, tr)
+        x, saved = layer_forward(cfg, p, i, x, tr)
         if keep:
-            tape.append((x, r1, sa, h, r2, sm))
-        x = tr(f"layers.{i}.fwd.out", add_bf16(h, m))
+            tape.append(saved)
     xf, rstd_f = rmsnorm_fwd(x, p["final_norm.gain"], cfg.eps)
     xf2 = xf.reshape(b * s, d)
     logits = tr("lm_head.fwd", lmhead_forward(xf2, p["lm_head.weight"], cfg.lmhead_slices))
@@ -228,15 +255,7 @@ def forward_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: to
                                                p["final_norm.gain"], rstd_f)
     tr("final_norm.bwd", dx)
     for i in reversed(range(cfg.n_layers)):
-        x_in, r1, sa, h, r2, sm = tape.pop()
-        dhn = _mlp_bwd(cfg, p, i, dx, sm, grads, tr)
-        dh_norm, grads[f"layers.{i}.mlp_norm.gain"] = rmsnorm_bwd(
-            dhn, h, p[f"layers.{i}.mlp_norm.gain"], r2)
-        dh = tr(f"layers.{i}.bwd.h", add_bf16(dh_norm, dx))
-        dxn = _attn_bwd(cfg, p, i, dh, sa, grads, tr)
-        dx_norm, grads[f"layers.{i}.attn_norm.gain"] = rmsnorm_bwd(
-            dxn, x_in, p[f"layers.{i}.attn_norm.gain"], r1)
-        dx = tr(f"layers.{i}.bwd.x", add_bf16(dx_norm, dh))
+        dx = layer_backward(cfg, p, i, dx, tape.pop(), grads, tr)
     de, grads["embed_norm.gain"] = rmsnorm_bwd(dx, e, p["embed_norm.gain"], rstd_e)
     grads["embed.weight"] = embedding_bwd(de, input_ids, cfg.vocab)
     for name, g in grads.items():

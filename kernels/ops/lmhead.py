@@ -59,7 +59,11 @@ K_CHUNK = 32_768  # int32 level accumulators flushed into int64 this often
 MAX_K = 11_000_000  # K * 3 * 127^2 * (2^14 + 2^7 + 1) < 2^53: T exact in float64
 CPU_K_CHUNK = 65_536  # one torch._int_mm pair: 65,536 * 127^2 < 2^31
 CPU_SLICE_ELEMS = 1 << 22  # elements per row block of the CPU slicer (bounds temporaries)
-ROW_BLOCK, COL_BLOCK = 1024, 512  # CPU output blocks: the float64 accumulators (4 MB) in cache
+ROW_BLOCK, COL_BLOCK = 1024, 512
+# S = 3 on the CPU: T as one float64 GEMM of 14-bit heads plus one float32 GEMM of two slice
+# pairs (``_ozaki3_blocks``), the work of four float32 GEMMs of length K instead of six;
+# False runs the six slice products level by level (the same bits; kept for benchmarks).
+CPU_S3_TWO_GEMMS = True  # CPU output blocks: the float64 accumulators (4 MB) in cache
 
 # Three int32 level accumulators plus the int64 total live in registers: a 128 x 64 tile
 # over 8 warps keeps that near 160 registers per thread (128 x 128 would spill). Untuned:
@@ -148,10 +152,16 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
         return out
     if not k:
         return combine_cpu(torch.zeros((r, c), dtype=torch.int64), ea, eb, slices)
-    levels = _levels(slices)
     bias = exp_bias(slices)
     rowf = _pow2_f64(ea)                                 # 2^Ea, exact
     colf = _pow2_f64(eb - bias)                          # 2^(Eb - bias), exact
+    if slices == 3 and CPU_S3_TWO_GEMMS:
+        _ozaki3_blocks(sa, sb, rowf, colf, out)
+        bad_r, bad_c = ea == 255, eb == 255
+        if bool(bad_r.any()) or bool(bad_c.any()):
+            out[bad_r[:, None] | bad_c[None, :]] = float("nan")
+        return out
+    levels = _levels(slices)
     for r0 in range(0, r, ROW_BLOCK):
         a_lv = [torch.cat([sa[i - 1][r0:r0 + ROW_BLOCK] for i, _ in pairs], 1).to(torch.float32)
                 for _, pairs in levels]
@@ -172,6 +182,34 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     if bool(bad_r.any()) or bool(bad_c.any()):
         out[bad_r[:, None] | bad_c[None, :]] = float("nan")
     return out
+
+
+def _ozaki3_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor,
+                   out: torch.Tensor) -> None:
+    """T of step 2 for S = 3 in two GEMMs instead of six slice products, then the rounding.
+
+    With the 14-bit heads A = a1 * 2^7 + a2 and B = b1 * 2^7 + b2 (|A|, |B| < 2^14),
+    ``A . B = a1.b1 2^14 + (a1.b2 + a2.b1) 2^7 + a2.b2``: levels 2 and 3 and one pair of
+    level 4, so ``T = A . B + (a1 . b3 + a3 . b1)``. ``A . B`` is a float64 GEMM of integers
+    whose products are below 2^28 and whose partial sums stay below K * 2^28 < 2^53 (K <=
+    MAX_K): exact in any order. The other two pairs are one float32 GEMM of the slices
+    concatenated along K in SGEMM_K chunks (partial sums below 2^24: exact). The float64
+    sum of these integers is exact (|T| < 2^53), so T - and the one rounding after it - are
+    bit for bit those of the six-product definition (tested against it and the kernel)."""
+    r, c = out.shape
+    for r0 in range(0, r, ROW_BLOCK):
+        rs = slice(r0, r0 + ROW_BLOCK)
+        a_hi = sa[0][rs].to(torch.float64).mul_(128.0).add_(sa[1][rs])  # exact: |A| < 2^14
+        a_lo = torch.cat([sa[0][rs], sa[2][rs]], 1).to(torch.float32)
+        for c0 in range(0, c, COL_BLOCK):
+            cs = slice(c0, c0 + COL_BLOCK)
+            b_hi = sb[0][cs].to(torch.float64).mul_(128.0).add_(sb[1][cs])
+            b_lo = torch.cat([sb[2][cs], sb[0][cs]], 1).to(torch.float32)
+            t = torch.mm(a_hi, b_hi.t())
+            for k0 in range(0, a_lo.shape[1], SGEMM_K):
+                t.add_(torch.mm(a_lo[:, k0:k0 + SGEMM_K], b_lo[:, k0:k0 + SGEMM_K].t()))
+            t.mul_(rowf[rs, None]).mul_(colf[None, cs])
+            out[rs, cs] = t
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, slices: int) -> None:

@@ -135,3 +135,27 @@ def test_rejects_bad_operands():
         ozaki_mm(torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, 3))
     with pytest.raises(ValueError, match="slices"):
         ozaki_mm(torch.zeros(2, 3), torch.zeros(2, 3), slices=4)
+
+
+@pytest.mark.parametrize("kind", ["normal", "wide", "extreme"])
+def test_cpu_two_gemm_form_equals_the_six_products(monkeypatch, kind):
+    # S = 3 on the CPU computes T as a float64 GEMM of 14-bit heads plus one float32 GEMM
+    # of two slice pairs; it must give the bits of the six slice products level by level,
+    # across row and column blocks and SGEMM_K chunks (small blocks force all of them)
+    if kind == "extreme":   # every slice at +-127: the largest |T| per contraction step
+        g = torch.Generator().manual_seed(7)
+        sgn = torch.randint(0, 2, (40, 2500), generator=g) * 2.0 - 1.0
+        h = (sgn * (2.0 - 2.0 ** -7)).to(torch.bfloat16)
+        w = (-sgn[:23] * (2.0 - 2.0 ** -7)).to(torch.bfloat16)
+        dl = torch.randn(40, 23, generator=g)
+    else:
+        h, w, dl = _case(40, 2500, 23, 11, kind)
+    monkeypatch.setattr(lm, "ROW_BLOCK", 16)
+    monkeypatch.setattr(lm, "COL_BLOCK", 8)
+    outs = {}
+    for two in (True, False):
+        monkeypatch.setattr(lm, "CPU_S3_TWO_GEMMS", two)
+        with backend.force("cpu"):
+            outs[two] = (lmhead_forward(h, w, 3), *lmhead_backward(dl, h, w, 3))
+    for name, a, b in zip(("logits", "dh", "dw"), outs[True], outs[False]):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), name

@@ -1,0 +1,92 @@
+"""The exact LM head and loss, forward + backward, vs torch float32 at Open-1B's vocabulary.
+
+    python -m benchmarks.kernels.lmhead_loss [--tokens 256] [--repeats 3] [--out FILE]
+
+Ours (CPU reference, ``force("cpu")``): ``lmhead_forward`` (the exact 3-slice bf16 GEMM,
+h (T, 2,048) bf16 x w (128,256, 2,048) bf16 -> fp32 logits), ``xent_forward`` /
+``xent_backward`` (cross-entropy + z-loss), ``lmhead_backward`` (dh and dw, both exact
+slice GEMMs), once with the S = 3 two-GEMM form (``CPU_S3_TWO_GEMMS``, now) and once with
+the six slice products (before; the same bits, checked here). Anchor: torch float32
+``F.linear`` + ``F.cross_entropy`` forward and backward (to h and w) of the same shape.
+Alternating, median of ``--repeats`` after one warm-up; ratio = torch time / ours.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import click
+import torch
+import torch.nn.functional as F
+
+from benchmarks.machine import LoadLog, describe
+from kernels.core.backend import force
+from kernels.ops import lmhead as lm
+from kernels.ops.xent import xent_backward, xent_forward
+
+V, D = 128_256, 2_048
+
+
+@click.command()
+@click.option("--tokens", default=256)
+@click.option("--repeats", default=3)
+@click.option("--out", default=None)
+def main(tokens, repeats, out):
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(tokens, D, generator=g).to(torch.bfloat16)
+    w = (torch.randn(V, D, generator=g) * 0.02).to(torch.bfloat16)
+    labels = torch.randint(0, V, (tokens,), generator=g)
+    h32, w32 = h.float(), w.float()
+
+    def ours(two: bool):
+        def run():
+            lm.CPU_S3_TWO_GEMMS = two
+            with force("cpu"):
+                logits = lm.lmhead_forward(h, w, 3)
+                loss, lse = xent_forward(logits, labels)
+                dl = xent_backward(torch.ones(()), logits, labels, lse)
+                del logits
+                return (loss, *lm.lmhead_backward(dl, h, w, 3))
+        return run
+
+    def anchor():
+        hh = h32.clone().requires_grad_(True)
+        ww = w32.clone().requires_grad_(True)
+        F.cross_entropy(F.linear(hh, ww), labels).backward()
+
+    load = LoadLog()
+    sides = {"ours (two GEMMs)": ours(True), "ours before (six slice products)": ours(False),
+             "torch fp32 F.linear + cross_entropy": anchor}
+    res = {k: f() for k, f in sides.items()}
+    same = all(torch.equal(a.view(torch.int32), b.view(torch.int32))
+               for a, b in zip(res["ours (two GEMMs)"], res["ours before (six slice products)"]))
+    times = {k: [] for k in sides}
+    for i in range(repeats):
+        for k, f in sides.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+        load.sample(f"run {i}")
+    lm.CPU_S3_TWO_GEMMS = True
+    med = {k: statistics.median(v) for k, v in times.items()}
+    t_anchor = med["torch fp32 F.linear + cross_entropy"]
+    lines = [f"\n## {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC - "
+             f"`python -m benchmarks.kernels.lmhead_loss {' '.join(sys.argv[1:])}`",
+             f"\nMachine: {describe()}. {tokens} tokens x {D} -> {V:,} columns, forward + "
+             f"backward (dh, dw); median of {repeats} alternating runs. Two-GEMM form and six "
+             f"products give the same bits: {same}.\n",
+             "| side | median s | runs | ratio torch / side |", "|---|---|---|---|"]
+    for k, v in med.items():
+        lines.append(f"| {k} | {v:.2f} | {', '.join(f'{x:.2f}' for x in times[k])} | "
+                     f"**{t_anchor / v:.2f}x** |")
+    lines.append(f"\n- {load.summary()}")
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        with open(out, "a") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The exactness guard of the CPU integer GEMM route (kernels/int8/gemm.py).
+
+A platform whose int8 GEMM is not exact - here emulated: oneDNN's AVX2 s8 x s8 scheme
+without VNNI, a shifted to u8 and vpmaddubsw's saturating int16 pair sums - must be caught
+by the start-up probe (or, for a fault the probe misses, by the per-result checksum), the
+process must fall back to the float route naming the platform and the failing case, and
+every result must still be the exact integer product.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from kernels.core.backend import force
+from kernels.int8 import gemm
+from kernels.int8.linear import linear_int8_backward, linear_int8_forward
+
+
+def saturating_int_mm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+    """int8 GEMM as vpmaddubsw computes it: (a + 128) as u8 times b as s8, adjacent
+    products summed in *saturating* int16, then int32 sums, minus the 128 * sum(b)
+    compensation."""
+    b = b_t.t().to(torch.int32)                     # (N, K)
+    k = a.shape[1]
+    au = a.to(torch.int32) + 128
+    if k % 2:
+        au = torch.nn.functional.pad(au, (0, 1))
+        b = torch.nn.functional.pad(b, (0, 1))
+    out = torch.empty((a.shape[0], b.shape[0]), dtype=torch.int32)
+    comp = 128 * b.sum(1)
+    for m in range(a.shape[0]):
+        pairs = (au[m][None, :] * b).view(b.shape[0], -1, 2).sum(-1)
+        out[m] = pairs.clamp_(-32768, 32767).sum(-1) - comp
+    return out
+
+
+@pytest.fixture
+def route(monkeypatch):
+    def set_route(value: str, mm=None):
+        monkeypatch.setenv(gemm.INT_GEMM_ENV, value)
+        if mm is not None:
+            monkeypatch.setattr(gemm, "_raw_int_mm", mm)
+        gemm.reset_int_gemm_route()
+    yield set_route
+    gemm.reset_int_gemm_route()
+
+
+def _operands(m=37, k=2_100, n=29, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=g)
+    b = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    return a, b
+
+
+def test_the_emulation_is_wrong_where_real_hardware_would_be():
+    a = torch.full((2, 64), 127, dtype=torch.int8)
+    got = saturating_int_mm(a, a.t())
+    assert int(got[0, 0]) != 64 * 127 * 127                         # saturated
+    small = torch.full((2, 64), 3, dtype=torch.int8)
+    assert int(saturating_int_mm(small, small.t())[0, 0]) == 64 * 9  # fine when small
+
+
+def test_probe_passes_an_exact_gemm_and_names_the_failing_case():
+    assert gemm.probe_int_mm(lambda a, bt: gemm._exact_ref(a, bt.t()).to(torch.int32)) is None
+    bad = gemm.probe_int_mm(saturating_int_mm)
+    assert bad is not None and "127" in bad and "exact" in bad
+
+
+def test_probe_on_this_platform_is_exact_or_refused():
+    # whatever the library does here, the guard's verdict is a decision, never a wrong result
+    verdict = gemm.probe_int_mm()
+    assert verdict is None or isinstance(verdict, str)
+
+
+def test_faulty_platform_falls_back_at_start_up_with_exact_results(route):
+    route("int", saturating_int_mm)
+    a, b = _operands()
+    with pytest.warns(RuntimeWarning, match="not exact on .*probe failed - all 127 x all 127"):
+        got = gemm.exact_int_mm_cpu(a, b)
+    assert gemm.int_gemm_status()["route"] == "float"
+    assert torch.equal(got.long(), gemm._exact_ref(a, b))
+
+
+def test_a_fault_the_probe_misses_is_caught_by_the_checksum(route):
+    def faulty_on_large(a, bt):           # exact on the probe's shapes, one wrong element on
+        out = gemm._exact_ref(a, bt.t()).to(torch.int32)     # the larger ones
+        if a.shape[0] >= 40:
+            out[3, 5] += 1
+        return out
+
+    route("int", faulty_on_large)
+    a, b = _operands(m=48)
+    assert gemm.int_gemm_route() == "int"                    # the probe passed
+    with pytest.warns(RuntimeWarning, match="checksum failed on a 48x2100x29 GEMM"):
+        got = gemm.exact_int_mm_cpu(a, b)
+    assert torch.equal(got.long(), gemm._exact_ref(a, b))
+    assert gemm.int_gemm_status() | {"reason": ""} == gemm.int_gemm_status() | {
+        "route": "float", "failures": 1, "reason": ""}
+
+
+def test_routes_give_the_same_bits_through_the_linear(route):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(70, 300, generator=g).to(torch.bfloat16)
+    w = (torch.randn(90, 300, generator=g) * 0.02).to(torch.bfloat16)
+    dy = (torch.randn(70, 90, generator=g) * 1e-3).to(torch.bfloat16)
+    s = torch.tensor([4.0 / 127])
+    outs = {}
+    exact = lambda a, bt: gemm._exact_ref(a, bt.t()).to(torch.int32)  # noqa: E731
+    for which, mm in (("float", None), ("int", exact)):
+        route(which, mm)
+        with force("cpu"), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            outs[which] = (linear_int8_forward(x, w, s), *linear_int8_backward(dy, x, w, s))
+        assert gemm.int_gemm_route() == which
+    for f, i in zip(outs["float"], outs["int"]):
+        assert torch.equal(f.view(-1).view(torch.int16 if f.dtype == torch.bfloat16
+                                           else torch.int32),
+                           i.view(-1).view(torch.int16 if i.dtype == torch.bfloat16
+                                           else torch.int32))
+
+
+def test_unknown_route_is_refused(route):
+    route("fast")
+    with pytest.raises(ValueError, match="auto, int or float"):
+        gemm.int_gemm_route()
