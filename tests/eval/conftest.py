@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.train.conftest import _one_thread, mix4, ref_run  # noqa: F401  (fixtures)
+from tests.train.conftest import _one_thread  # noqa: F401  (mix4 and ref_run: tests/conftest.py)
 
 
 @pytest.fixture(scope="session")
-def trained(ref_run):  # noqa: F811
+def trained(ref_run):
     from open1b_eval.trained import load
 
     return load(ref_run)
