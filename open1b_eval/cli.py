@@ -3,7 +3,6 @@ commands of ``open1b-train``: thin click commands over ``open1b_eval``. Errors e
 status 1 and one line naming the bad value; never a traceback."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -21,7 +20,7 @@ _fail = fail
 def _force(backend: str):
     from kernels.core import backend as kb
 
-    return contextlib.nullcontext() if backend == "auto" else kb.force(backend)
+    return kb.force(None if backend == "auto" else backend)   # auto: by device
 
 
 def _load(run: str, step: int | None):

@@ -27,7 +27,6 @@ sets ``do_sample`` with a ``temperature`` > 0, seed ``seed``), stopped at the se
 """
 from __future__ import annotations
 
-import contextlib
 
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
@@ -43,7 +42,7 @@ from open1b_eval.trained import load
 def _backend(name: str):
     if name not in ("auto", "cpu", "triton"):
         raise ValueError(f"backend must be auto, cpu or triton, got {name!r}")
-    return contextlib.nullcontext() if name == "auto" else kbackend.force(name)
+    return kbackend.force(None if name == "auto" else name)   # auto: by device
 
 
 @register_model("open1b")

@@ -19,6 +19,8 @@ mounts() {
   mountpoint -q "$ROOT/proc" || mount -t proc proc "$ROOT/proc"
   mountpoint -q "$ROOT/dev" || mount --bind /dev "$ROOT/dev"
   cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+  # The host's CA bundle as the chroot's (it may hold a proxy's CA that Debian's lacks;
+  # pip's truststore reads the system bundle, not PIP_CERT).
   [ -f /etc/ssl/certs/ca-certificates.crt ] && mkdir -p "$ROOT/etc/ssl/certs" &&
     cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/host-ca.crt" || true
 }
@@ -31,8 +33,11 @@ case ${1:-} in
     mounts
     chroot "$ROOT" /usr/bin/env DEBIAN_FRONTEND=noninteractive bash -c \
       "apt-get update && apt-get install -y python3 python3-venv python3-dev gcc ca-certificates"
+    cp "$ROOT/etc/ssl/certs/host-ca.crt" "$ROOT/etc/ssl/certs/ca-certificates.crt"
     chroot "$ROOT" bash -c "[ -x /venv/bin/python ] || python3 -m venv /venv"
-    chroot "$ROOT" /venv/bin/pip install --default-timeout=300 -q "torch==$TORCH" $DEPS
+    # The host's CA bundle (it may hold a proxy's CA the chroot's Debian bundle lacks).
+    chroot "$ROOT" /usr/bin/env PIP_CERT=/etc/ssl/certs/host-ca.crt PIP_FIND_LINKS= \
+      /venv/bin/pip install --default-timeout=300 -q "torch==$TORCH" $DEPS
     chroot "$ROOT" /venv/bin/python -c \
       "import platform, torch, numpy; print(platform.machine(), torch.__version__, numpy.__version__)"
     ;;

@@ -244,8 +244,8 @@ def write_json(path: Path, payload: dict) -> None:
               help="Memory bandwidth for the roofline column (default: by GPU name).")
 @click.option("--train/--no-train", default=True, show_default=True,
               help="Also the training checks (scripts/gpu_train.py): micro-preset step hashes "
-                   "CPU vs GPU, one full Open-1B step vs the compiled stock model, hashing "
-                   "share, collectives on a one-process NCCL group.")
+                   "CPU vs GPU, the 100-step golden trajectory, one full Open-1B step vs "
+                   "the compiled stock model, hashing share, collectives on a one-process NCCL group.")
 @click.option("--train-dry-run", is_flag=True,
               help="Only the training checks, on the CPU with tiny shapes (no GPU needed).")
 def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps, train,
@@ -258,7 +258,8 @@ def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps
         res = gpu_train.train_check(dry_run=True, steps=1, repeats=1)
         click.echo(gpu_train.format_report(res))
         write_json(out, {"mode": "train-dry-run", "train": res})
-        ok = (res["parity"]["equal"] and res["collectives"]["collectives_equal_reference"]
+        ok = (res["parity"]["equal"] and all(g["equal"] for g in res["golden"].values())
+              and res["collectives"]["collectives_equal_reference"]
               and res["collectives"]["distributed_trainer_equals_single_process"])
         sys.exit(0 if ok else 1)
     if not backend.HAVE_TRITON:
@@ -314,6 +315,7 @@ def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps
             tr = gpu_train.train_check()
             click.echo("\n" + gpu_train.format_report(tr))
             bad = bad or not (tr["parity"]["equal"]
+                              and all(g["equal"] for g in tr["golden"].values())
                               and tr["collectives"]["collectives_equal_reference"]
                               and tr["collectives"]["distributed_trainer_equals_single_process"])
         except Exception as exc:

@@ -13,7 +13,12 @@ Open-1B step against stock PyTorch.
    ``torch.compile``. Ratio = ours / stock (>= 1: we are faster).
 3. hashing - the share of the step's time spent hashing parameters, gradient and moments
    on the device (``kernels.hashing.sha256``).
-4. collectives - a one-process torch.distributed group (NCCL on a GPU, gloo in the dry run):
+4. golden - the committed golden trajectories (docs/PORTABILITY.md: 100 steps of the
+   ``micro`` trajectory with a batch ramp, accumulation, a spike skip and a 3-replica
+   mesh; 3 steps of the ``demo`` one whose GEMMs contract over 1,536 tokens) trained on
+   the device, every component of every step against ``tests/assets/trajectory_*.json``:
+   the GPU row of the portability matrix.
+5. collectives - a one-process torch.distributed group (NCCL on a GPU, gloo in the dry run):
    the deterministic reduce-scatter + all-reduce of ``open1b_train.distributed`` on 64 MB device
    gradients of a 4x2 logical mesh, bit for bit against the sequential reference, timed;
    and the distributed trainer (``train_distributed``) on that group gives the
@@ -22,11 +27,12 @@ Open-1B step against stock PyTorch.
 
 ``--dry-run`` (what CI exercises, no GPU needed) runs the same code on the CPU with tiny
 shapes: parity between the CPU reference and the CPU reference under ``force("cpu")``
-twice, and the speed section on a micro model.
+twice, the speed section on a micro model, and the first steps of each golden trajectory.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -71,6 +77,33 @@ def parity(device: str, steps: int, workdir: str) -> dict:
     return {"steps": steps, "equal": not diff and a[-1]["hash"] == b[-1]["hash"],
             "mismatches": diff[:10], "run_hash": b[-1]["hash"],
             "seconds_reference": round(ta, 2), "seconds_device": round(tb, 2)}
+
+
+def golden(device: str, dry_run: bool, workdir: str) -> dict:
+    """The golden trajectories trained on ``device``, compared step by step, component by
+    component with the committed ones (the dry run: their first steps on the CPU)."""
+    from open1b_audit.selftest import trajectory as tj
+
+    out = {}
+    for name, dry_steps in (("micro", 2), ("demo", 1)):
+        with open(ROOT / "tests" / "assets" / f"trajectory_{name}.json") as f:
+            gold = json.load(f)
+        steps = dry_steps if dry_run else gold["steps"]
+        mix = tj.build_mix(name, os.path.join(workdir, f"golden-mix-{name}"))
+        with open(os.path.join(mix, "manifest.json")) as f:
+            fingerprint = json.load(f)["fingerprint"]
+        t0 = time.perf_counter()
+        if fingerprint != gold["mix_fingerprint"]:
+            diff = {"step": 0, "component": "mix fingerprint"}
+        else:
+            lines = tj.train_lines(name, mix, os.path.join(workdir, f"golden-run-{name}"),
+                                   steps=steps, backend="auto" if device == "cuda" else "cpu")
+            diff = tj.first_difference(dict(gold, lines=gold["lines"][:steps]), lines)
+            if diff is None and len(lines) != steps + 1:   # a short log matches nothing
+                diff = {"step": len(lines), "component": "missing steps"}
+        out[name] = {"steps": steps, "equal": diff is None, "first_difference": diff,
+                     "seconds": round(time.perf_counter() - t0, 2)}
+    return out
 
 
 def _timed(fn, device: str, repeats: int) -> float:
@@ -206,6 +239,7 @@ def train_check(dry_run: bool = False, steps: int = 2, repeats: int = 3) -> dict
         out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                "parity": parity(device, steps, work)}
         out["speed"] = speed(device, dry_run, repeats)
+        out["golden"] = golden(device, dry_run, work)
         out["collectives"] = collectives(device, dry_run, work, repeats)
     return out
 
@@ -222,6 +256,11 @@ def format_report(r: dict) -> str:
         f"ratio {s['ratio_ours_over_stock']:.3f}x",
         f"  hashing params + gradient + moments: {s['hash_seconds']:.4f} s = "
         f"{100 * s['hash_share_of_step']:.2f}% of the step",
+        *(f"  golden {name} trajectory, {g['steps']} steps on {r['device']}: "
+          + ("EQUAL to the committed one" if g["equal"] else
+             f"DIFFERS at step {g['first_difference']['step']} "
+             f"({g['first_difference']['component']})") + f", {g['seconds']:.1f} s"
+          for name, g in r.get("golden", {}).items()),
         f"  collectives ({r['collectives']['backend']}, mesh 4x2, "
         f"{r['collectives']['bytes_per_rank'] / 2**20:.0f} MiB per rank): "
         f"{'IDENTICAL' if r['collectives']['collectives_equal_reference'] else 'DIFFERENT'} "

@@ -48,6 +48,7 @@ ROWS: dict[str, tuple[dict[str, str], list[str], str | None]] = {
     "threads-7": ({"OMP_NUM_THREADS": "7"}, ["--threads", "7"], None),
     "mathc-off": ({"OPEN1B_MATHC": "0"}, [], None),
     "flush-denormal": ({}, ["--flush-denormal"], None),
+    "matmul-medium": ({}, ["--matmul-precision", "medium"], None),
     "fma-control": ({}, ["--fma-control"], None),
     "torch-2.11": ({}, [], "torch211"),
     "torch-2.14.1": ({}, [], "torch214"),
@@ -88,6 +89,10 @@ def inside(args) -> dict:
         torch.set_num_threads(args.threads)
     if args.flush_denormal:
         res["flush_denormal_set"] = torch.set_flush_denormal(True)
+    if args.matmul_precision:     # bfloat16 / TF32 products where the CPU or GPU has them
+        torch.set_float32_matmul_precision(args.matmul_precision)
+        from kernels.core import ieee
+        res["matmul_precision_set"] = ieee.matmul_precision()
     from open1b_audit.selftest import machine, trajectory as tj
     res["machine"] = machine.describe()
     names = ["micro", "demo"] if args.trajectory == "all" else [args.trajectory]
@@ -250,6 +255,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="(inside) torch threads.")
     ap.add_argument("--flush-denormal", action="store_true",
                     help="(inside) torch.set_flush_denormal(True) first.")
+    ap.add_argument("--matmul-precision", default=None, choices=["high", "medium"],
+                    help="(inside) torch.set_float32_matmul_precision(...) first.")
     ap.add_argument("--fma-control", action="store_true",
                     help="(inside) load the C math extension compiled with FMA contraction.")
     ap.add_argument("--no-replay", action="store_true", help="(inside) skip the demo replay.")

@@ -26,7 +26,8 @@ VARIANTS = {   # name -> (environment, arguments): every value of each axis at l
                                              ["--threads", "1"]),
     "2 threads, ATen avx2, extension off": ({"ATEN_CPU_CAPABILITY": "avx2",
                                              "OPEN1B_MATHC": "0"}, ["--threads", "2"]),
-    "3 threads, extension off": ({"OPEN1B_MATHC": "0"}, ["--threads", "3"]),
+    "3 threads, extension off, matmul precision medium": (
+        {"OPEN1B_MATHC": "0"}, ["--threads", "3", "--matmul-precision", "medium"]),
 }
 
 
@@ -59,7 +60,9 @@ def test_a_trajectory_prefix_is_the_golden_one_under_every_cheap_variant(micro_m
     env = {n: r["machine"] for n, r in results.items()}
     assert env["1 thread, ATen default, extension on"]["torch_cpu_capability"] == "DEFAULT"
     assert env["2 threads, ATen avx2, extension off"]["mathc"] is False
-    assert env["3 threads, extension off"]["torch_threads"] == 3
+    assert env["3 threads, extension off, matmul precision medium"]["torch_threads"] == 3
+    assert results["3 threads, extension off, matmul precision medium"][
+        "matmul_precision_set"] == {"mkldnn": "bf16", "cuda": "tf32"}
 
 
 def test_flush_to_zero_is_refused_naming_the_setting(micro_mix, tmp_path):

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import torch
 
+from kernels.core.ieee import ieee_matmul
+
 try:  # triton is an optional extra: without it only the CPU reference runs.
     import triton  # noqa: F401
     import triton.language as tl  # noqa: F401
@@ -54,12 +56,14 @@ def use_triton(t: torch.Tensor) -> bool:
 
 @contextlib.contextmanager
 def force(backend: str | None) -> Iterator[None]:
-    """Force every op to one path inside the block: ``"cpu"``, ``"triton"`` or ``None``."""
+    """Force every op to one path inside the block: ``"cpu"``, ``"triton"`` or ``None``;
+    float32 matrix products at full precision inside it (``ieee.ieee_matmul``)."""
     global _FORCE
     if backend not in ("cpu", "triton", None):
         raise ValueError(f"backend must be 'cpu', 'triton' or None, got {backend!r}")
     previous, _FORCE = _FORCE, backend
     try:
-        yield
+        with ieee_matmul():
+            yield
     finally:
         _FORCE = previous

@@ -9,8 +9,18 @@ with torch's and numpy's own arithmetic (no register access: the same probe work
 aarch64, whose FPCR.FZ flag has the same effect); ``require_ieee()`` refuses to go on,
 naming what is on and how to turn it off. The trainer, the distributed engine and every
 replay call it before their first step (``open1b_train.run.backend_scope``).
+
+``ieee_matmul()`` is the other half: torch lets a process compute float32 matrix products
+in reduced precision (``torch.set_float32_matmul_precision("medium")`` means bfloat16
+through oneDNN on CPUs with AVX512-BF16 or AMX, TF32 on CUDA). The CPU reference's float32
+GEMMs are exact only at full precision (the LM head's float32 slices carry more bits than
+bfloat16's 8 or TF32's 11), so every runtime scope (``backend.force``) pins IEEE float32
+products for its duration and gives the process its own setting back afterwards.
 """
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -49,3 +59,36 @@ def require_ieee() -> None:
             f"library built with -ffast-math): the kernels keep IEEE subnormals "
             f"(kernels/CONTRACT.md section 4), so this machine would compute other bits; "
             f"call torch.set_flush_denormal(False) or remove the library that sets it")
+
+
+def _matmul_backends() -> dict[str, object]:
+    """The per-backend float32 matmul precision objects of this torch (new API)."""
+    b = torch.backends
+    return {name: mod for name, mod in (("mkldnn", getattr(b.mkldnn, "matmul", None)),
+                                        ("cuda", getattr(b.cuda, "matmul", None)))
+            if mod is not None and hasattr(mod, "fp32_precision")}
+
+
+def matmul_precision() -> dict[str, str]:
+    """{"mkldnn": ..., "cuda": ...}: "ieee" is full float32; "bf16" / "tf32" are not."""
+    return {name: str(mod.fp32_precision) for name, mod in _matmul_backends().items()}
+
+
+@contextlib.contextmanager
+def ieee_matmul() -> Iterator[None]:
+    """Full-precision float32 matrix products inside the block, whatever the process set;
+    the process's own setting (legacy or per-backend) is restored on exit."""
+    try:
+        legacy: str | None = torch.get_float32_matmul_precision()
+    except RuntimeError:       # the process mixed torch's two APIs: restore per backend
+        legacy = None
+    saved = matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        if legacy is not None:
+            torch.set_float32_matmul_precision(legacy)
+        else:
+            for name, mod in _matmul_backends().items():
+                mod.fp32_precision = saved[name]

@@ -21,5 +21,7 @@ def test_train_dry_run(tmp_path):
     res = json.loads(out.read_text())["train"]
     assert res["parity"]["equal"] and res["collectives"]["collectives_equal_reference"]
     assert res["collectives"]["distributed_trainer_equals_single_process"]
+    assert res["golden"]["micro"] == dict(res["golden"]["micro"], steps=2, equal=True)
+    assert res["golden"]["demo"]["equal"] and res["golden"]["demo"]["steps"] == 1
     assert res["speed"]["ours_tokens_per_s"] > 0 and 0 < res["speed"]["hash_share_of_step"] < 1
-    assert "IDENTICAL" in r.stdout
+    assert "IDENTICAL" in r.stdout and "golden micro trajectory, 2 steps" in r.stdout
