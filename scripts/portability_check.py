@@ -50,6 +50,14 @@ ROWS: dict[str, tuple[dict[str, str], list[str], str | None]] = {
     "flush-denormal": ({}, ["--flush-denormal"], None),
     "matmul-medium": ({}, ["--matmul-precision", "medium"], None),
     "fma-control": ({}, ["--fma-control"], None),
+    # Combined rows: one 100-step run covers a value of each CPU axis at once (a difference
+    # there is then split into the single rows above to name the setting).
+    "cpu-a": ({"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+               "OMP_NUM_THREADS": "1"}, ["--threads", "1"], None),
+    "cpu-b": ({"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "3",
+               "OPEN1B_MATHC": "0"}, ["--threads", "3"], None),
+    "cpu-c": ({"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+               "OMP_NUM_THREADS": "7"}, ["--threads", "7", "--matmul-precision", "medium"], None),
     "torch-2.11": ({}, [], "torch211"),
     "torch-2.14.1": ({}, [], "torch214"),
     "numpy-2.3": ({}, [], "numpy23"),
@@ -283,6 +291,9 @@ def main() -> None:
         for r in pool.map(lambda n: run_row(n, args, work), rows):
             results.append(r)
             print(f"{r['row']:<20} {verdict(r)}", flush=True)
+            if args.json:                      # rows so far survive an interrupted matrix
+                with open(args.json, "w") as f:
+                    json.dump(results, f, indent=1)
     table = markdown(results, machine.describe())
     print(table)
     if args.json:
