@@ -43,6 +43,21 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def simd_flags() -> str:
+    """The SIMD subset of /proc/cpuinfo's flags (avx*, fma, sse4*, f16c, *vnni, amx*), and
+    whether AVX-512 is there: what a reader compares machines by."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")),
+                         [])
+    except OSError:
+        return "unknown"
+    keep = [x for x in flags if x.startswith(("avx", "amx", "fma", "sse4", "f16c"))
+            or "vnni" in x]
+    avx512 = "AVX-512" if any(x.startswith("avx512") for x in flags) else "no AVX-512"
+    return f"{' '.join(keep)} ({avx512})"
+
+
 def median_s(fn, repeats: int) -> float:
     """Median wall seconds of ``repeats`` calls of ``fn``, after one untimed warm-up call."""
     fn()  # warm up allocator and caches

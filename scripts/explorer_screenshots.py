@@ -21,6 +21,8 @@ def main() -> None:
     a = ap.parse_args()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = "/usr/bin/chromium"
@@ -37,6 +39,9 @@ def main() -> None:
     try:
         for name, page in pages.items():
             drv.get("file://" + os.path.join(site, page))
+            if name == "search":        # answered once the text files have loaded
+                WebDriverWait(drv, 30).until(lambda d: d.find_element(
+                    By.ID, "results").get_attribute("data-done") == "1")
             drv.save_screenshot(os.path.join(a.out, f"{name}.png"))
             print(f"wrote {a.out}/{name}.png")
     finally:

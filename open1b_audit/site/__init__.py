@@ -13,6 +13,7 @@ Invariants: every value a page shows of a step comes from the hashed part of its
 (``scalars``, ``components``, ``hash``), except tokens/s, shown as owner-reported; every
 string from the corpus or the run's files is HTML-escaped, and JSON embedded in a script
 escapes ``<``, ``>``, ``&`` and U+2028/2029, so no document text can run as script. The same
-URLs name the same pages in both modes (``index.html``, ``step-N.html``,
+URLs name the same pages in both modes (``index.html``, ``step-N.html`` - and for a step of
+more than ``data.PAGE_WINDOWS`` windows ``step-N-windows-K.html`` and ``step-N-stats.html`` -
 ``doc-S-H-D.html``, ``coverage.html``, ``mix.html``, ``search.html``).
 """

@@ -13,8 +13,12 @@ steps the plan's reverse provenance, coverage ``open1b_audit.coverage.coverage``
 
 Sizes stay bounded at Open-1B scale (80,957 steps): the run page carries a min/max
 downsampled overview of each curve (``OVERVIEW_BUCKETS``), the full curves come in chunks
-of ``CHUNK_STEPS`` steps, and a step page carries decoded text up to ``TEXT_BUDGET``
-characters (then the document pages hold it).
+of ``CHUNK_STEPS`` steps. A step of Open-1B's size (2,304 windows of 4,097 tokens, 9.4M
+tokens) is split: its page lists the windows (loss, rank, micro-batch, documents; plan
+only), ``PAGE_WINDOWS`` windows a page show documents and decoded text (reading and decoding
+only those windows), the batch statistics have a page of their own; a step of at most
+``PAGE_WINDOWS`` windows is one page. Every page's decoded text stops at ``TEXT_BUDGET``
+characters (then the document pages hold it), a document page at ``DOC_TEXT_CHARS``.
 """
 from __future__ import annotations
 
@@ -28,8 +32,9 @@ from open1b_audit.errors import SiteError
 
 CHUNK_STEPS = 4096          # steps per curve chunk (a few hundred KB of JS each)
 OVERVIEW_BUCKETS = 1000     # the overview keeps each bucket's min and max: <= 2,000 points
-TEXT_BUDGET = 1_000_000     # decoded characters on one step page
-DOC_TEXT_CHARS = 2_000_000  # a document page shows at most this much of one document
+PAGE_WINDOWS = 32           # windows on one page: 32 x 4,096 tokens, ~0.5 MB (BENCHMARKS.md)
+TEXT_BUDGET = 1_000_000     # decoded characters on one page of windows
+DOC_TEXT_CHARS = 1_000_000  # a document page shows at most this much of one document
 PHRASE_STEPS = 256          # a served phrase search decodes at most this many steps' documents
 SERIES = ("loss", "lr", "grad_norm", "tokens_per_s", "val_loss")
 
@@ -92,6 +97,7 @@ class Explorer:
     finding: Any                    # chain.Finding | None
     certs: list[tuple[str, dict]]
     build_index: bool = False
+    page_windows: int = PAGE_WINDOWS   # windows a page of a large step shows in full
     _columns: dict | None = None
 
     @classmethod
@@ -238,7 +244,11 @@ class Explorer:
             raise SiteError(f"{self.run} logs steps 0..{self.last}; step {s} is not in it")
         return self.lines[s]
 
-    def step_page(self, s: int, text_budget: int = TEXT_BUDGET) -> dict[str, Any]:
+    def step_page(self, s: int) -> dict[str, Any]:
+        """Step s: its hashed values, certificates and windows. A step of at most
+        ``page_windows`` windows carries them in full (documents, text) and its batch
+        statistics; a larger one an index of its windows (plan only, no shard read) whose
+        detail is on ``window_page(s, k)`` and statistics on ``stats_page(s)``."""
         from open1b_data.stream import inspect
 
         line = self._line(s)
@@ -251,27 +261,84 @@ class Explorer:
             return out
         sc = scalars_of(line)
         info = self.sched.step(s)
+        n = info.batch_sequences
         out.update(components=line.get("components"), scalars=sc,
                    raw_scalars=line.get("scalars"), phase=info.phase,
-                   batch=info.batch_sequences, tokens_before=info.tokens_before,
+                   batch=n, tokens_before=info.tokens_before,
                    tokens_after=info.tokens_after, windows_range=[info.first_window,
-                                                                   info.first_window
-                                                                   + info.batch_sequences],
+                                                                   info.first_window + n],
                    owner_reported={"seconds": _num(line.get("seconds")),
                                    "tokens_per_s": _num(line.get("tokens_per_s"))},
-                   certificates=self.step_certificates(s), world=self.world)
-        seed = self.plan.seed
-        rep = inspect.stream_at(self.mix, step=s, world=self.world, decode=True,
-                                build_index=self.build_index, seed=seed)
-        stats = inspect.stream_at(self.mix, step=s, world=self.world, stats=True,
-                                  seed=seed)["stats"]
+                   certificates=self.step_certificates(s), world=self.world,
+                   pages=self.pages(s), page_windows=self.page_windows)
         losses = sc["window_loss"]
-        if len(losses) != len(rep["windows"]):
+        if len(losses) != n:
             out["loss_mismatch"] = (f"the log has {len(losses)} window losses, the stream "
-                                    f"{len(rep['windows'])} windows for this step")
+                                    f"{n} windows for this step")
+        if out["pages"] == 1:
+            out.update(self._windows(s, 0, n), stats=self._stats(s), index=None)
+            return out
+        rep = inspect.stream_at(self.mix, step=s, world=self.world, plan_only=True,
+                                build_index=self.build_index, seed=self.plan.seed)
+        out.update(windows=None, stats=None, index=[
+            {"window": w["window"], "rank": w["rank"], "micro_batch": w["micro_batch"],
+             "loss": losses[i] if i < len(losses) else None, "documents": len(w["segments"]),
+             "page": i // self.page_windows} for i, w in enumerate(rep["windows"])])
+        return out
+
+    def pages(self, s: int) -> int:
+        """How many window pages step s's windows fill (``page_windows`` each)."""
+        return -(-self.sched.step(s).batch_sequences // self.page_windows)
+
+    def window_page(self, s: int, k: int) -> dict[str, Any]:
+        """Page k of step s's windows: ``page_windows`` of them in mesh order (virtual rank,
+        micro-batch), each with its documents and their decoded text."""
+        line = self._line(s)
+        if s == 0 or not 0 <= k < self.pages(s):
+            raise SiteError(f"step {s} has no window page {k}"
+                            + ("" if s == 0 else f" (0..{self.pages(s) - 1})"))
+        n = self.sched.step(s).batch_sequences
+        a, b = k * self.page_windows, min(n, (k + 1) * self.page_windows)
+        return {"step": s, "hash": line.get("hash"), "page": k, "pages": self.pages(s),
+                "mesh_range": [a, b], "batch": n, **self._windows(s, a, b)}
+
+    def stats_page(self, s: int) -> dict[str, Any]:
+        """The batch statistics of step s (``stream-at --stats``: every token of the step)."""
+        line = self._line(s)
+        if s == 0:
+            raise SiteError("step 0 (genesis) trains on no data: it has no statistics")
+        info = self.sched.step(s)
+        return {"step": s, "hash": line.get("hash"), "batch": info.batch_sequences,
+                "tokens": info.tokens_after - info.tokens_before, "stats": self._stats(s)}
+
+    def doc_keys(self, s: int) -> list[str]:
+        """The document keys of step s's windows in page order (plan only)."""
+        from open1b_data.stream import inspect
+
+        rep = inspect.stream_at(self.mix, step=s, world=self.world, plan_only=True,
+                                build_index=self.build_index, seed=self.plan.seed)
+        return [_doc_key(self.plan, g["source"], g["shard"], g["doc"])
+                for w in rep["windows"] for g in w["segments"]]
+
+    def _stats(self, s: int) -> dict[str, Any]:
+        from open1b_data.stream import inspect
+
+        return inspect.stream_at(self.mix, step=s, world=self.world, stats=True,
+                                 build_index=self.build_index, seed=self.plan.seed)["stats"]
+
+    def _windows(self, s: int, a: int, b: int, text_budget: int = TEXT_BUDGET
+                 ) -> dict[str, Any]:
+        """Windows a..b-1 of step s in mesh order: documents, decoded text (up to
+        ``text_budget`` characters, then the document pages hold it), losses."""
+        from open1b_data.stream import inspect
+
+        losses = scalars_of(self._line(s))["window_loss"]
+        rep = inspect.stream_at(self.mix, step=s, world=self.world, decode=True,
+                                build_index=self.build_index, seed=self.plan.seed,
+                                mesh_range=(a, b))
         used = 0
         windows = []
-        for i, w in enumerate(rep["windows"]):
+        for i, w in enumerate(rep["windows"], start=a):
             segs = []
             for g in w["segments"]:
                 text = g.get("text")
@@ -290,8 +357,7 @@ class Explorer:
                             "micro_batch": w["micro_batch"], "sha256": w["sha256"],
                             "loss": losses[i] if i < len(losses) else None,
                             "documents": segs})
-        out.update(windows=windows, stats=stats, text_chars=used)
-        return out
+        return {"windows": windows, "text_chars": used}
 
     def step_certificates(self, s: int) -> list[dict[str, Any]]:
         from open1b_audit import certificate
@@ -407,16 +473,19 @@ class Explorer:
                             for d in rep["documents"]]
         return out
 
-    def search_index(self, docs: list[dict[str, Any]], written: list[int]) -> dict[str, Any]:
+    def search_index(self, docs: list[dict[str, Any]], written: list[int]
+                     ) -> tuple[dict[str, Any], list[str]]:
         """What the static search page searches: the written steps, the schedule's runs
-        (window -> step), and the documents of the written steps with their text."""
-        return {"last_step": self.last, "written": written,
-                "seq_tokens": self.sched.spec.seq_tokens,
-                "total_windows": self.sched.total_windows,
-                "runs": [[r.first_step, r.steps, r.batch, r.tokens_before]
-                         for r in self.sched.runs],
-                "docs": [{"key": d["key"], "id": d["doc_id"], "source": d["source"],
-                          "steps": d["steps"], "text": d["text"]} for d in docs]}
+        (window -> step) and the documents of the written steps; and, apart (the static
+        site writes them in chunks), those documents' texts in the same order."""
+        return ({"last_step": self.last, "written": written,
+                 "seq_tokens": self.sched.spec.seq_tokens,
+                 "total_windows": self.sched.total_windows,
+                 "runs": [[r.first_step, r.steps, r.batch, r.tokens_before]
+                          for r in self.sched.runs],
+                 "docs": [{"key": d["key"], "id": d["doc_id"], "source": d["source"],
+                           "steps": d["steps"]} for d in docs]},
+                [d["text"] for d in docs])
 
 
 def _doc_key(plan, source: str, shard: int, row: int) -> str:

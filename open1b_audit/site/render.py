@@ -167,29 +167,83 @@ def step_page(d: dict[str, Any], has_step, has_doc) -> str:
                    "replayed from", "certificate")) if d["certificates"] else \
         "<p>No certificate of this step was given.</p>"
     warn = f'<p class="bad">{e(d["loss_mismatch"])}</p>' if d.get("loss_mismatch") else ""
-    wins = []
-    for w in d["windows"]:
-        docs = []
-        for g in w["documents"]:
-            span = f'[{g["tokens"][0]},{g["tokens"][1]})' + ("+sep" if g["separator"] else "")
-            text = ""
-            if g["text"] is not None:
-                text = f'<details><summary>text</summary><pre class="doc">{e(g["text"])}</pre></details>'
-            elif g["text_omitted"]:
-                text = '<span class="note">text on the document page (page budget)</span>'
-            docs.append((g["source"], g["shard_path"], g["row"],
-                         Raw(doc_link(g["doc_key"], g["doc_id"], has_doc)), span, Raw(text)))
-        wins.append(f'<section class="window" id="w{w["window"]}" data-window="{w["window"]}">'
-                    f'<h3>window {w["window"]} - rank {w["rank"]}, micro-batch '
-                    f'{e(w["micro_batch"])} - loss {_fmt(w["loss"], ".4f")}</h3>'
-                    f'<p class="note">sha256 <code>{e(w["sha256"])}</code></p>'
-                    + table(docs, ("source", "shard", "row", "provenance id", "tokens", ""),
-                            "docs") + "</section>")
+    title = f"<h2>Windows ({d['batch']:,}, mesh order: virtual rank, micro-batch)</h2>"
+    if d["windows"] is not None:                 # one page holds the whole step
+        rest = ("<h2>Batch statistics</h2>" + stats_html(d["stats"]) + title + warn
+                + "".join(window_section(w, has_doc) for w in d["windows"]))
+    else:
+        pages = " ".join(f'<a href="{window_page_name(s, k)}">{k + 1}</a>'
+                         for k in range(d["pages"]))
+        rows = [(Raw(f'<a href="{window_page_name(s, x["page"])}#w{x["window"]}">'
+                     f'{x["window"]}</a>'), x["rank"], x["micro_batch"],
+                 _fmt(x["loss"], ".4f"), x["documents"]) for x in d["index"]]
+        rest = (f'<h2>Batch statistics</h2><p>On <a href="{stats_page_name(s)}">their own '
+                f'page</a> (<code>stream-at --stats</code> reads all '
+                f'{d["tokens_after"] - d["tokens_before"]:,} tokens of the step).</p>'
+                + title + warn + f'<p class="pager">documents and decoded text, '
+                f'{d["page_windows"]} windows a page: {pages}</p>'
+                + table(rows, ("window", "virtual rank", "micro-batch", "loss", "documents"),
+                        "index"))
     body = (nav + table(head, cls="kv") + "<h2>Component digests</h2>" + comps
-            + "<h2>Certificates</h2>" + certs + "<h2>Batch statistics</h2>"
-            + stats_html(d["stats"]) + f"<h2>Windows ({len(d['windows'])}, mesh order: "
-            f"virtual rank, micro-batch)</h2>" + warn + "".join(wins) + nav)
+            + "<h2>Certificates</h2>" + certs + rest + nav)
     return page(f"step {s}", body)
+
+
+def window_page_name(s: int, k: int) -> str:
+    return f"step-{int(s)}-windows-{int(k)}.html"
+
+
+def stats_page_name(s: int) -> str:
+    return f"step-{int(s)}-stats.html"
+
+
+def window_section(w: dict[str, Any], has_doc) -> str:
+    """One window: rank, micro-batch, loss, sha256, and its documents with their text."""
+    docs = []
+    for g in w["documents"]:
+        span = f'[{g["tokens"][0]},{g["tokens"][1]})' + ("+sep" if g["separator"] else "")
+        text = ""
+        if g["text"] is not None:
+            text = f'<details><summary>text</summary><pre class="doc">{e(g["text"])}</pre></details>'
+        elif g["text_omitted"]:
+            text = '<span class="note">text on the document page (page budget)</span>'
+        docs.append((g["source"], g["shard_path"], g["row"],
+                     Raw(doc_link(g["doc_key"], g["doc_id"], has_doc)), span, Raw(text)))
+    return (f'<section class="window" id="w{w["window"]}" data-window="{w["window"]}">'
+            f'<h3>window {w["window"]} - rank {w["rank"]}, micro-batch '
+            f'{e(w["micro_batch"])} - loss {_fmt(w["loss"], ".4f")}</h3>'
+            f'<p class="note">sha256 <code>{e(w["sha256"])}</code></p>'
+            + table(docs, ("source", "shard", "row", "provenance id", "tokens", ""), "docs")
+            + "</section>")
+
+
+def window_page(d: dict[str, Any], has_doc) -> str:
+    """Page k of a large step's windows (``data.Explorer.window_page``)."""
+    s, k, n = d["step"], d["page"], d["pages"]
+    links = [f'<a href="step-{int(s)}.html">step {int(s)}</a>']
+    if k > 0:
+        links.append(f'<a href="{window_page_name(s, k - 1)}">\u2190 windows page {k}</a>')
+    if k + 1 < n:
+        links.append(f'<a href="{window_page_name(s, k + 1)}">windows page {k + 2} '
+                     f'\u2192</a>')
+    nav = f'<p class="pager">{" | ".join(links)}</p>'
+    a, b = d["mesh_range"]
+    first, last = d["windows"][0], d["windows"][-1]
+    body = (nav + f'<p>Windows {a + 1:,} to {b:,} of the step\'s {d["batch"]:,} in mesh order: '
+            f'rank {first["rank"]} micro-batch {e(first["micro_batch"])} to rank '
+            f'{last["rank"]} micro-batch {e(last["micro_batch"])}; step hash '
+            f'<code>{e(d["hash"])}</code>.</p>'
+            + "".join(window_section(w, has_doc) for w in d["windows"]) + nav)
+    return page(f"step {s}, windows page {k + 1} of {n}", body)
+
+
+def stats_page(d: dict[str, Any]) -> str:
+    """A large step's batch statistics (``data.Explorer.stats_page``)."""
+    s = d["step"]
+    nav = f'<p class="pager"><a href="step-{int(s)}.html">step {int(s)}</a></p>'
+    body = (nav + f'<p>{d["batch"]:,} windows, {d["tokens"]:,} tokens; step hash '
+            f'<code>{e(d["hash"])}</code>.</p>' + stats_html(d["stats"]) + nav)
+    return page(f"step {s}: batch statistics", body)
 
 
 def stats_html(st: dict[str, Any]) -> str:

@@ -2,9 +2,10 @@
 
 The same URLs as a static site (``static.py``), but any logged step, any document and any
 search: a step page plans and reads only that step's windows (through the mix's seek index),
-so a page costs the same at step 80,000 as at step 1. One lock serializes the library calls
-(plans and readers are not shared across threads); the run, mix and coverage pages are
-rendered once. Nothing but loopback is bound.
+so a page costs the same at step 80,000 as at step 1; a large step's page plans only, and
+each of its window pages reads and decodes only its ``data.PAGE_WINDOWS`` windows. One
+lock serializes the library calls (plans and readers are not shared across threads); the
+run, mix and coverage pages are rendered once. Nothing but loopback is bound.
 """
 from __future__ import annotations
 
@@ -63,6 +64,11 @@ class Site:
                 d = ex.step_page(int(m.group(1)))
                 return 200, kind, render.step_page(d, lambda s: 0 <= s <= ex.last,
                                                    has_doc).encode()
+            if (m := re.fullmatch(r"step-(\d+)-windows-(\d+)\.html", name)):
+                d = ex.window_page(int(m.group(1)), int(m.group(2)))
+                return 200, kind, render.window_page(d, has_doc).encode()
+            if (m := re.fullmatch(r"step-(\d+)-stats\.html", name)):
+                return 200, kind, render.stats_page(ex.stats_page(int(m.group(1)))).encode()
             if (m := re.fullmatch(r"doc-(\d+-\d+-\d+)\.html", name)):
                 return 200, kind, render.document_page(ex.document_page(m.group(1)),
                                                        has_step).encode()

@@ -2,10 +2,14 @@
 script and style sheet), to host anywhere or open from disk.
 
 Which step pages: ``steps`` (default: the first ``DEFAULT_STEPS`` logged steps and every step
-with a certificate) plus the genesis; which document pages: every document of those steps, at
-most ``MAX_DOCS`` (past that a document is listed without a page). Curves are written whole,
-in chunks of ``data.CHUNK_STEPS`` steps; the static search covers the written steps'
-documents. Returns what it wrote: pages, bytes, the largest file, seconds.
+with a certificate) plus the genesis; which document pages: every document of those steps,
+at most ``max_docs`` (past that a document is listed without a page). A step of more than
+``ex.page_windows`` windows also gets its window pages (``step-N-windows-K.html``) and its
+statistics page (``step-N-stats.html``). Curves are written whole, in chunks of
+``data.CHUNK_STEPS`` steps; the static search covers the written steps' documents, their
+text in ``data/search-text-I.js`` files of at most ``search_chunk_bytes`` (a longer
+document has a file of its own), which the search page loads. Returns what it wrote:
+pages, bytes, the largest file, seconds.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from open1b_audit.site.data import Explorer, SiteError
 
 DEFAULT_STEPS = 64
 MAX_DOCS = 5000
+SEARCH_CHUNK_BYTES = 1 << 20    # the static search's document text: files of at most 1 MiB
 ASSETS = ("explorer.js", "explorer.css")
 
 
@@ -33,6 +38,22 @@ def run_script(ex: Explorer) -> str:
     keep = ("steps", "phases", "skipped", "skipped_tokens", "chunks", "chunk_steps")
     return render.data_script("OPEN1B_RUN", {**{k: d[k] for k in keep},
                                              "overview": ex.overview()})
+
+
+def search_chunks(texts: list[str], limit: int = SEARCH_CHUNK_BYTES
+                  ) -> list[tuple[int, list[str]]]:
+    """The documents' texts in consecutive runs of at most ``limit`` bytes of script each
+    (a longer document alone): (index of the run's first document, its texts)."""
+    out: list[tuple[int, list[str]]] = []
+    size = limit
+    for i, t in enumerate(texts):
+        n = len(render.script_json(t)) + 1
+        if size + n > limit and (not out or out[-1][1]):
+            out.append((i, []))
+            size = 0
+        out[-1][1].append(t)
+        size += n
+    return out
 
 
 def asset(name: str) -> bytes:
@@ -55,8 +76,9 @@ class _Writer:
             self.largest = (rel, len(data))
 
 
-def write_site(ex: Explorer, out: str, steps: list[int] | None = None,
-               progress=None) -> dict[str, Any]:
+def write_site(ex: Explorer, out: str, steps: list[int] | None = None, progress=None,
+               search_chunk_bytes: int = SEARCH_CHUNK_BYTES, max_docs: int = MAX_DOCS
+               ) -> dict[str, Any]:
     t0 = time.perf_counter()
     steps = default_steps(ex) if steps is None else steps
     bad = [s for s in steps if not ex.has_step(s)]
@@ -76,19 +98,12 @@ def write_site(ex: Explorer, out: str, steps: list[int] | None = None,
     written = set(steps) | {0}
     has_step = written.__contains__
     w("coverage.html", render.coverage_page(ex.coverage_page(), has_step))
-    pages = {}
-    timings = []
-    for s in steps:
-        t = time.perf_counter()
-        pages[s] = ex.step_page(s)
-        timings.append(time.perf_counter() - t)
-        if progress:
-            progress(f"step {s}")
+    # document pages first (the steps' documents in page order, plan only), so that the
+    # step and window pages, rendered one at a time, know which documents have a page
     keys: list[str] = []
-    for d in pages.values():
-        for win in d["windows"]:
-            keys.extend(g["doc_key"] for g in win["documents"])
-    keys = list(dict.fromkeys(keys))[:MAX_DOCS]
+    for s in steps:
+        keys.extend(ex.doc_keys(s))
+    keys = list(dict.fromkeys(keys))[:max_docs]
     docs = []
     for k in keys:
         doc = ex.document_page(k)
@@ -96,10 +111,26 @@ def write_site(ex: Explorer, out: str, steps: list[int] | None = None,
         w(f"doc-{k}.html", render.document_page(doc, has_step))
     has_doc = set(keys).__contains__
     w("step-0.html", render.step_page(ex.step_page(0), has_step, has_doc))
-    for s, d in pages.items():
+    timings = []
+    for s in steps:
+        t = time.perf_counter()
+        d = ex.step_page(s)
         w(f"step-{s}.html", render.step_page(d, has_step, has_doc))
+        if d["windows"] is None:                # a large step: its window and statistics pages
+            for k in range(d["pages"]):
+                w(render.window_page_name(s, k),
+                  render.window_page(ex.window_page(s, k), has_doc))
+            w(render.stats_page_name(s), render.stats_page(ex.stats_page(s)))
+        timings.append(time.perf_counter() - t)
+        if progress:
+            progress(f"step {s}")
     w("search.html", render.search_page(None, has_step, has_doc))
-    w("data/search.js", render.data_script("OPEN1B_SEARCH", ex.search_index(docs, steps)))
+    meta, texts = ex.search_index(docs, steps)
+    chunks = search_chunks(texts, search_chunk_bytes)
+    meta["text_chunks"] = [first for first, _ in chunks]
+    w("data/search.js", render.data_script("OPEN1B_SEARCH", meta))
+    for i, (_, part) in enumerate(chunks):
+        w(f"data/search-text-{i}.js", render.data_script("OPEN1B_SEARCH_TEXT", part, i))
     return {"out": out, "steps": steps, "documents": len(docs), "files": w.files,
             "bytes": w.bytes, "largest": {"file": w.largest[0], "bytes": w.largest[1]},
             "step_seconds_max": max(timings, default=0.0),

@@ -167,10 +167,12 @@ def _content(plan: StreamPlan, reader, ms: list[int]):
 def stream_at(mix: str, window: int | None = None, step: int | None = None,
               world: int | None = None, rank: int | None = None, decode: bool = False,
               plan_only: bool = False, stats: bool = False, build_index: bool = False,
-              seed: int | None = None) -> dict:
+              seed: int | None = None, mesh_range: tuple[int, int] | None = None) -> dict:
     """What the stream holds at ``window`` or ``step`` (module docstring). ``plan_only``:
     segments only, no shard read; ``stats``: the batch statistics instead of the windows;
-    ``seed``: the stream's seed when not the mix's (``open_plan``)."""
+    ``seed``: the stream's seed when not the mix's (``open_plan``); ``mesh_range=(a, b)``
+    (with ``step``): only the step's windows a..b-1 in mesh order (rank, then micro-batch),
+    so one page of a large step reads and decodes only its own windows."""
     from open1b_data.stream.windows import WindowReader, load_mix_tokenizer, window_sha256
 
     if (window is None) == (step is None):
@@ -184,6 +186,12 @@ def stream_at(mix: str, window: int | None = None, step: int | None = None,
     plan, sched = open_plan(mix, build_index, seed)
     R = sched.spec.reference_world if world is None else world
     entries, info = _entries(sched, R, window, step, rank)
+    if mesh_range is not None:
+        a, b = mesh_range
+        if step is None or not 0 <= a < b <= len(entries):
+            raise StreamError(f"mesh_range {a}:{b} must lie within a step's "
+                              f"{len(entries)} windows (0 <= a < b <= {len(entries)})")
+        entries = entries[a:b]
     ms = [m for m, _, _ in entries]
     check_reach(plan, sched, min(ms), max(ms))
     out = _header(plan, sched, R, rank, info)

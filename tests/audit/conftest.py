@@ -30,3 +30,18 @@ def site_dir(site_run, tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("explorer") / "site")
     write_site(Explorer.open(site_run.run, site_run.mix, site_run.certs), out)
     return out
+
+
+@pytest.fixture(scope="session")
+def paged_site_dir(site_run, tmp_path_factory) -> str:
+    """``site_run`` written with 3 windows a page: its steps of 4 windows take the large-step
+    layout (a window index, window pages of 3 and 1 windows, a statistics page)."""
+    from open1b_audit.site.data import Explorer
+    from open1b_audit.site.static import write_site
+    from tests.fixtures.sitefixture import PAGE
+
+    out = str(tmp_path_factory.mktemp("explorer") / "paged")
+    ex = Explorer.open(site_run.run, site_run.mix, site_run.certs)
+    ex.page_windows = PAGE
+    write_site(ex, out)
+    return out

@@ -9,15 +9,17 @@ import shutil
 import threading
 import urllib.request
 
+import pytest
 from click.testing import CliRunner
 
 from open1b_audit.cli import main
-from open1b_audit.site import render
+from open1b_audit.errors import SiteError
+from open1b_audit.site import render, static
 from open1b_audit.site.data import Explorer, f32, scalars_of
 from open1b_data.stream import inspect, provenance
 from open1b_train import runlog
 from open1b_train.show import step_report
-from tests.fixtures.sitefixture import ATTACK, CERTIFIED, CERTIFIED_STEPS, STEPS
+from tests.fixtures.sitefixture import ATTACK, CERTIFIED, CERTIFIED_STEPS, PAGE, STEPS
 
 
 def test_script_json_cannot_close_or_open_anything():
@@ -57,6 +59,49 @@ def test_step_page_is_the_librarys_answer(site_run):
     assert ex.coverage_page()["counts"] == {s: 1 for s in CERTIFIED_STEPS}
 
 
+def test_a_large_step_is_paged_and_its_pages_are_the_one_page_answer(site_run):
+    one = Explorer.open(site_run.run, site_run.mix)
+    paged = Explorer.open(site_run.run, site_run.mix)
+    paged.page_windows = PAGE
+    for s in (1, STEPS):
+        whole = one.step_page(s)
+        d = paged.step_page(s)
+        assert d["windows"] is None and d["stats"] is None and d["pages"] == 2
+        assert [(x["window"], x["rank"], x["micro_batch"], x["loss"], x["documents"])
+                for x in d["index"]] == [(w["window"], w["rank"], w["micro_batch"], w["loss"],
+                                          len(w["documents"])) for w in whole["windows"]]
+        assert [x["page"] for x in d["index"]] == [0, 0, 0, 1]
+        pages = [paged.window_page(s, k) for k in range(d["pages"])]
+        assert [p["mesh_range"] for p in pages] == [[0, 3], [3, 4]]
+        assert [w for p in pages for w in p["windows"]] == whole["windows"]
+        assert paged.stats_page(s)["stats"] == whole["stats"]
+        assert paged.doc_keys(s) == [g["doc_key"] for w in whole["windows"]
+                                     for g in w["documents"]]
+    with pytest.raises(SiteError, match="no window page 2"):
+        paged.window_page(1, 2)
+    with pytest.raises(SiteError, match="no statistics"):
+        paged.stats_page(0)
+
+
+def test_search_text_comes_in_bounded_files():
+    texts = ["a" * 50, "<b>" * 10, "c" * 500, "", "d" * 20]
+    chunks = static.search_chunks(texts, 100)
+    assert [t for _, part in chunks for t in part] == texts
+    assert [first for first, _ in chunks] == [0, 1, 2, 3]     # "<b>" x 10 is 132 bytes escaped
+    for _, part in chunks:
+        assert len(part) == 1 or sum(len(render.script_json(t)) + 1 for t in part) <= 100
+
+
+def test_paged_site_writes_window_and_statistics_pages(paged_site_dir):
+    names = set(os.listdir(paged_site_dir))
+    for s in range(1, STEPS + 1):
+        assert {f"step-{s}.html", f"step-{s}-windows-0.html", f"step-{s}-windows-1.html",
+                f"step-{s}-stats.html"} <= names
+        assert f"step-{s}-windows-2.html" not in names
+        page = open(os.path.join(paged_site_dir, f"step-{s}.html"), encoding="utf-8").read()
+        assert 'class="window"' not in page and f'href="step-{s}-windows-1.html#w' in page
+
+
 def test_document_page_is_reverse_provenance(site_run):
     ex = Explorer.open(site_run.run, site_run.mix)
     key = ex.step_page(1)["windows"][0]["documents"][0]["doc_key"]
@@ -75,7 +120,7 @@ def test_corpus_markup_is_shown_as_text_only(site_dir):
     docs = [t for p, t in pages.items() if "/doc-" in p and "PWNED" in t]
     assert docs, "no document page shows the planted document"
     assert render.e(ATTACK.split("\n")[0]) in docs[0]
-    search = pages[os.path.join(site_dir, "data", "search.js")]
+    search = "".join(t for p, t in pages.items() if "/data/search-text-" in p)
     assert "\\u003cscript\\u003ewindow.PWNED=1" in search and "\u2028" not in search
 
 
@@ -133,6 +178,12 @@ def test_serve_renders_any_step_on_loopback(site_run):
         assert get("data/curves-0.js")[1].startswith("(window.OPEN1B_CHUNKS")
         assert get("coverage.html")[0] == 200 and get("mix.html")[0] == 200
         assert get("step-99.html")[0] == 404 and get("../etc/passwd")[0] == 404
+        code, page = get(f"step-{STEPS}-windows-0.html")          # one page: all 4 windows
+        assert code == 200 and page.count('<section class="window"') == 4
+        assert get(f"step-{STEPS}-windows-1.html")[0] == 404
+        code, page = get(f"step-{STEPS}-stats.html")
+        assert code == 200 and "unique-token ratio" in page
+        assert get("step-0-stats.html")[0] == 404
         code, page = get("search.html?q=PWNED")
         assert code == 200 and "doc-" in page
         code, page = get("search.html?q=3")

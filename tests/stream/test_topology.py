@@ -72,3 +72,16 @@ def test_non_divisor_fails_clearly(mix, world):
     res = CliRunner().invoke(stream_at, [mix, "--step", "1", "--world", str(world)])
     assert res.exit_code != 0
     assert f"world size {world} does not fit step 1" in res.output
+
+
+def test_a_mesh_range_is_a_slice_of_the_steps_mesh_order(mix):
+    from open1b_data.stream.inspect import stream_at as lib_stream_at
+
+    whole = lib_stream_at(mix, step=2, world=2)["windows"]
+    n = len(whole)
+    parts = [lib_stream_at(mix, step=2, world=2, mesh_range=(a, min(n, a + 3)))["windows"]
+             for a in range(0, n, 3)]
+    assert [w for p in parts for w in p] == whole
+    for bad in ((0, n + 1), (2, 2)):
+        with pytest.raises(StreamError, match="mesh_range"):
+            lib_stream_at(mix, step=2, world=2, mesh_range=bad)

@@ -1,6 +1,6 @@
 /* open1b run explorer: curves as inline SVG (run page) and the static search (search page).
-   Data arrive as window.OPEN1B_RUN / OPEN1B_CHUNKS / OPEN1B_SEARCH from <script src> files,
-   which file:// allows. Text from the corpus is only ever set with textContent. */
+   Data arrive as window.OPEN1B_RUN / OPEN1B_CHUNKS / OPEN1B_SEARCH / OPEN1B_SEARCH_TEXT from
+   <script src> files, which file:// allows. Text from the corpus is only ever set with textContent. */
 (function () {
   "use strict";
   var NS = "http://www.w3.org/2000/svg", W = 660, H = 180, PAD = 64;
@@ -131,20 +131,35 @@
         stepRef(S, stepOfWindow(S, n), p); hits++;
       }
     }
-    S.docs.forEach(function (d) {
-      if (d.id !== q && d.text.indexOf(q) < 0) return;
-      var p = node("p", null, out, {"class": "hit doc"});
-      node("a", d.id, p, {href: "doc-" + d.key + ".html"});
-      node("span", " (" + d.source + "): steps ", p);
-      d.steps.forEach(function (s, i) {
-        if (i) node("span", ", ", p);
-        if (S.written.indexOf(s) >= 0) node("a", String(s), p, {href: "step-" + s + ".html"});
-        else node("span", String(s), p);
+    // the documents' text comes in data/search-text-I.js chunks: load them all, then match
+    var left = S.text_chunks.length;
+    function matchAll() {
+      var texts = window.OPEN1B_SEARCH_TEXT || {}, c = 0;
+      S.docs.forEach(function (d, i) {
+        while (c + 1 < S.text_chunks.length && S.text_chunks[c + 1] <= i) c++;
+        var text = texts[c] ? texts[c][i - S.text_chunks[c]] : "";
+        if (d.id !== q && text.indexOf(q) < 0) return;
+        var p = node("p", null, out, {"class": "hit doc"});
+        node("a", d.id, p, {href: "doc-" + d.key + ".html"});
+        node("span", " (" + d.source + "): steps ", p);
+        d.steps.forEach(function (s, i) {
+          if (i) node("span", ", ", p);
+          if (S.written.indexOf(s) >= 0) node("a", String(s), p, {href: "step-" + s + ".html"});
+          else node("span", String(s), p);
+        });
+        hits++;
       });
-      hits++;
+      if (!hits) node("p", "nothing found among the " + S.docs.length + " documents of the " +
+                      S.written.length + " steps this site was written with", out);
+      out.setAttribute("data-done", "1");
+    }
+    if (!left) return matchAll();
+    S.text_chunks.forEach(function (_, c) {
+      var t = document.createElement("script");
+      t.src = "data/search-text-" + c + ".js";
+      t.onload = t.onerror = function () { if (--left === 0) matchAll(); };
+      document.body.appendChild(t);
     });
-    if (!hits) node("p", "nothing found among the " + S.docs.length + " documents of the " +
-                    S.written.length + " steps this site was written with", out);
   }
 
   if (window.OPEN1B_RUN) runPage(window.OPEN1B_RUN);
