@@ -32,7 +32,7 @@ $(RUNTIME): $(SOURCES)
 
 $(TESTDEPS): $(SOURCES)
 	$(install_runtime)
-	@echo "==> [setup] the test extra: pytest, moto, transformers, datasets, triton, selenium (1.3 GB)"
+	@echo "==> [setup] the test extra: pytest, ruff, moto, transformers, datasets, triton, selenium, lm-eval (1.4 GB)"
 	$(PIP) install --progress-bar on -e '.[test]'
 	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then \
 	  echo "==> [setup] headless Chromium for the explorer's browser tests: present"; \

@@ -13,7 +13,6 @@ import click
 
 from open1b.cli import ERRORS, Cli, emit, fail
 from open1b_audit import __version__
-from open1b_data.cli.stream import STEPS
 
 
 
@@ -65,6 +64,55 @@ def _cut_note(log) -> str | None:
 @click.version_option(__version__, prog_name="open1b-audit")
 def main() -> None:
     """Check a published Open-1B run step by step on this machine (docs/AUDIT.md)."""
+
+
+@main.command("selftest")
+@click.option("--steps", type=click.IntRange(1, 3), default=3, show_default=True,
+              help="Steps of the golden micro trajectory to replay on each backend.")
+@click.option("--interpreter", is_flag=True,
+              help="Also run the Triton kernels under the interpreter (needs triton; slow).")
+@click.option("--work", type=click.Path(file_okay=False), default=None,
+              help="Directory for the temporary mix and runs (default: the system's).")
+@click.option("--json", "as_json", is_flag=True,
+              help="The whole report (machine description included), for a certificate.")
+def selftest_cmd(steps, interpreter, work, as_json) -> None:
+    """Does this machine compute the runtime's bits? Re-derives the demo preset's initial
+    weights, replays the committed golden trajectory's first steps on every backend here,
+    names the first differing step, component and operator. Run it first (minutes)."""
+    from open1b_audit.selftest import run_selftest
+
+    try:
+        rep = run_selftest(steps=steps, interpreter=interpreter, work=work)
+    except ERRORS as e:
+        fail(e)
+
+    def human(r):
+        m = r["machine"]
+        cpu = m["cpu"]
+        click.echo(f"machine: {cpu['arch']} {cpu['model']} ({cpu['cores']} cores), torch "
+                   f"{m['torch']} (CPU capability {m['torch_cpu_capability']}), numpy "
+                   f"{m['numpy']}, python {m['python']}, C math extension "
+                   f"{'on' if m['mathc'] else 'off'}, FTZ {'ON' if m['flush']['ftz'] else 'off'}"
+                   f", DAZ {'ON' if m['flush']['daz'] else 'off'}"
+                   + (f", GPU {m['cuda']}" if m["cuda"] else ""))
+        click.echo(f"cpu flags: {' '.join(cpu['flags'])}")
+        for c in r["checks"]:
+            what = c["check"] + (f" [{c['backend']}]" if "backend" in c else "")
+            line = f"  {what:<42} {c['verdict']}"
+            d = c.get("difference")
+            if d:
+                line += f": step {d['step']} {d['component']} differs"
+            if c.get("operator"):
+                line += f", first at op {c['operator'].get('name')} ({c['operator']['why']})"
+            if c.get("error"):
+                line += f": {c['error']}"
+            if c["verdict"] == "MISMATCH" and "expected" in c:
+                line += f": expected {c['expected'][:16]}..., got {c['got'][:16]}..."
+            click.echo(line)
+        click.echo(f"verdict: {r['verdict']} ({r['seconds']} s)")
+    emit(rep, as_json, human)
+    if not rep["ok"]:
+        sys.exit(1)
 
 
 @main.command("chain")
@@ -419,65 +467,14 @@ def fetch_step_cmd(mix_url, step, out, run, expect, as_json) -> None:
         sys.exit(1)
 
 
-@main.command("site")
-@click.argument("run", type=click.Path(file_okay=False))
-@click.option("--mix", default=None, help="The built mix (default: the one the run names).")
-@click.option("--certs", type=click.Path(file_okay=False), default=None,
-              help="A directory of certificates (*.json) for coverage and step pages.")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="Directory to write the static site into (open OUT/index.html).")
-@click.option("--steps", "steps", type=STEPS, default=None,
-              help="Write step pages for steps A..B (default: the first 64 and every "
-                   "certified step).")
-@click.option("--build-index", is_flag=True,
-              help="Build the mix's seek index first if it is missing (far steps).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def site_cmd(run, mix, certs, out, steps, build_index, as_json) -> None:
-    """Write the run explorer of RUN as a static site: run, step, document, coverage and
-    mix pages (docs/AUDIT.md, "The run explorer")."""
-    from open1b_audit.site.data import Explorer
-    from open1b_audit.site.static import write_site
+def _register() -> None:
+    from open1b_audit.site.cli import serve_cmd, site_cmd
 
-    try:
-        ex = Explorer.open(run, mix, certs, build_index)
-        rep = write_site(ex, out, None if steps is None else list(range(steps[0], steps[1] + 1)))
-    except ERRORS as e:
-        fail(e)
-    emit(rep, as_json, lambda r: click.echo(
-        f"wrote {r['out']}: {r['files']} files, {r['bytes'] / 2**20:.1f} MiB ({len(r['steps'])} "
-        f"step pages, {r['documents']} document pages; largest {r['largest']['file']} "
-        f"{r['largest']['bytes'] / 2**10:.0f} KiB) in {r['seconds']:.1f} s\n"
-        f"open {os.path.join(r['out'], 'index.html')}"))
+    main.add_command(site_cmd)
+    main.add_command(serve_cmd)
 
 
-@main.command("serve")
-@click.argument("run", type=click.Path(file_okay=False))
-@click.option("--mix", default=None, help="The built mix (default: the one the run names).")
-@click.option("--certs", type=click.Path(file_okay=False), default=None,
-              help="A directory of certificates (*.json) for coverage and step pages.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8017, show_default=True,
-              help="Port on 127.0.0.1 (0: any free port).")
-@click.option("--build-index", is_flag=True,
-              help="Build the mix's seek index first if it is missing (far steps).")
-def serve_cmd(run, mix, certs, port, build_index) -> None:
-    """Serve the run explorer of RUN on 127.0.0.1, every page rendered on demand (any
-    step of a large run); Ctrl-C stops it."""
-    from open1b_audit.site.data import Explorer
-    from open1b_audit.site.serve import make_server
-
-    try:
-        ex = Explorer.open(run, mix, certs, build_index)
-        server = make_server(ex, port)
-    except ERRORS as e:
-        fail(e)
-    host, bound = server.server_address[:2]
-    click.echo(f"serving {run} ({ex.last} steps) at http://{host}:{bound}/ - Ctrl-C stops")
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+_register()
 
 
 if __name__ == "__main__":

@@ -13,3 +13,7 @@ class CertificateError(Open1bAuditError):
 
 class SiteError(Open1bAuditError):
     """The run explorer cannot render what it was asked for."""
+
+
+class SelftestError(Open1bAuditError):
+    """``open1b-audit selftest`` cannot run (its shipped data is missing or damaged)."""

@@ -2,7 +2,8 @@
 
 With no arguments it trains the ``demo`` preset on ``build/demo-mix`` (what ``make demo``
 builds) into ``build/demo-run``, resuming if that run exists. Commands: ``run``,
-``resume``, ``show``, ``plot``. Errors exit with status 1 and one line naming the bad value
+``resume``, ``show``, ``plot``, and ``generate``, ``export`` (from ``open1b_eval``, through
+the ``open1b_train.commands`` entry points). Errors exit with status 1 and one line naming the bad value
 and what to do; never a traceback.
 """
 from __future__ import annotations
@@ -173,9 +174,15 @@ def _worker(cfg, mix: str, out: str, quiet: bool) -> None:
 @click.option("--trace-steps", default=None, callback=lambda c, p, v: _step_set(v),
               help="Steps (e.g. 5,7 or 10:12) whose per-op digest trace is written to "
                    "RUN/traces/ (for open1b-audit bisect).")
+@click.option("--eval-every", type=click.IntRange(min=0), default=None,
+              help="Validation loss per source on the mix's held-out windows every N steps, "
+                   "hashed into those steps' scalars (val_loss); 0 = off (default). Needs a "
+                   "mix with [heldout]; part of the run's identity.")
+@click.option("--eval-windows", type=click.IntRange(min=1), default=None,
+              help="Held-out windows per source the validation loss covers (default 8).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, nproc,
-            trace_steps, quiet) -> None:
+            trace_steps, eval_every, eval_windows, quiet) -> None:
     """Train (or continue) a run: RUN/steps.jsonl gets one hashed line per step."""
     from open1b_train.config import load_config, preset
 
@@ -184,7 +191,8 @@ def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, npro
         if config_path and preset_name:
             raise click.UsageError("give --config or --preset, not both")
         changes = {k: v for k, v in (("steps", steps), ("mesh", mesh), ("seed", seed),
-                                     ("backend", backend)) if v is not None}
+                                     ("backend", backend), ("eval_every", eval_every),
+                                     ("eval_windows", eval_windows)) if v is not None}
         cfg = dataclasses.replace(cfg, **changes)
     except ERRORS as e:
         fail(e)
@@ -246,6 +254,19 @@ def plot_cmd(run, out) -> None:
     except ERRORS as e:
         fail(e)
     click.echo(f"wrote {path}")
+
+
+def _plugins() -> None:
+    """Commands other packages add to ``open1b-train`` through the entry-point group
+    ``open1b_train.commands`` (``generate`` and ``export`` from ``open1b_eval``, docs/EVAL.md):
+    the trainer never imports the packages downstream of it."""
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group="open1b_train.commands"), key=lambda e: e.name):
+        main.add_command(ep.load(), ep.name)
+
+
+_plugins()
 
 
 if __name__ == "__main__":  # python -m open1b_train.cli

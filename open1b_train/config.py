@@ -29,7 +29,10 @@ Unknown fields, wrong types and out-of-range values fail with ``ConfigError`` na
 field. ``TrainConfig.identity()`` is the part of a config that determines the bits of a run
 (everything but ``steps``, ``checkpoint_every``, ``keep_checkpoints`` and ``backend``,
 which change how far and how a run goes, never what it computes); resuming with another
-identity is refused.
+identity is refused. ``eval_every`` (validation loss on the mix's held-out windows every N
+steps, hashed into those steps' scalars) and ``eval_windows`` are part of the identity when
+validation is on, and absent from ``to_dict`` (so from the identity) when it is off: a run
+without validation has the identity it always had.
 """
 from __future__ import annotations
 
@@ -119,6 +122,8 @@ class TrainConfig:
     checkpoint_every: int = 100
     keep_checkpoints: int = 0        # 0 = keep all; else the newest N
     backend: str = "auto"            # auto | cpu | triton (Triton on CUDA or the interpreter)
+    eval_every: int = 0              # validation loss on held-out windows every N steps (0: off)
+    eval_windows: int = 8            # held-out windows per source the validation loss covers
 
     def __post_init__(self) -> None:
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**64):
@@ -145,6 +150,10 @@ class TrainConfig:
             raise ConfigError(f"steps: must be an integer >= 1, got {self.steps!r}")
         if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in self.inject_spike):
             raise ConfigError(f"inject_spike: must list steps >= 1, got {list(self.inject_spike)}")
+        for name, lo in (("eval_every", 0), ("eval_windows", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(f"{name}: must be an integer >= {lo}, got {v!r}")
         if self.backend not in ("auto", "cpu", "triton"):
             raise ConfigError(f"backend: must be 'auto', 'cpu' or 'triton', got {self.backend!r}")
 
@@ -156,6 +165,9 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         d["mesh"] = list(self.mesh)
         d["inject_spike"] = list(self.inject_spike)
+        if not self.eval_every:      # no validation: the record every run had before it
+            for k in EVAL_FIELDS:
+                d.pop(k)
         return d
 
     def identity(self) -> dict[str, Any]:
@@ -170,7 +182,10 @@ class TrainConfig:
 
 
 IDENTITY_FREE = ("steps", "checkpoint_every", "keep_checkpoints", "backend")
-NOT_RECIPE = ("preset", "mesh")     # which preset it claims; the topology (fixes bits, not recipe)
+# which preset it claims; the topology (fixes bits, not recipe); validation (adds hashed
+# val_loss scalars, never changes a training bit)
+EVAL_FIELDS = ("eval_every", "eval_windows")
+NOT_RECIPE = ("preset", "mesh", *EVAL_FIELDS)
 
 
 def departures(cfg: TrainConfig, mix_seed: int | None = None) -> list[tuple[str, Any, Any]]:

@@ -199,6 +199,39 @@ def sequence_losses(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tenso
     return tree_sum(rows.reshape(batch, seq), -1) * reciprocal_f32(seq)
 
 
+def _forward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tensor,
+             labels: torch.Tensor, tr: _Tracer, keep: bool):
+    """The forward pass: (loss, per-sequence losses, what the backward needs - or None
+    when not ``keep``: the activations are then freed layer by layer)."""
+    b, s = input_ids.shape
+    d = cfg.d_model
+    e = tr("embed.fwd", embedding_fwd(p["embed.weight"], input_ids))           # (B, S, D)
+    x, rstd_e = rmsnorm_fwd(e, p["embed_norm.gain"], cfg.eps)
+    tr("embed_norm.fwd", x)
+    tape = []
+    for i in range(cfg.n_layers):
+        x, saved = layer_forward(cfg, p, i, x, tr)
+        if keep:
+            tape.append(saved)
+    xf, rstd_f = rmsnorm_fwd(x, p["final_norm.gain"], cfg.eps)
+    xf2 = xf.reshape(b * s, d)
+    logits = tr("lm_head.fwd", lmhead_forward(xf2, p["lm_head.weight"], cfg.lmhead_slices))
+    flat_labels = labels.reshape(-1)
+    loss, lse = xent_forward(logits, flat_labels)
+    per_seq = sequence_losses(logits, flat_labels, lse, b)
+    tr("loss", loss.reshape(1))
+    saved = (e, rstd_e, tape, x, xf2, rstd_f, logits, flat_labels, lse) if keep else None
+    return loss, per_seq, saved
+
+
+def forward_loss(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tensor,
+                 labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, per-sequence losses) of one micro-batch, forward only: the same ops, so the
+    same bits, as ``forward_backward``'s (validation on held-out windows)."""
+    loss, per_seq, _ = _forward(cfg, p, input_ids, labels, _Tracer(None), keep=False)
+    return loss, per_seq
+
+
 def forward_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tensor,
                      labels: torch.Tensor, trace: Trace = None
                      ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -208,21 +241,9 @@ def forward_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: to
     b, s = input_ids.shape
     d = cfg.d_model
     grads: dict[str, torch.Tensor] = {}
-    # ---- forward
-    e = tr("embed.fwd", embedding_fwd(p["embed.weight"], input_ids))           # (B, S, D)
-    x, rstd_e = rmsnorm_fwd(e, p["embed_norm.gain"], cfg.eps)
-    tr("embed_norm.fwd", x)
-    tape = []
-    for i in range(cfg.n_layers):
-        x, saved = layer_forward(cfg, p, i, x, tr)
-        tape.append(saved)
-    xf, rstd_f = rmsnorm_fwd(x, p["final_norm.gain"], cfg.eps)
-    xf2 = xf.reshape(b * s, d)
-    logits = tr("lm_head.fwd", lmhead_forward(xf2, p["lm_head.weight"], cfg.lmhead_slices))
-    flat_labels = labels.reshape(-1)
-    loss, lse = xent_forward(logits, flat_labels)
-    per_seq = sequence_losses(logits, flat_labels, lse, b)
-    tr("loss", loss.reshape(1))
+    loss, per_seq, saved = _forward(cfg, p, input_ids, labels, tr, keep=True)
+    e, rstd_e, tape, x, xf2, rstd_f, logits, flat_labels, lse = saved
+    del saved
     # ---- backward
     dlogits = xent_backward(torch.ones((), dtype=F32, device=logits.device), logits,
                             flat_labels, lse)

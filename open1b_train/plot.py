@@ -43,6 +43,9 @@ class Series:
     phase_starts: list[int]           # steps that open a new phase (not the first step)
     phase_source: str                 # FROM_SCHEDULE or FROM_TOKENS
     tokens_per_s: list[float | None]  # owner-reported timing, unhashed
+    # float32 values of scalars.val_loss on the steps that carry one (eval_every):
+    # {source: [(step, loss), ...]}
+    val_loss: dict[str, list[tuple[int, float]]] | None = None
 
 
 def series(lines: list[dict], phase_start_tokens: list[int] | None = None) -> Series:
@@ -69,7 +72,16 @@ def series(lines: list[dict], phase_start_tokens: list[int] | None = None) -> Se
                   grad_norm=[f32_from_hex(s["grad_norm"]) for s in sc], tokens=tokens,
                   skipped=[st for st, s in zip(steps, sc) if s["skipped"]],
                   phase_starts=starts, phase_source=source,
-                  tokens_per_s=[ln.get("tokens_per_s") for ln in lines])
+                  tokens_per_s=[ln.get("tokens_per_s") for ln in lines],
+                  val_loss=_val_loss(steps, sc))
+
+
+def _val_loss(steps: list[int], sc: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    out: dict[str, list[tuple[int, float]]] = {}
+    for st, s in zip(steps, sc):
+        for name, h in (s.get("val_loss") or {}).items():
+            out.setdefault(name, []).append((st, f32_from_hex(h)))
+    return out
 
 
 def phase_start_tokens(run: str, genesis: dict, mix: str | None = None) -> list[int] | None:
@@ -104,13 +116,18 @@ def figure(s: Series, title: str = ""):
                "tokens / s\n(owner-reported,\nunhashed)")]
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 9), sharex=True)
     for ax, (ys, label) in zip(axes, panels):
-        ax.plot(s.steps, ys, lw=1.2)
+        ax.plot(s.steps, ys, lw=1.2, label="train" if ax is axes[0] else None)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         for st in s.phase_starts:
             ax.axvline(st, color="grey", ls="--", lw=0.8)
         for st in s.skipped:
             ax.axvspan(st - 0.5, st + 0.5, color="red", alpha=0.15, lw=0)
+    for name, pts in (s.val_loss or {}).items():     # held-out loss beside the training loss
+        axes[0].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, lw=1,
+                     label=f"held-out {name}")
+    if s.val_loss:
+        axes[0].legend(fontsize=7)
     axes[2].set_yscale("log")
     axes[-1].set_xlabel(f"step (dashed: {s.phase_source}; red: skipped updates)")
     if title:

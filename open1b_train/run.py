@@ -28,12 +28,13 @@ from typing import Any
 import torch
 
 import kernels.core.backend as kb
+from kernels.core import ieee
 from open1b_data import StreamPlan
 from open1b_data.formats.manifest import load_manifest
 from open1b_data.stream.loader import step_boundary_state
 from open1b_data.stream.schedule import Schedule
 from open1b_data.stream.state import differing_fields
-from open1b_train import __version__, checkpoint, runlog, statehash
+from open1b_train import __version__, checkpoint, runlog, statehash, validate
 from open1b_train.config import TrainConfig, from_dict
 from open1b_train.errors import CheckpointError, ConfigError, Open1bTrainError, ResumeError
 from open1b_train.params import Layout, init_params, param_specs
@@ -55,6 +56,7 @@ class Run:
     schedule: Schedule
     last_step: int
     device: torch.device
+    validation: dict[str, torch.Tensor] | None = None   # held-out windows (eval_every > 0)
 
 
 @dataclass
@@ -76,7 +78,13 @@ def _device(cfg: TrainConfig) -> torch.device:
 
 
 def backend_scope(cfg: TrainConfig):
-    """``kernels.core.backend.force`` for the config's backend (auto: by device)."""
+    """``kernels.core.backend.force`` for the config's backend (auto: by device), after
+    refusing a process that flushes subnormals (``kernels.core.ieee``): its CPU steps would
+    have other bits, so it may neither train nor replay."""
+    try:
+        ieee.require_ieee()
+    except ieee.FlushToZeroError as e:
+        raise Open1bTrainError(str(e)) from None
     return kb.force(None if cfg.backend == "auto" else cfg.backend)
 
 
@@ -101,7 +109,9 @@ def resolve(cfg: TrainConfig, mix: str, run_dir: str, use_index: bool = True) ->
     for r in schedule.runs:                     # every batch must split over the mesh
         if r.first_step <= last:
             schedule.accumulation(r.first_step, V)
-    return Run(cfg, mix, run_dir, plan, schedule, last, _device(cfg))
+    device = _device(cfg)
+    val = validate.load_windows(cfg, plan.view, device) if cfg.eval_every else None
+    return Run(cfg, mix, run_dir, plan, schedule, last, device, val)
 
 
 # ----------------------------------------------------------------------------- state
@@ -153,6 +163,11 @@ class StateMismatch(ResumeError):
         self.step, self.component, self.detail = step, component, detail
 
 
+class CheckpointMismatch(StateMismatch, CheckpointError):
+    """A checkpoint that cannot be used at all (unreadable, edited files, another run's):
+    a ``CheckpointError`` too, for callers that handle those."""
+
+
 def initial_state(run: Run, genesis: dict[str, Any]) -> State:
     """The state before step 1, re-derived from the seed, checked against the genesis."""
     params = init_params(run.cfg.model, run.cfg.seed, run.device)
@@ -184,21 +199,21 @@ def checkpoint_state(run: Run, lines: list[dict[str, Any]], c: int) -> State:
                                   f"run)")
         params, opt = tensors_of(ck, run)
     except CheckpointError as e:
-        raise StateMismatch(c, "checkpoint", str(e)) from None
+        raise CheckpointMismatch(c, "checkpoint", str(e)) from None
     layout = Layout(param_specs(run.cfg.model))
     comps = lines[c]["components"]
     if statehash.tensors_digest(params) != comps["params"]:
-        raise StateMismatch(c, "params", f"checkpoint {path}: its parameters differ from the "
-                                         f"log's digest for step {c}; the checkpoint was "
-                                         f"altered")
+        raise StateMismatch(c, "params", f"checkpoint {path}: its parameters digest differs "
+                                         f"from the log's step {c}; the checkpoint was "
+                                         f"altered - resume from an earlier one")
     if statehash.optim_digest(layout.views(opt.m), layout.views(opt.v), opt.adam_step,
                               opt.skip_left) != comps["optim"]:
         raise StateMismatch(c, "optim", f"checkpoint {path}: its optimizer state (moments or "
-                                        f"counters) differs from the log's digest for step "
-                                        f"{c}; the checkpoint was altered")
+                                        f"counters) differs from the log's step {c}; the "
+                                        f"checkpoint was altered - resume from an earlier one")
     loader = derived_loader_state(run, c, rec.get("loader"))
     if isinstance(loader, str):
-        raise StateMismatch(c, "checkpoint", f"{path}: {loader}")
+        raise CheckpointMismatch(c, "checkpoint", f"{path}: {loader}")
     return State(c, params, opt, lines[c]["hash"], loader)
 
 

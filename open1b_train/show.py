@@ -74,6 +74,8 @@ def step_report(run: str, step: int, top: int = 5, mix: str | None = None) -> di
                grad_norm=f32_from_hex(sc["grad_norm"]), lr=float.fromhex(sc["lr"]),
                skipped=sc["skipped"], spike=sc["spike"], tokens=sc["tokens"],
                unhashed={"seconds": line.get("seconds")})
+    if isinstance(sc.get("val_loss"), dict):      # a validation step (eval_every)
+        rep["val_loss"] = {k: f32_from_hex(v) for k, v in sc["val_loss"].items()}
     if mix is None:
         info_path = os.path.join(run, "run.json")
         mix = read_json_object(info_path, "run info").get("mix") \
@@ -124,6 +126,9 @@ def print_report(rep: dict, echo) -> None:
     echo(f"  loss {rep['loss']:.6f}   grad norm {rep['grad_norm']:.6f}   lr {rep['lr']:.6g}"
          f"   {'SKIPPED' if rep['skipped'] else 'applied'}{'  (spike)' if rep['spike'] else ''}"
          f"   tokens {rep['tokens']:,}   phase {rep['phase']}")
+    if rep.get("val_loss"):
+        echo("  validation loss (held-out): " + "   ".join(
+            f"{k} {v:.6f}" for k, v in rep["val_loss"].items()))
     for k, v in rep["components"].items():
         echo(f"  {k:<8} {v}")
     ws = rep["windows"]

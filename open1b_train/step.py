@@ -56,7 +56,7 @@ import torch
 from kernels.ops.adamw import AdamWConfig, adamw_step_
 from kernels.ops.gradnorm import clip_coefficient, grad_norm
 from kernels.core.reduce import reciprocal_f32
-from open1b_train import statehash
+from open1b_train import statehash, validate
 from open1b_train.config import TrainConfig
 from open1b_train.errors import DivergenceError
 from open1b_train.model import Trace, forward_backward
@@ -310,16 +310,31 @@ def compute_step(run: Run, state: State, batches: list[list[MicroBatch]], step: 
              "optim": statehash.optim_digest(layout.views(state.opt.m), layout.views(state.opt.v),
                                              state.opt.adam_step, state.opt.skip_left)}
     line = step_line(step, state.prev_hash, comps,
-                     scalars_record(red.loss, upd, info.tokens_after, red.window_losses))
+                     scalars_record(red.loss, upd, info.tokens_after, red.window_losses,
+                                    validation(run, state, step)))
     return StepOut(line, upd, red.loss, t_hash + time.perf_counter() - t1, red.peak_partials)
 
 
-def scalars_record(loss, upd, tokens_after: int, window_losses) -> dict[str, Any]:
-    """The exact scalars of a step, as hashed (float32 bits as hex, LR as a hex float)."""
-    return {"loss": float32_hex(loss), "grad_norm": float32_hex(upd.norm),
-            "lr": float(upd.lr).hex(), "skipped": upd.skipped, "spike": upd.spike,
-            "tokens": tokens_after,
-            "window_loss": [float32_hex(x) for x in window_losses.tolist()]}
+def validation(run: Run, state: State, step: int) -> dict[str, torch.Tensor] | None:
+    """The step's validation losses on the updated parameters (``validate.py``), or None
+    on a step without (``eval_every`` off or not due)."""
+    if not validate.due(run.cfg, step):
+        return None
+    return validate.val_losses(run.cfg, state.params, run.validation,
+                               run.schedule.spec.micro_batch)
+
+
+def scalars_record(loss, upd, tokens_after: int, window_losses,
+                   val_loss: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+    """The exact scalars of a step, as hashed (float32 bits as hex, LR as a hex float);
+    ``val_loss`` {source: float32 hex} only on a validation step."""
+    out = {"loss": float32_hex(loss), "grad_norm": float32_hex(upd.norm),
+           "lr": float(upd.lr).hex(), "skipped": upd.skipped, "spike": upd.spike,
+           "tokens": tokens_after,
+           "window_loss": [float32_hex(x) for x in window_losses.tolist()]}
+    if val_loss is not None:
+        out["val_loss"] = {name: float32_hex(v) for name, v in val_loss.items()}
+    return out
 
 
 def step_line(step: int, prev: str, comps: dict[str, str], scalars: dict[str, Any]) -> dict:

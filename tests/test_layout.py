@@ -3,7 +3,7 @@ modules, and every package imports only the packages upstream of it in the data 
 
     open1b (shared base)      kernels (a leaf)
     open1b_data: formats -> ingest, stream -> cli
-    open1b_train -> open1b_audit -> (site)
+    open1b_train -> open1b_audit (the run explorer in site/), open1b_eval
 
 Imports under ``if TYPE_CHECKING:`` are type annotations only and do not count; imports
 inside functions do (a lazy import is still a dependency)."""
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("open1b", "kernels", "open1b_data", "open1b_train", "open1b_audit")
+PACKAGES = ("open1b", "kernels", "open1b_data", "open1b_train", "open1b_audit", "open1b_eval")
 
 # package prefix -> prefixes it may import (besides itself and the standard library)
 ALLOWED = {
@@ -33,6 +33,7 @@ ALLOWED = {
     "open1b_data": ("open1b",),                     # open1b_data/__init__.py (lazy names)
     "open1b_train": ("open1b", "kernels", "open1b_data"),
     "open1b_audit": ("open1b", "kernels", "open1b_data", "open1b_train"),
+    "open1b_eval": ("open1b", "kernels", "open1b_data", "open1b_train"),
 }
 
 

@@ -20,6 +20,7 @@ from decimal import Decimal, localcontext
 from fractions import Fraction
 from typing import Any
 
+from open1b_data.formats.heldout import parse_fraction
 from open1b_data.formats.tomltable import Interval, TomlTable
 from open1b_data.errors import MixSpecError
 
@@ -60,6 +61,7 @@ class SourceSpec:
     filters: FilterSpec
     share: float | None = None
     content_store: str | None = None  # stack-v2 only: URL template with "{blob_id}"
+    heldout: str | None = None        # this source's held-out fraction (overrides [heldout])
 
     def input_root(self) -> str:
         return self.root
@@ -120,7 +122,15 @@ class MixSpec:
     shards: ShardSpec
     schedule: ScheduleSpec
     shares: str = "fractions"  # or "proportional": declared shares are normalized weights
+    heldout: str | None = None  # [heldout] fraction: every source's, unless it sets its own
     path: str = field(default="", compare=False)
+
+    def heldout_fraction(self, name: str) -> Fraction | None:
+        """Source ``name``'s held-out fraction (exact), or None: it holds nothing out.
+        (``formats/heldout.py`` states the rule.)"""
+        text = self.source(name).heldout
+        text = self.heldout if text is None else text
+        return None if text is None else Fraction(text)
 
     def target_shares(self) -> tuple[float | None, ...]:
         """Each source's target token share as the manifest records it (``target_share``):
@@ -142,6 +152,15 @@ class MixSpec:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("path")
+        # the held-out keys enter the definition (and so the fingerprint) only when set:
+        # a mix without them keeps the definition, and the fingerprint, it always had
+        if d["heldout"] is None:
+            d.pop("heldout")
+        else:                                   # as the TOML table writes it
+            d["heldout"] = {"fraction": d["heldout"]}
+        for src in d["sources"]:
+            if src["heldout"] is None:
+                src.pop("heldout")
         return d
 
 
@@ -154,7 +173,8 @@ def _keys(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
-TOP_KEYS = ("mix", "tokenizer", "shards", "schedule", "sources")
+TOP_KEYS = ("mix", "tokenizer", "shards", "schedule", "sources", "heldout")
+HELDOUT_KEYS = ("fraction",)
 MIX_KEYS = ("name", "seed", "window", "shares")
 SHARE_MODES = ("fractions", "proportional")
 
@@ -226,7 +246,18 @@ def _parse_source(t: TomlTable, base_dir: str, shares: str) -> SourceSpec:
         filters=_parse_filters(t.table("filters", _keys(FilterSpec), required=False)),
         share=t.number("share", SHARE if shares == "fractions" else WEIGHT, None),
         content_store=None if store is None else _resolve(store, base_dir),
+        heldout=_heldout(t, "heldout"),
     )
+
+
+def _heldout(t: TomlTable, key: str, required: bool = False) -> str | None:
+    """A held-out fraction, kept as the decimal string written (checked: [0, 1))."""
+    if key in t.data and not isinstance(t.data[key], str):
+        parse_fraction(t.data[key], t.name(key))      # raises, asking for a string
+    text = t.string(key) if required else t.string(key, None)
+    if text is not None:
+        parse_fraction(text, t.name(key))
+    return text
 
 
 def _exact(x: float) -> Fraction:
@@ -349,6 +380,8 @@ def parse_mix(data: dict, base_dir: str = ".", path: str = "") -> MixSpec:
         ),
         schedule=_parse_schedule(top.table("schedule", _keys(ScheduleSpec))),
         shares=shares,
+        heldout=_heldout(top.table("heldout", HELDOUT_KEYS), "fraction", required=True)
+        if "heldout" in data else None,
         path=path,
     )
     if spec.window != spec.schedule.seq_tokens + 1:

@@ -30,6 +30,7 @@ Contract (docs/FORMATS.md, "manifest.json"):
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -123,6 +124,7 @@ class ShardEntry:
     lengths_path: str
     lengths_sha256: str
     merkle: TreeEntry | None = None
+    heldout: tuple[int, ...] | None = None   # rows held out (its source has a fraction)
 
     def to_dict(self) -> dict[str, Any]:
         d = {"path": self.path, "sha256": self.sha256, "bytes": self.bytes,
@@ -130,6 +132,8 @@ class ShardEntry:
              "lengths": {"path": self.lengths_path, "sha256": self.lengths_sha256}}
         if self.merkle is not None:
             d["merkle"] = self.merkle.to_dict()
+        if self.heldout is not None:
+            d["heldout"] = list(self.heldout)
         return d
 
     @classmethod
@@ -143,7 +147,23 @@ class ShardEntry:
                                            f"{where}.lengths.path"),
                    lengths_sha256=_sha(lengths, "sha256", f"{where}.lengths"),
                    merkle=TreeEntry.from_dict(_req(d, "merkle", dict, where),
-                                              f"{where}.merkle") if has_tree else None)
+                                              f"{where}.merkle") if has_tree else None,
+                   heldout=_heldout(d, where))
+
+
+def _heldout(d: Mapping[str, Any], where: str) -> tuple[int, ...] | None:
+    """A shard entry's ``heldout``: absent, or its held-out rows, strictly ascending, each
+    in [0, documents)."""
+    if not isinstance(d, Mapping) or "heldout" not in d:
+        return None
+    rows, n = d["heldout"], d.get("documents")
+    if (type(rows) is not list or any(type(r) is not int for r in rows)
+            or any(b <= a for a, b in zip(rows, rows[1:]))
+            or (rows and (rows[0] < 0 or type(n) is not int or rows[-1] >= n))):
+        raise ManifestError(f"{where}.heldout: expected the held-out rows, strictly ascending "
+                            f"integers in [0, documents = {n!r}), got {str(rows)[:80]}; the "
+                            f"manifest is malformed, rebuild it")
+    return tuple(rows)
 
 
 def _fast_shard(d: Any) -> ShardEntry | None:
@@ -162,6 +182,13 @@ def _fast_shard(d: Any) -> ShardEntry | None:
             and type(path) is str and type(lpath) is str
             and CONFINED.fullmatch(path) and CONFINED.fullmatch(lpath)):
         return None
+    if "heldout" in d:
+        try:
+            return dataclasses.replace(_fast_shard({k: v for k, v in d.items()
+                                                    if k != "heldout"}),
+                                       heldout=_heldout(d, "shard"))
+        except (TypeError, ManifestError):     # None above, or a bad list: from_dict names it
+            return None
     tree = d.get("merkle")
     if tree is None:
         return None if "merkle" in d else ShardEntry(path, sha, size, docs, toks, lpath, lsha)

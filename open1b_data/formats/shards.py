@@ -29,6 +29,7 @@ import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +37,7 @@ import pyarrow.parquet as pq
 
 from open1b_data.errors import ShardFormatError
 from open1b_data.formats import merkle
+from open1b_data.formats.heldout import is_heldout
 from open1b_data.formats.manifest import ShardEntry, TreeEntry
 from open1b_data.formats.definition import ShardSpec
 from open1b_data.storage import is_local, read_bytes, url_to_fs
@@ -117,7 +119,7 @@ class ShardWriter:
     """
 
     def __init__(self, dest_prefix_url: str, source: str, shard_spec: ShardSpec,
-                 rel_prefix: str | None = None) -> None:
+                 rel_prefix: str | None = None, heldout: Fraction | None = None) -> None:
         self.prefix = dest_prefix_url.rstrip("/")
         self.source = source
         self.spec = shard_spec
@@ -130,6 +132,9 @@ class ShardWriter:
         self._group: list[tuple[np.ndarray, str, str, int]] = []
         self._count = 0
         self._closed = False
+        # the source's held-out fraction: each entry then lists the rows it holds out
+        self.heldout = heldout
+        self._heldout: list[int] = []
 
     def _url(self, suffix: str) -> str:
         return f"{self.prefix}-{len(self.entries):05d}{suffix}"
@@ -145,6 +150,8 @@ class ShardWriter:
             raise ShardFormatError(f"{self._url('.parquet')}: more than {_MAX_TOKENS} tokens "
                                    f"in one Parquet list column; lower shards.tokens_per_shard")
         arr = arr.astype("<u4", copy=False)
+        if self.heldout is not None and is_heldout(str(doc_id), self.heldout):
+            self._heldout.append(len(self._lengths))
         self._leaves.append(merkle.leaf_hash(len(self._lengths), arr))
         self._group.append((arr, str(doc_id), str(input), int(row)))
         self._lengths.append(int(arr.size))
@@ -220,9 +227,10 @@ class ShardWriter:
             lengths_sha256=hashlib.sha256(lbytes).hexdigest(),
             merkle=TreeEntry(root=merkle.root_of(tree).hex(),
                              path=f"{self.rel_prefix}{name}.merkle",
-                             sha256=hashlib.sha256(tbytes).hexdigest())))
+                             sha256=hashlib.sha256(tbytes).hexdigest()),
+            heldout=None if self.heldout is None else tuple(self._heldout)))
         self._discard()
-        self._lengths, self._leaves, self._count = [], [], 0
+        self._lengths, self._leaves, self._count, self._heldout = [], [], 0, []
 
     def _discard(self) -> None:
         if self._writer is not None:

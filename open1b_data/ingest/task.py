@@ -174,7 +174,8 @@ def build_input(job: Job, report: Callable[[tuple[int, int, int]], None] | None 
 
     spec = job.mix.source(job.source)
     tok, fast = _encoders(job.out, job.tokenizer_sha256)
-    writer = ShardWriter(job.prefix, job.source, job.mix.shards)
+    writer = ShardWriter(job.prefix, job.source, job.mix.shards,
+                         heldout=job.mix.heldout_fraction(job.source))
     dropped: Counter[str] = Counter()
     # A reservoir of documents per shard for the encoder check; the RNG is seeded by the
     # input path so the sample, like the output, is the same on every run.

@@ -15,8 +15,10 @@ mismatch: ``load_manifest``'s message, raised.
 from __future__ import annotations
 
 import hashlib
+from fractions import Fraction
 
 from open1b_data.formats import merkle
+from open1b_data.formats.heldout import fractions_of, heldout_rows
 from open1b_data.formats.manifest import (ShardEntry, parse_manifest, read_manifest_bytes,
                                        tokenizer_files)
 from open1b_data.formats.mixpath import mix_root, resolve
@@ -53,6 +55,7 @@ def verify(mix_url: str) -> list[str]:
         elif got[0] != f["sha256"]:
             problems.append(f"{f['path']}: sha256 differs (manifest {f['sha256']}, file "
                             f"{got[0]})")
+    fractions = fractions_of(m.definition)
     for source, sh in m.shards():
         url = resolve(root, sh.path)
         got = _hash_and_size(url)
@@ -78,8 +81,13 @@ def verify(mix_url: str) -> list[str]:
                         intact = True
                 except ShardFormatError as e:
                     problems.append(f"{sh.path}: {e}")
+        fraction = fractions.get(source)
+        if (sh.heldout is None) != (fraction is None):
+            problems.append(f"{sh.path}: held-out rows {'missing' if fraction else 'listed'} "
+                            f"but the definition gives source {source!r} "
+                            f"{'a' if fraction else 'no'} held-out fraction; rebuild the mix")
         try:
-            problems.extend(_check_tree(root, url, sh, intact))
+            problems.extend(_check_tree(root, url, sh, intact, fraction))
         except ShardFormatError as e:
             problems.append(f"{sh.path}: {e}")
         lurl = resolve(root, sh.lengths_path)
@@ -103,9 +111,17 @@ def verify(mix_url: str) -> list[str]:
     return problems
 
 
-def _check_tree(root: str, url: str, sh: ShardEntry, intact: bool) -> list[str]:
+def _check_tree(root: str, url: str, sh: ShardEntry, intact: bool,
+                fraction: Fraction | None = None) -> list[str]:
     """The stored tree file against the manifest; and, when the shard itself is ``intact``,
-    the tree recomputed from its documents against the manifest's root and that file."""
+    the tree recomputed from its documents against the manifest's root and that file, and
+    the held-out rows re-derived from its ``doc_id`` column by the rule."""
+    if intact and fraction is not None and sh.heldout is not None:
+        want = heldout_rows((d.doc_id for d in iter_documents(url)), fraction)
+        if tuple(want) != sh.heldout:
+            return [f"{sh.path}: held-out rows differ (manifest {len(sh.heldout)} rows, the "
+                    f"rule on its doc_id column gives {len(want)}, first difference at "
+                    f"{_first_difference(sh.heldout, want)}); rebuild the mix"]
     if sh.merkle is None:
         return []
     problems = []
@@ -127,3 +143,8 @@ def _check_tree(root: str, url: str, sh: ShardEntry, intact: bool) -> list[str]:
         problems.append(f"{sh.merkle.path}: the manifest's tree file is not the tree of the "
                         f"shard's documents; rebuild the mix")
     return problems
+
+
+def _first_difference(a, b) -> int:
+    """The first index where two row lists differ."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -61,10 +61,48 @@ class SourceView:
     lengths_sha256: tuple[str, ...]
     share: Fraction                        # the target token share used for the weight
     weight: int                            # exact integer source weight
+    # rows of each shard held out of training (sorted int64), None: the source holds none
+    shard_heldout: tuple[np.ndarray, ...] | None = None
 
     @property
     def shards(self) -> int:
         return len(self.shard_documents)
+
+    @property
+    def heldout(self) -> bool:
+        return self.shard_heldout is not None
+
+    @property
+    def shard_train(self) -> tuple[int, ...]:
+        """Documents per shard the stream draws from: all but the held-out ones."""
+        if self.shard_heldout is None:
+            return self.shard_documents
+        return tuple(n - h.size for n, h in zip(self.shard_documents, self.shard_heldout))
+
+    @property
+    def train_documents(self) -> int:
+        """The source's documents the stream draws from (STREAM.md section 10)."""
+        return sum(self.shard_train)
+
+    def train_rows(self, shard: int, index: np.ndarray) -> np.ndarray:
+        """Shard rows of training documents ``index`` (positions among the shard's
+        training documents, in row order): the identity without a held-out set."""
+        if self.shard_heldout is None:
+            return index
+        held = self.shard_heldout[shard]
+        adj = held - np.arange(held.size, dtype=np.int64)   # non-decreasing
+        return index + np.searchsorted(adj, index, side="right")
+
+    def train_index(self, shard: int, row: int) -> int | None:
+        """Inverse of ``train_rows``: the position of ``row`` among the shard's training
+        documents, or None when the row is held out."""
+        if self.shard_heldout is None:
+            return row
+        held = self.shard_heldout[shard]
+        k = int(np.searchsorted(held, row))
+        if k < held.size and int(held[k]) == row:
+            return None
+        return row - k
 
 
 def _exact(x: float | int) -> Fraction:
@@ -132,8 +170,19 @@ def summary_of(manifest) -> dict:
                      "shard_bytes": [sh.bytes for sh in s.shards],
                      "shard_sha256": [sh.sha256 for sh in s.shards],
                      "lengths_paths": [sh.lengths_path for sh in s.shards],
-                     "lengths_sha256": [sh.lengths_sha256 for sh in s.shards]}
+                     "lengths_sha256": [sh.lengths_sha256 for sh in s.shards],
+                     "shard_heldout": _heldout_of(s)}
                     for s in manifest.sources]}
+
+
+def _heldout_of(source) -> list[list[int]] | None:
+    """A source's held-out rows per shard; None when its shards list none (no fraction)."""
+    if all(sh.heldout is None for sh in source.shards):
+        return None
+    if any(sh.heldout is None for sh in source.shards):
+        raise ManifestError(f"source {source.name!r}: some shards list held-out rows and some "
+                            f"do not; the manifest is inconsistent, rebuild the mix")
+    return [list(sh.heldout) for sh in source.shards]
 
 
 def _root(mix_url: str) -> str:
@@ -164,12 +213,15 @@ class MixView:
             if sum(sd) != docs[i]:
                 raise ManifestError(f"{mix_url}: source {s['name']!r} lists {docs[i]} "
                                     f"documents but its shards hold {sum(sd)}; rebuild it")
+            held = s.get("shard_heldout")
             views.append(SourceView(
                 index=i, name=s["name"], documents=docs[i], tokens=toks[i], shard_documents=sd,
                 shard_paths=tuple(s["shard_paths"]),
                 shard_bytes=tuple(int(n) for n in s["shard_bytes"]),
                 shard_sha256=tuple(s["shard_sha256"]), lengths_paths=tuple(s["lengths_paths"]),
-                lengths_sha256=tuple(s["lengths_sha256"]), share=share, weight=w))
+                lengths_sha256=tuple(s["lengths_sha256"]), share=share, weight=w,
+                shard_heldout=None if held is None else tuple(
+                    np.array(h, dtype=np.int64) for h in held)))
         self.sources: tuple[SourceView, ...] = tuple(views)
         self.weights: tuple[int, ...] = tuple(weights)
         self.total_weight: int = sum(weights)

@@ -39,6 +39,10 @@ from open1b_data.stream.mixview import MixView
 from open1b_data.stream.segments import SEG_FIELDS, Cursor, DrawInfo, Draws, Segment, Segments
 from open1b_data.stream.state import BufferDoc, StreamState, differing_fields
 
+class HeldOutError(StreamError):
+    """A held-out document was asked for as a training document."""
+
+
 CHUNK_DRAWS = 1 << 22       # draws planned per vectorized block when advancing far
 CURSOR_CACHE = 4096
 
@@ -54,7 +58,8 @@ class StreamPlan:
         self.window: int = view.window
         self.fingerprint: str = view.fingerprint
         self.sources: tuple[str, ...] = view.names
-        self.documents = np.array([s.documents for s in view.sources], dtype=np.int64)
+        # documents the stream draws from: a source's held-out ones are never drawn
+        self.documents = np.array([s.train_documents for s in view.sources], dtype=np.int64)
         self.mix_key = rng.derive_key("mix", self.seed)
         self._cum_w = np.cumsum(np.array(view.weights, dtype=np.uint64))
         w = np.array(view.weights, dtype=np.float64)
@@ -102,7 +107,7 @@ class StreamPlan:
             sv = self.view.sources[source]
             k = rng.derive_key("shard-order", self.seed, sv.name, epoch)
             order = rng.permutation(k, sv.shards)
-            docs = np.array(sv.shard_documents, dtype=np.int64)
+            docs = np.array(sv.shard_train, dtype=np.int64)
             cum = np.concatenate([[0], np.cumsum(docs[order])]).astype(np.int64)
             hit = (order, cum)
             if len(self._order_cache) > 256:
@@ -124,7 +129,10 @@ class StreamPlan:
             return tuple(out)
         d = int(self.documents[source])
         if d == 0:
-            raise StreamError(f"source {self.sources[source]!r} has no documents")
+            raise StreamError(f"source {self.sources[source]!r} has no documents"
+                              + (" to train on (all held out)" if
+                                 self.view.sources[source].heldout else ""))
+        sv = self.view.sources[source]
         epoch = ordinal // d
         pos = ordinal - epoch * d
         ep_cuts = np.flatnonzero(np.diff(epoch)) + 1
@@ -138,8 +146,8 @@ class StreamPlan:
                 jj = int(j[a])
                 h = int(order[jj])
                 q = p[a:b] - cum[jj]
-                docs = rng.feistel_permute(self.doc_key(source, e, h), q,
-                                           int(cum[jj + 1] - cum[jj]))
+                docs = sv.train_rows(h, rng.feistel_permute(self.doc_key(source, e, h), q,
+                                                            int(cum[jj + 1] - cum[jj])))
                 if ids:
                     out[0][lo + a:lo + b] = e
                     out[1][lo + a:lo + b] = h
@@ -153,12 +161,16 @@ class StreamPlan:
         if not 0 <= shard < sv.shards or not 0 <= doc < sv.shard_documents[shard]:
             raise StreamError(f"source {sv.name!r} has no document {doc} in shard {shard} "
                               f"({sv.shards} shards)")
+        index = sv.train_index(shard, doc)
+        if index is None:
+            raise HeldOutError(f"document {doc} of shard {shard} of source {sv.name!r} is "
+                               f"held out (STREAM.md section 10): the stream never draws it")
         order, cum = self.shard_order(source, epoch)
         j = int(rng.feistel_invert(rng.derive_key("shard-order", self.seed, sv.name, epoch),
                                    [shard], sv.shards)[0])
-        q = int(rng.feistel_invert(self.doc_key(source, epoch, shard), [doc],
-                                   sv.shard_documents[shard])[0])
-        return epoch * sv.documents + int(cum[j]) + q
+        q = int(rng.feistel_invert(self.doc_key(source, epoch, shard), [index],
+                                   sv.shard_train[shard])[0])
+        return epoch * int(self.documents[source]) + int(cum[j]) + q
 
     # ------------------------------------------------------------------ draws
 
@@ -421,7 +433,11 @@ class StreamPlan:
 
     def occurrences(self, source: int, shard: int, doc: int, a: int, b: int
                     ) -> list[DrawInfo]:
-        """Every draw of document (source, shard, doc) with tokens in windows [a, b)."""
+        """Every draw of document (source, shard, doc) with tokens in windows [a, b)
+        (none for a held-out document)."""
+        if 0 <= shard < self.view.sources[source].shards and \
+                self.view.sources[source].train_index(shard, doc) is None:
+            return []
         lo, hi = self.cursor_at(a), self.cursor_at(b)
         first = lo.consumed[source]            # ordinals >= first (incl. the buffer doc)
         last = hi.consumed[source] + (1 if hi.offset else 0)

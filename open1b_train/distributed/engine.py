@@ -47,7 +47,8 @@ from open1b_train.loop import Computed, Summary, run_steps
 from open1b_train.params import ALIGN, Layout, param_specs
 from open1b_train.run import (Run, State, backend_scope, checkpoint_record, open_run)
 from open1b_train.step import (SPIKE_INJECTION, MicroBatch, Update, decide, loss_reduction,
-                               rank_gradient, scalars_record, step_line, update)
+                               rank_gradient, scalars_record, step_line, update,
+                               validation)
 
 
 class Shards:
@@ -131,7 +132,8 @@ class DistStepper:
                 t.mul_(SPIKE_INJECTION)
         upd = self._update(state, step, info, own, loss)
         line = step_line(step, state.prev_hash, self._components(state, step, windows, groots),
-                         scalars_record(loss, upd, info.tokens_after, window_losses))
+                         scalars_record(loss, upd, info.tokens_after, window_losses,
+                                        validation(self.run, state, step)))
         return Computed(line, upd, loss, {"processes": self.pl.procs,
                                           "collective_seconds": round(self.comm, 4)})
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from open1b_train import runlog
-from tests.fixtures import tamper
+from tests.fixtures import auditors, tamper
 
 audit_all = tamper.audit_all
 
@@ -35,3 +35,10 @@ def test_tampering_is_caught_naming_step_and_component(case, tmp_path, ref_run, 
     found = audit_all(run, mix, expect)
     assert found is not None, f"not caught: {case}"
     assert (found.component, found.step) == (component, step), str(found)
+
+
+def test_forged_auditors_are_never_counted(ref_run, tmp_path):
+    """The tamper table's second half: certificates written without replaying anything."""
+    for name, (rep, step) in auditors.coverage_forgeries(runlog.read(ref_run),
+                                                       str(tmp_path)).items():
+        assert auditors.coverage_caught(rep, step), (name, rep)

@@ -133,6 +133,20 @@ def test_every_command_and_option_documented():
                     assert opt in secs[name], f"docs/CLI.md: {name} does not document {opt}"
 
 
+def test_every_audit_command_and_option_listed():
+    """open1b-audit's commands are summed up in docs/CLI.md's table, one row each."""
+    from open1b_audit.cli import main as audit
+
+    rows = {m.group(1): m.group(0) for m in
+            re.finditer(r"^\| `open1b-audit ([\w-]+)(?:[^|\\]|\\.)*", DOC.read_text(encoding="utf-8"), re.M)}
+    for name, cmd in audit.commands.items():
+        assert name in rows, f"docs/CLI.md's table has no row for open1b-audit {name}"
+        for p in cmd.params:
+            for opt in p.opts:
+                if opt.startswith("--"):
+                    assert opt in rows[name], f"docs/CLI.md: open1b-audit {name} lacks {opt}"
+
+
 def test_marker_rules():
     text = ("<!-- cli: exit 1, first 2 lines -->\n```console\n$ open1b-data stream-at "
             "'a b' --step 1\nx\ny\n[... 3 more lines]\n```\n")

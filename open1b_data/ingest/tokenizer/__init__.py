@@ -1,7 +1,8 @@
 """The mix's tokenizer: byte-level BPE trained from scratch, and an exact fast encoder -
 one noun per module: the training ``sample``, BPE ``training`` (and its saved and
 transformers forms), the fast ``encoder``. The names below are the ingest's public ones."""
-from open1b_data.ingest.tokenizer.encoder import (FastEncoder, check_equivalence,  # noqa: F401
+from open1b_data.ingest.tokenizer.encoder import (ENCODER_ENV, LOOKAHEAD_TAIL,  # noqa: F401
+                                                  FastEncoder, check_equivalence,
                                                   delegated_pattern, native_encoder)
 from open1b_data.ingest.tokenizer.sample import (TrainingSample, select_sample,  # noqa: F401
                                                  source_quotas)

@@ -1,0 +1,71 @@
+"""``open1b-audit site`` and ``open1b-audit serve``: the run explorer's two commands (the
+thin click layer over ``open1b_audit.site``; registered by ``open1b_audit.cli``)."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from open1b.cli import ERRORS, emit, fail
+from open1b_data.cli.stream import STEPS
+
+
+@click.command("site")
+@click.argument("run", type=click.Path(file_okay=False))
+@click.option("--mix", default=None, help="The built mix (default: the one the run names).")
+@click.option("--certs", type=click.Path(file_okay=False), default=None,
+              help="A directory of certificates (*.json) for coverage and step pages.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Directory to write the static site into (open OUT/index.html).")
+@click.option("--steps", "steps", type=STEPS, default=None,
+              help="Write step pages for steps A..B (default: the first 64 and every "
+                   "certified step).")
+@click.option("--build-index", is_flag=True,
+              help="Build the mix's seek index first if it is missing (far steps).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def site_cmd(run, mix, certs, out, steps, build_index, as_json) -> None:
+    """Write the run explorer of RUN as a static site: run, step, document, coverage and
+    mix pages (docs/AUDIT.md, "The run explorer")."""
+    from open1b_audit.site.data import Explorer
+    from open1b_audit.site.static import write_site
+
+    try:
+        ex = Explorer.open(run, mix, certs, build_index)
+        rep = write_site(ex, out, None if steps is None else list(range(steps[0], steps[1] + 1)))
+    except ERRORS as e:
+        fail(e)
+    emit(rep, as_json, lambda r: click.echo(
+        f"wrote {r['out']}: {r['files']} files, {r['bytes'] / 2**20:.1f} MiB ({len(r['steps'])} "
+        f"step pages, {r['documents']} document pages; largest {r['largest']['file']} "
+        f"{r['largest']['bytes'] / 2**10:.0f} KiB) in {r['seconds']:.1f} s\n"
+        f"open {os.path.join(r['out'], 'index.html')}"))
+
+
+@click.command("serve")
+@click.argument("run", type=click.Path(file_okay=False))
+@click.option("--mix", default=None, help="The built mix (default: the one the run names).")
+@click.option("--certs", type=click.Path(file_okay=False), default=None,
+              help="A directory of certificates (*.json) for coverage and step pages.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8017, show_default=True,
+              help="Port on 127.0.0.1 (0: any free port).")
+@click.option("--build-index", is_flag=True,
+              help="Build the mix's seek index first if it is missing (far steps).")
+def serve_cmd(run, mix, certs, port, build_index) -> None:
+    """Serve the run explorer of RUN on 127.0.0.1, every page rendered on demand (any
+    step of a large run); Ctrl-C stops it."""
+    from open1b_audit.site.data import Explorer
+    from open1b_audit.site.serve import make_server
+
+    try:
+        ex = Explorer.open(run, mix, certs, build_index)
+        server = make_server(ex, port)
+    except ERRORS as e:
+        fail(e)
+    host, bound = server.server_address[:2]
+    click.echo(f"serving {run} ({ex.last} steps) at http://{host}:{bound}/ - Ctrl-C stops")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The golden trajectories on aarch64, under emulation (docs/PORTABILITY.md, "aarch64").
+# Debian's qemu-user-static runs an arm64 Debian userland in a chroot; torch's aarch64
+# wheel is a CPU build. Run as root on a Debian/Ubuntu x86 host:
+#   scripts/aarch64_check.sh setup      # qemu, debootstrap, python3 + venv, torch, numpy, ...
+#   scripts/aarch64_check.sh run [ARGS] # copies this checkout in, builds the C extension,
+#                                       # runs scripts/portability_check.py --inside ARGS
+# ROOT (default /tmp/arm64) is the chroot; TORCH (default 2.13.0) the torch release.
+# Emulation is 10-50x slower than the host: run it under nohup with a log.
+set -euo pipefail
+ROOT=${ROOT:-/tmp/arm64}
+TORCH=${TORCH:-2.13.0}
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+DEPS="numpy pyarrow tokenizers tiktoken zstandard fsspec click safetensors tqdm cryptography setuptools wheel"
+
+mounts() {
+  mountpoint -q /proc/sys/fs/binfmt_misc || mount binfmt_misc -t binfmt_misc /proc/sys/fs/binfmt_misc
+  update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
+  mountpoint -q "$ROOT/proc" || mount -t proc proc "$ROOT/proc"
+  mountpoint -q "$ROOT/dev" || mount --bind /dev "$ROOT/dev"
+  cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+  [ -f /etc/ssl/certs/ca-certificates.crt ] && mkdir -p "$ROOT/etc/ssl/certs" &&
+    cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/host-ca.crt" || true
+}
+
+case ${1:-} in
+  setup)
+    DEBIAN_FRONTEND=noninteractive apt-get install -y qemu-user-static binfmt-support debootstrap
+    [ -x "$ROOT/usr/bin/apt-get" ] ||
+      debootstrap --arch=arm64 --variant=minbase bookworm "$ROOT" http://deb.debian.org/debian
+    mounts
+    chroot "$ROOT" /usr/bin/env DEBIAN_FRONTEND=noninteractive bash -c \
+      "apt-get update && apt-get install -y python3 python3-venv python3-dev gcc ca-certificates"
+    chroot "$ROOT" bash -c "[ -x /venv/bin/python ] || python3 -m venv /venv"
+    chroot "$ROOT" /venv/bin/pip install --default-timeout=300 -q "torch==$TORCH" $DEPS
+    chroot "$ROOT" /venv/bin/python -c \
+      "import platform, torch, numpy; print(platform.machine(), torch.__version__, numpy.__version__)"
+    ;;
+  run)
+    shift
+    mounts
+    rm -rf "$ROOT/open1b"; mkdir -p "$ROOT/open1b"
+    (cd "$HERE" && git ls-files -z | xargs -0 tar cf - | tar xf - -C "$ROOT/open1b")
+    chroot "$ROOT" bash -c "cd /open1b && /venv/bin/python setup.py -q build_ext --inplace"
+    chroot "$ROOT" /usr/bin/env PYTHONPATH=/open1b bash -c \
+      "cd /open1b && /venv/bin/python scripts/portability_check.py --inside $*"
+    ;;
+  *) sed -n '2,10p' "$0"; exit 2 ;;
+esac

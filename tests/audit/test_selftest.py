@@ -1,0 +1,57 @@
+"""``open1b-audit selftest``: MATCH on this machine against the committed expected values,
+the machine described for a certificate, and a genuine difference (one exp result off by
+one ulp) named by step, component and operator."""
+from __future__ import annotations
+
+import json
+
+import torch
+from click.testing import CliRunner
+
+from open1b_audit.cli import main
+from open1b_audit.selftest import run_selftest
+
+
+def test_selftest_matches_and_describes_the_machine(tmp_path):
+    r = CliRunner().invoke(main, ["selftest", "--steps", "2", "--json", "--work", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["verdict"] == "MATCH" and rep["ok"]
+    checks = {c["check"] + c.get("backend", ""): c for c in rep["checks"]}
+    assert checks["demo init"]["verdict"] == "MATCH"
+    assert checks["micro trajectory steps 1-2cpu"]["verdict"] == "MATCH"
+    m = rep["machine"]
+    assert m["torch"] == torch.__version__ and m["flush"] == {"ftz": False, "daz": False}
+    assert m["cpu"]["arch"] and isinstance(m["cpu"]["flags"], list)
+    assert "torch_cpu_capability" in m and isinstance(m["mathc"], bool)
+
+
+def test_selftest_names_the_first_differing_step_component_and_operator(tmp_path,
+                                                                         monkeypatch):
+    from kernels.core import mathfn
+
+    exp = mathfn.exp
+
+    def off_by_one_ulp(x, *a, **k):      # a machine whose exp differs in the last bit
+        y = exp(x, *a, **k)
+        bits = y.view(torch.int32)
+        return torch.where(y > 0.5, (bits + 1).view(torch.float32), y)
+    monkeypatch.setattr(mathfn, "exp", off_by_one_ulp)
+    rep = run_selftest(steps=1, work=str(tmp_path))
+    assert rep["verdict"] == "MISMATCH"
+    (cpu,) = [c for c in rep["checks"] if c.get("backend") == "cpu"]
+    assert cpu["difference"]["step"] == 1 and cpu["difference"]["component"] == "grad"
+    assert cpu["operator"]["why"] == "the op's output differs"
+    assert cpu["operator"]["name"].startswith("rank0.mb0.")
+
+
+def test_selftest_refuses_a_process_that_flushes_subnormals(tmp_path):
+    before = torch.set_flush_denormal(True)
+    try:
+        if not before:
+            return                    # this CPU has no FTZ/DAZ: nothing to refuse
+        r = CliRunner().invoke(main, ["selftest", "--steps", "1", "--work", str(tmp_path)])
+    finally:
+        torch.set_flush_denormal(False)
+    assert r.exit_code == 1
+    assert "flushes subnormal floats to zero" in r.output and "FTZ" in r.output

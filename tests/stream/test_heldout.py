@@ -1,0 +1,158 @@
+"""The held-out set (STREAM.md section 10): the rule's test vectors, the definition key,
+and on a small built mix: the manifest's rows are the rule's, the stream never draws them
+(by document id, for every window of the schedule), and held-out windows are a pure
+function of the mix."""
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from open1b_data import StreamPlan
+from open1b_data.errors import MixSpecError
+from open1b_data.formats.definition import default_mix_path, load_mix, parse_mix
+from open1b_data.formats.heldout import is_heldout, parse_fraction
+from open1b_data.ingest.verify import verify
+from open1b_data.stream.heldout import HeldoutWindows
+from open1b_data.stream.plan import HeldOutError
+from open1b_data.stream.schedule import Schedule
+from open1b_data.stream.shardreader import ShardReader
+from tests.fixtures.trainmix import train_mix
+
+# STREAM.md section 10 "Test vectors": (doc_id, fraction, held out?)
+VECTORS = [
+    ("doc-377", "0.001", True),      # SHA-256 starts 003bb1ed...: 0.000911... of 2^256
+    ("doc-377", "0.0009", False),
+    ("b", "0.25", True),             # 3e23e816...: 0.2427...
+    ("b", "0.24", False),
+    ("doc-2", "0.4", True),          # 664b4034...: 0.3996...
+    ("doc-2", "0.3", False),
+    ("a", "0.79", False),            # ca978112...: 0.7914...
+    ("a", "0.8", True),
+    ("doc-1", "0", False),
+]
+
+
+@pytest.mark.parametrize("doc_id,fraction,held", VECTORS)
+def test_rule_vectors(doc_id, fraction, held):
+    assert is_heldout(doc_id, parse_fraction(fraction, "f")) is held
+
+
+@pytest.mark.parametrize("bad", [0.001, "1", "1.0", "-0.1", "1e-3", ".5", "0.5 ", ""])
+def test_fraction_is_a_decimal_string_in_0_1(bad):
+    with pytest.raises(MixSpecError, match="f"):
+        parse_fraction(bad, "f")
+
+
+def test_definition_key_enters_only_when_present():
+    spec = load_mix(default_mix_path())
+    d = spec.to_dict()
+    assert "heldout" not in d and all("heldout" not in s for s in d["sources"])
+    import tomllib
+    with open(default_mix_path(), "rb") as f:
+        raw = tomllib.load(f)
+    raw["heldout"] = {"fraction": "0.001"}
+    raw["sources"][1]["heldout"] = "0.01"
+    spec2 = parse_mix(raw, base_dir="manifests")
+    d2 = spec2.to_dict()
+    assert d2["heldout"] == {"fraction": "0.001"} and d2["sources"][1]["heldout"] == "0.01"
+    assert "heldout" not in d2["sources"][0]
+    assert spec2.heldout_fraction(spec2.sources[0].name) == Fraction(1, 1000)
+    assert spec2.heldout_fraction(spec2.sources[1].name) == Fraction(1, 100)
+    raw["heldout"] = {"fraction": 0.001}
+    with pytest.raises(MixSpecError, match="heldout.fraction"):
+        parse_mix(raw, base_dir="manifests")
+    raw["heldout"] = {"fractoin": "0.1"}
+    with pytest.raises(MixSpecError, match="fraction"):
+        parse_mix(raw, base_dir="manifests")
+
+
+@pytest.fixture(scope="module")
+def hmix(tmp_path_factory) -> str:
+    return train_mix(tmp_path_factory.mktemp("heldout"), steps=12, batch=12, heldout="0.2")
+
+
+def _ids(view, reader, s):
+    return [reader.column(s, h, "doc_id") for h in range(view.sources[s].shards)]
+
+
+def test_manifest_rows_are_the_rule_and_verify_rederives_them(hmix):
+    plan = StreamPlan.open(hmix, use_index=False)
+    view = plan.view
+    reader = ShardReader(view)
+    assert view.definition["heldout"] == {"fraction": "0.2"}
+    for s, sv in enumerate(view.sources):
+        assert sv.heldout
+        for h, ids in enumerate(_ids(view, reader, s)):
+            want = [i for i, d in enumerate(ids) if is_heldout(d, Fraction("0.2"))]
+            assert sv.shard_heldout[h].tolist() == want
+        assert plan.documents[s] == sv.documents - sum(x.size for x in sv.shard_heldout)
+        assert 0 < plan.documents[s] < sv.documents
+    assert verify(hmix) == []
+    # a manifest whose held-out list is not the rule's: verify names the shard
+    raw = json.load(open(f"{hmix}/manifest.json"))
+    sh = raw["sources"][0]["shards"][0]
+    sh["heldout"] = [] if sh["heldout"] else [0]
+    from open1b_data.formats.manifest import fingerprint
+    raw["fingerprint"] = fingerprint(raw)
+    import shutil
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        shutil.copytree(hmix, d, dirs_exist_ok=True)
+        with open(f"{d}/manifest.json", "w") as f:
+            json.dump(raw, f)
+        problems = verify(d)
+        assert any(sh["path"] in p and "held-out rows differ" in p for p in problems)
+
+
+def test_training_never_draws_a_heldout_document(hmix):
+    """Every window of the schedule (and past it, through epochs), by document id."""
+    plan = StreamPlan.open(hmix, use_index=False)
+    view = plan.view
+    reader = ShardReader(view)
+    sched = Schedule.from_definition(view.definition)
+    n = sched.total_windows * 4                 # several epochs of every source
+    segs = plan.segments_range(0, n)
+    ids = [_ids(view, reader, s) for s in range(len(view.sources))]
+    held = {ids[s][h][int(r)] for s, sv in enumerate(view.sources)
+            for h, rows in enumerate(sv.shard_heldout) for r in rows}
+    assert held
+    drawn = {ids[int(s)][int(h)][int(d)] for s, h, d in zip(segs.source, segs.shard, segs.doc)}
+    assert not drawn & held
+    # each epoch is a permutation of exactly the training documents
+    for s, sv in enumerate(view.sources):
+        for e in (0, 1):
+            k = np.arange(e * plan.documents[s], (e + 1) * plan.documents[s])
+            _, shard, doc, _ = plan.lookup(s, k)
+            got = sorted(ids[s][int(h)][int(d)] for h, d in zip(shard, doc))
+            want = sorted(i for per in ids[s] for i in per if i not in held)
+            assert got == want
+    # the state counts training documents; a state round-trips; held-out docs are never
+    # found as training documents
+    st = plan.state_at(n // 2)
+    assert list(st.documents) == plan.documents.tolist()
+    assert plan.from_state(st) == n // 2
+    s, h, r = 0, *next((h, int(rows[0])) for h, rows in
+                       enumerate(view.sources[0].shard_heldout) if rows.size)
+    with pytest.raises(HeldOutError, match="held out"):
+        plan.ordinal_of(s, h, r, 0)
+    assert plan.occurrences(s, h, r, 0, 50) == []
+
+
+def test_heldout_windows_are_the_documents_packed_in_order(hmix):
+    ho = HeldoutWindows.open(hmix)
+    view = ho.view
+    reader = ShardReader(view)
+    for name in ho.sources:
+        s = view.source_index(name)
+        flat = []
+        for h, r in ho.documents(name):
+            flat += reader.rows(s, h, [r])[0].tolist() + [view.eot_id]
+        n = len(flat) // view.window
+        got = ho.windows(name, 10**6)
+        assert got.shape == (n, view.window)
+        assert got.reshape(-1).tolist() == flat[:n * view.window]
+        assert np.array_equal(ho.windows(name, 2), got[:2])
+        assert np.array_equal(HeldoutWindows.open(hmix).windows(name, 3), got[:3])

@@ -1,0 +1,78 @@
+"""The cheap part of the portability matrix (docs/PORTABILITY.md), on every push: a prefix
+of the golden micro trajectory under other thread counts, ATen CPU dispatch levels and the
+C math extension on and off, each in its own process (``scripts/portability_check.py
+--inside``), must give the golden lines; a process that flushes subnormals is refused
+naming the setting; and the negative control - the math extension compiled with FMA
+contraction - must be seen to differ, so the check is known to detect a difference."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from open1b_audit.selftest import trajectory as tj
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "portability_check.py")
+STEPS = 6
+
+VARIANTS = {   # name -> (environment, arguments): every value of each axis at least once
+    "1 thread, ATen default, extension on": ({"ATEN_CPU_CAPABILITY": "default"},
+                                             ["--threads", "1"]),
+    "2 threads, ATen avx2, extension off": ({"ATEN_CPU_CAPABILITY": "avx2",
+                                             "OPEN1B_MATHC": "0"}, ["--threads", "2"]),
+    "3 threads, extension off": ({"OPEN1B_MATHC": "0"}, ["--threads", "3"]),
+}
+
+
+def inside(mix: str, work: str, env: dict, args: list[str], steps: int = STEPS) -> dict:
+    e = dict(os.environ, PYTHONPATH=ROOT, **env)
+    e.pop("TRITON_INTERPRET", None)
+    p = subprocess.run([sys.executable, SCRIPT, "--inside", "--trajectory", "micro", "--steps",
+                        str(steps), "--mix", mix, "--work", work, "--no-replay", *args],
+                       env=e, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def micro_mix(tmp_path_factory) -> str:
+    return tj.build_mix("micro", str(tmp_path_factory.mktemp("traj") / "mix"))
+
+
+def test_a_trajectory_prefix_is_the_golden_one_under_every_cheap_variant(micro_mix, tmp_path):
+    def one(item):
+        name, (env, args) = item
+        return name, inside(micro_mix, str(tmp_path / str(abs(hash(name)))), env, args)
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(pool.map(one, VARIANTS.items()))
+    for name, res in results.items():
+        r = res["rows"]["micro"]
+        assert "error" not in r, (name, r["error"])
+        assert r["result"] is None, f"{name}: step {r['result']['step']} " \
+                                    f"{r['result']['component']} differs from the golden"
+    env = {n: r["machine"] for n, r in results.items()}
+    assert env["1 thread, ATen default, extension on"]["torch_cpu_capability"] == "DEFAULT"
+    assert env["2 threads, ATen avx2, extension off"]["mathc"] is False
+    assert env["3 threads, extension off"]["torch_threads"] == 3
+
+
+def test_flush_to_zero_is_refused_naming_the_setting(micro_mix, tmp_path):
+    r = inside(micro_mix, str(tmp_path), {}, ["--flush-denormal"], steps=1)
+    if not r.get("flush_denormal_set"):
+        pytest.skip("this CPU has no flush-to-zero mode")
+    assert "flushes subnormal floats to zero" in r["rows"]["micro"]["error"]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_the_fma_contracted_extension_is_detected(micro_mix, tmp_path):
+    if os.uname().machine != "x86_64":
+        pytest.skip("-mfma is an x86 flag")
+    r = inside(micro_mix, str(tmp_path), {}, ["--fma-control"], steps=2)
+    diff = r["rows"]["micro"]["result"]
+    assert diff is not None and diff["step"] == 1, "FMA contraction went unnoticed"
