@@ -259,15 +259,16 @@ def tensors_of(ck: checkpoint.Checkpoint, run: Run) -> tuple[dict[str, torch.Ten
     """A loaded checkpoint's parameters and optimizer state, laid out for ``run``'s model
     (not yet checked against the log: the caller compares digests)."""
     specs = param_specs(run.cfg.model)
+    if ck.m_flat is not None:              # streamed into the lean plan's files (complete)
+        return ({s.name: ck.params[s.name] for s in specs},
+                OptimState(ck.m_flat, ck.v_flat, int(ck.record["adam_step"]),
+                           int(ck.record["skip_left"])))
     missing = [s.name for s in specs if s.name not in ck.params or s.name not in ck.m]
     if missing:
         raise CheckpointError(f"checkpoint {ck.path} lacks parameters {missing[:3]} of this "
                               f"run's model; it was written for another config")
     layout = Layout(specs)
     rec = ck.record
-    if ck.m_flat is not None:              # streamed into the lean plan's files
-        return ({s.name: ck.params[s.name] for s in specs},
-                OptimState(ck.m_flat, ck.v_flat, int(rec["adam_step"]), int(rec["skip_left"])))
     opt = OptimState(layout.zeros(run.device), layout.zeros(run.device),
                      int(rec["adam_step"]), int(rec["skip_left"]))
     for name, view in layout.views(opt.m).items():
