@@ -75,6 +75,9 @@ def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1,
         raise click.ClickException("--trace-steps runs on one process (a trace has the same "
                                    "bits on any number): drop --nproc or trace afterwards with "
                                    "`open1b-audit trace RUN --step N`")
+    if memory_plan == "lean" and (nproc > 1 or launch.is_worker()):
+        raise click.ClickException("--memory-plan lean runs on one process: drop --nproc (the "
+                                   "distributed engine holds its shards resident)")
     if nproc > 1 and not launch.is_worker():
         V = cfg.mesh[0] * cfg.mesh[1]
         if V % nproc:
