@@ -152,6 +152,12 @@ def chain_cmd(run, expect, as_json) -> None:
               help="Start from this checkpoint instead of the nearest one.")
 @click.option("--spill", type=click.Path(file_okay=False), default=None,
               help="Directory for dormant TreeFold partials (bounded memory).")
+@click.option("--memory-plan", type=click.Choice(["auto", "resident", "lean"]), default="auto",
+              show_default=True,
+              help="How the replay holds the state (the bits are the same): resident, lean "
+                   "(Adam moments in files under RUN/memplan streamed in chunks, activations "
+                   "recomputed, the LM head in token blocks, TreeFold partials spilled), auto "
+                   "(lean when the resident plan's estimated peak exceeds MemAvailable).")
 @click.option("--certify", type=click.Path(file_okay=False), default=None,
               help="Write a certificate per replayed step into this directory.")
 @click.option("--key", type=click.Path(dir_okay=False), default=None,
@@ -159,7 +165,7 @@ def chain_cmd(run, expect, as_json) -> None:
 @click.option("--auditor", default=None, help="Your name in the certificates.")
 @expect_run_hash
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def replay_cmd(run, step, mix, backend, from_step, spill, certify, key, auditor,
+def replay_cmd(run, step, mix, backend, from_step, spill, memory_plan, certify, key, auditor,
                expect, as_json) -> None:
     """Re-execute steps of RUN and compare every component digest with its log; exits 1
     naming the first step and component that differ."""
@@ -170,7 +176,7 @@ def replay_cmd(run, step, mix, backend, from_step, spill, certify, key, auditor,
         raise click.UsageError("--key signs certificates: give --certify DIR too")
     try:
         log = _log_of(run, expect)
-        res = replay(run, step, mix, backend, spill, from_step)
+        res = replay(run, step, mix, backend, spill, from_step, memory_plan=memory_plan)
         written = []
         if certify:
             lines = log.lines
@@ -194,7 +200,7 @@ def replay_cmd(run, step, mix, backend, from_step, spill, certify, key, auditor,
 
     def human(r):
         click.echo(f"replay of {run} steps {r['replayed_from'] + 1}..{step} on {r['device']} "
-                   f"({backend}), from checkpoint {r['replayed_from']}")
+                   f"({backend}), from checkpoint {r['replayed_from']}, {r['memory_plan_text']}")
         for s in r["verified_steps"]:
             click.echo(f"  step {s:>6}  match   {r['step_seconds'][s]:.2f} s")
         if r["finding"]:

@@ -17,6 +17,9 @@ The first difference stops the replay with a ``Finding`` naming the step and the
 Memory: the replay holds the parameters, the Adam moments, one virtual rank's gradient,
 one replica partial (when dp_shard > 1) and the TreeFold stack (at most log2(dp_replicate)
 + 1 partials); ``spill`` moves TreeFold partials that are not on top of the stack to disk.
+``memory_plan`` (``open1b_train.memplan``) picks how: resident, or lean (the moments in
+files under RUN/memplan, activations recomputed, the LM head in token blocks, partials
+spilled), or auto from the machine's free memory; every plan gives the same bits.
 The peak resident memory and the time of every step are reported.
 """
 from __future__ import annotations
@@ -29,7 +32,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from open1b_audit import chain
@@ -46,6 +48,7 @@ from open1b_train.params import Layout, param_specs
 from open1b_train.run import (Run, State, StateMismatch, backend_scope, checkpoint_state,
                               initial_state, read_run, resolve)
 from open1b_train.step import compute_step, data_digest_of
+from open1b_train.treefold import file_spill
 
 ORDER = ("grad", "scalars", "params", "optim")     # the order a step computes them in
 
@@ -66,6 +69,8 @@ class ReplayResult:
     peak_memory_bytes: int = 0
     fold_peak_partials: int = 0
     recipe: dict[str, Any] | None = None    # the preset claimed and every departure from it
+    memory_plan: str | None = None          # memplan.py's choice (never changes a bit)
+    memory_plan_text: str = ""
 
     @property
     def ok(self) -> bool:
@@ -78,7 +83,8 @@ class ReplayResult:
                 "finding": None if self.finding is None else self.finding.to_dict(),
                 "seconds": round(self.seconds, 3), "step_seconds": self.step_seconds,
                 "peak_memory_bytes": self.peak_memory_bytes,
-                "treefold_peak_partials": self.fold_peak_partials, "recipe": self.recipe}
+                "treefold_peak_partials": self.fold_peak_partials, "recipe": self.recipe,
+                "memory_plan": self.memory_plan, "memory_plan_text": self.memory_plan_text}
 
 
 def machine() -> dict[str, Any]:
@@ -90,21 +96,7 @@ def machine() -> dict[str, Any]:
 
 def make_spill(directory: str):
     """A TreeFold spill: dormant partials go to ``directory`` as .npy files."""
-    os.makedirs(directory, exist_ok=True)
-    counter = [0]
-
-    def spill(t: torch.Tensor):
-        counter[0] += 1
-        path = os.path.join(directory, f"partial-{os.getpid()}-{counter[0]}.npy")
-        np.save(path, t.detach().cpu().numpy())
-        device = t.device
-
-        def load() -> torch.Tensor:
-            out = torch.from_numpy(np.load(path, allow_pickle=False)).to(device)
-            os.remove(path)
-            return out
-        return load
-    return spill
+    return file_spill(directory)
 
 
 def _start_state(run: Run, lines: list[dict], c: int) -> tuple[State, Finding | None]:
@@ -120,9 +112,10 @@ def _start_state(run: Run, lines: list[dict], c: int) -> tuple[State, Finding | 
 
 def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu",
            spill: str | None = None, from_step: int | None = None, trace=None,
-           trace_steps: set[int] | None = None) -> ReplayResult:
+           trace_steps: set[int] | None = None, memory_plan: str = "auto") -> ReplayResult:
     """Replay up to ``step`` (see the module docstring). ``trace(step, name, tensor)`` is
-    called with every op's output of the steps in ``trace_steps``."""
+    called with every op's output of the steps in ``trace_steps``. ``memory_plan``: auto,
+    resident or lean (``open1b_train.memplan``; the bits do not depend on it)."""
     keep_freed_memory()
     t_start = time.perf_counter()
     lines = runlog.read(run_dir, strict=False)
@@ -135,8 +128,9 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
     res.finding = chain.check(lines[:step + 1])
     if res.finding is not None:
         return _done(res, t_start)
-    run = resolve(cfg, mix, run_dir, use_index=False)
+    run = resolve(cfg, mix, run_dir, use_index=False, memory_plan=memory_plan)
     res.device = str(run.device)
+    res.memory_plan, res.memory_plan_text = run.memory.name, run.memory.describe()
     res.recipe = {"preset": run.cfg.preset, "departures": [
         {"field": k, "preset": want, "run": got}
         for k, want, got in departures(run.cfg, run.plan.view.seed)]}

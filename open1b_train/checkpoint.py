@@ -24,6 +24,14 @@ cannot execute code on load, and JSON is data.
 Loading (``load``) re-hashes both files against the record and re-derives the params and
 optim digests from the loaded tensors: a corrupt or edited checkpoint is refused with a
 ``CheckpointError`` naming the file and both hashes.
+
+The lean memory plan (``memplan.py``) writes and reads the same files in chunks
+(``save_streamed`` / ``load_streamed``): the safetensors layout written by hand - tensors
+ordered float32 before bf16, then by name, the header compact JSON padded with spaces to
+a multiple of 8 bytes, as ``safetensors.torch.save`` lays it out (tested byte for byte) -
+with the Adam moments streamed from and to the plan's ``DiskFlat`` files, so a
+checkpoint's bytes are never all in memory. A streamed load reads each file once, hashing
+the bytes it parses (never a second read after the check).
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +63,8 @@ class Checkpoint:
     params: dict[str, torch.Tensor]
     m: dict[str, torch.Tensor]
     v: dict[str, torch.Tensor]
+    m_flat: object = None            # load_streamed: the moments in DiskFlat files
+    v_flat: object = None
 
 
 def step_dir(run: str, step: int) -> str:
@@ -209,3 +220,194 @@ def prune(run: str, keep: int) -> None:
         return
     for step in list_steps(run)[:-keep]:
         shutil.rmtree(step_dir(run, step), ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- streamed
+
+ST_DTYPES = {torch.float32: ("F32", 4), torch.bfloat16: ("BF16", 2)}
+ST_ORDER = {"F32": 0, "BF16": 1}          # safetensors: larger dtypes first, then by name
+ST_BY_NAME = {v[0]: k for k, v in ST_DTYPES.items()}
+IO_CHUNK = 1 << 24                          # bytes per read / write
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    t = t.detach().to("cpu").contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return memoryview(t.numpy()).cast("B")
+
+
+def write_safetensors(path: str, entries: list[tuple[str, torch.dtype, tuple, object]]) -> str:
+    """Write ``entries`` (name, dtype, shape, parts: a callable giving the tensor's
+    consecutive 1-D parts) as one safetensors file, fsynced; returns its sha256."""
+    order = sorted(entries, key=lambda e: (ST_ORDER[ST_DTYPES[e[1]][0]], e[0]))
+    header, off = {}, 0
+    for name, dtype, shape, _ in order:
+        n = ST_DTYPES[dtype][1]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": ST_DTYPES[dtype][0], "shape": list(shape),
+                        "data_offsets": [off, off + n]}
+        off += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    h = hashlib.sha256()
+    with open(path, "wb") as f:
+        for chunk in (len(text).to_bytes(8, "little"), text):
+            f.write(chunk)
+            h.update(chunk)
+        for name, _, _, parts in order:
+            for part in parts():
+                data = _bytes_of(part)
+                f.write(data)
+                h.update(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return h.hexdigest()
+
+
+def save_streamed(run: str, step: int, params: dict[str, torch.Tensor], layout, m, v,
+                  n_shards: int, record: dict[str, Any]) -> str:
+    """``save`` with the moments read in chunks from ``m`` / ``v`` (``DiskFlat``) and every
+    file written in chunks: the same files, never whole in memory."""
+    from open1b_train.memplan import moment_parts
+
+    clear_debris(run)
+    tmp = tmp_dir(run, step, str(os.getpid()))
+    os.makedirs(tmp, exist_ok=True)
+    sums = {"params.safetensors": write_safetensors(
+        os.path.join(tmp, "params.safetensors"),
+        [(k, t.dtype, tuple(t.shape), lambda t=t: [t.reshape(-1)]) for k, t in params.items()])}
+    for i, (a, b) in enumerate(layout.shards(n_shards)):
+        entries = []
+        for name in layout.names_in(a, b):
+            shape = layout.by_name[name].shape
+            for which, flat in (("m", m), ("v", v)):
+                entries.append((f"{which}.{name}", torch.float32, shape,
+                                lambda f=flat, n=name: moment_parts(layout, f, n)))
+        fname = f"optim-{i:05d}-of-{n_shards:05d}.safetensors"
+        sums[fname] = write_safetensors(os.path.join(tmp, fname), entries)
+    return commit(run, step, tmp, record, sums)
+
+
+def _read_exact(f, n: int, fpath: str) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise CheckpointError(f"{fpath}: truncated safetensors data; corrupt")
+    return data
+
+
+def _header_entries(f, size: int, fpath: str, h) -> list[tuple[str, torch.dtype, list, int, int]]:
+    """The validated header of a safetensors file: (name, dtype, shape, start, end) in data
+    order, covering the data exactly."""
+    raw = _read_exact(f, 8, fpath)
+    h.update(raw)
+    n = int.from_bytes(raw, "little")
+    if not 2 <= n <= min(size - 8, 100 << 20):
+        raise CheckpointError(f"{fpath}: safetensors header of {n} bytes in a {size}-byte "
+                              f"file; malformed")
+    text = _read_exact(f, n, fpath)
+    h.update(text)
+    try:
+        hdr = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise CheckpointError(f"{fpath}: malformed safetensors header") from None
+    if not isinstance(hdr, dict):
+        raise CheckpointError(f"{fpath}: malformed safetensors header")
+    out = []
+    for name, e in hdr.items():
+        if name == "__metadata__":
+            continue
+        ok = (isinstance(e, dict) and e.get("dtype") in ST_BY_NAME
+              and isinstance(e.get("shape"), list) and isinstance(e.get("data_offsets"), list)
+              and len(e["data_offsets"]) == 2
+              and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                      for x in e["shape"] + e["data_offsets"]))
+        if not ok:
+            raise CheckpointError(f"{fpath}: malformed safetensors entry {name!r}")
+        dtype = ST_BY_NAME[e["dtype"]]
+        numel = 1
+        for d in e["shape"]:
+            numel *= d
+        a, b = e["data_offsets"]
+        if b - a != numel * ST_DTYPES[dtype][1]:
+            raise CheckpointError(f"{fpath}: entry {name!r} has {b - a} bytes for shape "
+                                  f"{e['shape']}; malformed")
+        out.append((name, dtype, e["shape"], a, b))
+    out.sort(key=lambda x: x[3])
+    pos = 0
+    for name, _, _, a, b in out:
+        if a != pos:
+            raise CheckpointError(f"{fpath}: entry {name!r} starts at byte {a}, expected "
+                                  f"{pos}; malformed")
+        pos = b
+    if 8 + n + pos != size:
+        raise CheckpointError(f"{fpath}: {size} bytes but the header describes {8 + n + pos}; "
+                              f"malformed")
+    return out
+
+
+def load_streamed(path: str, layout, m_flat, v_flat) -> Checkpoint:
+    """``load`` for the lean plan: parameters into memory, moments straight into the
+    ``DiskFlat`` files ``m_flat`` / ``v_flat``; each file read once in chunks, its sha256
+    taken over the bytes parsed and compared with the record's at the end."""
+    rec = read_record(path)
+    files = rec.get("files") or {}
+    if not isinstance(files, dict) or "params.safetensors" not in files or \
+            not any(str(f).startswith("optim-") for f in files):
+        raise CheckpointError(f"{path}: the record lists no params/optim files; corrupt")
+    params: dict[str, torch.Tensor] = {}
+    seen = {"m": set(), "v": set()}
+    for name in sorted(files):
+        if not isinstance(name, str) or not isinstance(files[name], str) or \
+                os.path.basename(name) != name or not name.endswith(".safetensors"):
+            raise CheckpointError(f"{path}/record.json: files lists {name!r}; a checkpoint "
+                                  f"file is a plain *.safetensors name with its sha256")
+        fpath = os.path.join(path, name)
+        try:
+            fd = os.open(fpath, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError as e:
+            raise CheckpointError(f"{fpath}: cannot open the checkpoint file ({e.strerror})"
+                                  ) from None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointError(f"{fpath}: the checkpoint file is not a regular file; "
+                                      f"refusing to read it")
+            h = hashlib.sha256()
+            for key, dtype, shape, a, b in _header_entries(f, st.st_size, fpath, h):
+                if name == "params.safetensors":
+                    t = torch.empty(shape, dtype=dtype)
+                    buf = _bytes_of(t) if t.numel() else memoryview(b"")
+                    for c in range(0, b - a, IO_CHUNK):
+                        part = buf[c:c + IO_CHUNK]
+                        if f.readinto(part) != len(part):
+                            raise CheckpointError(f"{fpath}: truncated; corrupt")
+                        h.update(part)
+                    params[key] = t
+                    continue
+                which, _, pname = key.partition(".")
+                slot = layout.by_name.get(pname)
+                if which not in seen or slot is None or dtype != torch.float32 or \
+                        tuple(shape) != tuple(slot.shape) or pname in seen[which]:
+                    raise CheckpointError(f"{fpath}: entry {key!r} is not a moment of this "
+                                          f"run's model; it was written for another config")
+                flat = m_flat if which == "m" else v_flat
+                for c in range(0, b - a, IO_CHUNK):
+                    data = _read_exact(f, min(IO_CHUNK, b - a - c), fpath)
+                    h.update(data)
+                    flat.write(slot.offset + c // 4, torch.frombuffer(bytearray(data),
+                                                                      dtype=torch.float32))
+                seen[which].add(pname)
+            if f.read(1):
+                raise CheckpointError(f"{fpath}: data past the described tensors; malformed")
+        if h.hexdigest() != files[name]:
+            raise CheckpointError(f"{fpath}: sha256 {h.hexdigest()} differs from the record's "
+                                  f"{files[name]}; the checkpoint is corrupt or was edited - "
+                                  f"resume from an earlier one")
+    missing = [s.name for s in layout.slots if s.name not in params or s.name not in seen["m"]
+               or s.name not in seen["v"]]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks parameters {missing[:3]} of this "
+                              f"run's model; it was written for another config")
+    return Checkpoint(rec["step"], path, rec, params, {}, {}, m_flat, v_flat)

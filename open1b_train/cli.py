@@ -54,8 +54,16 @@ def _step_set(text: str | None) -> frozenset[int]:
     return frozenset(out)
 
 
+MEMORY_PLAN_HELP = ("How a step holds its state (never what it computes: the bits are the "
+                    "same): resident (all in memory), lean (Adam moments in files under "
+                    "RUN/memplan streamed in chunks, gradients straight into the reduced "
+                    "buffer, activations recomputed, the LM head in token blocks, TreeFold "
+                    "partials spilled), auto (lean when the resident plan's estimated peak "
+                    "exceeds MemAvailable). One process only.")
+
+
 def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1,
-           trace_steps: frozenset[int] = frozenset()) -> None:
+           trace_steps: frozenset[int] = frozenset(), memory_plan: str = "auto") -> None:
     from open1b_train.distributed import launch
     from open1b_train.train import train
 
@@ -67,6 +75,9 @@ def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1,
         raise click.ClickException("--trace-steps runs on one process (a trace has the same "
                                    "bits on any number): drop --nproc or trace afterwards with "
                                    "`open1b-audit trace RUN --step N`")
+    if memory_plan == "lean" and (nproc > 1 or launch.is_worker()):
+        raise click.ClickException("--memory-plan lean runs on one process: drop --nproc (the "
+                                   "distributed engine holds its shards resident)")
     if nproc > 1 and not launch.is_worker():
         V = cfg.mesh[0] * cfg.mesh[1]
         if V % nproc:
@@ -86,7 +97,8 @@ def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1,
                f"mix {mix} -> {out}", err=True)
     try:
         s = train(cfg, mix, out, progress=None if not quiet else False,
-                  echo=lambda m: click.echo(m, err=True), trace_steps=trace_steps)
+                  echo=lambda m: click.echo(m, err=True), trace_steps=trace_steps,
+                  memory_plan=memory_plan)
     except ERRORS as e:
         fail(e)
     if s.tokens:
@@ -180,9 +192,11 @@ def _worker(cfg, mix: str, out: str, quiet: bool) -> None:
                    "mix with [heldout]; part of the run's identity.")
 @click.option("--eval-windows", type=click.IntRange(min=1), default=None,
               help="Held-out windows per source the validation loss covers (default 8).")
+@click.option("--memory-plan", type=click.Choice(["auto", "resident", "lean"]), default="auto",
+              show_default=True, help=MEMORY_PLAN_HELP)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, nproc,
-            trace_steps, eval_every, eval_windows, quiet) -> None:
+            trace_steps, eval_every, eval_windows, memory_plan, quiet) -> None:
     """Train (or continue) a run: RUN/steps.jsonl gets one hashed line per step."""
     from open1b_train.config import load_config, preset
 
@@ -196,7 +210,7 @@ def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, npro
         cfg = dataclasses.replace(cfg, **changes)
     except ERRORS as e:
         fail(e)
-    _train(cfg, mix, out, quiet, nproc, trace_steps)
+    _train(cfg, mix, out, quiet, nproc, trace_steps, memory_plan)
 
 
 @main.command("resume")
@@ -206,8 +220,10 @@ def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, npro
               help="Stop after this step (default: the run's own setting).")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Local worker processes (any divisor of the mesh's virtual ranks).")
+@click.option("--memory-plan", type=click.Choice(["auto", "resident", "lean"]), default="auto",
+              show_default=True, help=MEMORY_PLAN_HELP)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def resume_cmd(run, mix, steps, nproc, quiet) -> None:
+def resume_cmd(run, mix, steps, nproc, memory_plan, quiet) -> None:
     """Continue RUN from its latest good checkpoint (same config, mix and seed)."""
     from open1b_train.run import read_run
 
@@ -217,7 +233,7 @@ def resume_cmd(run, mix, steps, nproc, quiet) -> None:
         fail(click.ClickException(str(e)))
     if steps is not None:
         cfg = dataclasses.replace(cfg, steps=steps)
-    _train(cfg, mix, run, quiet, nproc)
+    _train(cfg, mix, run, quiet, nproc, memory_plan=memory_plan)
 
 
 @main.command("show")

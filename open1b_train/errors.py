@@ -27,3 +27,7 @@ class DivergenceError(Open1bTrainError):
 
 class ReproducibilityError(Open1bTrainError):
     """A recomputed step differs from what the run logged before (same inputs, other bits)."""
+
+
+class MemoryPlanError(Open1bTrainError):
+    """A memory plan cannot run: its scratch files, or a forced plan over free memory."""

@@ -26,10 +26,21 @@ the same rows, summed by the pairwise tree then times fp32(1/S)) and the float32
 of every parameter. ``trace(name, tensor)`` (optional) is called with every op's output in
 execution order, e.g. ``layers.3.fwd.attn`` or ``layers.3.bwd.mlp.down.dw``: per-op digests
 for dispute bisection.
+
+``forward_backward(..., lean=True)`` is the memory plan ``lean`` of ``memplan.py``: the same
+ops on the same values, so the same bits, holding less. The forward keeps only each
+layer's input (B, S, D) and the backward recomputes that layer's forward before its
+backward (one more forward pass of work); the LM head and the loss run over blocks of
+HEAD_ROWS tokens into one (M, V) float32 buffer that the loss's backward then overwrites
+with dlogits block by block (the logits, the loss rows and dlogits are row by row, so blocks
+cannot change a bit: ``kernels.ops.lmhead``'s rows are sliced per row, ``xent`` takes the
+mean's row count). ``grads`` (optional) is the mapping the gradients are stored into: a
+``step.GradSink`` adds each into the flat reduced buffer as it is produced instead of
+holding all of them.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 
 import torch
 
@@ -38,7 +49,7 @@ from kernels.attention.backward import attention_backward
 from kernels.ops.embedding import embedding_bwd, embedding_fwd
 from kernels.int8.linear import linear_int8_backward, linear_int8_forward, linear_int8_forward_cpu
 from kernels.core.backend import use_triton
-from kernels.ops.lmhead import lmhead_backward, lmhead_forward
+from kernels.ops.lmhead import lmhead_backward, lmhead_forward, ozaki_mm
 from kernels.core.reduce import reciprocal_f32, tree_sum
 from kernels.ops.rmsnorm import rmsnorm_bwd, rmsnorm_fwd
 from kernels.ops.rope import rope_bwd, rope_fwd
@@ -49,6 +60,7 @@ from open1b_train.config import ModelConfig
 Trace = Callable[[str, torch.Tensor], None] | None
 BF16 = torch.bfloat16
 F32 = torch.float32
+HEAD_ROWS = 1024        # tokens per LM-head / loss block of the lean plan
 
 
 def add_bf16(*xs: torch.Tensor) -> torch.Tensor:
@@ -199,10 +211,32 @@ def sequence_losses(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tenso
     return tree_sum(rows.reshape(batch, seq), -1) * reciprocal_f32(seq)
 
 
+def _head_blocks(cfg: ModelConfig, p: dict[str, torch.Tensor], xf2: torch.Tensor,
+                 labels: torch.Tensor, batch: int):
+    """The lean plan's LM head and loss over blocks of HEAD_ROWS tokens: (loss, per-sequence
+    losses, logits (M, V) float32, lse (M,)). Each block's logits and lse are the rows of
+    the whole's; the rows of the loss are ``xent``'s expression and sum by the same tree
+    over all M rows, times fp32(1/M), as ``xent_forward`` does."""
+    m = xf2.shape[0]
+    logits = torch.empty((m, cfg.vocab), dtype=F32, device=xf2.device)
+    lse = torch.empty((m,), dtype=F32, device=xf2.device)
+    for r0 in range(0, m, HEAD_ROWS):
+        rows = slice(r0, r0 + HEAD_ROWS)
+        logits[rows] = lmhead_forward(xf2[rows], p["lm_head.weight"], cfg.lmhead_slices)
+        lse[rows] = xent_forward(logits[rows], labels[rows])[1]
+    xt = logits.gather(1, labels[:, None])[:, 0]
+    rows = (lse - xt) + Z_LOSS * (lse * lse)                                  # (M,)
+    loss = tree_sum(rows, 0) * reciprocal_f32(m)
+    seq = m // batch
+    per_seq = tree_sum(rows.reshape(batch, seq), -1) * reciprocal_f32(seq)
+    return loss, per_seq, logits, lse
+
+
 def _forward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tensor,
-             labels: torch.Tensor, tr: _Tracer, keep: bool):
+             labels: torch.Tensor, tr: _Tracer, keep: bool, lean: bool = False):
     """The forward pass: (loss, per-sequence losses, what the backward needs - or None
-    when not ``keep``: the activations are then freed layer by layer)."""
+    when not ``keep``: the activations are then freed layer by layer). ``lean``: the tape
+    holds each layer's input only, the LM head runs in token blocks (module docstring)."""
     b, s = input_ids.shape
     d = cfg.d_model
     e = tr("embed.fwd", embedding_fwd(p["embed.weight"], input_ids))           # (B, S, D)
@@ -210,15 +244,22 @@ def _forward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tens
     tr("embed_norm.fwd", x)
     tape = []
     for i in range(cfg.n_layers):
+        x_in = x
         x, saved = layer_forward(cfg, p, i, x, tr)
         if keep:
-            tape.append(saved)
+            tape.append(x_in if lean else saved)
+        del saved
     xf, rstd_f = rmsnorm_fwd(x, p["final_norm.gain"], cfg.eps)
     xf2 = xf.reshape(b * s, d)
-    logits = tr("lm_head.fwd", lmhead_forward(xf2, p["lm_head.weight"], cfg.lmhead_slices))
     flat_labels = labels.reshape(-1)
-    loss, lse = xent_forward(logits, flat_labels)
-    per_seq = sequence_losses(logits, flat_labels, lse, b)
+    if lean:
+        loss, per_seq, logits, lse = _head_blocks(cfg, p, xf2, flat_labels, b)
+        tr("lm_head.fwd", logits)
+    else:
+        logits = tr("lm_head.fwd", lmhead_forward(xf2, p["lm_head.weight"],
+                                                  cfg.lmhead_slices))
+        loss, lse = xent_forward(logits, flat_labels)
+        per_seq = sequence_losses(logits, flat_labels, lse, b)
     tr("loss", loss.reshape(1))
     saved = (e, rstd_e, tape, x, xf2, rstd_f, logits, flat_labels, lse) if keep else None
     return loss, per_seq, saved
@@ -232,30 +273,55 @@ def forward_loss(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.
     return loss, per_seq
 
 
+def _head_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], xf2: torch.Tensor,
+                   logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
+                   lean: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dxf (M, D) float32, the LM head's weight gradient) from the loss. ``lean``: dlogits
+    overwrite the logits block by block and dxf is computed per block (rows again); the
+    weight gradient contracts over all M rows at once (its slicing is per vocabulary column
+    over every token, so it cannot be blocked by tokens)."""
+    one = torch.ones((), dtype=F32, device=logits.device)
+    w = p["lm_head.weight"]
+    if not lean:
+        dlogits = xent_backward(one, logits, labels, lse)
+        del logits
+        return lmhead_backward(dlogits, xf2, w, cfg.lmhead_slices)
+    m = logits.shape[0]
+    for r0 in range(0, m, HEAD_ROWS):
+        rows = slice(r0, r0 + HEAD_ROWS)
+        logits[rows] = xent_backward(one, logits[rows], labels[rows], lse[rows], rows=m)
+    dlogits = logits                                                          # (M, V)
+    dxf = torch.cat([ozaki_mm(dlogits[r0:r0 + HEAD_ROWS], w.t(), cfg.lmhead_slices)
+                     for r0 in range(0, m, HEAD_ROWS)])
+    return dxf, ozaki_mm(dlogits.t(), xf2.t(), cfg.lmhead_slices)
+
+
 def forward_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tensor,
-                     labels: torch.Tensor, trace: Trace = None
-                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+                     labels: torch.Tensor, trace: Trace = None, lean: bool = False,
+                     grads: MutableMapping[str, torch.Tensor] | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, MutableMapping[str, torch.Tensor]]:
     """(loss, per-sequence losses, float32 gradients by parameter name) of one micro-batch
     ``input_ids`` / ``labels`` (B, S) int64; see the module docstring."""
     tr = _Tracer(trace)
     b, s = input_ids.shape
     d = cfg.d_model
-    grads: dict[str, torch.Tensor] = {}
-    loss, per_seq, saved = _forward(cfg, p, input_ids, labels, tr, keep=True)
+    grads = {} if grads is None else grads
+    loss, per_seq, saved = _forward(cfg, p, input_ids, labels, tr, keep=True, lean=lean)
     e, rstd_e, tape, x, xf2, rstd_f, logits, flat_labels, lse = saved
     del saved
     # ---- backward
-    dlogits = xent_backward(torch.ones((), dtype=F32, device=logits.device), logits,
-                            flat_labels, lse)
+    dxf, grads["lm_head.weight"] = _head_backward(cfg, p, xf2, logits, flat_labels, lse, lean)
     del logits
-    dxf, grads["lm_head.weight"] = lmhead_backward(dlogits, xf2, p["lm_head.weight"],
-                                                   cfg.lmhead_slices)
-    del dlogits
     dx, grads["final_norm.gain"] = rmsnorm_bwd(dxf.to(BF16).reshape(b, s, d), x,
                                                p["final_norm.gain"], rstd_f)
+    del dxf
     tr("final_norm.bwd", dx)
     for i in reversed(range(cfg.n_layers)):
-        dx = layer_backward(cfg, p, i, dx, tape.pop(), grads, tr)
+        saved = tape.pop()
+        if lean:                                   # recompute the layer's forward, untraced
+            saved = layer_forward(cfg, p, i, saved, _Tracer(None))[1]
+        dx = layer_backward(cfg, p, i, dx, saved, grads, tr)
+        del saved
     de, grads["embed_norm.gain"] = rmsnorm_bwd(dx, e, p["embed_norm.gain"], rstd_e)
     grads["embed.weight"] = embedding_bwd(de, input_ids, cfg.vocab)
     for name, g in grads.items():

@@ -34,9 +34,10 @@ from open1b_data.formats.manifest import load_manifest
 from open1b_data.stream.loader import step_boundary_state
 from open1b_data.stream.schedule import Schedule
 from open1b_data.stream.state import differing_fields
-from open1b_train import __version__, checkpoint, runlog, statehash, validate
+from open1b_train import __version__, checkpoint, memplan, runlog, statehash, validate
 from open1b_train.config import TrainConfig, from_dict
 from open1b_train.errors import CheckpointError, ConfigError, Open1bTrainError, ResumeError
+from open1b_train.memplan import MemoryPlan
 from open1b_train.params import Layout, init_params, param_specs
 from open1b.safeio import read_json_object
 from open1b_train.step import OptimState
@@ -57,6 +58,7 @@ class Run:
     last_step: int
     device: torch.device
     validation: dict[str, torch.Tensor] | None = None   # held-out windows (eval_every > 0)
+    memory: MemoryPlan | None = None     # how the state is held (memplan.py); never hashed
 
 
 @dataclass
@@ -88,10 +90,12 @@ def backend_scope(cfg: TrainConfig):
     return kb.force(None if cfg.backend == "auto" else cfg.backend)
 
 
-def resolve(cfg: TrainConfig, mix: str, run_dir: str, use_index: bool = True) -> Run:
-    """Fill the config from the mix (vocabulary, seed) and check that they fit. An auditor
-    passes ``use_index=False``: a seek index stored in the mix is derived data its owner
-    could have rewritten, so the replay plans from the stream's origin."""
+def resolve(cfg: TrainConfig, mix: str, run_dir: str, use_index: bool = True,
+            memory_plan: str = "resident") -> Run:
+    """Fill the config from the mix (vocabulary, seed) and check that they fit, and choose
+    the memory plan (``memplan.choose``: auto, resident or lean). An auditor passes
+    ``use_index=False``: a seek index stored in the mix is derived data its owner could
+    have rewritten, so the replay plans from the stream's origin."""
     manifest = load_manifest(mix)
     vocab = int(manifest.tokenizer["vocab_size"])
     if cfg.model.vocab == 0:
@@ -111,7 +115,9 @@ def resolve(cfg: TrainConfig, mix: str, run_dir: str, use_index: bool = True) ->
             schedule.accumulation(r.first_step, V)
     device = _device(cfg)
     val = validate.load_windows(cfg, plan.view, device) if cfg.eval_every else None
-    return Run(cfg, mix, run_dir, plan, schedule, last, device, val)
+    tokens = schedule.spec.micro_batch * (schedule.spec.seq_tokens + 1)
+    memory = memplan.choose(memory_plan, cfg, tokens, run_dir)
+    return Run(cfg, mix, run_dir, plan, schedule, last, device, val, memory)
 
 
 # ----------------------------------------------------------------------------- state
@@ -120,15 +126,14 @@ def genesis_line(run: Run, params: dict[str, torch.Tensor], opt: OptimState) -> 
     layout = Layout(param_specs(run.cfg.model))
     rec = {"config_identity": run.cfg.identity_sha256(), "mix_fingerprint": run.plan.fingerprint,
            "seed": run.cfg.seed, "params": statehash.tensors_digest(params),
-           "optim": statehash.optim_digest(layout.views(opt.m), layout.views(opt.v),
-                                           opt.adam_step, opt.skip_left)}
+           "optim": memplan.optim_digest(layout, opt)}
     return {"step": 0, "hash": statehash.genesis_hash(rec), "prev": None, "genesis": rec}
 
 
 def fresh_state(run: Run) -> tuple[State, dict[str, Any]]:
     params = init_params(run.cfg.model, run.cfg.seed, run.device)
     layout = Layout(param_specs(run.cfg.model))
-    opt = OptimState(layout.zeros(run.device), layout.zeros(run.device))
+    opt = OptimState(*memplan.new_moments(run.memory, layout, run.device))
     line = genesis_line(run, params, opt)
     loader = step_boundary_state(run.plan, run.cfg.virtual_ranks, 1)
     return State(0, params, opt, line["hash"], loader), line
@@ -176,7 +181,7 @@ def initial_state(run: Run, genesis: dict[str, Any]) -> State:
                                          f"{run.cfg.seed} differ from the genesis digest "
                                          f"(another seed or init)")
     layout = Layout(param_specs(run.cfg.model))
-    return State(0, params, OptimState(layout.zeros(run.device), layout.zeros(run.device)),
+    return State(0, params, OptimState(*memplan.new_moments(run.memory, layout, run.device)),
                  statehash.genesis_hash(genesis),
                  step_boundary_state(run.plan, run.cfg.virtual_ranks, 1))
 
@@ -186,7 +191,12 @@ def checkpoint_state(run: Run, lines: list[dict[str, Any]], c: int) -> State:
     the log (see the module docstring); ``StateMismatch`` names what differs."""
     path = checkpoint.step_dir(run.dir, c)
     try:
-        ck = checkpoint.load(path, run.device)
+        if run.memory is not None and run.memory.lean:   # moments into the plan's files
+            lay = Layout(param_specs(run.cfg.model))
+            ck = checkpoint.load_streamed(path, lay, *memplan.new_moments(run.memory, lay,
+                                                                          run.device))
+        else:
+            ck = checkpoint.load(path, run.device)
         rec = ck.record
         for key, want in (("mix_fingerprint", run.plan.fingerprint), ("seed", run.cfg.seed),
                           ("config_identity", run.cfg.identity_sha256())):
@@ -206,8 +216,7 @@ def checkpoint_state(run: Run, lines: list[dict[str, Any]], c: int) -> State:
         raise StateMismatch(c, "params", f"checkpoint {path}: its parameters digest differs "
                                          f"from the log's step {c}; the checkpoint was "
                                          f"altered - resume from an earlier one")
-    if statehash.optim_digest(layout.views(opt.m), layout.views(opt.v), opt.adam_step,
-                              opt.skip_left) != comps["optim"]:
+    if memplan.optim_digest(layout, opt) != comps["optim"]:
         raise StateMismatch(c, "optim", f"checkpoint {path}: its optimizer state (moments or "
                                         f"counters) differs from the log's step {c}; the "
                                         f"checkpoint was altered - resume from an earlier one")
@@ -250,6 +259,10 @@ def tensors_of(ck: checkpoint.Checkpoint, run: Run) -> tuple[dict[str, torch.Ten
     """A loaded checkpoint's parameters and optimizer state, laid out for ``run``'s model
     (not yet checked against the log: the caller compares digests)."""
     specs = param_specs(run.cfg.model)
+    if ck.m_flat is not None:              # streamed into the lean plan's files (complete)
+        return ({s.name: ck.params[s.name] for s in specs},
+                OptimState(ck.m_flat, ck.v_flat, int(ck.record["adam_step"]),
+                           int(ck.record["skip_left"])))
     missing = [s.name for s in specs if s.name not in ck.params or s.name not in ck.m]
     if missing:
         raise CheckpointError(f"checkpoint {ck.path} lacks parameters {missing[:3]} of this "
@@ -290,14 +303,15 @@ def _genesis_difference(run: Run, old: dict, new: dict) -> str:
 
 
 def open_run(cfg: TrainConfig, mix: str, run_dir: str, lead: bool = True,
-             sync=lambda: None) -> tuple[Run, State, dict[int, dict], bool]:
+             sync=lambda: None, memory_plan: str = "resident"
+             ) -> tuple[Run, State, dict[int, dict], bool]:
     """Resolve the run and its state: resumed from the latest good checkpoint, or fresh.
 
     Returns (run, state, expected, fresh): ``expected`` holds the log lines past the
     resumed checkpoint (recomputed steps must equal them). Only the ``lead`` process
     writes the config, the log's first line or its rewrite; ``sync`` is a barrier between
     processes (none for one process). Call inside ``backend_scope(cfg)``."""
-    run = resolve(cfg, mix, run_dir)
+    run = resolve(cfg, mix, run_dir, memory_plan=memory_plan)
     if lead:
         _check_config(run.dir, run.cfg)
         with open(os.path.join(run.dir, RUN_INFO), "w") as f:
@@ -341,6 +355,10 @@ def optim_shards(layout: Layout, opt: OptimState, n: int, which=None) -> dict:
 def save_checkpoint(run: Run, state: State) -> None:
     layout = Layout(param_specs(run.cfg.model))
     n = run.cfg.mesh[1]
-    checkpoint.save(run.dir, state.step, state.params, optim_shards(layout, state.opt, n), n,
-                    checkpoint_record(run, state))
+    if run.memory is not None and run.memory.lean:
+        checkpoint.save_streamed(run.dir, state.step, state.params, layout, state.opt.m,
+                                 state.opt.v, n, checkpoint_record(run, state))
+    else:
+        checkpoint.save(run.dir, state.step, state.params, optim_shards(layout, state.opt, n),
+                        n, checkpoint_record(run, state))
     checkpoint.prune(run.dir, run.cfg.keep_checkpoints)

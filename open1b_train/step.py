@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,12 +57,12 @@ import torch
 from kernels.ops.adamw import AdamWConfig, adamw_step_
 from kernels.ops.gradnorm import clip_coefficient, grad_norm
 from kernels.core.reduce import reciprocal_f32
-from open1b_train import statehash, validate
+from open1b_train import memplan, statehash, validate
 from open1b_train.config import TrainConfig
 from open1b_train.errors import DivergenceError
 from open1b_train.model import Trace, forward_backward
 from open1b_train.params import Layout, ParamSpec
-from open1b_train.treefold import Spill, TreeFold
+from open1b_train.treefold import Spill, TreeFold, file_spill
 
 if TYPE_CHECKING:                      # run.py imports this module
     from open1b_train.run import Run, State
@@ -89,10 +90,11 @@ class MicroBatch:
 
 @dataclass
 class OptimState:
-    """Adam moments (flat float32, model order), the update counter and the skip counter."""
+    """Adam moments (flat float32, model order: tensors, or ``diskflat.DiskFlat`` files under
+    the lean memory plan), the update counter and the skip counter."""
 
-    m: torch.Tensor
-    v: torch.Tensor
+    m: Any
+    v: Any
     adam_step: int = 0
     skip_left: int = 0
 
@@ -114,9 +116,10 @@ class Update:
 
 
 def _into(flat: torch.Tensor, layout: Layout, grads: dict[str, torch.Tensor], r: float,
-          add: bool) -> None:
-    """flat (+)= grads * r, per parameter, one IEEE multiply and one add per element."""
-    for slot in layout.slots:
+          add: bool, names=None) -> None:
+    """flat (+)= grads * r, per parameter, one IEEE multiply and one add per element
+    (``names``: only those parameters)."""
+    for slot in layout.slots if names is None else [layout.by_name[n] for n in names]:
         g = grads[slot.name].reshape(-1)
         view = flat[slot.offset:slot.offset + slot.numel]
         scaled = g if r == 1.0 else g * r
@@ -126,20 +129,62 @@ def _into(flat: torch.Tensor, layout: Layout, grads: dict[str, torch.Tensor], r:
             view.copy_(scaled)
 
 
+class GradSink(MutableMapping):
+    """The lean plan's gradient mapping for ``model.forward_backward``: each parameter's
+    gradient goes into its slot of the flat buffer the moment it is stored - exactly
+    ``_into``'s ``flat (+)= g * r`` for that parameter - and is not kept, so at most one
+    parameter's gradient exists outside the flat buffer. Parameters are independent
+    elementwise, so the order they arrive in cannot change a bit."""
+
+    def __init__(self, flat: torch.Tensor, layout: Layout, r: float, add: bool) -> None:
+        self.flat, self.layout, self.r, self.add = flat, layout, r, add
+        self.seen: set[str] = set()
+
+    def __setitem__(self, name: str, g: torch.Tensor) -> None:
+        if name in self.seen:
+            raise ValueError(f"gradient of {name} stored twice")
+        _into(self.flat, self.layout, {name: g}, self.r, self.add, (name,))
+        self.seen.add(name)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        raise KeyError(f"{name}: a GradSink keeps no gradient (it is in the flat buffer)")
+
+    def __delitem__(self, name: str) -> None:
+        raise KeyError(name)
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def check_complete(self) -> None:
+        missing = [s.name for s in self.layout.slots if s.name not in self.seen]
+        if missing:
+            raise ValueError(f"the backward produced no gradient for {missing[:3]}")
+
+
 def rank_gradient(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layout,
                   mbs: list[MicroBatch], out: torch.Tensor, trace: Trace = None,
-                  rank: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                  rank: int = 0, lean: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Algorithm 1, step 1, for one virtual rank: its micro-batches' gradients accumulated
     in order into the flat ``out`` (overwritten), each times fp32(1/A); returns the rank's
-    loss reduced the same way (shape (1,)) and each micro-batch's per-sequence losses."""
+    loss reduced the same way (shape (1,)) and each micro-batch's per-sequence losses.
+    ``lean``: the memory plan's forward/backward (``model.py``) and, unless traced (a trace
+    lists the gradients after the backward), a ``GradSink`` instead of a gradient dict."""
     r = reciprocal_f32(len(mbs))
     loss_v, per = None, []
     for j, mb in enumerate(mbs):
         tr = None if trace is None else (
             lambda name, t, j=j: trace(f"rank{rank}.mb{j}.{name}", t))
-        loss, per_seq, grads = forward_backward(cfg.model, params, mb.input_ids, mb.labels, tr)
-        _into(out, layout, grads, r, add=j > 0)
-        del grads
+        sink = GradSink(out, layout, r, add=j > 0) if lean and tr is None else None
+        loss, per_seq, grads = forward_backward(cfg.model, params, mb.input_ids, mb.labels, tr,
+                                                lean=lean, grads=sink)
+        if sink is None:
+            _into(out, layout, grads, r, add=j > 0)
+        else:
+            sink.check_complete()
+        del grads, sink
         scaled = loss.reshape(1) if r == 1.0 else loss.reshape(1) * r
         loss_v = scaled if j == 0 else loss_v + scaled
         per.append(per_seq)
@@ -162,7 +207,8 @@ def loss_reduction(losses: list[torch.Tensor], reps: int, shards: int) -> torch.
 
 def reduce_step(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layout,
                 batches: list[list[MicroBatch]], trace: Trace = None,
-                spill: Spill | None = None, device: torch.device | str = "cpu") -> Reduced:
+                spill: Spill | None = None, device: torch.device | str = "cpu",
+                lean: bool = False) -> Reduced:
     """Algorithm 1 on one process: ``batches[v]`` are virtual rank v's micro-batches in
     order. At most one rank gradient, one replica partial and the fold's partials live."""
     reps, shards = cfg.mesh
@@ -176,7 +222,7 @@ def reduce_step(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layou
     for v, mbs in enumerate(batches):
         shard = v % shards
         target = layout.zeros(device) if shard == 0 else g_v   # rank 0 of a replica: in place
-        loss_v, per = rank_gradient(cfg, params, layout, mbs, target, trace, v)
+        loss_v, per = rank_gradient(cfg, params, layout, mbs, target, trace, v, lean)
         losses.append(loss_v)
         window_losses.extend(per)
         if trace is not None:
@@ -249,6 +295,46 @@ def update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, torch.Ten
                 trace(f"optim.adamw.{spec.name}.{which}", t[spec.name])
 
 
+def update_streamed(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, torch.Tensor],
+                    layout: Layout, grad: torch.Tensor, m, v, norm: torch.Tensor,
+                    adam_step: int, lr: float, trace: Trace = None) -> None:
+    """``update`` with the moments on disk (``diskflat.DiskFlat``, the lean plan): per
+    parameter, per chunk of ``diskflat.CHUNK`` elements, the clip multiply and the fused
+    AdamW on flat slices of the gradient, the parameter and the two moments read from disk,
+    then the moments written back. Both are elementwise, so chunks give ``update``'s bits.
+    ``trace`` sees the same names (the moments read back whole from disk)."""
+    coef_t = clip_coefficient(norm.detach().to("cpu", torch.float32).reshape(()), cfg.clip)
+    coef = float(coef_t)
+    if trace is not None:
+        trace("optim.clip_coef", coef_t)
+    adam = AdamWConfig(cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay)
+    for spec in specs:
+        slot = layout.by_name[spec.name]
+        p = params[spec.name]
+        if not p.is_contiguous():
+            raise ValueError(f"{spec.name}: the streamed update needs contiguous parameters")
+        p_flat = p.view(-1)
+        wd = cfg.weight_decay if spec.decay else 0.0
+        g_all = grad[slot.offset:slot.offset + slot.numel]
+        if coef != 1.0:
+            g_all.mul_(coef)
+        if trace is not None:
+            trace(f"optim.clip.{spec.name}", g_all.view(spec.shape))
+        for a, m_c in m.chunks(slot.offset, slot.offset + slot.numel):
+            b = a + m_c.numel()
+            v_c = v.read(a, b)
+            lo, hi = a - slot.offset, b - slot.offset
+            adamw_step_(p_flat[lo:hi], grad[a:b], m_c, v_c, adam_step, lr, wd, adam)
+            m.write(a, m_c)
+            v.write(a, v_c)
+        if trace is not None:
+            trace(f"optim.adamw.{spec.name}.m", m.read(slot.offset, slot.offset + slot.numel
+                                                         ).view(spec.shape))
+            trace(f"optim.adamw.{spec.name}.v", v.read(slot.offset, slot.offset + slot.numel
+                                                         ).view(spec.shape))
+            trace(f"optim.adamw.{spec.name}.param", p)
+
+
 def apply_update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, torch.Tensor],
                  layout: Layout, grad: torch.Tensor, loss: torch.Tensor, opt: OptimState,
                  step: int, lr: float, trace: Trace = None) -> Update:
@@ -263,8 +349,12 @@ def apply_update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, tor
     upd = decide(cfg, step, float(norm_t), float(loss), opt)
     if not upd.skipped:
         opt.adam_step += 1
-        update(cfg, specs, params, layout.views(grad), layout.views(opt.m),
-               layout.views(opt.v), norm_t, opt.adam_step, lr, trace)
+        if memplan.on_disk(opt.m):
+            update_streamed(cfg, specs, params, layout, grad, opt.m, opt.v, norm_t,
+                            opt.adam_step, lr, trace)
+        else:
+            update(cfg, specs, params, layout.views(grad), layout.views(opt.m),
+                   layout.views(opt.v), norm_t, opt.adam_step, lr, trace)
     return Update(upd.norm, upd.skipped, upd.spike, lr)
 
 
@@ -297,8 +387,11 @@ def compute_step(run: Run, state: State, batches: list[list[MicroBatch]], step: 
     """Algorithm 1 + the recipe on ``state`` (updated in place) and the step's hashed log
     line: ``StepOut`` (line, Update, loss tensor, seconds spent hashing, most TreeFold
     partials alive). The trainer and the audit replay both run steps through here."""
+    lean = run.memory is not None and run.memory.lean
+    if lean and spill is None:
+        spill = file_spill(run.memory.scratch)
     red = reduce_step(run.cfg, state.params, layout, batches, trace=trace, spill=spill,
-                      device=run.device)
+                      device=run.device, lean=lean)
     t1 = time.perf_counter()
     grad_digest = statehash.tensors_digest(layout.views(red.grad))   # before clipping
     t_hash = time.perf_counter() - t1
@@ -307,8 +400,7 @@ def compute_step(run: Run, state: State, batches: list[list[MicroBatch]], step: 
     t1 = time.perf_counter()
     comps = {"data": data_digest_of(batches), "grad": grad_digest,
              "params": statehash.tensors_digest(state.params),
-             "optim": statehash.optim_digest(layout.views(state.opt.m), layout.views(state.opt.v),
-                                             state.opt.adam_step, state.opt.skip_left)}
+             "optim": memplan.optim_digest(layout, state.opt)}
     line = step_line(step, state.prev_hash, comps,
                      scalars_record(red.loss, upd, info.tokens_after, red.window_losses,
                                     validation(run, state, step)))

@@ -21,11 +21,14 @@ from open1b_train.trace import path_of as trace_path
 
 
 def train(cfg: TrainConfig, mix: str, run_dir: str, progress: bool | None = None,
-          echo=print, trace_steps: frozenset[int] = frozenset()) -> Summary:
-    """Train (or resume) the run in ``run_dir``; see the module docstring."""
+          echo=print, trace_steps: frozenset[int] = frozenset(),
+          memory_plan: str = "auto") -> Summary:
+    """Train (or resume) the run in ``run_dir``; see the module docstring. ``memory_plan``:
+    auto, resident or lean (``memplan.py``; the bits do not depend on it)."""
     keep_freed_memory()
     with backend_scope(cfg):
-        run, state, expected, fresh = open_run(cfg, mix, run_dir)
+        run, state, expected, fresh = open_run(cfg, mix, run_dir, memory_plan=memory_plan)
+        echo(f"{run.dir}: {run.memory.describe()}")
         if fresh:
             save_checkpoint(run, state)
         return run_steps(run, state, expected, LocalStepper(run, trace_steps), progress, echo)
@@ -48,7 +51,8 @@ class LocalStepper:
                            trace=tracer)
         if tracer is not None:
             tracer.write(trace_path(self.run.dir, step))
-        return Computed(out.line, out.upd, out.loss, {"hash_seconds": round(out.hash_seconds, 4)})
+        return Computed(out.line, out.upd, out.loss, {"hash_seconds": round(out.hash_seconds, 4),
+                                                      **self.run.memory.record()})
 
     def agree(self, step: int, line: dict) -> None:
         pass                                  # one process: nothing to agree with

@@ -26,11 +26,33 @@ loader; a replay on a small machine can move dormant partials to disk this way.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 Spill = Callable[[torch.Tensor], Callable[[], torch.Tensor]]
+
+
+def file_spill(directory: str) -> Spill:
+    """A spill that writes each dormant partial to ``directory`` as a ``.npy`` file (no
+    pickle) and reads it back, then removes it, when the fold needs it."""
+    os.makedirs(directory, exist_ok=True)
+    counter = [0]
+
+    def spill(t: torch.Tensor):
+        counter[0] += 1
+        path = os.path.join(directory, f"partial-{os.getpid()}-{counter[0]}.npy")
+        np.save(path, t.detach().cpu().numpy())
+        device = t.device
+
+        def load() -> torch.Tensor:
+            out = torch.from_numpy(np.load(path, allow_pickle=False)).to(device)
+            os.remove(path)
+            return out
+        return load
+    return spill
 
 
 class TreeFold:

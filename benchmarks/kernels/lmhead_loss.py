@@ -67,6 +67,7 @@ def main(tokens, repeats, out):
             t0 = time.perf_counter()
             f()
             times[k].append(time.perf_counter() - t0)
+            print(f"run {i} {k}: {times[k][-1]:.2f} s", flush=True)
         load.sample(f"run {i}")
     lm.CPU_S3_TWO_GEMMS = True
     med = {k: statistics.median(v) for k, v in times.items()}

@@ -64,6 +64,7 @@ if HAVE_TRITON:
 
 _RNE_MAGIC = 12582912.0  # 1.5 * 2^23: (x + M) - M rounds |x| < 2^22 to an integer, half-even
 _P_EXP_CAP = 126  # 2^t and 2^-t stay normal fp32 numbers
+assert 127 * 127 * BLOCK_N < 2**24, "the CPU's float32 P V product must stay exact"
 
 
 def rne_int(x: torch.Tensor) -> torch.Tensor:
@@ -137,8 +138,10 @@ def forward_cpu(
         pu = p * pow2_f32(-u[:, :, kb]).unsqueeze(-2)  # V's row scales folded into P
         t = torch.clamp(133 - ((pu.amax(dim=-1).view(torch.int32) >> 23) & 0xFF), max=_P_EXP_CAP)
         p8 = torch.clamp(rne_int(pu * pow2_f32(t).unsqueeze(-1)), max=127.0)
-        ii = p8.to(torch.float64) @ v8[:, :, kb].to(torch.float64)  # exact: |sum| < 2^24
-        c = ii.to(torch.float32) * pow2_f32(-t).unsqueeze(-1)
+        # exact in float32: every partial sum is an integer below 127^2 * BLOCK_N < 2^24,
+        # so any summation order the BLAS picks gives the same (exact) value
+        ii = p8 @ v8[:, :, kb].to(torch.float32)
+        c = ii * pow2_f32(-t).unsqueeze(-1)
         l[:, :, act] = l[:, :, act] * alpha + tree_sum_cpu(p, -1)
         acc[:, :, act] = acc[:, :, act] * alpha.unsqueeze(-1) + c
         m[:, :, act] = m_new

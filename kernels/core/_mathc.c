@@ -189,7 +189,52 @@ static PyObject *py_slice_rows(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* kernels.int8.hadamard.hadamard_dim0_cpu_'s butterflies on rows [r0, r1) (whole blocks
+   of B rows) and columns [c0, c1) of a row-major float32 (R, C) buffer, in place: for
+   h = 1, 2, ..., B/2, every pair (row i, row i + h) of each aligned 2h-row group becomes
+   (a + b, a - b), one IEEE float32 add and one subtract per element (built with
+   -ffp-contract=off: nothing fused or reassociated). The same operations on the same
+   operands as the torch stage loop, so the same bits; the normalization stays in torch. */
+static void fwht_dim0_loop(float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1,
+                           Py_ssize_t B, Py_ssize_t c0, Py_ssize_t c1) {
+    for (Py_ssize_t base = r0; base < r1; base += B)
+        for (Py_ssize_t h = 1; h < B; h *= 2)
+            for (Py_ssize_t g = base; g < base + B; g += 2 * h)
+                for (Py_ssize_t i = g; i < g + h; i++) {
+                    float *a = y + i * C, *b = y + (i + h) * C;
+                    for (Py_ssize_t c = c0; c < c1; c++) {
+                        float x = a[c], z = b[c];
+                        a[c] = x + z;
+                        b[c] = x - z;
+                    }
+                }
+}
+
+static PyObject *py_fwht_dim0(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer buf;
+    Py_ssize_t R, C, r0, r1, B, c0, c1;
+    if (!PyArg_ParseTuple(args, "w*nnnnnnn", &buf, &R, &C, &r0, &r1, &B, &c0, &c1))
+        return NULL;
+    int ok = B >= 2 && (B & (B - 1)) == 0 && 0 <= r0 && r0 <= r1 && r1 <= R &&
+             r0 % B == 0 && (r1 - r0) % B == 0 && 0 <= c0 && c0 <= c1 && c1 <= C &&
+             buf.len == R * C * 4;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        fwht_dim0_loop((float *)buf.buf, C, r0, r1, B, c0, c1);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&buf);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "fwht_dim0: inconsistent shapes or buffer size");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"fwht_dim0", py_fwht_dim0, METH_VARARGS,
+     "fwht_dim0(buf, R, C, r0, r1, B, c0, c1): Hadamard butterflies along dim 0, in place."},
     {"slice_rows", py_slice_rows, METH_VARARGS,
      "slice_rows(src, is_bf16, R, K, S, out, exps, r0, r1): kernels.ops.lmhead's row slicer."},
     {"exp", py_exp, METH_VARARGS, "exp(src, dst): mathfn.exp of float32 src into dst."},

@@ -87,3 +87,18 @@ def apply(name: str, x: torch.Tensor) -> torch.Tensor | None:
         cuts = [(i, min(i + step, n)) for i in range(0, n, step)]
         list(_pool(len(cuts)).map(lambda c: fn(a[c[0]:c[1]], b[c[0]:c[1]]), cuts))
     return out.reshape(x.shape)
+
+
+def fwht_dim0_(y: torch.Tensor, block: int, rows: slice, cols: slice) -> bool:
+    """The butterfly stages of ``kernels.int8.hadamard.hadamard_dim0_cpu_`` on the tile
+    ``y[rows, cols]`` of a contiguous float32 (R, C) tensor, in place, by the compiled loop
+    (the same IEEE adds and subtracts: the same bits); False when the loop is unavailable.
+    Columns are independent, so the tile is split by columns among the torch threads."""
+    if not available() or not hasattr(_mathc, "fwht_dim0"):
+        return False
+    r, c = y.shape
+    buf = y.reshape(-1).numpy()
+    c0, c1 = cols.start, cols.stop
+    _parallel(lambda lo, hi: _mathc.fwht_dim0(buf, r, c, rows.start, rows.stop, block,
+                                              c0 + lo, c0 + hi), c1 - c0)
+    return True

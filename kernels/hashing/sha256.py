@@ -312,6 +312,32 @@ def tensor_root(name: str, t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> s
     return _root(name, t, chunk_digests(t, chunk_bytes, name)).hex()
 
 
+def streamed_root(name: str, shape: tuple[int, ...], dtype: torch.dtype, parts,
+                  chunk_bytes: int = CHUNK_BYTES) -> str:
+    """``tensor_root`` of a CPU tensor of ``shape`` / ``dtype`` given as its consecutive flat
+    ``parts`` (an iterable of 1-D tensors; every part but the last a whole number of chunks),
+    so a tensor kept on disk is hashed without ever being whole in memory. The same bytes
+    in the same chunks: the same root (tested against ``tensor_root``)."""
+    _check_chunk_bytes(chunk_bytes)
+    like = torch.empty(shape, dtype=dtype, device="meta")
+    _header(name, like)
+    digests, n_bytes, ragged = [], 0, False
+    for part in parts:
+        if ragged:
+            raise ValueError(f"{name}: a part of {n_bytes} bytes that is not a whole number "
+                             f"of {chunk_bytes}-byte chunks came before the last")
+        part = part.detach().reshape(-1)
+        size = part.numel() * part.element_size()
+        ragged = size % chunk_bytes != 0
+        digests.append(chunk_digests_cpu(part, chunk_bytes, name))
+        n_bytes += size
+    if n_bytes != like.numel() * like.element_size():
+        raise ValueError(f"{name}: parts of {n_bytes} bytes for a tensor of "
+                         f"{like.numel() * like.element_size()}")
+    d = torch.cat(digests) if digests else torch.zeros((0, DIGEST_BYTES), dtype=torch.uint8)
+    return _root(name, like, d).hex()
+
+
 def digest_roots(named: Mapping[str, torch.Tensor], chunk_bytes: int = CHUNK_BYTES) -> str:
     """Hex SHA-256 of a name -> tensor mapping built from roots, independent of order."""
     h = hashlib.sha256()

@@ -131,8 +131,9 @@ def dequantize_cpu(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.
 # Which route: OPEN1B_INT_GEMM=float|int|auto (default auto: "int" only on CPUs with an
 # int8 dot-product instruction - AVX-512 VNNI, AVX-VNNI or AMX-INT8 - where it is the
 # faster one, and only if the probe passes). Measured on the project's 2-core AMD EPYC
-# (AVX2, no VNNI), benchmarks/kernels/int_gemm.py: torch._int_mm is 1.3-1.5x slower than
-# the float route at the linear's shapes, so auto keeps "float" there.
+# (AVX2, FMA, no AVX-512, no VNNI; torch capability AVX2), benchmarks/kernels/int_gemm.py:
+# torch._int_mm is exact there but 13-20x slower than the float route at the linear's
+# shapes (the float route runs at 0.75-0.9x of a float32 GEMM), so auto keeps "float".
 SGEMM_K = 1024
 INT_GEMM_ENV = "OPEN1B_INT_GEMM"
 _VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.core import mathc
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from kernels.int8.gemm import bf16_operand
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
@@ -114,6 +115,11 @@ def hadamard_dim0_cpu_(y: torch.Tensor, block: int = BLOCK, fill=None, on_tile=N
             src = tile = y[rs, cs]
             if fill is not None:
                 fill(tile, rs, cs)
+            if mathc.fwht_dim0_(y, block, rs, cs):  # the compiled stages: the same bits
+                tile.mul_(2.0 ** -(log // 2))
+                if on_tile is not None:
+                    on_tile(tile, rs, cs)
+                continue
             tr, tc = src.shape
             dst = tmp[:tr * tc].view(tr, tc)
             h = 1

@@ -74,10 +74,20 @@ if HAVE_TRITON:
         tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) * coef, mask=mask)
 
 
+CPU_SLAB = 1 << 22  # elements squared at once on the CPU path (a multiple of CHUNK)
+
+
 def _sum_squares(g: torch.Tensor) -> torch.Tensor:
     flat = g.reshape(-1).contiguous()
     if not use_triton(g):
-        return tree_sum_cpu(flat * flat, 0)
+        n = flat.numel()
+        if n <= CPU_SLAB or n % CHUNK:
+            return tree_sum_cpu(flat * flat, 0)
+        # the Triton path's form, bounded in memory: CHUNK partials slab by slab, then the
+        # tree over the partials (the same value as the one-shot tree; tested)
+        parts = torch.cat([tree_sum_cpu((s * s).reshape(-1, CHUNK), -1)
+                           for s in flat.split(CPU_SLAB)])
+        return tree_sum_cpu(parts, 0)
     n = flat.numel()
     parts = torch.empty(triton.cdiv(n, CHUNK), dtype=torch.float32, device=g.device)
     _sumsq_kernel[(parts.numel(),)](flat, parts, n, CHUNK=CHUNK, **LAUNCH_OPTIONS)

@@ -141,7 +141,8 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     2^53 (MAX_K). ``fp32(T * 2^(Ea - bias_a) * 2^(Eb - bias_b))`` then equals
     ``combine_cpu``'s ``fp32(float64(T) * 2^(Ea + Eb - bias))``: the power-of-two multiplies
     are exact in float64, and one rounding to float32 follows. Output blocks of ROW_BLOCK x
-    COL_BLOCK keep the float64 accumulators in cache."""
+    COL_BLOCK keep the float64 accumulators in cache. For S = 3 (``CPU_S3_TWO_GEMMS``) the
+    six products become two GEMMs with the same T: see ``_ozaki3_blocks``."""
     _check(a, b, slices)
     sa, ea = slice_rows_cpu(a, slices)
     sb, eb = slice_rows_cpu(b, slices)

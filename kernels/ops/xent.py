@@ -105,9 +105,9 @@ def xent_forward_cpu(x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 def xent_backward_cpu(dloss: torch.Tensor, x: torch.Tensor, t: torch.Tensor,
-                      lse: torch.Tensor) -> torch.Tensor:
+                      lse: torch.Tensor, rows: int | None = None) -> torch.Tensor:
     """CPU reference of ``xent_backward``."""
-    g = dloss.reshape(()).to(torch.float32) * _inv(x.shape[0])
+    g = dloss.reshape(()).to(torch.float32) * _inv(rows or x.shape[0])
     coef = 1.0 + TWO_Z * lse
     d = exp(x.to(torch.float32) - lse[:, None]) * coef[:, None]
     hit = torch.arange(x.shape[1])[None, :] == t[:, None]
@@ -179,16 +179,19 @@ def xent_forward(x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 def xent_backward(dloss: torch.Tensor, x: torch.Tensor, t: torch.Tensor,
-                  lse: torch.Tensor) -> torch.Tensor:
-    """dlogits (M, V) float32 for the scalar upstream gradient ``dloss``."""
+                  lse: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+    """dlogits (M, V) float32 for the scalar upstream gradient ``dloss``. ``rows`` (default
+    M): the rows the loss is the mean over, when ``x`` is a block of them - every row's
+    dlogits depends on its own logits, lse and target and on INV_rows alone, so blocks of
+    rows give the bits of the whole."""
     if not use_triton(x):
-        return xent_backward_cpu(dloss, x, t, lse)
+        return xent_backward_cpu(dloss, x, t, lse, rows)
     _check(x, t)
     m, v = x.shape
     if x.stride(1) != 1:
         x = x.contiguous()
     t = t.contiguous()
-    g = (dloss.reshape(1).to(torch.float32) * _inv(m)).contiguous()
+    g = (dloss.reshape(1).to(torch.float32) * _inv(rows or m)).contiguous()
     d = torch.empty((m, v), dtype=torch.float32, device=x.device)
     xk, is_bf16 = bf16_operand(x)
     _xent_bwd_kernel[(m, triton.cdiv(v, BWD_BLOCK))](xk, t, lse, g, d, m, v, x.stride(0),

@@ -156,3 +156,17 @@ def test_cpu_norm_is_the_exact_tree():
 @needs_triton
 def test_triton_norm_is_the_exact_tree():
     _check_exact_order("triton")
+
+
+@pytest.mark.parametrize("chunks", [5, 13, 37, 100, 1025])
+def test_cpu_slabs_of_chunk_partials_equal_the_one_shot_tree(chunks, monkeypatch):
+    """The CPU path's bounded-memory form (CHUNK partials slab by slab, then their tree) is
+    bitwise the one-shot tree of g*g, as the Triton path's chunk partials are."""
+    from kernels.core.reduce import tree_sum_cpu
+    from kernels.ops import gradnorm
+
+    monkeypatch.setattr(gradnorm, "CPU_SLAB", 4 * gradnorm.CHUNK)
+    g = torch.Generator().manual_seed(chunks)
+    n = chunks * gradnorm.CHUNK
+    x = torch.randn(n, generator=g) * torch.rand(n, generator=g) ** 8
+    assert torch.equal(gradnorm._sum_squares(x), tree_sum_cpu(x * x, 0))

@@ -89,3 +89,20 @@ def test_rotation_preserves_gemm():
 def test_rejects_non_power_of_four_block():
     with pytest.raises(ValueError, match="power of four"):
         hadamard(torch.zeros(2, 8), 8)
+
+
+def test_compiled_dim0_stages_give_the_torch_bits(monkeypatch):
+    # kernels.core.mathc.fwht_dim0_ (the C butterflies) against the torch stage loop, on
+    # subnormal, huge (overflowing to inf), signed-zero and ordinary values, several tiles
+    from kernels.core import mathc
+    from kernels.int8 import hadamard as hd
+    if not mathc.available():
+        pytest.skip("the compiled loops are not built")
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(512, 300, generator=g) * torch.exp(torch.randn(512, 300, generator=g) * 8)
+    x[0, :5] = torch.tensor([1e-40, -0.0, 3e38, -3e38, 0.0])
+    monkeypatch.setattr(hd, "DIM0_TILE", 256 * 64)
+    fast = hd.hadamard_dim0_cpu_(x.clone())
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    slow = hd.hadamard_dim0_cpu_(x.clone())
+    assert torch.equal(fast.view(torch.int32), slow.view(torch.int32))

@@ -1,0 +1,170 @@
+"""Memory plans: how a step holds its state, chosen from free memory; never what it computes.
+
+A plan changes where values live and how long, never an operation on them, so every plan
+gives the same bits (tested component by component on the demo and micro presets, across
+a resume). It is not part of a run's config or identity and is not hashed; the trainer
+prints it and records it in the unhashed fields of each step's log line, the replay in
+its report.
+
+* ``resident`` - everything in memory, the code as it always ran: parameters, both Adam
+  moments, the flat reduced gradient, each micro-batch's gradients as a dict copied into
+  it, every layer's activations, the full logits and dlogits.
+* ``lean`` - for a machine smaller than the step: the Adam moments live in files under
+  ``RUN/memplan/`` (``diskflat.py``) and the update streams them chunk by chunk through the
+  same per-element AdamW; gradients go straight into the flat reduced buffer as the
+  backward produces them (``step.GradSink``); the forward keeps only each layer's input
+  and the backward recomputes the layer (``model.py``); the LM head and the loss run in
+  token blocks with dlogits overwriting the logits; dormant TreeFold partials are spilled
+  to ``RUN/memplan/``; checkpoints are written and read in chunks (``checkpoint.py``).
+* ``auto`` - ``lean`` when the resident plan's estimated peak is above the memory the
+  kernel reports available (``/proc/meminfo`` MemAvailable), else ``resident``; the
+  estimate, the free memory and the choice are printed.
+
+The estimates are arithmetic over the model's shapes and the step's tokens (the terms are
+listed in ``estimate``), not measurements; BENCHMARKS.md compares them with measured peaks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from open1b_train import statehash
+from open1b_train.config import TrainConfig
+from open1b_train.diskflat import CHUNK, DiskFlat, clear_stale, scratch_dir
+from open1b_train.errors import MemoryPlanError
+from open1b_train.params import Layout, param_specs
+
+PLANS = ("resident", "lean")
+CHOICES = ("auto", *PLANS)
+HEADROOM = 1.10            # auto picks resident only when 110% of its estimate is free
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    name: str                        # resident | lean
+    requested: str                   # auto | resident | lean
+    estimate: dict[str, int]         # estimated peak bytes per plan
+    available: int | None            # MemAvailable at the choice (bytes), None if unknown
+    scratch: str | None = None       # RUN/memplan for lean
+
+    @property
+    def lean(self) -> bool:
+        return self.name == "lean"
+
+    def describe(self) -> str:
+        gib = lambda b: f"{b / 2**30:.1f} GiB"  # noqa: E731
+        est = ", ".join(f"{k} {gib(v)}" for k, v in self.estimate.items())
+        free = "unknown" if self.available is None else gib(self.available)
+        how = "forced" if self.requested != "auto" else "auto"
+        return f"memory plan {self.name} ({how}; estimated peak {est}; available {free})"
+
+    def record(self) -> dict:
+        return {"memory_plan": self.name}
+
+
+def mem_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def estimate(cfg: TrainConfig, tokens: int, plan: str) -> int:
+    """Estimated peak bytes of one step of ``cfg`` with ``tokens`` tokens per micro-batch.
+
+    Both: the parameters (their dtypes) and the flat reduced gradient (4 bytes per slot of
+    ``params.Layout``), one more flat buffer per virtual rank of a replica past the first
+    when dp_shard > 1. resident adds both moments (8 per slot), the micro-batch's gradient
+    dict (4 per parameter), every layer's saved activations and int8 weight codes, the
+    logits and dlogits with the loss's full-size temporaries (about 5 x 4 bytes per token
+    per vocabulary entry), the AdamW temporaries of the largest parameter and a checkpoint's
+    bytes held in memory; TreeFold partials when dp_replicate > 1 (log2 R + 1). lean adds one
+    layer's activations, every layer's input, the logits buffer and the int8 slices of
+    dlogits for the weight gradient, the largest parameter's gradient in flight and the
+    moments' chunks."""
+    m = cfg.model
+    specs = param_specs(m)
+    layout = Layout(specs)
+    flat = 4 * layout.numel
+    params = sum(s.numel * torch.empty((), dtype=s.dtype).element_size() for s in specs)
+    largest = max(s.numel for s in specs)
+    d, f = m.d_model, m.ffn
+    hq, hkv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    per_token = 12 * d + 9 * hq + 6 * hkv + 7 * f            # one layer's saved activations
+    weight_codes = 2 * d * (2 * hq + 2 * hkv + 3 * f)          # int8 codes + masks per layer
+    layer = tokens * per_token + weight_codes
+    reps, shards = cfg.mesh
+    fold = 0 if reps == 1 else (reps.bit_length() + 1) * flat
+    extra_shard = flat if shards > 1 else 0
+    base = params + flat + extra_shard
+    if plan == "resident":
+        head = 5 * 4 * tokens * m.vocab
+        return (base + 2 * flat + 4 * sum(s.numel for s in specs) + m.n_layers * layer
+                + head + 10 * largest + params + 2 * flat + fold)
+    head = 4 * tokens * m.vocab + m.lmhead_slices * tokens * m.vocab
+    return (base + layer + m.n_layers * 2 * tokens * d + head + 4 * largest
+            + 6 * 4 * CHUNK + min(fold, 2 * flat))
+
+
+def choose(requested: str, cfg: TrainConfig, tokens: int, run_dir: str,
+           available: int | None = None) -> MemoryPlan:
+    """The plan for ``requested`` (auto | resident | lean); see the module docstring."""
+    if requested not in CHOICES:
+        raise MemoryPlanError(f"memory plan {requested!r}: choose one of {', '.join(CHOICES)}")
+    est = {p: estimate(cfg, tokens, p) for p in PLANS}
+    free = mem_available() if available is None else available
+    name = requested
+    if requested == "auto":
+        name = "resident" if free is None or est["resident"] * HEADROOM <= free else "lean"
+    return MemoryPlan(name, requested, est, free,
+                      scratch_dir(run_dir) if name == "lean" else None)
+
+
+# ----------------------------------------------------------------------------- the moments
+
+def new_moments(plan: MemoryPlan | None, layout: Layout, device) -> tuple:
+    """Zero Adam moments (m, v): flat tensors, or ``DiskFlat`` files under the lean plan."""
+    if plan is None or not plan.lean:
+        return layout.zeros(device), layout.zeros(device)
+    clear_stale(plan.scratch)
+    return (DiskFlat(plan.scratch, "m", layout.numel), DiskFlat(plan.scratch, "v", layout.numel))
+
+
+def on_disk(t) -> bool:
+    return isinstance(t, DiskFlat)
+
+
+def flat_digest(layout: Layout, flat) -> str:
+    """``statehash.tensors_digest(layout.views(flat))`` of a flat tensor or a ``DiskFlat``,
+    the latter read in chunks (each parameter starts at a 16 KiB hash-chunk boundary)."""
+    if not on_disk(flat):
+        return statehash.tensors_digest(layout.views(flat))
+    from kernels.hashing.sha256 import streamed_root
+
+    rts = {}
+    for s in layout.slots:
+        parts = (t for _, t in flat.chunks(s.offset, s.offset + s.numel))
+        rts[s.name] = bytes.fromhex(streamed_root(s.name, s.shape, torch.float32, parts))
+    return statehash.roots_digest(rts)
+
+
+def optim_digest(layout: Layout, opt) -> str:
+    """The step's optim component for resident or on-disk moments (the same digest)."""
+    return statehash.optim_digest_of(flat_digest(layout, opt.m), flat_digest(layout, opt.v),
+                                     opt.adam_step, opt.skip_left)
+
+
+def moment_parts(layout: Layout, flat, name: str):
+    """A parameter's moment as consecutive 1-D parts (a view, or chunks from disk)."""
+    s = layout.by_name[name]
+    if not on_disk(flat):
+        yield flat[s.offset:s.offset + s.numel]
+        return
+    for _, t in flat.chunks(s.offset, s.offset + s.numel):
+        yield t

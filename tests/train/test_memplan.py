@@ -1,0 +1,135 @@
+"""Memory plans (``open1b_train.memplan``): every plan forced gives the golden trajectories'
+bits, component by component, across resumes that switch plans; the lean plan's files stay
+in RUN/memplan and special files there are refused; auto's choice follows free memory."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from kernels.hashing.sha256 import streamed_root, tensor_root
+from kernels.ops.xent import xent_backward, xent_forward
+from open1b_audit.replay import replay
+from open1b_audit.selftest import trajectory as tj
+from open1b_train import checkpoint, memplan, runlog
+from open1b_train.diskflat import DiskFlat, scratch_dir
+from open1b_train.errors import MemoryPlanError
+from open1b_train.train import train
+
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
+
+
+def golden(name: str) -> dict:
+    with open(os.path.join(ASSETS, f"trajectory_{name}.json")) as f:
+        return json.load(f)
+
+
+def train_to(name: str, mix: str, run: str, steps: int, plan: str) -> list[dict]:
+    train(tj.config(name, steps), mix, run, progress=False, echo=lambda m: None,
+          memory_plan=plan)
+    return runlog.read(run)
+
+
+def files_of(run: str, step: int) -> dict:
+    with open(os.path.join(checkpoint.step_dir(run, step), "record.json")) as f:
+        return json.load(f)["files"]
+
+
+@pytest.fixture(scope="module")
+def micro_mix(tmp_path_factory) -> str:
+    return tj.build_mix("micro", str(tmp_path_factory.mktemp("mix") / "micro"))
+
+
+def test_micro_every_plan_and_resumes_across_plans_give_the_golden_bits(tmp_path, micro_mix):
+    want = golden("micro")
+    lean, mixed = str(tmp_path / "lean"), str(tmp_path / "mixed")
+    # lean from genesis (3 replicas: spilled TreeFold partials), then resumed resident
+    assert train_to("micro", micro_mix, lean, 8, "lean")[-1]["memory_plan"] == "lean"
+    lines = train_to("micro", micro_mix, lean, 12, "resident")
+    assert [ln["memory_plan"] for ln in lines[9:]] == ["resident"] * 4
+    assert tj.first_difference(want, lines) is None and len(lines) == 13
+    # resident first, then resumed lean from a checkpoint the resident plan wrote
+    train_to("micro", micro_mix, mixed, 4, "resident")
+    lines = train_to("micro", micro_mix, mixed, 12, "lean")
+    assert tj.first_difference(want, lines) is None and len(lines) == 13
+    # the streamed checkpoint files are byte for byte the resident ones
+    for step in (4, 8, 12):
+        assert files_of(lean, step) == files_of(mixed, step)
+    assert os.listdir(os.path.join(lean, "memplan")) == []        # files removed after use
+
+
+def test_demo_lean_with_a_resume_gives_the_golden_bits(tmp_path):
+    want = golden("demo")
+    mix = tj.build_mix("demo", str(tmp_path / "mix"))
+    run = str(tmp_path / "run")
+    train_to("demo", mix, run, 2, "lean")
+    lines = train_to("demo", mix, run, 3, "lean")
+    assert tj.first_difference(want, lines) is None and len(lines) == want["steps"] + 1
+    res = replay(run, 3, from_step=0, memory_plan="lean")
+    assert res.ok and res.memory_plan == "lean", res.finding
+    assert res.lines[3]["hash"] == lines[3]["hash"]
+
+
+def test_replay_lean_matches_a_resident_run(tmp_path, micro_mix):
+    run = str(tmp_path / "run")
+    lines = train_to("micro", micro_mix, run, 6, "resident")
+    res = replay(run, 6, from_step=4, memory_plan="lean")
+    assert res.ok and res.memory_plan == "lean" and res.lines[6]["hash"] == lines[6]["hash"]
+
+
+def test_lean_files_are_confined_and_special_files_refused(tmp_path):
+    run = tmp_path / "run"
+    d = scratch_dir(str(run))
+    assert d == os.path.join(str(run), "memplan")
+    f = DiskFlat(d, "m", 10_000)
+    assert os.path.dirname(f.path) == d and torch.equal(f.read(0, 10_000), torch.zeros(10_000))
+    f.write(5, torch.arange(3, dtype=torch.float32))
+    assert f.read(4, 9).tolist() == [0.0, 0.0, 1.0, 2.0, 0.0]
+    path = f.path
+    f.close()
+    assert not os.path.exists(path)
+    os.mkfifo(path)                                     # a FIFO where a file would go
+    DiskFlat._count -= 1
+    with pytest.raises(MemoryPlanError, match="FIFO"):
+        DiskFlat(d, "m", 10)
+    other = tmp_path / "run2"
+    other.mkdir()
+    os.symlink(str(tmp_path), str(other / "memplan"))   # the directory escapes the run
+    with pytest.raises(MemoryPlanError, match="symlink"):
+        scratch_dir(str(other))
+
+
+def test_auto_follows_free_memory(tmp_path):
+    cfg = tj.config("demo")
+    cfg = cfg.__class__(**{**cfg.__dict__, "model": cfg.model.__class__(
+        **{**cfg.model.__dict__, "vocab": 8192})})
+    est = memplan.estimate(cfg, 3 * 513, "resident")
+    assert memplan.choose("auto", cfg, 3 * 513, str(tmp_path), est * 2).name == "resident"
+    low = memplan.choose("auto", cfg, 3 * 513, str(tmp_path), est // 2)
+    assert low.name == "lean" and low.scratch == str(tmp_path / "memplan")
+    assert memplan.choose("resident", cfg, 3 * 513, str(tmp_path), 1).name == "resident"
+    big = tj.config("micro").__class__()                  # the open1b preset at 4,096 tokens
+    assert memplan.estimate(big, 4097, "lean") < 23 * 2**30 < memplan.estimate(big, 4097,
+                                                                                "resident")
+
+
+def test_streamed_root_is_tensor_root():
+    t = torch.randn(3, 5000)
+    flat = t.reshape(-1)
+    parts = [flat[:4096], flat[4096:8192], flat[8192:]]
+    assert streamed_root("w", (3, 5000), torch.float32, parts) == tensor_root("w", t)
+    with pytest.raises(ValueError):
+        streamed_root("w", (3, 5000), torch.float32, [flat[:100], flat[100:]])
+
+
+def test_xent_backward_by_row_blocks_is_the_whole():
+    g = torch.Generator().manual_seed(1)
+    x, t = torch.randn(37, 300, generator=g) * 4, torch.randint(0, 300, (37,), generator=g)
+    one = torch.ones(())
+    _, lse = xent_forward(x, t)
+    whole = xent_backward(one, x, t, lse)
+    blocks = torch.cat([xent_backward(one, x[a:a + 8], t[a:a + 8], lse[a:a + 8], rows=37)
+                        for a in range(0, 37, 8)])
+    assert torch.equal(whole, blocks)
