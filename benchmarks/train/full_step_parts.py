@@ -1,0 +1,131 @@
+"""The parts of one full ``open1b`` step at full width, timed here, projected to a step.
+
+A full 24-layer step of ``benchmarks.train.full_step`` takes hours on a 2-core machine,
+so its wall time is projected from parts measured at Open-1B's shapes on the CPU
+reference (``force("cpu")``, the bits the trainer computes):
+
+* **a layer** (d_model 2,048, 16/4 heads of 128, SwiGLU 5,632; ``--windows``: window 512
+  and/or fully causal) on one 4,096-token sequence: ``layer_forward`` and
+  ``layer_backward`` timed apart (``benchmarks.kernels.layer.setup``, one run each). The
+  lean plan keeps only each layer's input and recomputes the layer before its backward, so
+  a lean layer costs 2 x forward + backward.
+* **the LM head and loss** (2,048 -> 128,256, 3 int8 slices, cross-entropy + z-loss,
+  forward and backward: ``lmhead_forward``, ``xent_forward``/``xent_backward``,
+  ``lmhead_backward``) on ``--head-tokens`` tokens, scaled linearly to 4,096 (its GEMMs are
+  linear in tokens; the weight's per-call conversions are not, so the scaling slightly
+  overstates the head).
+
+Projection = 19 windowed + 5 fully causal layers (``ModelConfig.full_layers``; a kind not
+measured counts as the other) + the scaled head. Not in it: the embedding, the AdamW
+update and the state hashes (parameter-proportional; ``results-memplan.md`` times the lean
+update) and the checkpoint. An estimate, stated as one.
+
+    python -m benchmarks.train.full_step_parts [--windows 512] [--head-tokens 64]
+        [--out benchmarks/results/results-full-step.md]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+SEQ = 4096
+
+
+def time_layer(window: str) -> dict:
+    from benchmarks.kernels.layer import setup
+    from kernels.core.backend import force
+    from open1b_train.model import layer_backward, layer_forward
+
+    mc, p, x, dy, _, _ = setup(SEQ, window)
+    with force("cpu"):
+        t0 = time.perf_counter()
+        _, saved = layer_forward(mc, p, 0, x, None)
+        t1 = time.perf_counter()
+        layer_backward(mc, p, 0, dy, saved, {}, None)
+        t2 = time.perf_counter()
+    return {"forward": t1 - t0, "backward": t2 - t1, "lean": 2 * (t1 - t0) + (t2 - t1)}
+
+
+def time_head(tokens: int) -> dict:
+    from kernels.core.backend import force
+    from kernels.ops import lmhead as lm
+    from kernels.ops.xent import xent_backward, xent_forward
+    from open1b_train.config import open1b
+
+    m = open1b().model
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(tokens, m.d_model, generator=g).to(torch.bfloat16)
+    w = (torch.randn(m.vocab, m.d_model, generator=g) * 0.02).to(torch.bfloat16)
+    labels = torch.randint(0, m.vocab, (tokens,), generator=g)
+    with force("cpu"):
+        t0 = time.perf_counter()
+        logits = lm.lmhead_forward(h, w, m.lmhead_slices)
+        loss, lse = xent_forward(logits, labels)
+        t1 = time.perf_counter()
+        dl = xent_backward(torch.ones(()), logits, labels, lse)
+        del logits
+        lm.lmhead_backward(dl, h, w, m.lmhead_slices)
+        t2 = time.perf_counter()
+    scale = SEQ / tokens
+    return {"tokens": tokens, "forward": t1 - t0, "backward": t2 - t1,
+            "at_4096": (t2 - t0) * scale}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--windows", default="512", help="layer kinds: 512 and/or full")
+    ap.add_argument("--head-tokens", type=int, default=64)
+    ap.add_argument("--out", default=None, help="append the markdown report here")
+    a = ap.parse_args()
+
+    from benchmarks.machine import LoadLog, describe, simd_flags
+    from open1b_train.config import open1b
+
+    load = LoadLog()
+    layers = {}
+    for w in a.windows.split(","):
+        print(f"[layer {w}] forward + backward at {SEQ} tokens ...", flush=True)
+        layers[w] = time_layer(w)
+        print(f"[layer {w}] {layers[w]}", flush=True)
+        load.sample(f"layer {w}")
+    print(f"[head] {a.head_tokens} tokens ...", flush=True)
+    head = time_head(a.head_tokens)
+    print(f"[head] {head}", flush=True)
+    load.sample("head")
+    m = open1b().model
+    n_full = len(m.full_layers)
+    win = layers.get("512", layers.get("full"))
+    full = layers.get("full", win)
+    layer_s = (m.n_layers - n_full) * win["lean"] + n_full * full["lean"]
+    total = layer_s + head["at_4096"]
+    rows = [f"| layer, window {w}, {SEQ:,} tokens | {r['forward']:.1f} | {r['backward']:.1f} "
+            f"| {r['lean']:.1f} (2 x fwd + bwd) |" for w, r in layers.items()]
+    rows.append(f"| LM head + loss, {head['tokens']} tokens | {head['forward']:.1f} | "
+                f"{head['backward']:.1f} | {head['at_4096']:.0f} (x {SEQ // head['tokens']}, "
+                f"at {SEQ:,} tokens) |")
+    text = "\n".join([
+        f"\n## {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC - "
+        f"`python -m benchmarks.train.full_step_parts --windows {a.windows} "
+        f"--head-tokens {a.head_tokens}`", "",
+        f"- machine: {describe()}; CPU flags: {simd_flags()}",
+        f"- {load.summary()}", "",
+        "| part (CPU reference, Open-1B shapes) | forward s | backward s | lean step s |",
+        "|---|---|---|---|", *rows, "",
+        f"**Projected** full `open1b` step (one 4,097-token window, lean plan), layers and "
+        f"head only: {m.n_layers - n_full} windowed + {n_full} fully causal layers "
+        f"{layer_s:,.0f} s + LM head {head['at_4096']:,.0f} s = **{total:,.0f} s "
+        f"(~{total / 3600:.1f} h)** per step; the replay re-executes the same step, so about "
+        f"as long again. An estimate: " + ("the fully causal layers are counted as windowed "
+                                           "ones (not measured), " if "full" not in layers
+                                           else "") +
+        "the embedding, AdamW update, hashes and checkpoint are not in it.", ""])
+    print(text)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
