@@ -11,6 +11,7 @@ set -euo pipefail
 ROOT=${ROOT:-/tmp/arm64}
 TORCH=${TORCH:-2.13.0}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
+TORCH_PY_DEPS="filelock typing-extensions sympy networkx jinja2"
 DEPS="numpy pyarrow tokenizers tiktoken zstandard fsspec click safetensors tqdm cryptography setuptools wheel"
 
 mounts() {
@@ -36,8 +37,13 @@ case ${1:-} in
     cp "$ROOT/etc/ssl/certs/host-ca.crt" "$ROOT/etc/ssl/certs/ca-certificates.crt"
     chroot "$ROOT" bash -c "[ -x /venv/bin/python ] || python3 -m venv /venv"
     # The host's CA bundle (it may hold a proxy's CA the chroot's Debian bundle lacks).
+    # torch's aarch64 wheel on PyPI requires the CUDA libraries for aarch64 (several GB):
+    # the CPU runtime needs none of them, so torch comes without its requirements and its
+    # pure-Python ones are listed here.
     chroot "$ROOT" /usr/bin/env PIP_CERT=/etc/ssl/certs/host-ca.crt PIP_FIND_LINKS= \
-      /venv/bin/pip install --default-timeout=300 -q "torch==$TORCH" $DEPS
+      /venv/bin/pip install --default-timeout=300 -q --no-deps "torch==$TORCH"
+    chroot "$ROOT" /usr/bin/env PIP_CERT=/etc/ssl/certs/host-ca.crt PIP_FIND_LINKS= \
+      /venv/bin/pip install --default-timeout=300 -q $DEPS $TORCH_PY_DEPS
     chroot "$ROOT" /venv/bin/python -c \
       "import platform, torch, numpy; print(platform.machine(), torch.__version__, numpy.__version__)"
     ;;
