@@ -12,7 +12,7 @@ import pytest
 
 from open1b_data import StreamPlan
 from open1b_data.errors import MixSpecError
-from open1b_data.formats.definition import default_mix_path, load_mix, parse_mix
+from open1b_data.formats.definition import default_mix_path, parse_mix
 from open1b_data.formats.heldout import is_heldout, parse_fraction
 from open1b_data.ingest.verify import verify
 from open1b_data.stream.heldout import HeldoutWindows
@@ -47,12 +47,12 @@ def test_fraction_is_a_decimal_string_in_0_1(bad):
 
 
 def test_definition_key_enters_only_when_present():
-    spec = load_mix(default_mix_path())
-    d = spec.to_dict()
-    assert "heldout" not in d and all("heldout" not in s for s in d["sources"])
     import tomllib
     with open(default_mix_path(), "rb") as f:
         raw = tomllib.load(f)
+    assert raw.pop("heldout") == {"fraction": "0.05"}          # the demo's own
+    d = parse_mix(raw, base_dir="manifests").to_dict()
+    assert "heldout" not in d and all("heldout" not in s for s in d["sources"])
     raw["heldout"] = {"fraction": "0.001"}
     raw["sources"][1]["heldout"] = "0.01"
     spec2 = parse_mix(raw, base_dir="manifests")
