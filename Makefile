@@ -51,9 +51,12 @@ demo: $(RUNTIME)
 	$(BIN)/open1b-data build-mix
 	@echo "==> the tokens rank 0 of 2 reads at step 1, decoded"
 	$(BIN)/open1b-data stream-at build/demo-mix --step 1 --rank 0 --world 2 --decode
-	@echo "==> training the demo preset for 24 steps on the demo mix (every step hashed; ~2 min)"
-	$(BIN)/open1b-train run --preset demo --mix build/demo-mix --steps 24 --out build/demo-run
+	@echo "==> training the demo preset for 24 steps on the demo mix (every step hashed; the"
+	@echo "    validation loss on the mix's held-out windows at steps 12 and 24; ~2 min)"
+	$(BIN)/open1b-train run --preset demo --mix build/demo-mix --steps 24 --eval-every 12 --out build/demo-run
 	$(BIN)/open1b-train plot build/demo-run
+	@echo "==> step 24 as logged: its hashes, training loss and validation loss per source"
+	$(BIN)/open1b-train show build/demo-run --step 24 --top 0
 	@echo "==> check a step as an auditor would: replay step 24 from its checkpoint"
 	$(BIN)/open1b-audit replay build/demo-run --step 24
 

@@ -8,9 +8,43 @@
   multiply-add contraction, no value-changing optimization; -fno-trapping-math only lets
   the compiler vectorize the selects (no program here reads floating-point exception
   flags), it changes no value.
+
+And one file at the root of site-packages, ``open1b_lmeval.pth``: the startup hook that makes
+lm-eval's own ``lm_eval`` command know the ``open1b`` model (open1b_eval/lmeval_hook.py).
 """
+import os
+
 import setuptools
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+# Python's ``site`` runs a .pth line that starts with ``import`` at interpreter startup and
+# reports (not raises) an error in it; the try keeps even that report away when the package
+# is gone. The name sorts after setuptools' ``__editable__.*.pth``, whose finder must be
+# installed first for an editable install's packages to import (``site`` reads .pth files
+# in sorted order).
+PTH = "open1b_lmeval.pth"
+PTH_LINE = 'import sys; exec("try:\\n import open1b_eval.lmeval_hook\\nexcept Exception:\\n pass")\n'
+
+
+class BuildPyWithPth(build_py):
+    """build_py that also writes ``PTH`` at the root of the wheel: ``build_lib`` for a
+    wheel; for an editable wheel (PEP 660), where setuptools packs only what it installs
+    into the wheel's directory (``install_lib`` of its ``install`` command), that
+    directory."""
+
+    def run(self) -> None:
+        super().run()
+        root = (self.get_finalized_command("install").install_lib if self.editable_mode
+                else self.build_lib)
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(root, PTH), "w", encoding="utf-8") as f:
+            f.write(PTH_LINE)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        extra = [] if self.editable_mode else [os.path.join(self.build_lib, PTH)]
+        return super().get_outputs(include_bytecode) + extra
+
 
 # The license in the form the running setuptools reads without a deprecation notice (pip
 # prints one box per build step for the old form): an SPDX expression from setuptools 77
@@ -19,7 +53,7 @@ from setuptools import Extension, setup
 LICENSE = ({"license_expression": "Apache-2.0"} if int(setuptools.__version__.split(".")[0]) >= 77
            else {"license": "Apache-2.0"})
 
-setup(**LICENSE, ext_modules=[
+setup(**LICENSE, cmdclass={"build_py": BuildPyWithPth}, ext_modules=[
     Extension("open1b_data.ingest.tokenizer._bpe", ["open1b_data/ingest/tokenizer/_bpe.c"],
               depends=[f"open1b_data/ingest/tokenizer/_bpe_{h}.h" for h in
                        ("split", "table", "merge", "unicode")],

@@ -1,13 +1,14 @@
 """An lm-evaluation-harness model ``open1b`` on the reproducible runtime.
 
-    open1b-lm-eval --model open1b --model_args run=RUN,step=N --tasks arc_easy
-    python -c "import open1b_eval.harness, lm_eval; lm_eval.simple_evaluate(model='open1b', ...)"
+    lm_eval --model open1b --model_args run=RUN,step=N --tasks arc_easy
+    python -c "import lm_eval; lm_eval.simple_evaluate(model='open1b', ...)"
 
-lm-eval (0.4.x) discovers models only through its own registry (``lm_eval.api.registry
-.register_model``), with no entry-point group, so the model is registered when this
-module is imported; ``open1b-lm-eval`` is ``lm_eval``'s own command line
-(``lm_eval.__main__.cli_evaluate``) with that import done first - every ``lm_eval`` flag
-works unchanged and nothing is copied into the harness.
+lm-eval (0.4.x) discovers models only through its own registry, with no entry-point group;
+the installed package's startup hook (``open1b_eval.lmeval_hook``) registers ``open1b``
+there as the lazy target ``open1b_eval.harness:Open1bLM`` in every interpreter, so lm-eval's
+own command line and API know it and import this module only when a run asks for it.
+Importing this module registers the class too (for an interpreter started without
+``site``, ``python -S``).
 
 Model arguments: ``run`` (a run directory), ``step`` (default: the latest checkpoint),
 ``backend`` (auto | cpu | triton), ``max_length`` (tokens a scored sequence keeps, the
@@ -28,6 +29,7 @@ sets ``do_sample`` with a ``temperature`` > 0, seed ``seed``), stopped at the se
 from __future__ import annotations
 
 
+import lm_eval.models  # noqa: F401  (lm-eval's own models first: see ``register_model`` below)
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
@@ -45,6 +47,9 @@ def _backend(name: str):
     return kbackend.force(None if name == "auto" else name)   # auto: by device
 
 
+# lm-eval fills its registry with its own models only while the registry is empty, so they
+# are registered (lm_eval.models, above) before this class; where the startup hook has
+# registered the lazy target "open1b_eval.harness:Open1bLM", this replaces it by the class.
 @register_model("open1b")
 class Open1bLM(LM):
     def __init__(self, run: str, step: int | None = None, backend: str = "auto",
@@ -132,13 +137,3 @@ class Open1bLM(LM):
                 out.append(text)
         return out
 
-
-def cli() -> None:
-    """``open1b-lm-eval``: lm_eval's command line with the ``open1b`` model registered."""
-    from lm_eval.__main__ import cli_evaluate
-
-    cli_evaluate()
-
-
-if __name__ == "__main__":  # python -m open1b_eval.harness ARGS (as open1b-lm-eval)
-    cli()

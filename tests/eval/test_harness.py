@@ -1,13 +1,18 @@
-"""lm-evaluation-harness runs the ``open1b`` model (registered by importing
-``open1b_eval.harness``) on two local tasks - multiple choice and generation, YAML + JSON
-lines in tests/eval/tasks, nothing downloaded - and reports the scores this test computes
-itself from the runtime's own log-likelihoods and greedy tokens."""
+"""lm-evaluation-harness's own ``lm_eval`` command (the executable of the environment
+running the tests, in a subprocess: the ``open1b`` model comes from the installed startup
+hook, open1b_eval/lmeval_hook.py) runs the model on two local tasks - multiple choice and
+generation, YAML + JSON lines in tests/eval/tasks, nothing downloaded - and reports the
+scores this test computes itself from the runtime's own log-likelihoods and greedy tokens."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from tests.fixtures.runs import cli_env
 
 TASKS = Path(__file__).parent / "tasks"
 
@@ -64,16 +69,33 @@ def _offline(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
 
 
-def test_lm_eval_scores_are_the_runtimes(ref_run, tmp_path):
-    lm_eval = pytest.importorskip("lm_eval")
-    from lm_eval.tasks import TaskManager
+def lm_eval_command(args: list[str], out: Path) -> dict:
+    """Run this environment's ``lm_eval`` executable with ``args``; its results JSON."""
+    exe = Path(sys.executable).parent / "lm_eval"
+    if not exe.exists():
+        pytest.skip("lm-eval is not installed (the test extra installs it)")
+    env = cli_env()
+    probe = subprocess.run([sys.executable, "-c", "import sys; print('open1b_eval.lmeval_hook' "
+                            "in sys.modules)"], env=env, capture_output=True, text=True)
+    assert probe.stdout.strip() == "True", (
+        f"the startup hook open1b_lmeval.pth is not installed in {sys.prefix} (or fails): "
+        f"reinstall the package there (pip install -e .); {probe.stderr[-2000:]}")
+    r = subprocess.run([str(exe), *args, "--output_path", str(out)], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    found = sorted(out.rglob("results*.json"))
+    assert len(found) == 1, f"expected one results file under {out}, got {found}"
+    return json.loads(found[0].read_text())
 
+
+def test_lm_eval_command_scores_are_the_runtimes(ref_run, tmp_path):
+    pytest.importorskip("lm_eval")
     from open1b_eval.harness import Open1bLM
 
-    tm = TaskManager(include_path=write_tasks(tmp_path))
-    res = lm_eval.simple_evaluate(model="open1b", model_args=f"run={ref_run},backend=cpu",
-                                  tasks=["open1b_tiny_mc", "open1b_tiny_gen"],
-                                  task_manager=tm, num_fewshot=0)["results"]
+    res = lm_eval_command(["--model", "open1b", "--model_args", f"run={ref_run},backend=cpu",
+                           "--tasks", "open1b_tiny_mc,open1b_tiny_gen", "--num_fewshot", "0",
+                           "--include_path", write_tasks(tmp_path)],
+                          tmp_path / "out")["results"]
     lm = Open1bLM(run=ref_run, backend="cpu")
     right = 0
     for row in _rows("mc.jsonl"):
