@@ -11,7 +11,6 @@ set -euo pipefail
 ROOT=${ROOT:-/tmp/arm64}
 TORCH=${TORCH:-2.13.0}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-TORCH_PY_DEPS="filelock typing-extensions sympy networkx jinja2"
 DEPS="numpy pyarrow tokenizers tiktoken zstandard fsspec click safetensors tqdm cryptography setuptools wheel"
 
 mounts() {
@@ -36,14 +35,21 @@ case ${1:-} in
       "apt-get update && apt-get install -y python3 python3-venv python3-dev gcc ca-certificates"
     cp "$ROOT/etc/ssl/certs/host-ca.crt" "$ROOT/etc/ssl/certs/ca-certificates.crt"
     chroot "$ROOT" bash -c "[ -x /venv/bin/python ] || python3 -m venv /venv"
-    # The host's CA bundle (it may hold a proxy's CA the chroot's Debian bundle lacks).
-    # torch's aarch64 wheel on PyPI requires the CUDA libraries for aarch64 (several GB):
-    # the CPU runtime needs none of them, so torch comes without its requirements and its
-    # pure-Python ones are listed here.
-    chroot "$ROOT" /usr/bin/env PIP_CERT=/etc/ssl/certs/host-ca.crt PIP_FIND_LINKS= \
-      /venv/bin/pip install --default-timeout=300 -q --no-deps "torch==$TORCH"
-    chroot "$ROOT" /usr/bin/env PIP_CERT=/etc/ssl/certs/host-ca.crt PIP_FIND_LINKS= \
-      /venv/bin/pip install --default-timeout=300 -q $DEPS $TORCH_PY_DEPS
+    # torch's aarch64 wheel on PyPI is a CUDA build whose import loads the CUDA libraries
+    # (nvidia-* wheels, ~3 GB): pip under emulation needs an hour to unpack them, so the
+    # host's pip downloads every wheel for aarch64 / CPython 3.11 and unpacks them into the
+    # chroot's venv at native speed (a wheel is a zip: unpacking is the same on any host).
+    PLAT=""
+    for t in manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_25 manylinux_2_24 \
+             manylinux_2_18 manylinux_2_17 manylinux2014 linux; do
+      PLAT="$PLAT --platform ${t}_aarch64"; done
+    HOSTPIP="env -u PIP_FIND_LINKS pip --isolated --cert /etc/ssl/certs/ca-certificates.crt"
+    mkdir -p "$ROOT/wheels"
+    $HOSTPIP download -q $PLAT --python-version 3.11 --implementation cp --only-binary=:all: \
+      -d "$ROOT/wheels" "torch==$TORCH" $DEPS
+    $HOSTPIP install -q --no-deps $PLAT --python-version 3.11 --implementation cp \
+      --only-binary=:all: --upgrade --target "$ROOT/venv/lib/python3.11/site-packages" \
+      "$ROOT"/wheels/*.whl
     chroot "$ROOT" /venv/bin/python -c \
       "import platform, torch, numpy; print(platform.machine(), torch.__version__, numpy.__version__)"
     ;;
