@@ -18,6 +18,7 @@ mounts() {
   update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
   mountpoint -q "$ROOT/proc" || mount -t proc proc "$ROOT/proc"
   mountpoint -q "$ROOT/dev" || mount --bind /dev "$ROOT/dev"
+  mountpoint -q "$ROOT/sys" || mount -t sysfs sysfs "$ROOT/sys"   # torch's cpuinfo reads it
   cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
   # The host's CA bundle as the chroot's (it may hold a proxy's CA that Debian's lacks;
   # pip's truststore reads the system bundle, not PIP_CERT).
