@@ -101,7 +101,8 @@ def _synthetic(window: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch
     return loss, loss.reshape(1).clone(), grads
 
 
-def _fake_forward_backward(model, params, input_ids, labels, trace=None):
+def _fake_forward_backward(model, params, input_ids, labels, trace=None, lean=False,
+                           grads=None):
     return _synthetic(int(input_ids[0, 0]))
 
 
