@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The golden trajectories on aarch64, under emulation (docs/PORTABILITY.md, "aarch64").
-# Debian's qemu-user-static runs an arm64 Debian userland in a chroot; torch's aarch64
-# wheel is a CPU build. Run as root on a Debian/Ubuntu x86 host:
+# Debian's qemu-user-static runs an arm64 Debian userland in a chroot with torch's aarch64
+# wheel (a CUDA build: only its CPU runtime runs here). Run as root on a Debian/Ubuntu x86
+# host:
 #   scripts/aarch64_check.sh setup      # qemu, debootstrap, python3 + venv, torch, numpy, ...
 #   scripts/aarch64_check.sh run [ARGS] # copies this checkout in, builds the C extension,
 #                                       # runs scripts/portability_check.py --inside ARGS
@@ -18,7 +19,9 @@ mounts() {
   update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
   mountpoint -q "$ROOT/proc" || mount -t proc proc "$ROOT/proc"
   mountpoint -q "$ROOT/dev" || mount --bind /dev "$ROOT/dev"
-  mountpoint -q "$ROOT/sys" || mount -t sysfs sysfs "$ROOT/sys"   # torch's cpuinfo reads it
+  # No sysfs: with the host's x86 /sys mounted, a demo run segfaulted under qemu (torch's
+  # oneDNN reads ARM CPU registers from it); without it cpuinfo only warns.
+  ! mountpoint -q "$ROOT/sys" || umount "$ROOT/sys"
   cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
   # The host's CA bundle as the chroot's (it may hold a proxy's CA that Debian's lacks;
   # pip's truststore reads the system bundle, not PIP_CERT).
