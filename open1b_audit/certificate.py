@@ -181,6 +181,28 @@ def write(cert: dict[str, Any], path: str) -> None:
     os.replace(tmp, path)
 
 
+def _signer(cert: dict[str, Any]) -> str | None:
+    sig = cert.get("signature")
+    return sig.get("public_key") if isinstance(sig, dict) else None
+
+
+def path_for(folder: str, step: int, cert: dict[str, Any]) -> str:
+    """Where ``cert`` for ``step`` goes in ``folder``: ``step-<N>.json``, unless that file
+    holds another signer's certificate - then ``step-<N>-<key prefix>.json``, so auditors
+    sharing a folder never overwrite each other (coverage reads every ``*.json``)."""
+    base = os.path.join(folder, f"step-{step:08d}.json")
+    if not os.path.exists(base):
+        return base
+    try:
+        theirs = _signer(read(base))
+    except CertificateError:          # unreadable: keep it for coverage to report
+        theirs = ""
+    mine = _signer(cert)
+    if theirs == mine:
+        return base
+    return os.path.join(folder, f"step-{step:08d}-{(mine or 'unsigned')[:16]}.json")
+
+
 def read(path: str) -> dict[str, Any]:
     """A certificate file: a regular file holding one JSON object (shape not checked here:
     ``verify`` does)."""

@@ -190,7 +190,7 @@ def replay_cmd(run, step, mix, backend, from_step, spill, memory_plan, certify, 
                 cert["recipe"] = res.recipe        # signed with the rest
                 if key:
                     cert = certificate.sign(cert, key)
-                path = os.path.join(certify, f"step-{s:08d}.json")
+                path = certificate.path_for(certify, s, cert)
                 certificate.write(cert, path)
                 written.append(path)
     except ERRORS as e:
