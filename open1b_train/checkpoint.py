@@ -179,13 +179,20 @@ def read_record(path: str) -> dict[str, Any]:
     return rec
 
 
-def load(path: str, device: torch.device | str = "cpu") -> Checkpoint:
-    """Read and verify a checkpoint directory (see the module docstring)."""
+def _record_and_files(path: str) -> tuple[dict, dict]:
+    """The checkpoint's verified record and its file table, which must list the params and
+    at least one optimizer file (both loaders start here)."""
     rec = read_record(path)
     files = rec.get("files") or {}
     if not isinstance(files, dict) or "params.safetensors" not in files or \
             not any(str(f).startswith("optim-") for f in files):
         raise CheckpointError(f"{path}: the record lists no params/optim files; corrupt")
+    return rec, files
+
+
+def load(path: str, device: torch.device | str = "cpu") -> Checkpoint:
+    """Read and verify a checkpoint directory (see the module docstring)."""
+    rec, files = _record_and_files(path)
     params: dict[str, torch.Tensor] = {}
     m: dict[str, torch.Tensor] = {}
     v: dict[str, torch.Tensor] = {}
@@ -351,11 +358,7 @@ def load_streamed(path: str, layout, m_flat, v_flat) -> Checkpoint:
     """``load`` for the lean plan: parameters into memory, moments straight into the
     ``DiskFlat`` files ``m_flat`` / ``v_flat``; each file read once in chunks, its sha256
     taken over the bytes parsed and compared with the record's at the end."""
-    rec = read_record(path)
-    files = rec.get("files") or {}
-    if not isinstance(files, dict) or "params.safetensors" not in files or \
-            not any(str(f).startswith("optim-") for f in files):
-        raise CheckpointError(f"{path}: the record lists no params/optim files; corrupt")
+    rec, files = _record_and_files(path)
     params: dict[str, torch.Tensor] = {}
     seen = {"m": set(), "v": set()}
     for name in sorted(files):

@@ -273,13 +273,7 @@ def update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, torch.Ten
     ``optim.clip_coef``, then per parameter ``optim.clip.<name>`` (the gradient AdamW
     consumes: clipped, or as reduced when the coefficient is 1) and
     ``optim.adamw.<name>.m`` / ``.v`` / ``.param`` after its update."""
-    # the coefficient on the host (CPU float32 ops, one correctly rounded division), then
-    # one float32 multiply per element on the gradients' device: the same bits anywhere
-    coef_t = clip_coefficient(norm.detach().to("cpu", torch.float32).reshape(()), cfg.clip)
-    coef = float(coef_t)
-    if trace is not None:
-        trace("optim.clip_coef", coef_t)
-    adam = AdamWConfig(cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay)
+    coef, adam = _clip_and_adamw(cfg, norm, trace)
     for spec in specs:
         if spec.name not in grads:
             continue
@@ -295,6 +289,18 @@ def update(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, torch.Ten
                 trace(f"optim.adamw.{spec.name}.{which}", t[spec.name])
 
 
+def _clip_and_adamw(cfg: TrainConfig, norm: torch.Tensor, trace: Trace
+                    ) -> tuple[float, AdamWConfig]:
+    """The clip coefficient (traced) and the AdamW constants, shared by both plans' updates.
+    The coefficient is computed on the host (CPU float32 ops, one correctly rounded
+    division), then applied as one float32 multiply per element on the gradients' device:
+    the same bits anywhere."""
+    coef_t = clip_coefficient(norm.detach().to("cpu", torch.float32).reshape(()), cfg.clip)
+    if trace is not None:
+        trace("optim.clip_coef", coef_t)
+    return float(coef_t), AdamWConfig(cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay)
+
+
 def update_streamed(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, torch.Tensor],
                     layout: Layout, grad: torch.Tensor, m, v, norm: torch.Tensor,
                     adam_step: int, lr: float, trace: Trace = None) -> None:
@@ -303,11 +309,7 @@ def update_streamed(cfg: TrainConfig, specs: list[ParamSpec], params: dict[str, 
     AdamW on flat slices of the gradient, the parameter and the two moments read from disk,
     then the moments written back. Both are elementwise, so chunks give ``update``'s bits.
     ``trace`` sees the same names (the moments read back whole from disk)."""
-    coef_t = clip_coefficient(norm.detach().to("cpu", torch.float32).reshape(()), cfg.clip)
-    coef = float(coef_t)
-    if trace is not None:
-        trace("optim.clip_coef", coef_t)
-    adam = AdamWConfig(cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.weight_decay)
+    coef, adam = _clip_and_adamw(cfg, norm, trace)
     for spec in specs:
         slot = layout.by_name[spec.name]
         p = params[spec.name]
