@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 from dataclasses import dataclass
 from typing import Any
 
 from open1b_audit.errors import SiteError
+from open1b_audit.site.scalars import scalars_of
 
 CHUNK_STEPS = 4096          # steps per curve chunk (a few hundred KB of JS each)
 OVERVIEW_BUCKETS = 1000     # the overview keeps each bucket's min and max: <= 2,000 points
@@ -38,48 +38,6 @@ DOC_TEXT_CHARS = 1_000_000  # a document page shows at most this much of one doc
 PHRASE_STEPS = 256          # a served phrase search decodes at most this many steps' documents
 SERIES = ("loss", "lr", "grad_norm", "tokens_per_s", "val_loss")
 
-
-
-def f32(h: Any) -> float | None:
-    """A float32 logged as its 8 hex digits of bits (None when absent or malformed)."""
-    if not isinstance(h, str) or len(h) != 8:
-        return None
-    try:
-        return struct.unpack("<f", struct.pack("<I", int(h, 16)))[0]
-    except ValueError:
-        return None
-
-
-def hexfloat(h: Any) -> float | None:
-    try:
-        return float.fromhex(h) if isinstance(h, str) else None
-    except ValueError:
-        return None
-
-
-def _val_loss(val: Any) -> float | None:
-    """A hashed ``val_loss``: one float32 hex or hex float, or the trainer's per-source
-    ``{source: float32 hex}`` (``open1b_train.validate``), shown as the mean over its
-    sources (the per-source values are in ``val_loss_sources``)."""
-    if isinstance(val, dict):
-        xs = [f32(v) for v in val.values()]
-        xs = [x for x in xs if x is not None]
-        return sum(xs) / len(xs) if xs else None
-    return f32(val) if isinstance(val, str) and len(val) == 8 else hexfloat(val)
-
-
-def scalars_of(line: dict) -> dict[str, Any]:
-    """The hashed scalars of a step, decoded (an optional ``val_loss`` in any form)."""
-    sc = line.get("scalars") or {}
-    val = sc.get("val_loss")
-    return {"loss": f32(sc.get("loss")), "lr": hexfloat(sc.get("lr")),
-            "grad_norm": f32(sc.get("grad_norm")),
-            "val_loss": _val_loss(val),
-            "val_loss_sources": {k: f32(v) for k, v in val.items()}
-            if isinstance(val, dict) else None,
-            "tokens": sc.get("tokens") if isinstance(sc.get("tokens"), int) else None,
-            "skipped": sc.get("skipped") is True, "spike": sc.get("spike") is True,
-            "window_loss": [f32(x) for x in sc.get("window_loss") or []]}
 
 
 def _num(x: Any) -> float | None:

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from open1b_audit.cli import main
 from open1b_audit.errors import SiteError
 from open1b_audit.site import render, static
-from open1b_audit.site.data import Explorer, f32, scalars_of
+from open1b_audit.site.data import Explorer
+from open1b_audit.site.scalars import f32, scalars_of
 from open1b_data.stream import inspect, provenance
 from open1b_train import runlog
 from open1b_train.show import step_report
