@@ -95,6 +95,9 @@ def selftest_cmd(steps, interpreter, work, as_json) -> None:
                    f"{'on' if m['mathc'] else 'off'}, FTZ {'ON' if m['flush']['ftz'] else 'off'}"
                    f", DAZ {'ON' if m['flush']['daz'] else 'off'}"
                    + (f", GPU {m['cuda']}" if m["cuda"] else ""))
+        g = m["int_gemm"]
+        click.echo(f"integer GEMM: {g['route']} route ({g['reason']}; "
+                   f"{g['failures']} failed checksum(s))")
         click.echo(f"cpu flags: {' '.join(cpu['flags'])}")
         for c in r["checks"]:
             what = c["check"] + (f" [{c['backend']}]" if "backend" in c else "")

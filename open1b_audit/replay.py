@@ -116,7 +116,6 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
     """Replay up to ``step`` (see the module docstring). ``trace(step, name, tensor)`` is
     called with every op's output of the steps in ``trace_steps``. ``memory_plan``: auto,
     resident or lean (``open1b_train.memplan``; the bits do not depend on it)."""
-    keep_freed_memory()
     t_start = time.perf_counter()
     lines = runlog.read(run_dir, strict=False)
     cfg, mix = read_run(run_dir, mix)
@@ -129,6 +128,7 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
     if res.finding is not None:
         return _done(res, t_start)
     run = resolve(cfg, mix, run_dir, use_index=False, memory_plan=memory_plan)
+    keep_freed_memory(run.memory.lean)
     res.device = str(run.device)
     res.memory_plan, res.memory_plan_text = run.memory.name, run.memory.describe()
     res.recipe = {"preset": run.cfg.preset, "departures": [

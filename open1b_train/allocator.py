@@ -10,6 +10,12 @@ pages and 0.042 s with reused ones (gloo's own reduce-scatter, in the same proce
 as jemalloc and tcmalloc (which PyTorch's CPU tuning guide recommends) do. It changes where
 memory comes from, never a value; resident memory stays near the peak instead of shrinking.
 ``OPEN1B_MALLOPT=0`` leaves malloc as it is; other C libraries are left alone.
+
+Not under the lean memory plan (``open1b_train.memplan``), whose point is the smallest peak:
+a heap that keeps every freed block below 1 GiB fragments across the layers' differently
+sized temporaries, and one full-size ``open1b`` step under lean grew its heap to 22.9 GB of
+resident memory within its first layers' forward (estimate 14.3 GiB; measured on the 24 GB
+VM, 2026-12-02), where the default malloc returns them.
 """
 from __future__ import annotations
 
@@ -23,9 +29,12 @@ M_MMAP_THRESHOLD = -3
 _done: bool | None = None
 
 
-def keep_freed_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds once per process; True if they were set."""
+def keep_freed_memory(lean: bool = False) -> bool:
+    """Raise glibc's mmap and trim thresholds once per process; True if they were set.
+    ``lean``: the lean memory plan runs here, so leave malloc as it is (module docstring)."""
     global _done
+    if lean:
+        return False
     if _done is not None:
         return _done
     _done = False

@@ -25,9 +25,9 @@ def train(cfg: TrainConfig, mix: str, run_dir: str, progress: bool | None = None
           memory_plan: str = "auto") -> Summary:
     """Train (or resume) the run in ``run_dir``; see the module docstring. ``memory_plan``:
     auto, resident or lean (``memplan.py``; the bits do not depend on it)."""
-    keep_freed_memory()
     with backend_scope(cfg):
         run, state, expected, fresh = open_run(cfg, mix, run_dir, memory_plan=memory_plan)
+        keep_freed_memory(run.memory.lean)
         echo(f"{run.dir}: {run.memory.describe()}")
         if fresh:
             save_checkpoint(run, state)

@@ -47,6 +47,10 @@ ROWS: dict[str, tuple[dict[str, str], list[str], str | None]] = {
     "threads-3": ({"OMP_NUM_THREADS": "3"}, ["--threads", "3"], None),
     "threads-7": ({"OMP_NUM_THREADS": "7"}, ["--threads", "7"], None),
     "mathc-off": ({"OPEN1B_MATHC": "0"}, [], None),
+    # the two exact integer GEMM routes (kernels.int8.gemm): the library's int8 GEMM (fast on
+    # VNNI-class CPUs, checked) and float32 GEMMs of int8 values; auto picks one per CPU
+    "int-gemm-int": ({"OPEN1B_INT_GEMM": "int"}, [], None),
+    "int-gemm-float": ({"OPEN1B_INT_GEMM": "float"}, [], None),
     "flush-denormal": ({}, ["--flush-denormal"], None),
     "matmul-medium": ({}, ["--matmul-precision", "medium"], None),
     "fma-control": ({}, ["--fma-control"], None),
@@ -136,6 +140,8 @@ def inside(args) -> dict:
         b = bisect(args.bisect, args.bisect_until)
         res["bisect"] = {"step": b["step"], "finding": b["finding"], "operator": b["operator"],
                          "vouched": b["vouched"]}
+    from kernels.int8.gemm import int_gemm_status
+    res["machine"]["int_gemm"] = int_gemm_status()   # after the work: route and failures
     res["seconds"] = round(time.perf_counter() - t0, 1)
     return res
 
@@ -233,7 +239,8 @@ def describe_row(r: dict) -> str:
         return ""
     return (f"py {m['python']}, torch {m['torch']} ({m['torch_cpu_capability']}), numpy "
             f"{m['numpy']}, {m['torch_threads']} thr, mathc {'on' if m['mathc'] else 'off'}"
-            f", FTZ {'on' if m['flush']['ftz'] else 'off'}")
+            f", FTZ {'on' if m['flush']['ftz'] else 'off'}"
+            + (f", int GEMM {m['int_gemm']['route']}" if m.get("int_gemm") else ""))
 
 
 def markdown(results: list[dict], machine: dict) -> str:

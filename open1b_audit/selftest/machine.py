@@ -1,7 +1,8 @@
 """The machine a selftest or portability check ran on, as a plain dict: what a reader of
 its certificate needs to know which platform reproduced the bits (CPU model and flags,
 torch's dispatch capability, the versions, the thread count, whether the compiled math
-loops ran, the floating-point flush state, the environment variables that steer them)."""
+loops ran, which exact integer GEMM route ran, the floating-point flush state, the
+environment variables that steer them)."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 
 ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS", "OPEN1B_MATHC",
-       "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")
+       "OPEN1B_INT_GEMM", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")
 
 
 def cpu_info() -> dict[str, Any]:
@@ -37,6 +38,7 @@ def cpu_info() -> dict[str, Any]:
 def describe() -> dict[str, Any]:
     from kernels.core import ieee, mathc
     from kernels.core.backend import HAVE_TRITON
+    from kernels.int8.gemm import int_gemm_status
 
     cap = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
     triton = None
@@ -49,5 +51,8 @@ def describe() -> dict[str, Any]:
             "torch_cpu_capability": cap() if cap else None,
             "torch_threads": torch.get_num_threads(),
             "mathc": mathc.available(), "flush": ieee.flush_state(),
+            # which exact integer GEMM ran (the library's, checked, or float32 chunks) and
+            # how many results failed their checksum: a reader sees the path, not just "CPU"
+            "int_gemm": int_gemm_status(),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "env": {k: os.environ[k] for k in ENV if k in os.environ}}

@@ -24,6 +24,8 @@ def test_selftest_matches_and_describes_the_machine(tmp_path):
     assert m["torch"] == torch.__version__ and m["flush"] == {"ftz": False, "daz": False}
     assert m["cpu"]["arch"] and isinstance(m["cpu"]["flags"], list)
     assert "torch_cpu_capability" in m and isinstance(m["mathc"], bool)
+    # the exact integer GEMM route that ran is named, with its checksum failures counted
+    assert m["int_gemm"]["route"] in ("int", "float") and m["int_gemm"]["failures"] == 0
 
 
 def test_selftest_names_the_first_differing_step_component_and_operator(tmp_path,
