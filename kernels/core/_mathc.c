@@ -5,7 +5,8 @@
  * order, so they give the same bits - tests/kernels/test_mathc.py compares them on every
  * class of input (normals, subnormals, zeros, infinities, NaN, the clamp edges). They only
  * remove torch's cost of one full pass per operation (~30 passes for exp). It also holds
- * the integer row slicer of kernels.ops.lmhead (bit operations only: exact in any order).
+ * the integer row slicer of kernels.ops.lmhead (bit operations only: exact in any order)
+ * and the Philox4x32-10 word generator of kernels.ops.philox (integer arithmetic only).
  *
  * Exactness rules this file relies on (and setup.py enforces with its flags):
  *   - every float expression is evaluated in float32 (x86-64 SSE / AArch64: no excess
@@ -232,7 +233,55 @@ static PyObject *py_fwht_dim0(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* kernels.ops.philox.random_words_cpu: the uint32 words at positions [offset + lo,
+   offset + hi) of Philox4x32-10 stream ``stream`` under key (k0, k1), widened into int64
+   (the torch reference's dtype). Integer arithmetic only (uint32 wrap-around and a 64-bit
+   product for mulhilo): exact on any C compiler and CPU. */
+static inline void philox_block(uint64_t b, uint32_t stream, uint32_t k0, uint32_t k1,
+                                uint32_t w[4]) {
+    uint32_t c0 = (uint32_t)b, c1 = (uint32_t)(b >> 32), c2 = stream, c3 = 0;
+    for (int r = 0; r < 10; r++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
+        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+        c0 = hi1 ^ c1 ^ k0; c1 = lo1; c2 = hi0 ^ c3 ^ k1; c3 = lo0;
+        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;   /* the bump after round 10 is never used */
+    }
+    w[0] = c0; w[1] = c1; w[2] = c2; w[3] = c3;
+}
+
+static PyObject *py_philox_words(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer out;
+    unsigned long long seed, offset;
+    unsigned long stream;
+    Py_ssize_t lo, hi;
+    if (!PyArg_ParseTuple(args, "KkKw*nn", &seed, &stream, &offset, &out, &lo, &hi))
+        return NULL;
+    int ok = 0 <= lo && lo <= hi && out.len == (hi - lo) * 8 && stream <= 0xFFFFFFFFul;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        int64_t *o = (int64_t *)out.buf;
+        uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32), w[4];
+        uint64_t p = offset + (uint64_t)lo, end = offset + (uint64_t)hi;
+        while (p < end) {
+            philox_block(p >> 2, (uint32_t)stream, k0, k1, w);
+            for (unsigned j = (unsigned)(p & 3); j < 4 && p < end; j++, p++)
+                *o++ = (int64_t)w[j];
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&out);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "philox_words: inconsistent range or buffer size");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"philox_words", py_philox_words, METH_VARARGS,
+     "philox_words(seed, stream, offset, out, lo, hi): Philox4x32-10 words into int64 out."},
     {"fwht_dim0", py_fwht_dim0, METH_VARARGS,
      "fwht_dim0(buf, R, C, r0, r1, B, c0, c1): Hadamard butterflies along dim 0, in place."},
     {"slice_rows", py_slice_rows, METH_VARARGS,

@@ -1,5 +1,6 @@
-"""Compiled CPU loops for ``kernels.core.mathfn``'s exp and log (the same bits, ~15x faster)
-and for ``kernels.ops.lmhead``'s row slicer (integer operations: the same result).
+"""Compiled CPU loops for ``kernels.core.mathfn``'s exp and log (the same bits, ~15x faster),
+``kernels.ops.lmhead``'s row slicer, the Hadamard butterflies and ``kernels.ops.philox``'s
+word generator (integer or exactly specified operations: the same result).
 
 ``kernels/core/_mathc.c`` evaluates exactly the float32 operations of ``mathfn._exp`` /
 ``mathfn._log`` in the same order (its build flags forbid fused multiply-add contraction
@@ -67,6 +68,17 @@ def slice_rows(x: torch.Tensor, slices: int) -> tuple[torch.Tensor, torch.Tensor
     _parallel(lambda lo, hi: _mathc.slice_rows(a, x.dtype == torch.bfloat16, r, k, slices,
                                                o, e, lo, hi), r)
     return out, exps
+
+
+def philox_words(seed: int, stream: int, offset: int, n: int) -> torch.Tensor | None:
+    """``kernels.ops.philox.random_words_cpu`` by the compiled loop (integer arithmetic
+    only: the same words), or None when the loop is unavailable."""
+    if not available() or not hasattr(_mathc, "philox_words"):
+        return None
+    out = torch.empty((n,), dtype=torch.int64)
+    o = out.numpy()
+    _parallel(lambda lo, hi: _mathc.philox_words(seed, stream, offset, o[lo:hi], lo, hi), n)
+    return out
 
 
 def apply(name: str, x: torch.Tensor) -> torch.Tensor | None:

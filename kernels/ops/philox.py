@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.core import mathc
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
 from kernels.core.mathfn import erfinv
 from kernels.core.registry import Cost, GpuCheck, scaled
@@ -42,6 +43,7 @@ ERF_SQRT2 = 0.9544997215270996  # erf(sqrt(2)) rounded to float32: mass within +
 SQRT2 = 1.4142135381698608  # sqrt(2) rounded to float32
 TRUNC = 2.0  # truncation bound in standard deviations (Open-1B: +-2 sigma)
 BLOCK = 1024
+CPU_CHUNK = 1 << 22  # elements per chunk of the CPU truncated normal (16 MB of float32)
 
 
 def _check_ids(seed: int, stream: int, offset: int = 0) -> None:
@@ -76,7 +78,16 @@ def philox4x32_10(counter: torch.Tensor, key: tuple[int, int]) -> torch.Tensor:
 
 
 def random_words_cpu(seed: int, stream: int, offset: int, n: int) -> torch.Tensor:
-    """The uint32 words at positions offset .. offset+n-1 (int64 tensor, CPU reference)."""
+    """The uint32 words at positions offset .. offset+n-1 (int64 tensor, CPU reference):
+    ``kernels.core.mathc``'s compiled loop when built (integer arithmetic: the same words,
+    ~50x faster), else ``random_words_torch``, the definition."""
+    _check_ids(seed, stream, offset)
+    fast = mathc.philox_words(seed, stream, offset, n)
+    return fast if fast is not None else random_words_torch(seed, stream, offset, n)
+
+
+def random_words_torch(seed: int, stream: int, offset: int, n: int) -> torch.Tensor:
+    """``random_words_cpu`` as torch integer operations (the definition the loop follows)."""
     _check_ids(seed, stream, offset)
     first, last = offset // 4, (offset + n + 3) // 4
     blocks = torch.arange(first, last, dtype=torch.int64)
@@ -197,8 +208,14 @@ def truncated_normal(seed: int, stream: int, shape, std: float = 0.02, offset: i
     std32 = float(torch.tensor(std, dtype=torch.float32))
     out = torch.empty(shape, dtype=torch.float32, device=device)
     if not use_triton(out):
-        u = uniform_from_words(random_words_cpu(seed, stream, offset, out.numel()))
-        return truncnormal_from_uniform(u, std32).reshape(shape)
+        flat = out.reshape(-1)
+        # element i depends on position offset + i alone, so chunks give the same bits and
+        # keep erfinv's temporaries small (a whole embedding at once held ~9 GB)
+        for i in range(0, flat.numel(), CPU_CHUNK):
+            k = min(CPU_CHUNK, flat.numel() - i)
+            u = uniform_from_words(random_words_cpu(seed, stream, offset + i, k))
+            flat[i:i + k] = truncnormal_from_uniform(u, std32)
+        return out
     _generate("truncnormal", seed, stream, offset, out, std32)
     return out
 

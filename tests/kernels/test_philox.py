@@ -98,3 +98,39 @@ def test_golden_init_digest():
     golden = json.loads((Path(__file__).parents[1] / "assets" / "kernels_k1_golden.json").read_text())
     w = philox.truncated_normal(42, 7, (2, 3000)).to(torch.bfloat16)
     assert hashing.digest({"w": w}) == golden["philox_truncated_normal_seed42_stream7_2x3000"]
+
+
+# The compiled word loop (kernels/core/_mathc.c) against the torch definition: the edges of
+# every id (largest seed, stream and offset), offsets not aligned to a 4-word block, and a
+# count split across threads (each thread starts mid-block).
+@pytest.mark.parametrize("seed,stream,offset,n", [
+    (0, 0, 0, 1), (SEED, 3, 1, 7), (2**64 - 1, 2**32 - 1, 2**62 - 9, 9),
+    (SEED, 5, (1 << 33) + 2, 300_001), (0xFFFFFFFF, 1 << 31, 3, 1 << 19)])
+def test_compiled_words_equal_the_definition(seed, stream, offset, n):
+    from kernels.core import mathc
+    if not mathc.available():
+        pytest.skip("the C extension is not built")
+    fast = mathc.philox_words(seed, stream, offset, n)
+    assert fast is not None and torch.equal(fast, philox.random_words_torch(seed, stream,
+                                                                            offset, n))
+
+
+def test_compiled_words_catch_a_changed_round(monkeypatch):
+    # the comparison above can fail: a definition with one round fewer differs everywhere
+    monkeypatch.setattr(philox, "ROUNDS", 9)
+    from kernels.core import mathc
+    if not mathc.available():
+        pytest.skip("the C extension is not built")
+    a, b = mathc.philox_words(SEED, 3, 0, 64), philox.random_words_torch(SEED, 3, 0, 64)
+    assert not torch.equal(a, b)
+
+
+def test_chunked_truncated_normal_is_the_whole_tensor_formula(monkeypatch):
+    # the CPU path draws in chunks of CPU_CHUNK; element i depends on position offset + i
+    # alone, so a chunk boundary mid-tensor (and mid-block) changes nothing
+    monkeypatch.setattr(philox, "CPU_CHUNK", 1001)
+    with force("cpu"):
+        got = philox.truncated_normal(SEED, 9, (37, 129), std=0.02, offset=5)
+    u = philox.uniform_from_words(philox.random_words_torch(SEED, 9, 5, 37 * 129))
+    want = philox.truncnormal_from_uniform(u, float(torch.tensor(0.02, dtype=torch.float32)))
+    assert torch.equal(got, want.reshape(37, 129))
