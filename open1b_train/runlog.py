@@ -5,7 +5,7 @@ hash covers): ``step``, ``hash``, ``prev``, ``components`` (data, grad, params, 
 scalars) and ``scalars`` (the exact values behind the scalars digest: float32 bits as hex,
 the LR as a binary64 hex float). Informational fields (not hashed, may differ between two
 runs of the same step): ``loss``, ``grad_norm``, ``lr`` (decimal), ``seconds``,
-``tokens_per_s``, ``hash_seconds``.
+``tokens_per_s``, ``hash_seconds``, ``update_seconds``.
 
 A process killed while appending leaves at most one partial last line (no newline); ``read``
 (the trainer's view) ignores it and a resume removes it; ``read_log`` (the auditor's view)

@@ -374,6 +374,7 @@ class StepOut:
     loss: torch.Tensor
     hash_seconds: float
     peak_partials: int
+    update_seconds: float = 0.0   # AdamW (clip, update, moments) alone: a step's fixed cost
 
 
 
@@ -397,16 +398,19 @@ def compute_step(run: Run, state: State, batches: list[list[MicroBatch]], step: 
     t1 = time.perf_counter()
     grad_digest = statehash.tensors_digest(layout.views(red.grad))   # before clipping
     t_hash = time.perf_counter() - t1
+    t_upd = time.perf_counter()
     upd = apply_update(run.cfg, specs, state.params, layout, red.grad, red.loss, state.opt,
                        step, info.lr * run.cfg.lr_scale, trace=trace)
     t1 = time.perf_counter()
+    t_upd = t1 - t_upd
     comps = {"data": data_digest_of(batches), "grad": grad_digest,
              "params": statehash.tensors_digest(state.params),
              "optim": memplan.optim_digest(layout, state.opt)}
     line = step_line(step, state.prev_hash, comps,
                      scalars_record(red.loss, upd, info.tokens_after, red.window_losses,
                                     validation(run, state, step)))
-    return StepOut(line, upd, red.loss, t_hash + time.perf_counter() - t1, red.peak_partials)
+    return StepOut(line, upd, red.loss, t_hash + time.perf_counter() - t1, red.peak_partials,
+                   t_upd)
 
 
 def validation(run: Run, state: State, step: int) -> dict[str, torch.Tensor] | None:

@@ -52,6 +52,7 @@ class LocalStepper:
         if tracer is not None:
             tracer.write(trace_path(self.run.dir, step))
         return Computed(out.line, out.upd, out.loss, {"hash_seconds": round(out.hash_seconds, 4),
+                                                      "update_seconds": round(out.update_seconds, 4),
                                                       **self.run.memory.record()})
 
     def agree(self, step: int, line: dict) -> None:
