@@ -112,7 +112,16 @@ def _probs_and_ds(s, vis, lse, dp, drow):
 
 
 def backward_cpu(q, k, v, o, lse, do, window: int | None):
-    """CPU reference of the backward: (dq, dk, dv) in bf16, shapes of q, k, v."""
+    """CPU reference of the backward: (dq, dk, dv) in bf16, shapes of q, k, v.
+
+    Query heads go in groups of one head per KV head (h = 0 .. group - 1, each group's KV
+    heads are then the KV heads themselves: no GQA copies). For each group the dQ loop
+    computes every visible tile's p and ds once and keeps them as bf16 (what all three
+    products take); the dK/dV loop reads them back transposed instead of recomputing the
+    scores, dO V^T and the exponentials: s, dp, p and ds of a tile are the same values seen
+    from either side (the exact products are symmetric, the rest is elementwise), so the
+    bits are those of recomputing them, and every sum keeps the order of the module
+    docstring (dQ: key blocks ascending; dK/dV: heads ascending, then query blocks)."""
     check_inputs(q, k, v, window)
     b, hq, s, d = q.shape
     hkv = k.shape[1]
@@ -124,48 +133,55 @@ def backward_cpu(q, k, v, o, lse, do, window: int | None):
     q64, do64 = blocked_rows(q, BLOCK_M), blocked_rows(do, BLOCK_M)
     k64, v64 = blocked_rows(k, BLOCK_N), blocked_rows(v, BLOCK_N)
     qc64, doc64, kc64 = _columns(q, BLOCK_M), _columns(do, BLOCK_M), _columns(k, BLOCK_N)
-    heads = torch.arange(hq) // group
-    k64_h, v64_h, kc64_h = k64[:, heads], v64[:, heads], kc64[:, heads]  # (B, Hq, ...)
     qrows = torch.arange(n_qb)[:, None] * BLOCK_M + torch.arange(BLOCK_M)  # (n_qb, BM)
     krows = torch.arange(n_kb)[:, None] * BLOCK_N + torch.arange(BLOCK_N)  # (n_kb, BN)
 
-    # dQ: per query block, key blocks of its band in ascending order.
+    # The dQ loop's tiles: query block qb visits key blocks lo[qb] .. hi[qb]; tile (qb, kb)
+    # is kept in slot first[qb] + kb - lo[qb]; one more slot of zeros stands for a tile the
+    # dK/dV loop's band reaches but no query of it can see (p = ds = 0 there).
     lo, hi = block_band(torch.arange(n_qb), window, n_kb)
-    acc_dq = torch.zeros((b, hq, n_qb, BLOCK_M, d))
-    for r in range(int((hi - lo).max()) + 1):
-        act = torch.nonzero(lo + r <= hi).squeeze(1)  # query blocks still inside their band
-        kb = lo[act] + r
-        rows = qrows[act]
-        vis = visible(rows, krows[kb], s, window) & (rows < s).unsqueeze(-1)
-        sc = scores_cpu(q64[:, :, act], k64_h[:, :, kb], scale)
-        dp = exact_matmul(do64[:, :, act], v64_h[:, :, kb].transpose(-1, -2))
-        lse_a, drow_a = lse_b[:, :, act].unsqueeze(-1), drow[:, :, act].unsqueeze(-1)
-        _, ds = _probs_and_ds(sc, vis, lse_a, dp, drow_a)
-        ds64 = fixed_row_values(ds.to(torch.bfloat16))
-        acc_dq[:, :, act] += exact_matmul(ds64, kc64_h[:, :, kb])
-    dq = _unblock((acc_dq * scale).to(torch.bfloat16), s)
-
-    # dK, dV: per key block, query heads of the group ascending, then query blocks ascending.
+    width = hi - lo + 1
+    first = torch.cumsum(width, 0) - width
+    n_tiles = int(width.sum())
     qlo, qhi = query_band(torch.arange(n_kb), window, n_qb)
+    acc_dq = torch.zeros((b, hq, n_qb, BLOCK_M, d))
     acc_dk = torch.zeros((b, hkv, n_kb, BLOCK_N, d))
     acc_dv = torch.zeros((b, hkv, n_kb, BLOCK_N, d))
+    p16 = torch.zeros((b, hkv, n_tiles + 1, BLOCK_M, BLOCK_N), dtype=torch.bfloat16)
+    ds16 = torch.zeros_like(p16)
     for h in range(group):
         sel = torch.arange(hkv) * group + h  # query head h of every group
         q64_h, do64_h, qc64_h, doc64_h = q64[:, sel], do64[:, sel], qc64[:, sel], doc64[:, sel]
         lse_h, drow_h = lse_b[:, sel], drow[:, sel]
+
+        # dQ: per query block, key blocks of its band in ascending order.
+        dq_h = torch.zeros((b, hkv, n_qb, BLOCK_M, d))
+        for r in range(int((hi - lo).max()) + 1):
+            act = torch.nonzero(lo + r <= hi).squeeze(1)  # query blocks still inside their band
+            kb = lo[act] + r
+            rows = qrows[act]
+            vis = visible(rows, krows[kb], s, window) & (rows < s).unsqueeze(-1)
+            sc = scores_cpu(q64_h[:, :, act], k64[:, :, kb], scale)
+            dp = exact_matmul(do64_h[:, :, act], v64[:, :, kb].transpose(-1, -2))
+            p, ds = _probs_and_ds(sc, vis, lse_h[:, :, act].unsqueeze(-1),
+                                  dp, drow_h[:, :, act].unsqueeze(-1))
+            slots = first[act] + r
+            p16[:, :, slots] = p.to(torch.bfloat16)
+            ds16[:, :, slots] = ds.to(torch.bfloat16)
+            dq_h[:, :, act] += exact_matmul(fixed_row_values(ds16[:, :, slots]), kc64[:, :, kb])
+        acc_dq[:, sel] = dq_h
+
+        # dK, dV: per key block, query blocks ascending (this head after the ones before).
         for r in range(int((qhi - qlo).max()) + 1):
             act = torch.nonzero(qlo + r <= qhi).squeeze(1)  # key blocks with query blocks left
             qb = qlo[act] + r
-            vis = visible(qrows[qb], krows[act], s, window) & (qrows[qb] < s).unsqueeze(-1)
-            vis = vis.transpose(-1, -2)  # (n_act, BN, BM)
-            sc = scores_cpu(k64[:, :, act], q64_h[:, :, qb], scale)  # s^T: (.., BN, BM)
-            dp = exact_matmul(v64[:, :, act], do64_h[:, :, qb].transpose(-1, -2))
-            lse_a, drow_a = lse_h[:, :, qb].unsqueeze(-2), drow_h[:, :, qb].unsqueeze(-2)
-            p, ds = _probs_and_ds(sc, vis, lse_a, dp, drow_a)  # p^T, ds^T: (.., BN, BM)
-            p64 = fixed_row_values(p.to(torch.bfloat16))
-            acc_dv[:, :, act] += exact_matmul(p64, doc64_h[:, :, qb])
-            ds64 = fixed_row_values(ds.to(torch.bfloat16))
-            acc_dk[:, :, act] += exact_matmul(ds64, qc64_h[:, :, qb])
+            seen = (act >= lo[qb]) & (act <= hi[qb])
+            slots = torch.where(seen, first[qb] + act - lo[qb], n_tiles)
+            pt = p16[:, :, slots].transpose(-1, -2)     # p^T, ds^T: (.., BN, BM)
+            dst = ds16[:, :, slots].transpose(-1, -2)
+            acc_dv[:, :, act] += exact_matmul(fixed_row_values(pt), doc64_h[:, :, qb])
+            acc_dk[:, :, act] += exact_matmul(fixed_row_values(dst), qc64_h[:, :, qb])
+    dq = _unblock((acc_dq * scale).to(torch.bfloat16), s)
     dk = _unblock((acc_dk * scale).to(torch.bfloat16), s)
     dv = _unblock(acc_dv.to(torch.bfloat16), s)
     return dq, dk, dv
