@@ -54,7 +54,8 @@ import torch
 
 from kernels.core.backend import use_triton
 from kernels.int8.hadamard import padded_width
-from kernels.int8.gemm import MAX_K, dequantize_cpu, exact_int_mm_cpu, int8_mm, int8_mm_cpu
+from kernels.int8.gemm import (MAX_K, SlabCheck, dequantize_cpu, exact_int_mm_cpu,
+                               int_gemm_route, int8_mm, int8_mm_cpu)
 # The quantizers live in kernels/int8/quantize.py; re-exported so that callers keep importing
 # them from the op that uses them.
 from kernels.int8.quantize import (BLOCK_K, BLOCK_R, FLT_MIN, HADAMARD_BLOCK, INV_127,  # noqa: F401
@@ -157,10 +158,13 @@ def _dw_cpu(qa: torch.Tensor, qb: torch.Tensor, sa: torch.Tensor, sb: torch.Tens
     n, k = qa.shape[0], qb.shape[0]
     dw = torch.empty((n, k), dtype=dtype)
     rows = max(16, SLAB // max(k, 1))
+    # the integer route checks each slab's rows and all slabs' columns at the end: one
+    # O(N K) column pass instead of one per slab (which cost more than the GEMMs)
+    check = SlabCheck(qb, n) if int_gemm_route() == "int" else None
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         acc = exact_int_mm_cpu(qa[r0:r1], qb, out=scratch("linear.dw_acc", (r1 - r0, k),
-                                                           torch.int32))
+                                                           torch.int32), slabs=check)
         direct = dtype == torch.float32
         d = dw[r0:r1] if direct else scratch("linear.dw", (r1 - r0, k), torch.float32)
         dequantize_cpu(acc, sa[r0:r1], sb, torch.float32, out=d)
@@ -168,6 +172,8 @@ def _dw_cpu(qa: torch.Tensor, qb: torch.Tensor, sa: torch.Tensor, sb: torch.Tens
             d.masked_fill_(outside[r0:r1], 0.0)  # = where(inside_w, dW, +0)
         if not direct:
             dw[r0:r1].copy_(d)
+    if check is not None and not check.columns_ok():    # now on the float route
+        return _dw_cpu(qa, qb, sa, sb, outside, dtype)
     return dw
 
 

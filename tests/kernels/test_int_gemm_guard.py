@@ -125,3 +125,73 @@ def test_unknown_route_is_refused(route):
     route("fast")
     with pytest.raises(ValueError, match="auto, int or float"):
         gemm.int_gemm_route()
+
+
+def _dw_case(seed=5):
+    """Operands of the weight gradient's slab loop: codes (N, Mp) and (Mp, K) as the linear
+    passes them, small slabs so that there are several."""
+    g = torch.Generator().manual_seed(seed)
+    qa = torch.randint(-128, 128, (40, 512), dtype=torch.int8, generator=g)
+    qb = torch.randint(-128, 128, (512, 300), dtype=torch.int8, generator=g).t()
+    sa, sb = torch.rand(40, generator=g) + 0.5, torch.rand(300, generator=g) + 0.5
+    return qa, qb, sa, sb
+
+
+def _dw(qa, qb, sa, sb, monkeypatch):
+    from kernels.int8 import linear
+    monkeypatch.setattr(linear, "SLAB", 16 * 300)           # 16-row slabs: three of them
+    return linear._dw_cpu(qa, qb, sa, sb, None, torch.float32)
+
+
+def test_weight_gradient_slabs_catch_a_row_fault(route, monkeypatch):
+    qa, qb, sa, sb = _dw_case()
+    want = _dw(qa, qb, sa, sb, monkeypatch)                  # float route (auto: no probe)
+    calls = []
+
+    def faulty_second_slab(a, bt):                           # one wrong element, slab 2
+        out = gemm._exact_ref(a, bt.t()).to(torch.int32)
+        calls.extend([a.shape] if a.shape[1] == 512 else [])   # not the probe's calls
+        if len(calls) == 2 and a.shape[1] == 512:
+            out[4, 7] += 3
+        return out
+
+    route("int", faulty_second_slab)
+    assert gemm.int_gemm_route() == "int"
+    with pytest.warns(RuntimeWarning, match="checksum failed on a 16x512x300 GEMM"):
+        got = _dw(qa, qb, sa, sb, monkeypatch)
+    assert torch.equal(got, want) and gemm.int_gemm_status()["failures"] == 1
+
+
+def test_weight_gradient_slabs_catch_a_fault_the_row_sums_cannot_see(route, monkeypatch):
+    # +d and -d in one row leave its sum intact: only the columns, checked once after all
+    # slabs, see it; every slab is then recomputed on the float route
+    qa, qb, sa, sb = _dw_case(6)
+    route("float")
+    want = _dw(qa, qb, sa, sb, monkeypatch)
+    calls = []
+
+    def compensating(a, bt):
+        out = gemm._exact_ref(a, bt.t()).to(torch.int32)
+        calls.extend([a.shape] if a.shape[1] == 512 else [])   # not the probe's calls
+        if len(calls) == 3 and a.shape[1] == 512:
+            out[1, 10] += 5
+            out[1, 20] -= 5
+        return out
+
+    route("int", compensating)
+    assert gemm.int_gemm_route() == "int"
+    with pytest.warns(RuntimeWarning, match="column checksum failed over the slabs of a "
+                                            "300x512 weight gradient"):
+        got = _dw(qa, qb, sa, sb, monkeypatch)
+    assert torch.equal(got, want)
+    assert gemm.int_gemm_status()["route"] == "float" and gemm.int_gemm_status()["failures"] == 1
+
+
+def test_checksum_sums_are_exact_in_their_dtype():
+    # float64 only while every checksum value stays below 2^53; int64 beyond
+    assert gemm._sum_dtype(131_071, 4_096, 11_264) == torch.float64
+    assert gemm._sum_dtype(131_071, 131_071, 131_071) == torch.float64     # 2^48
+    assert gemm._sum_dtype(131_071, 1 << 23, 16) == torch.int64
+    a = torch.full((3, 5000), -128, dtype=torch.int8)
+    v = torch.full((5000,), float(-128 * 70_000), dtype=torch.float64)
+    assert gemm._mv(a, v).tolist() == [128 * 128 * 70_000 * 5000] * 3
