@@ -124,9 +124,11 @@ def dequantize_cpu(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.
 # operands at every contraction length class, compared with an exact int64 reference)
 # once per process before the route is used, and every "int" result is checked against
 # exact row and column sums (``checksum_ok``: O((M + N) K) integer work against the GEMM's
-# O(M N K)). A failed probe or checksum switches the process to the "float" route, names
-# the platform and the failing case (``int_gemm_status``), and the result is recomputed on
-# the float route: the bits never change, only the speed.
+# O(M N K); a weight gradient computed in row slabs against one large b checks each slab's
+# rows and all slabs' columns once, ``SlabCheck``, since a column check per slab cost more
+# than the VNNI GEMMs themselves). A failed probe or checksum switches the process to the
+# "float" route, names the platform and the failing case (``int_gemm_status``), and the
+# result is recomputed on the float route: the bits never change, only the speed.
 #
 # Which route: OPEN1B_INT_GEMM=float|int|auto (default auto: "int" only on CPUs with an
 # int8 dot-product instruction - AVX-512 VNNI, AVX-VNNI or AMX-INT8 - where it is the
@@ -134,6 +136,8 @@ def dequantize_cpu(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.
 # (AVX2, FMA, no AVX-512, no VNNI; torch capability AVX2), benchmarks/kernels/int_gemm.py:
 # torch._int_mm is exact there but 13-20x slower than the float route at the linear's
 # shapes (the float route runs at 0.75-0.9x of a float32 GEMM), so auto keeps "float".
+# On a 2-core AMD EPYC with AVX-512 VNNI (2026-12-02, BENCHMARKS.md) the int route runs
+# the linear's GEMMs 1.3-1.7x faster than a float32 GEMM of the same shape: auto picks it.
 SGEMM_K = 1024
 INT_GEMM_ENV = "OPEN1B_INT_GEMM"
 _VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
