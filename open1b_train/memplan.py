@@ -33,11 +33,13 @@ from open1b_train import statehash
 from open1b_train.config import TrainConfig
 from open1b_train.diskflat import CHUNK, DiskFlat, clear_stale, scratch_dir
 from open1b_train.errors import MemoryPlanError
+from open1b_train.model import HEAD_COLS
 from open1b_train.params import Layout, param_specs
 
 PLANS = ("resident", "lean")
 CHOICES = ("auto", *PLANS)
 HEADROOM = 1.10            # auto picks resident only when 110% of its estimate is free
+RUNTIME = 512 << 20        # Python, torch and the package imported: 327 MiB measured, rounded up
 
 
 @dataclass(frozen=True)
@@ -85,9 +87,10 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str) -> int:
     logits and dlogits with the loss's full-size temporaries (about 5 x 4 bytes per token
     per vocabulary entry), the AdamW temporaries of the largest parameter and a checkpoint's
     bytes held in memory; TreeFold partials when dp_replicate > 1 (log2 R + 1). lean adds one
-    layer's activations, every layer's input, the logits buffer and the int8 slices of
-    dlogits for the weight gradient, the largest parameter's gradient in flight and the
-    moments' chunks."""
+    layer's activations, every layer's input, the logits buffer, the head weight's int8
+    slices and transposed copy, one vocabulary block of dlogits^T (copy and slices) for the
+    weight gradient, the largest parameter's gradient in flight and the moments' chunks.
+    Both add RUNTIME, the interpreter and libraries before any tensor."""
     m = cfg.model
     specs = param_specs(m)
     layout = Layout(specs)
@@ -106,10 +109,14 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str) -> int:
     if plan == "resident":
         head = 5 * 4 * tokens * m.vocab
         return (base + 2 * flat + 4 * sum(s.numel for s in specs) + m.n_layers * layer
-                + head + 10 * largest + params + 2 * flat + fold)
-    head = 4 * tokens * m.vocab + m.lmhead_slices * tokens * m.vocab
+                + head + 10 * largest + params + 2 * flat + fold + RUNTIME)
+    # logits/dlogits (float32) + the head weight's slices and its transposed bf16 copy (dh)
+    # + one HEAD_COLS block of dlogits^T (float32 copy and slices) for the weight gradient
+    cols = min(HEAD_COLS, m.vocab)
+    head = (4 * tokens * m.vocab + (m.lmhead_slices + 2) * m.vocab * d
+            + (4 + m.lmhead_slices) * tokens * cols)
     return (base + layer + m.n_layers * 2 * tokens * d + head + 4 * largest
-            + 6 * 4 * CHUNK + min(fold, 2 * flat))
+            + 6 * 4 * CHUNK + min(fold, 2 * flat) + RUNTIME)
 
 
 def choose(requested: str, cfg: TrainConfig, tokens: int, run_dir: str,

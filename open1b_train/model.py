@@ -34,7 +34,9 @@ backward (one more forward pass of work); the LM head and the loss run over bloc
 HEAD_ROWS tokens into one (M, V) float32 buffer that the loss's backward then overwrites
 with dlogits block by block (the logits, the loss rows and dlogits are row by row, so blocks
 cannot change a bit: ``kernels.ops.lmhead``'s rows are sliced per row, ``xent`` takes the
-mean's row count). ``grads`` (optional) is the mapping the gradients are stored into: a
+mean's row count); the head's weight gradient runs over blocks of HEAD_COLS vocabulary
+rows (each of its rows is one column of dlogits sliced over all tokens, so blocks of rows
+cannot change a bit either, and only a block of dlogits^T is copied and sliced at once). ``grads`` (optional) is the mapping the gradients are stored into: a
 ``step.GradSink`` adds each into the flat reduced buffer as it is produced instead of
 holding all of them.
 """
@@ -61,6 +63,7 @@ Trace = Callable[[str, torch.Tensor], None] | None
 BF16 = torch.bfloat16
 F32 = torch.float32
 HEAD_ROWS = 1024        # tokens per LM-head / loss block of the lean plan
+HEAD_COLS = 16_384      # vocabulary rows per block of the lean plan's LM-head weight gradient
 
 
 def add_bf16(*xs: torch.Tensor) -> torch.Tensor:
@@ -279,7 +282,8 @@ def _head_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], xf2: torch.Tens
     """(dxf (M, D) float32, the LM head's weight gradient) from the loss. ``lean``: dlogits
     overwrite the logits block by block and dxf is computed per block (rows again); the
     weight gradient contracts over all M rows at once (its slicing is per vocabulary column
-    over every token, so it cannot be blocked by tokens)."""
+    over every token, so it cannot be blocked by tokens) in blocks of HEAD_COLS vocabulary
+    columns."""
     one = torch.ones((), dtype=F32, device=logits.device)
     w = p["lm_head.weight"]
     if not lean:
@@ -293,7 +297,11 @@ def _head_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], xf2: torch.Tens
     dlogits = logits                                                          # (M, V)
     dxf = torch.cat([ozaki_mm(dlogits[r0:r0 + HEAD_ROWS], w.t(), cfg.lmhead_slices)
                      for r0 in range(0, m, HEAD_ROWS)])
-    return dxf, ozaki_mm(dlogits.t(), xf2.t(), cfg.lmhead_slices)
+    dw = torch.empty(w.shape, dtype=F32, device=w.device)
+    for v0 in range(0, w.shape[0], HEAD_COLS):
+        dw[v0:v0 + HEAD_COLS] = ozaki_mm(dlogits[:, v0:v0 + HEAD_COLS].t(), xf2.t(),
+                                         cfg.lmhead_slices)
+    return dxf, dw
 
 
 def forward_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tensor,
