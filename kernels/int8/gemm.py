@@ -346,6 +346,22 @@ def _float_int_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) ->
     return acc
 
 
+def int_mm_unchecked(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """int32 ``a @ b.T`` by the library's int8 GEMM, *not* checked - for a caller that checks
+    the exact row and column sums of the whole product itself, once, instead of per block
+    (``kernels.ops.lmhead``); None where the library refuses the layout or shape."""
+    try:
+        return _raw_int_mm(a, b.t())
+    except RuntimeError:
+        return None
+
+
+def record_failure(why: str) -> None:
+    """A caller's own checksum failed: count it and switch the process to the float route."""
+    _Route.failures += 1
+    _refuse(why)
+
+
 def exact_int_mm_cpu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None,
                      slabs: SlabCheck | None = None) -> torch.Tensor:
     """Exact int32 ``a @ b.T`` of int8 (M, K) and (N, K) on the CPU (K <= MAX_K).

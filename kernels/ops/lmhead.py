@@ -45,7 +45,8 @@ import torch
 
 from kernels.core import mathc
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
-from kernels.int8.gemm import SGEMM_K, bf16_operand
+from kernels.int8.gemm import (SGEMM_K, _mv, _sum_dtype, bf16_operand, int_gemm_route,
+                               int_mm_unchecked, record_failure)
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 
 if HAVE_TRITON:
@@ -57,9 +58,9 @@ if HAVE_TRITON:
 SLICES = 3  # default int8 slices per operand (2 is the faster, less accurate option)
 K_CHUNK = 32_768  # int32 level accumulators flushed into int64 this often
 MAX_K = 11_000_000  # K * 3 * 127^2 * (2^14 + 2^7 + 1) < 2^53: T exact in float64
-CPU_K_CHUNK = 65_536  # one torch._int_mm pair: 65,536 * 127^2 < 2^31
 CPU_SLICE_ELEMS = 1 << 22  # elements per row block of the CPU slicer (bounds temporaries)
 ROW_BLOCK, COL_BLOCK = 1024, 512
+INT_COL_BLOCK = 4096  # output columns per block of the CPU integer route (int64 T: 32 MB)
 # S = 3 on the CPU: T as one float64 GEMM of 14-bit heads plus one float32 GEMM of two slice
 # pairs (``_ozaki3_blocks``), the work of four float32 GEMMs of length K instead of six;
 # False runs the six slice products level by level (the same bits; kept for benchmarks).
@@ -156,6 +157,11 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     bias = exp_bias(slices)
     rowf = _pow2_f64(ea)                                 # 2^Ea, exact
     colf = _pow2_f64(eb - bias)                          # 2^(Eb - bias), exact
+    if int_gemm_route() == "int" and _ozaki_int_blocks(sa, sb, rowf, colf, out, slices):
+        bad_r, bad_c = ea == 255, eb == 255
+        if bool(bad_r.any()) or bool(bad_c.any()):
+            out[bad_r[:, None] | bad_c[None, :]] = float("nan")
+        return out
     if slices == 3 and CPU_S3_TWO_GEMMS:
         _ozaki3_blocks(sa, sb, rowf, colf, out)
         bad_r, bad_c = ea == 255, eb == 255
@@ -183,6 +189,61 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     if bool(bad_r.any()) or bool(bad_c.any()):
         out[bad_r[:, None] | bad_c[None, :]] = float("nan")
     return out
+
+
+def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
+                      colf: torch.Tensor, out: torch.Tensor, slices: int) -> bool:
+    """T of step 2 by the library's int8 GEMM (``kernels.int8.gemm``'s "int" route, picked
+    on CPUs with an int8 dot-product instruction, where it runs 6-9x a float32 GEMM): per
+    level, its slice pairs concatenated along K are one int8 GEMM in contraction chunks of
+    K_CHUNK (p * K_CHUNK * 127^2 < 2^31 for a level's p <= 3 pairs: int32 never overflows),
+    added into an int64 T with the level's weight 2^(7(S + 1 - L)) - step 2 literally, exact
+    integers, so T and the rounding after it are the float path's bits.
+
+    Checked as every integer-route result is, but once per product instead of per block:
+    every (level, chunk) product's row and column sums, accumulated over the output blocks,
+    against ``A_L @ colsum(B_L)`` and ``B_L @ colsum(A_L)`` computed once from the slices
+    (O((R + C) K) against the GEMMs' O(R C K)). On a mismatch the failure is counted, the
+    process switches to the float route and False is returned: the caller recomputes ``out``.
+    """
+    r, c = out.shape
+    k = sa.shape[2]
+    levels = _levels(slices)
+    chunks = [(k0, min(k, k0 + K_CHUNK)) for k0 in range(0, k, K_CHUNK)]
+    keys = [(lvl, k0, k1) for lvl, _ in levels for k0, k1 in chunks]
+    pairs_of = dict(levels)
+    dt = _sum_dtype(3 * K_CHUNK, r, c)
+    col_a = [sa[i].sum(0, dtype=torch.int64).to(dt) for i in range(slices)]   # (K,) each
+    col_b = [sb[j].sum(0, dtype=torch.int64).to(dt) for j in range(slices)]
+    rows_got = {key: torch.zeros(r, dtype=torch.int64) for key in keys}
+    cols_got = {key: torch.zeros(c, dtype=torch.int64) for key in keys}
+    for r0 in range(0, r, ROW_BLOCK):
+        rs = slice(r0, r0 + ROW_BLOCK)
+        a_lv = {(lvl, k0, k1): torch.cat([sa[i - 1][rs, k0:k1] for i, _ in pairs_of[lvl]], 1)
+                for lvl, k0, k1 in keys}
+        for c0 in range(0, c, INT_COL_BLOCK):
+            cs = slice(c0, c0 + INT_COL_BLOCK)
+            t = None
+            for lvl, k0, k1 in keys:
+                b_lv = torch.cat([sb[j - 1][cs, k0:k1] for _, j in pairs_of[lvl]], 1)
+                acc = int_mm_unchecked(a_lv[lvl, k0, k1], b_lv)
+                if acc is None:                 # a layout the library refuses: not a fault
+                    return False
+                rows_got[lvl, k0, k1][rs] += acc.sum(1, dtype=torch.int64)
+                cols_got[lvl, k0, k1][cs] += acc.sum(0, dtype=torch.int64)
+                term = acc.to(torch.int64).mul_(1 << (7 * (slices + 1 - lvl)))
+                t = term if t is None else t.add_(term)
+            out[rs, cs] = t.to(torch.float64).mul_(rowf[rs, None]).mul_(colf[None, cs])
+    for lvl, k0, k1 in keys:
+        pairs = pairs_of[lvl]
+        rows_want = sum(_mv(sa[i - 1][:, k0:k1], col_b[j - 1][k0:k1]) for i, j in pairs)
+        cols_want = sum(_mv(sb[j - 1][:, k0:k1], col_a[i - 1][k0:k1]) for i, j in pairs)
+        if not (torch.equal(rows_got[lvl, k0, k1].to(dt), rows_want)
+                and torch.equal(cols_got[lvl, k0, k1].to(dt), cols_want)):
+            record_failure(f"checksum failed on the LM head's level-{lvl} slice product "
+                           f"({r}x{k1 - k0}x{c}, contraction from {k0})")
+            return False
+    return True
 
 
 def _ozaki3_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor,

@@ -62,7 +62,6 @@ def test_parity_across_chunk_flushes(monkeypatch):
     with backend.force("cpu"):
         ref = lmhead_backward(dl, h, w)
     monkeypatch.setattr(lm, "K_CHUNK", 64)
-    monkeypatch.setattr(lm, "CPU_K_CHUNK", 24)
     with backend.force("triton"):
         got = lmhead_backward(dl, h, w)
     with backend.force("cpu"):

@@ -1,0 +1,99 @@
+"""The LM head's CPU integer route (``kernels.ops.lmhead._ozaki_int_blocks``): the library's
+int8 GEMM per slice level, checked once per product by exact row and column sums. It must
+give the float path's bits (both slice counts, chunked contractions, several output blocks,
+non-finite rows), and a faulty integer GEMM - a wrong element, or two that cancel in their
+row - must be caught, counted, and recomputed on the float path with the same bits."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.core import backend
+from kernels.int8 import gemm
+from kernels.ops import lmhead as lm
+from kernels.ops.lmhead import lmhead_backward, lmhead_forward
+
+
+def exact_mm(a, b_t):
+    return gemm._exact_ref(a, b_t.t()).to(torch.int32)
+
+
+@pytest.fixture
+def route(monkeypatch):
+    def set_route(value: str, mm=None):
+        monkeypatch.setenv(gemm.INT_GEMM_ENV, value)
+        if mm is not None:
+            monkeypatch.setattr(gemm, "_raw_int_mm", mm)
+        gemm.reset_int_gemm_route()
+    yield set_route
+    gemm.reset_int_gemm_route()
+
+
+def _case(m=40, k=300, v=90, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(m, k, generator=g)
+    h[3] *= 1e-30                                   # a row far below the others
+    w = torch.randn(v, k, generator=g) * 0.02
+    dl = torch.randn(m, v, generator=g) * 1e-4
+    return h.to(torch.bfloat16), w.to(torch.bfloat16), dl
+
+
+def _run(h, w, dl, slices):
+    with backend.force("cpu"):
+        return (lmhead_forward(h, w, slices), *lmhead_backward(dl, h, w, slices))
+
+
+def _same(xs, ys):
+    return all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(xs, ys))
+
+
+@pytest.mark.parametrize("slices", [2, 3])
+def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices):
+    # small blocks and chunks: several row and column blocks, contraction chunks flushed
+    monkeypatch.setattr(lm, "ROW_BLOCK", 16)
+    monkeypatch.setattr(lm, "INT_COL_BLOCK", 32)
+    monkeypatch.setattr(lm, "K_CHUNK", 64)
+    h, w, dl = _case()
+    dl[5, 7] = float("nan")                         # a non-finite row and column of dlogits
+    route("float")
+    want = _run(h, w, dl, slices)
+    shapes = []
+
+    def counting(a, b_t):
+        shapes.append(a.shape[1])
+        return exact_mm(a, b_t)
+
+    route("int", counting)
+    got = _run(h, w, dl, slices)
+    # the level products ran on the integer GEMM (pairs concatenated: 1..S pairs x chunk)
+    assert {64 * p for p in range(1, slices + 1)} <= set(shapes)
+    assert gemm.int_gemm_status() | {"reason": ""} == gemm.int_gemm_status() | {
+        "route": "int", "failures": 0, "reason": ""}
+    assert _same(want, got)
+
+
+@pytest.mark.parametrize("fault", ["one element", "cancelling in a row"])
+def test_a_faulty_integer_gemm_is_caught_and_recomputed(route, monkeypatch, fault):
+    monkeypatch.setattr(lm, "ROW_BLOCK", 16)
+    monkeypatch.setattr(lm, "INT_COL_BLOCK", 32)
+    h, w, dl = _case(seed=1)
+    route("float")
+    want = _run(h, w, dl, 3)
+    calls = []
+
+    def faulty(a, b_t):                             # exact on the probe, wrong in one block
+        out = exact_mm(a, b_t)
+        if a.shape[1] != 300 and a.shape[1] % 300 == 0:        # the head's level products
+            calls.append(1)
+            if len(calls) == 4:
+                out[2, 3] += 1
+                if fault == "cancelling in a row":
+                    out[2, 9] -= 1                  # the row sum is unchanged
+        return out
+
+    route("int", faulty)
+    with pytest.warns(RuntimeWarning, match="checksum failed on the LM head's level-"):
+        got = _run(h, w, dl, 3)
+    assert _same(want, got)
+    st = gemm.int_gemm_status()
+    assert st["route"] == "float" and st["failures"] == 1
