@@ -16,9 +16,15 @@ reference (``force("cpu")``, the bits the trainer computes):
   overstates the head).
 
 Projection = 19 windowed + 5 fully causal layers (``ModelConfig.full_layers``; a kind not
-measured counts as the other) + the scaled head. Not in it: the embedding, the AdamW
-update and the state hashes (parameter-proportional; ``results-memplan.md`` times the lean
-update) and the checkpoint. An estimate, stated as one.
+measured counts as the other) + the scaled head, per 4,096-token window. Not in it: the
+embedding, the AdamW update and the state hashes (parameter-proportional, once per step:
+``--update-seconds`` adds a measured figure, e.g. the optimizer time of a real
+``benchmarks.train.full_step`` run) and the checkpoint. An estimate, stated as one.
+
+The full Open-1B step is mix-0626's main batch (``manifests/mix-0626.toml``: 1,152 windows,
+4,718,592 tokens): its windows are independent until the reduction, so ``--cores`` cores
+run ``cores / threads`` windows at once (each at this run's thread count); the projection
+counts that as linear in cores - a lower bound on time, since memory bandwidth is shared.
 
     python -m benchmarks.train.full_step_parts [--windows 512] [--head-tokens 64]
         [--out benchmarks/results/results-full-step.md]
@@ -45,7 +51,8 @@ def time_layer(window: str) -> dict:
         t1 = time.perf_counter()
         layer_backward(mc, p, 0, dy, saved, {}, None)
         t2 = time.perf_counter()
-    return {"forward": t1 - t0, "backward": t2 - t1, "lean": 2 * (t1 - t0) + (t2 - t1)}
+    return {"forward": t1 - t0, "backward": t2 - t1, "lean": 2 * (t1 - t0) + (t2 - t1),
+            "resident": t2 - t0}
 
 
 def time_head(tokens: int) -> dict:
@@ -73,11 +80,49 @@ def time_head(tokens: int) -> dict:
             "at_4096": (t2 - t0) * scale}
 
 
+def main_batch_windows() -> int:
+    """Windows of one full Open-1B step: mix-0626's main phase (its second, 4.7M tokens)."""
+    import os
+    import tomllib
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "manifests", "mix-0626.toml")
+    with open(path, "rb") as f:
+        phases = tomllib.load(f)["schedule"]["phases"]
+    return int(phases[1]["batch_sequences"])
+
+
+def full_step_lines(layers: dict, head: dict, m, cores: int, update: float | None) -> list[str]:
+    """The projection of one full Open-1B step (module docstring) as markdown lines."""
+    threads = torch.get_num_threads()
+    n_full = len(m.full_layers)
+    win = layers.get("512", layers.get("full"))
+    full = layers.get("full", win)
+    per = {plan: (m.n_layers - n_full) * win[key] + n_full * full[key] + head["at_4096"]
+           for plan, key in (("resident", "resident"), ("lean", "lean"))}
+    windows = main_batch_windows()
+    out = [f"Full Open-1B step ({windows:,} windows of 4,096 tokens), per window: resident "
+           f"plan (forward + backward) {per['resident']:,.0f} s, lean plan (2 x forward + "
+           f"backward) {per['lean']:,.0f} s at {threads} threads; the update "
+           + (f"{update:,.0f} s (measured, added once)." if update is not None else
+              "not included."), "",
+           "| machine | plan | one full step |", "|---|---|---|"]
+    for plan in ("resident", "lean"):
+        for c, label in ((threads, f"this machine, {threads} cores"),
+                         (cores, f"{cores} cores of this kind ({max(1, cores // threads)} "
+                                 f"windows at once, linear: a lower bound)")):
+            n = max(1, c // threads)
+            t = windows * per[plan] / n + (update or 0.0) * (threads / c)
+            out.append(f"| {label} | {plan} | {t:,.0f} s = **{t / 3600:.1f} h** |")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--windows", default="512", help="layer kinds: 512 and/or full")
     ap.add_argument("--head-tokens", type=int, default=64)
     ap.add_argument("--out", default=None, help="append the markdown report here")
+    ap.add_argument("--cores", type=int, default=16, help="cores of the projected machine")
+    ap.add_argument("--update-seconds", type=float, default=None,
+                    help="measured AdamW update + hashes of one full step, added once")
     a = ap.parse_args()
 
     from benchmarks.machine import LoadLog, describe, simd_flags
@@ -120,7 +165,8 @@ def main() -> None:
         f"as long again. An estimate: " + ("the fully causal layers are counted as windowed "
                                            "ones (not measured), " if "full" not in layers
                                            else "") +
-        "the embedding, AdamW update, hashes and checkpoint are not in it.", ""])
+        "the embedding, AdamW update, hashes and checkpoint are not in it.", "",
+        *full_step_lines(layers, head, m, a.cores, a.update_seconds), ""])
     print(text)
     if a.out:
         with open(a.out, "a") as f:
