@@ -221,11 +221,12 @@ def _head_blocks(cfg: ModelConfig, p: dict[str, torch.Tensor], xf2: torch.Tensor
     the whole's; the rows of the loss are ``xent``'s expression and sum by the same tree
     over all M rows, times fp32(1/M), as ``xent_forward`` does."""
     m = xf2.shape[0]
-    logits = torch.empty((m, cfg.vocab), dtype=F32, device=xf2.device)
+    # one call: the head weight is sliced (and its products checked) once, not per block;
+    # the call's own temporaries are blocks, its output is the logits buffer itself
+    logits = lmhead_forward(xf2, p["lm_head.weight"], cfg.lmhead_slices)
     lse = torch.empty((m,), dtype=F32, device=xf2.device)
     for r0 in range(0, m, HEAD_ROWS):
         rows = slice(r0, r0 + HEAD_ROWS)
-        logits[rows] = lmhead_forward(xf2[rows], p["lm_head.weight"], cfg.lmhead_slices)
         lse[rows] = xent_forward(logits[rows], labels[rows])[1]
     xt = logits.gather(1, labels[:, None])[:, 0]
     rows = (lse - xt) + Z_LOSS * (lse * lse)                                  # (M,)

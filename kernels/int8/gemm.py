@@ -238,8 +238,16 @@ CHECK_ELEMS = 1 << 18  # int8 elements widened per piece of a checksum product (
 
 def _mv(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """x (R, K) int8 (any strides) @ v (K,) in v's dtype, exact (``_sum_dtype``), widening x
-    a column block at a time so the widened copy stays in cache."""
+    a block at a time so the widened copy stays in cache: blocks of whole rows when x is
+    row-major (each row's sum done in one product), of columns when it is a transposed
+    view (the rows of its storage), so every block is read contiguously."""
     r, k = x.shape
+    if x.stride(-1) == 1 or k <= 1:
+        out = torch.empty(r, dtype=v.dtype)
+        step = max(1, CHECK_ELEMS // max(k, 1))
+        for r0 in range(0, r, step):
+            out[r0:r0 + step] = torch.mv(x[r0:r0 + step].to(v.dtype), v)
+        return out
     out = torch.zeros(r, dtype=v.dtype)
     step = max(1, CHECK_ELEMS // max(r, 1))
     for k0 in range(0, k, step):

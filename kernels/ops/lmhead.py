@@ -200,50 +200,58 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
     added into an int64 T with the level's weight 2^(7(S + 1 - L)) - step 2 literally, exact
     integers, so T and the rounding after it are the float path's bits.
 
-    Checked as every integer-route result is, but once per product instead of per block:
-    every (level, chunk) product's row and column sums, accumulated over the output blocks,
-    against ``A_L @ colsum(B_L)`` and ``B_L @ colsum(A_L)`` computed once from the slices
-    (O((R + C) K) against the GEMMs' O(R C K)). On a mismatch the failure is counted, the
-    process switches to the float route and False is returned: the caller recomputes ``out``.
+    Checked as every integer-route result is, but once per call instead of per block: the
+    row and column sums of all level products together, accumulated over the output blocks,
+    against ``sum_i a_i @ colsum(sum of the b_j paired with a_i)`` and the same for the
+    columns - S exact matrix-vector products per operand (O((R + C) K S)) against the GEMMs'
+    O(R C K S (S + 1) / 2). On a mismatch the failure is counted, the process switches to
+    the float route and False is returned: the caller recomputes ``out``.
     """
     r, c = out.shape
     k = sa.shape[2]
     levels = _levels(slices)
     chunks = [(k0, min(k, k0 + K_CHUNK)) for k0 in range(0, k, K_CHUNK)]
-    keys = [(lvl, k0, k1) for lvl, _ in levels for k0, k1 in chunks]
-    pairs_of = dict(levels)
-    dt = _sum_dtype(3 * K_CHUNK, r, c)
-    col_a = [sa[i].sum(0, dtype=torch.int64).to(dt) for i in range(slices)]   # (K,) each
-    col_b = [sb[j].sum(0, dtype=torch.int64).to(dt) for j in range(slices)]
-    rows_got = {key: torch.zeros(r, dtype=torch.int64) for key in keys}
-    cols_got = {key: torch.zeros(c, dtype=torch.int64) for key in keys}
-    for r0 in range(0, r, ROW_BLOCK):
-        rs = slice(r0, r0 + ROW_BLOCK)
-        a_lv = {(lvl, k0, k1): torch.cat([sa[i - 1][rs, k0:k1] for i, _ in pairs_of[lvl]], 1)
-                for lvl, k0, k1 in keys}
-        for c0 in range(0, c, INT_COL_BLOCK):
-            cs = slice(c0, c0 + INT_COL_BLOCK)
-            t = None
-            for lvl, k0, k1 in keys:
-                b_lv = torch.cat([sb[j - 1][cs, k0:k1] for _, j in pairs_of[lvl]], 1)
-                acc = int_mm_unchecked(a_lv[lvl, k0, k1], b_lv)
+    dt = _sum_dtype(3 * 3 * k, r, c)          # three levels' sums of up to 3 pairs each
+    # column sums of each slice (K,) as products with ones: rows read contiguously (a sum
+    # over dim 0 of a wide int8 matrix with a widening dtype cost more than the GEMMs)
+    col_a = [_mv(sa[i].t(), torch.ones(r, dtype=dt)) for i in range(slices)]
+    col_b = [_mv(sb[j].t(), torch.ones(c, dtype=dt)) for j in range(slices)]
+    rows_got = torch.zeros(r, dtype=torch.int64)
+    cols_got = torch.zeros(c, dtype=torch.int64)
+    for c0 in range(0, c, INT_COL_BLOCK):
+        cs = slice(c0, c0 + INT_COL_BLOCK)
+        b_lv = [(lvl, k0, torch.cat([sb[j - 1][cs, k0:k1] for _, j in pairs], 1))
+                for lvl, pairs in levels for k0, k1 in chunks]
+        for r0 in range(0, r, ROW_BLOCK):
+            rs = slice(r0, r0 + ROW_BLOCK)
+            t = u = None                        # T, and the plain sum of the levels (checks)
+            for lvl, k0, bl in b_lv:
+                k1 = k0 + bl.shape[1] // len(dict(levels)[lvl])
+                al = torch.cat([sa[i - 1][rs, k0:k1] for i, _ in dict(levels)[lvl]], 1)
+                acc = int_mm_unchecked(al, bl)
                 if acc is None:                 # a layout the library refuses: not a fault
                     return False
-                rows_got[lvl, k0, k1][rs] += acc.sum(1, dtype=torch.int64)
-                cols_got[lvl, k0, k1][cs] += acc.sum(0, dtype=torch.int64)
-                term = acc.to(torch.int64).mul_(1 << (7 * (slices + 1 - lvl)))
-                t = term if t is None else t.add_(term)
-            out[rs, cs] = t.to(torch.float64).mul_(rowf[rs, None]).mul_(colf[None, cs])
-    for lvl, k0, k1 in keys:
-        pairs = pairs_of[lvl]
-        rows_want = sum(_mv(sa[i - 1][:, k0:k1], col_b[j - 1][k0:k1]) for i, j in pairs)
-        cols_want = sum(_mv(sb[j - 1][:, k0:k1], col_a[i - 1][k0:k1]) for i, j in pairs)
-        if not (torch.equal(rows_got[lvl, k0, k1].to(dt), rows_want)
-                and torch.equal(cols_got[lvl, k0, k1].to(dt), cols_want)):
-            record_failure(f"checksum failed on the LM head's level-{lvl} slice product "
-                           f"({r}x{k1 - k0}x{c}, contraction from {k0})")
-            return False
-    return True
+                # float64 holds every value here exactly (integers below 2^53: T by MAX_K,
+                # the level sums below 3 * 2^31), so no operation below rounds
+                weight = float(1 << (7 * (slices + 1 - lvl)))
+                if t is None:
+                    u = acc.to(torch.float64)
+                    t = u * weight
+                else:
+                    u.add_(acc)
+                    t.add_(acc, alpha=weight)
+            rows_got[rs] += u.sum(1).to(torch.int64)
+            cols_got[cs] += u.sum(0).to(torch.int64)
+            out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
+    # every pair (i, j) of every level once: slice i of a meets the b slices j <= S + 1 - i
+    rows_want = sum(_mv(sa[i - 1], sum(col_b[j - 1] for j in range(1, slices + 2 - i)))
+                    for i in range(1, slices + 1))
+    cols_want = sum(_mv(sb[j - 1], sum(col_a[i - 1] for i in range(1, slices + 2 - j)))
+                    for j in range(1, slices + 1))
+    if torch.equal(rows_got.to(dt), rows_want) and torch.equal(cols_got.to(dt), cols_want):
+        return True
+    record_failure(f"checksum failed on the LM head's slice products ({r}x{k}x{c})")
+    return False
 
 
 def _ozaki3_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor,

@@ -92,7 +92,7 @@ def test_a_faulty_integer_gemm_is_caught_and_recomputed(route, monkeypatch, faul
         return out
 
     route("int", faulty)
-    with pytest.warns(RuntimeWarning, match="checksum failed on the LM head's level-"):
+    with pytest.warns(RuntimeWarning, match="checksum failed on the LM head.s slice products"):
         got = _run(h, w, dl, 3)
     assert _same(want, got)
     st = gemm.int_gemm_status()
