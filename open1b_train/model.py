@@ -36,9 +36,9 @@ with dlogits block by block (the logits, the loss rows and dlogits are row by ro
 cannot change a bit: ``kernels.ops.lmhead``'s rows are sliced per row, ``xent`` takes the
 mean's row count); the head's weight gradient runs over blocks of HEAD_COLS vocabulary
 rows (each of its rows is one column of dlogits sliced over all tokens, so blocks of rows
-cannot change a bit either, and only a block of dlogits^T is copied and sliced at once). ``grads`` (optional) is the mapping the gradients are stored into: a
-``step.GradSink`` adds each into the flat reduced buffer as it is produced instead of
-holding all of them.
+cannot change a bit either, and only a block of dlogits^T is copied and sliced at once).
+``grads`` (optional) is the mapping the gradients are stored into: a ``step.GradSink`` adds
+each into the flat reduced buffer as it is produced instead of holding all of them.
 """
 from __future__ import annotations
 
