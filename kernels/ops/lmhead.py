@@ -157,7 +157,8 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     bias = exp_bias(slices)
     rowf = _pow2_f64(ea)                                 # 2^Ea, exact
     colf = _pow2_f64(eb - bias)                          # 2^(Eb - bias), exact
-    if int_gemm_route() == "int" and _ozaki_int_blocks(sa, sb, rowf, colf, out, slices):
+    if (out.device.type == "cpu" and int_gemm_route() == "int"
+            and _ozaki_int_blocks(sa, sb, rowf, colf, out, slices)):
         bad_r, bad_c = ea == 255, eb == 255
         if bool(bad_r.any()) or bool(bad_c.any()):
             out[bad_r[:, None] | bad_c[None, :]] = float("nan")
