@@ -138,6 +138,11 @@ def dequantize_cpu(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.
 # shapes (the float route runs at 0.75-0.9x of a float32 GEMM), so auto keeps "float".
 # On a 2-core AMD EPYC with AVX-512 VNNI (2026-12-02, BENCHMARKS.md) the int route runs
 # the linear's GEMMs 1.3-1.7x faster than a float32 GEMM of the same shape: auto picks it.
+#
+# A contraction of length 1 always takes the float route: torch 2.13's CPU ``_int_mm``
+# returns uninitialized memory for K = 1 and N >= 2 (the (1, N) operand's strides are
+# (1, 1), and the library misreads them; measured on the AVX-512 VNNI EPYC, caught by the
+# checksum in the test suite). It is not a platform fault, so it is not counted as one.
 SGEMM_K = 1024
 INT_GEMM_ENV = "OPEN1B_INT_GEMM"
 _VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
@@ -358,6 +363,8 @@ def int_mm_unchecked(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
     """int32 ``a @ b.T`` by the library's int8 GEMM, *not* checked - for a caller that checks
     the exact row and column sums of the whole product itself, once, instead of per block
     (``kernels.ops.lmhead``); None where the library refuses the layout or shape."""
+    if a.shape[1] < 2:                  # K = 1: the float route (comment above SGEMM_K)
+        return None
     try:
         return _raw_int_mm(a, b.t())
     except RuntimeError:
@@ -381,7 +388,7 @@ def exact_int_mm_cpu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None 
     sharing ``b``; its rows are checked here and the caller checks the columns of all
     slabs at the end (``SlabCheck``).
     """
-    if a.shape[0] and b.shape[0] and a.shape[1] and int_gemm_route() == "int":
+    if a.shape[0] and b.shape[0] and a.shape[1] > 1 and int_gemm_route() == "int":
         try:
             acc = _raw_int_mm(a, b.t())
         except RuntimeError:        # a layout or shape the library refuses: not a fault

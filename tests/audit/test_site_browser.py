@@ -79,9 +79,16 @@ def test_curves_render_as_svg_paths(browser, site_dir):
     form.find_element(By.NAME, "a").send_keys("2")
     form.find_element(By.NAME, "b").send_keys("3")
     form.find_element(By.TAG_NAME, "button").click()
-    b.implicitly_wait(5)
-    loss = b.find_element(By.CSS_SELECTOR, "figure[data-series=loss] path.curve")
-    assert loss.get_attribute("data-points") == "2"
+    # the zoom redraws the charts: the path found first may be the old one, replaced (stale)
+    # while it is read, so look it up afresh until the redrawn one is there (5 s at most)
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def zoomed(drv):
+        path = drv.find_element(By.CSS_SELECTOR, "figure[data-series=loss] path.curve")
+        return path.get_attribute("data-points") == "2"
+
+    WebDriverWait(b, 5, ignored_exceptions=(StaleElementReferenceException,)).until(zoomed)
 
 
 def test_step_page_lists_the_librarys_documents(browser, site_run, site_dir):

@@ -195,3 +195,22 @@ def test_checksum_sums_are_exact_in_their_dtype():
     a = torch.full((3, 5000), -128, dtype=torch.int8)
     v = torch.full((5000,), float(-128 * 70_000), dtype=torch.float64)
     assert gemm._mv(a, v).tolist() == [128 * 128 * 70_000 * 5000] * 3
+
+
+def test_a_contraction_of_one_takes_the_float_route_without_a_failure(route):
+    # torch 2.13's CPU _int_mm returns uninitialized memory for K = 1, N >= 2 (degenerate
+    # strides of the (1, N) operand): such GEMMs never reach the library
+    def garbage_for_k1(a, b_t):
+        out = gemm._exact_ref(a, b_t.t()).to(torch.int32)
+        if a.shape[1] == 1:
+            out += 12345
+        return out
+
+    route("int", garbage_for_k1)
+    a, b = _operands(m=3, k=1, n=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = gemm.exact_int_mm_cpu(a, b)
+        assert gemm.int_mm_unchecked(a, b) is None
+    assert torch.equal(got.long(), gemm._exact_ref(a, b))
+    assert gemm.int_gemm_status()["route"] == "int" and gemm.int_gemm_status()["failures"] == 0
