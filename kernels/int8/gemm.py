@@ -37,6 +37,7 @@ import torch
 
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
+from kernels.int8.checksum import SlabCheck, checksum_ok
 
 if HAVE_TRITON:
     import triton
@@ -228,78 +229,6 @@ def probe_int_mm(mm=None) -> str | None:
             return (f"{name}: [{i}, {j}] = {int(got[i, j])}, exact {int(want[i, j])}"
                     if got.shape == want.shape else f"{name}: shape {tuple(got.shape)}")
     return None
-
-
-def _sum_dtype(k: int, m: int, n: int) -> torch.dtype:
-    """float64 when every checksum value is an integer below 2^53 - |a|, |b| <= 2^7, so a
-    row sum of acc or of a @ colsum(b) is at most 2^14 K max(M, N) - else int64. float64
-    sums of such integers are exact in any order, and its matrix-vector products run in the
-    BLAS (torch's int64 ones do not: they cost more than the VNNI GEMM they check)."""
-    return torch.float64 if (k * max(m, n, 1)) << 14 < 1 << 53 else torch.int64
-
-
-CHECK_ELEMS = 1 << 18  # int8 elements widened per piece of a checksum product (L2-sized)
-
-
-def _mv(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """x (R, K) int8 (any strides) @ v (K,) in v's dtype, exact (``_sum_dtype``), widening x
-    a block at a time so the widened copy stays in cache: blocks of whole rows when x is
-    row-major (each row's sum done in one product), of columns when it is a transposed
-    view (the rows of its storage), so every block is read contiguously."""
-    r, k = x.shape
-    if x.stride(-1) == 1 or k <= 1:
-        out = torch.empty(r, dtype=v.dtype)
-        step = max(1, CHECK_ELEMS // max(k, 1))
-        for r0 in range(0, r, step):
-            out[r0:r0 + step] = torch.mv(x[r0:r0 + step].to(v.dtype), v)
-        return out
-    out = torch.zeros(r, dtype=v.dtype)
-    step = max(1, CHECK_ELEMS // max(r, 1))
-    for k0 in range(0, k, step):
-        out += torch.mv(x[:, k0:k0 + step].to(v.dtype), v[k0:k0 + step])
-    return out
-
-
-def checksum_ok(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Exact row and column sums of ``acc`` = a @ b.T against ``a @ colsum(b)`` and
-    ``rowsum(a) @ b`` (exact: ``_sum_dtype``). O((M + N) K) work."""
-    dt = _sum_dtype(a.shape[1], a.shape[0], b.shape[0])
-    bs = b.sum(0, dtype=torch.int64).to(dt)                # (K,)
-    as_ = a.sum(0, dtype=torch.int64).to(dt)               # (K,)
-    return bool(torch.equal(acc.sum(1, dtype=torch.int64).to(dt), _mv(a, bs))
-                and torch.equal(acc.sum(0, dtype=torch.int64).to(dt), _mv(b, as_)))
-
-
-class SlabCheck:
-    """The checksum of many GEMMs ``acc_i = a_i @ b.T`` that share one (large) b - the row
-    slabs of a weight gradient - at O(M K + M N) per slab instead of ``checksum_ok``'s
-    O((M + N) K): each slab's row sums against ``a_i @ colsum(b)`` (colsum(b) once), and
-    the columns once over all slabs: ``sum_i colsum(acc_i) == b @ sum_i colsum(a_i)``
-    (``columns_ok``, O(N K) once). A caller that gets False from ``columns_ok`` recomputes
-    every slab (the route has then switched to float32 chunks)."""
-
-    def __init__(self, b: torch.Tensor, m_total: int) -> None:
-        self.b, self.dt = b, _sum_dtype(b.shape[1], m_total, b.shape[0])
-        self.bs = b.sum(0, dtype=torch.int64).to(self.dt)
-        self.acc_cols = torch.zeros(b.shape[0], dtype=torch.int64)
-        self.a_cols = torch.zeros(b.shape[1], dtype=torch.int64)
-
-    def rows_ok(self, acc: torch.Tensor, a: torch.Tensor) -> bool:
-        if not torch.equal(acc.sum(1, dtype=torch.int64).to(self.dt), _mv(a, self.bs)):
-            return False
-        self.acc_cols += acc.sum(0, dtype=torch.int64)
-        self.a_cols += a.sum(0, dtype=torch.int64)
-        return True
-
-    def columns_ok(self) -> bool:
-        """True, or False after counting the failure and switching to the float route."""
-        want = _mv(self.b, self.a_cols.to(self.dt))
-        if torch.equal(self.acc_cols.to(self.dt), want):
-            return True
-        _Route.failures += 1
-        _refuse(f"column checksum failed over the slabs of a {self.b.shape[0]}x"
-                f"{self.b.shape[1]} weight gradient")
-        return False
 
 
 class _Route:

@@ -54,8 +54,9 @@ import torch
 
 from kernels.core.backend import use_triton
 from kernels.int8.hadamard import padded_width
-from kernels.int8.gemm import (MAX_K, SlabCheck, dequantize_cpu, exact_int_mm_cpu,
-                               int_gemm_route, int8_mm, int8_mm_cpu)
+from kernels.int8.checksum import SlabCheck
+from kernels.int8.gemm import (MAX_K, dequantize_cpu, exact_int_mm_cpu, int_gemm_route, int8_mm,
+                               int8_mm_cpu, record_failure)
 # The quantizers live in kernels/int8/quantize.py; re-exported so that callers keep importing
 # them from the op that uses them.
 from kernels.int8.quantize import (BLOCK_K, BLOCK_R, FLT_MIN, HADAMARD_BLOCK, INV_127,  # noqa: F401
@@ -172,7 +173,9 @@ def _dw_cpu(qa: torch.Tensor, qb: torch.Tensor, sa: torch.Tensor, sb: torch.Tens
             d.masked_fill_(outside[r0:r1], 0.0)  # = where(inside_w, dW, +0)
         if not direct:
             dw[r0:r1].copy_(d)
-    if check is not None and not check.columns_ok():    # now on the float route
+    if check is not None and not check.columns_ok():
+        record_failure(f"column checksum failed over the slabs of a {qb.shape[0]}x"
+                       f"{qb.shape[1]} weight gradient")              # now on the float route
         return _dw_cpu(qa, qb, sa, sb, outside, dtype)
     return dw
 

@@ -45,8 +45,9 @@ import torch
 
 from kernels.core import mathc
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
-from kernels.int8.gemm import (SGEMM_K, _mv, _sum_dtype, bf16_operand, int_gemm_route,
-                               int_mm_unchecked, record_failure)
+from kernels.int8.checksum import _mv, _sum_dtype
+from kernels.int8.gemm import (SGEMM_K, bf16_operand, int_gemm_route, int_mm_unchecked,
+                               record_failure)
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 
 if HAVE_TRITON:
@@ -221,14 +222,13 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
     cols_got = torch.zeros(c, dtype=torch.int64)
     for c0 in range(0, c, INT_COL_BLOCK):
         cs = slice(c0, c0 + INT_COL_BLOCK)
-        b_lv = [(lvl, k0, torch.cat([sb[j - 1][cs, k0:k1] for _, j in pairs], 1))
+        b_lv = [(lvl, pairs, k0, k1, torch.cat([sb[j - 1][cs, k0:k1] for _, j in pairs], 1))
                 for lvl, pairs in levels for k0, k1 in chunks]
         for r0 in range(0, r, ROW_BLOCK):
             rs = slice(r0, r0 + ROW_BLOCK)
             t = u = None                        # T, and the plain sum of the levels (checks)
-            for lvl, k0, bl in b_lv:
-                k1 = k0 + bl.shape[1] // len(dict(levels)[lvl])
-                al = torch.cat([sa[i - 1][rs, k0:k1] for i, _ in dict(levels)[lvl]], 1)
+            for lvl, pairs, k0, k1, bl in b_lv:
+                al = torch.cat([sa[i - 1][rs, k0:k1] for i, _ in pairs], 1)
                 acc = int_mm_unchecked(al, bl)
                 if acc is None:                 # a layout the library refuses: not a fault
                     return False

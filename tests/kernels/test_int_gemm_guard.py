@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kernels.core.backend import force
-from kernels.int8 import gemm
+from kernels.int8 import checksum, gemm
 from kernels.int8.linear import linear_int8_backward, linear_int8_forward
 
 
@@ -34,17 +34,6 @@ def saturating_int_mm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
         pairs = (au[m][None, :] * b).view(b.shape[0], -1, 2).sum(-1)
         out[m] = pairs.clamp_(-32768, 32767).sum(-1) - comp
     return out
-
-
-@pytest.fixture
-def route(monkeypatch):
-    def set_route(value: str, mm=None):
-        monkeypatch.setenv(gemm.INT_GEMM_ENV, value)
-        if mm is not None:
-            monkeypatch.setattr(gemm, "_raw_int_mm", mm)
-        gemm.reset_int_gemm_route()
-    yield set_route
-    gemm.reset_int_gemm_route()
 
 
 def _operands(m=37, k=2_100, n=29, seed=0):
@@ -189,12 +178,12 @@ def test_weight_gradient_slabs_catch_a_fault_the_row_sums_cannot_see(route, monk
 
 def test_checksum_sums_are_exact_in_their_dtype():
     # float64 only while every checksum value stays below 2^53; int64 beyond
-    assert gemm._sum_dtype(131_071, 4_096, 11_264) == torch.float64
-    assert gemm._sum_dtype(131_071, 131_071, 131_071) == torch.float64     # 2^48
-    assert gemm._sum_dtype(131_071, 1 << 23, 16) == torch.int64
+    assert checksum._sum_dtype(131_071, 4_096, 11_264) == torch.float64
+    assert checksum._sum_dtype(131_071, 131_071, 131_071) == torch.float64     # 2^48
+    assert checksum._sum_dtype(131_071, 1 << 23, 16) == torch.int64
     a = torch.full((3, 5000), -128, dtype=torch.int8)
     v = torch.full((5000,), float(-128 * 70_000), dtype=torch.float64)
-    assert gemm._mv(a, v).tolist() == [128 * 128 * 70_000 * 5000] * 3
+    assert checksum._mv(a, v).tolist() == [128 * 128 * 70_000 * 5000] * 3
 
 
 def test_a_contraction_of_one_takes_the_float_route_without_a_failure(route):

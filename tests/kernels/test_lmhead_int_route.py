@@ -18,17 +18,6 @@ def exact_mm(a, b_t):
     return gemm._exact_ref(a, b_t.t()).to(torch.int32)
 
 
-@pytest.fixture
-def route(monkeypatch):
-    def set_route(value: str, mm=None):
-        monkeypatch.setenv(gemm.INT_GEMM_ENV, value)
-        if mm is not None:
-            monkeypatch.setattr(gemm, "_raw_int_mm", mm)
-        gemm.reset_int_gemm_route()
-    yield set_route
-    gemm.reset_int_gemm_route()
-
-
 def _case(m=40, k=300, v=90, seed=0):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(m, k, generator=g)
