@@ -8,6 +8,9 @@
   multiply-add contraction, no value-changing optimization; -fno-trapping-math only lets
   the compiler vectorize the selects (no program here reads floating-point exception
   flags), it changes no value.
+* ``kernels.attention._tilesc`` (kernels/attention/_tilesc.c): attention's CPU tile loops
+  (softmax, quantization, p/ds, ordered tile sums) between torch's exact products; the same
+  flags and the same bits; without it the torch code of kernels/attention runs.
 
 And one file at the root of site-packages, ``open1b_lmeval.pth``: the startup hook that makes
 lm-eval's own ``lm_eval`` command know the ``open1b`` model (open1b_eval/lmeval_hook.py).
@@ -53,13 +56,18 @@ class BuildPyWithPth(build_py):
 LICENSE = ({"license_expression": "Apache-2.0"} if int(setuptools.__version__.split(".")[0]) >= 77
            else {"license": "Apache-2.0"})
 
+# Both float extensions: every float operation a separate IEEE operation (see above).
+EXACT_FLOAT_FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math",
+                     "-fno-trapping-math"]
+MATHFN_H = "kernels/core/_mathfn.h"
+
 setup(**LICENSE, cmdclass={"build_py": BuildPyWithPth}, ext_modules=[
     Extension("open1b_data.ingest.tokenizer._bpe", ["open1b_data/ingest/tokenizer/_bpe.c"],
               depends=[f"open1b_data/ingest/tokenizer/_bpe_{h}.h" for h in
                        ("split", "table", "merge", "unicode")],
               extra_compile_args=["-O3", "-std=c11"], optional=True),
-    Extension("kernels.core._mathc", ["kernels/core/_mathc.c"],
-              extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math",
-                                  "-fno-trapping-math"],
-              optional=True),
+    Extension("kernels.core._mathc", ["kernels/core/_mathc.c"], depends=[MATHFN_H],
+              extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
+    Extension("kernels.attention._tilesc", ["kernels/attention/_tilesc.c"], depends=[MATHFN_H],
+              extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
 ])

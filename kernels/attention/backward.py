@@ -37,12 +37,16 @@ from __future__ import annotations
 import torch
 
 from kernels.core import mathfn
+from kernels.attention import compiled
 from kernels.attention.tiles import (
     BLOCK_M,
     BLOCK_N,
     block_band,
     blocked_rows,
     check_inputs,
+    column_values,
+    pad_rows,
+    row_delta,
     scores_cpu,
     sliced_rows,
     softmax_scale,
@@ -53,10 +57,8 @@ from kernels.attention.fixed import (
     exact_matmul,
     fixed_point,
     fixed_row_values,
-    fixed_values,
 )
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
-from kernels.core.reduce import tree_sum_cpu
 
 if HAVE_TRITON:
     import triton
@@ -65,11 +67,6 @@ if HAVE_TRITON:
     from kernels.attention.tiles import tl_band
     from kernels.attention.fixed import tl_exact_dot, tl_exact_to_f32, tl_fixed_point, tl_to_bf16
     from kernels.core.mathfn import exp_tl
-
-
-def row_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
-    """Drow = tree(fp32(do) * fp32(o)) over the head dim (exact ops; runs on either device)."""
-    return tree_sum_cpu(do.float() * o.float(), -1)
 
 
 def query_band(kb, window: int | None, n_qb: int):
@@ -84,22 +81,6 @@ def query_band(kb, window: int | None, n_qb: int):
     return lo, min(hi, n_qb - 1)
 
 
-def _columns(x: torch.Tensor, block: int) -> torch.Tensor:
-    """Fixed-point values of x's columns within sequence blocks: (B, H, n, block, D) float64."""
-    x64 = fixed_values(x, 2, block)
-    b, h, sp, d = x64.shape
-    return x64.reshape(b, h, sp // block, block, d)
-
-
-def _pad_rows(x: torch.Tensor, block: int, value: float) -> torch.Tensor:
-    """(B, H, S) -> (B, H, n, block), padded with ``value``."""
-    b, h, s = x.shape
-    n_blocks = -(-s // block)
-    return torch.nn.functional.pad(x, (0, n_blocks * block - s), value=value).reshape(
-        b, h, n_blocks, block
-    )
-
-
 def _unblock(x: torch.Tensor, seq: int) -> torch.Tensor:
     b, h, n, blk, d = x.shape
     return x.reshape(b, h, n * blk, d)[:, :, :seq].contiguous()
@@ -112,7 +93,17 @@ def _probs_and_ds(s, vis, lse, dp, drow):
 
 
 def backward_cpu(q, k, v, o, lse, do, window: int | None):
-    """CPU reference of the backward: (dq, dk, dv) in bf16, shapes of q, k, v.
+    """CPU reference of the backward: (dq, dk, dv) in bf16, shapes of q, k, v - by the
+    compiled tile loops of ``kernels.attention.compiled`` where built (the same bits), else
+    by ``backward_reference``."""
+    check_inputs(q, k, v, window)
+    if compiled.available() and q.device.type == "cpu":
+        return compiled.backward(q, k, v, o, lse, do, window)
+    return backward_reference(q, k, v, o, lse, do, window)
+
+
+def backward_reference(q, k, v, o, lse, do, window: int | None):
+    """The backward's definition in torch: (dq, dk, dv) in bf16, shapes of q, k, v.
 
     Query heads go in groups of one head per KV head (h = 0 .. group - 1, each group's KV
     heads are then the KV heads themselves: no GQA copies). For each group the dQ loop
@@ -128,11 +119,11 @@ def backward_cpu(q, k, v, o, lse, do, window: int | None):
     group = hq // hkv
     scale = softmax_scale(d)
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
-    drow = _pad_rows(row_delta(o, do), BLOCK_M, 0.0)
-    lse_b = _pad_rows(lse, BLOCK_M, 0.0)
+    drow = pad_rows(row_delta(o, do), BLOCK_M, 0.0)
+    lse_b = pad_rows(lse, BLOCK_M, 0.0)
     q64, do64 = blocked_rows(q, BLOCK_M), blocked_rows(do, BLOCK_M)
     k64, v64 = blocked_rows(k, BLOCK_N), blocked_rows(v, BLOCK_N)
-    qc64, doc64, kc64 = _columns(q, BLOCK_M), _columns(do, BLOCK_M), _columns(k, BLOCK_N)
+    qc64, doc64, kc64 = column_values(q, BLOCK_M), column_values(do, BLOCK_M), column_values(k, BLOCK_N)
     qrows = torch.arange(n_qb)[:, None] * BLOCK_M + torch.arange(BLOCK_M)  # (n_qb, BM)
     krows = torch.arange(n_kb)[:, None] * BLOCK_N + torch.arange(BLOCK_N)  # (n_kb, BN)
 

@@ -27,7 +27,7 @@ import math
 import torch
 
 from kernels.core import mathfn
-from kernels.attention.forward import _P_EXP_CAP, quantize_v, rne_int
+from kernels.attention.tiles import _P_EXP_CAP, quantize_v, rne_int
 from kernels.attention.fixed import fixed_row_values, pow2_f32
 from kernels.attention.tiles import (BLOCK_M, BLOCK_N, block_band, blocked_rows,
                                      scores_cpu, sliced_rows, softmax_scale, visible)

@@ -46,9 +46,11 @@ import math
 import torch
 
 from kernels.core import mathfn
+from kernels.attention import compiled
 from kernels.attention.backward import attention_backward
 from kernels.attention.fixed import pow2_f32
-from kernels.attention.tiles import (BLOCK_M, BLOCK_N, block_band, blocked_rows, check_inputs,
+from kernels.attention.tiles import (_P_EXP_CAP, _RNE_MAGIC, BLOCK_M, BLOCK_N, block_band,
+                                     blocked_rows, check_inputs, quantize_v, rne_int,
                                      scores_cpu, sliced_rows, softmax_scale, visible)
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
 from kernels.core.reduce import tree_sum_cpu
@@ -62,35 +64,22 @@ if HAVE_TRITON:
     from kernels.attention.tiles import tl_band, tl_visible
     from kernels.core.reduce import tree_sum_rows
 
-_RNE_MAGIC = 12582912.0  # 1.5 * 2^23: (x + M) - M rounds |x| < 2^22 to an integer, half-even
-_P_EXP_CAP = 126  # 2^t and 2^-t stay normal fp32 numbers
-assert 127 * 127 * BLOCK_N < 2**24, "the CPU's float32 P V product must stay exact"
-
-
-def rne_int(x: torch.Tensor) -> torch.Tensor:
-    """Round float32 |x| < 2^22 to the nearest integer, ties to even (two IEEE adds)."""
-    return (x + _RNE_MAGIC) - _RNE_MAGIC
-
-
-def quantize_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 V (B, H, n_kb*BLOCK_N, D) and row exponents u (B, H, n_kb*BLOCK_N), per key row.
-
-    Per key row (not per block) so that a query's output never depends on keys it cannot
-    see. Exact ops only (abs, max, bit fields, power-of-two multiply, rne), so it runs as-is
-    on either device and both paths share it. Padded rows are zero with u = 126.
-    """
-    s = v.shape[2]
-    vf = torch.nn.functional.pad(v.float(), (0, 0, 0, -(-s // BLOCK_N) * BLOCK_N - s))
-    vmax = vf.abs().amax(dim=-1)  # (B, H, S_pad); max is exact
-    u = torch.clamp(133 - ((vmax.view(torch.int32) >> 23) & 0xFF), max=_P_EXP_CAP)
-    v8 = torch.clamp(rne_int(vf * pow2_f32(u).unsqueeze(-1)), -127, 127)
-    return v8.to(torch.int8), u.to(torch.int32)
-
-
 def forward_cpu(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """CPU reference of the forward: (out bf16 (B, Hq, S, D), lse fp32 (B, Hq, S)).
+    """CPU reference of the forward: (out bf16 (B, Hq, S, D), lse fp32 (B, Hq, S)), by the
+    compiled tile loops of ``kernels.attention.compiled`` where built (the same bits), else
+    by ``forward_reference``."""
+    check_inputs(q, k, v, window)
+    if compiled.available() and q.device.type == "cpu":
+        return compiled.forward(q, k, v, window)
+    return forward_reference(q, k, v, window)
+
+
+def forward_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's definition in torch: (out bf16 (B, Hq, S, D), lse fp32 (B, Hq, S)).
 
     Vectorized over batch, heads and query blocks; the loop runs over a query block's
     band position r, so query block qb handles key block lo(qb) + r exactly when the

@@ -13,7 +13,9 @@ import numpy as np
 import torch
 
 from kernels.core.backend import HAVE_TRITON
-from kernels.attention.fixed import digits, exact_matmul, fixed_row_values, fixed_rows
+from kernels.attention.fixed import (digits, exact_matmul, fixed_row_values, fixed_rows,
+                                     fixed_values, pow2_f32)
+from kernels.core.reduce import tree_sum_cpu
 
 BLOCK_M = 64  # query rows per block (both paths)
 BLOCK_N = 64  # keys per block: the online-softmax step and the int8 P V quantization block
@@ -92,6 +94,52 @@ def sliced_rows(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor
     n_int = torch.nn.functional.pad(n_int, (0, 0, 0, pad))
     e = torch.nn.functional.pad(e, (0, pad), value=1)
     return digits(n_int).contiguous(), e.contiguous()
+
+
+_RNE_MAGIC = 12582912.0  # 1.5 * 2^23: (x + M) - M rounds |x| < 2^22 to an integer, half-even
+_P_EXP_CAP = 126  # 2^t and 2^-t stay normal fp32 numbers
+assert 127 * 127 * BLOCK_N < 2**24, "the CPU's float32 P V product must stay exact"
+
+
+def rne_int(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 |x| < 2^22 to the nearest integer, ties to even (two IEEE adds)."""
+    return (x + _RNE_MAGIC) - _RNE_MAGIC
+
+
+def quantize_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 V (B, H, n_kb*BLOCK_N, D) and row exponents u (B, H, n_kb*BLOCK_N), per key row.
+
+    Per key row (not per block) so that a query's output never depends on keys it cannot
+    see. Exact ops only (abs, max, bit fields, power-of-two multiply, rne), so it runs as-is
+    on either device and both paths share it. Padded rows are zero with u = 126.
+    """
+    s = v.shape[2]
+    vf = torch.nn.functional.pad(v.float(), (0, 0, 0, -(-s // BLOCK_N) * BLOCK_N - s))
+    vmax = vf.abs().amax(dim=-1)  # (B, H, S_pad); max is exact
+    u = torch.clamp(133 - ((vmax.view(torch.int32) >> 23) & 0xFF), max=_P_EXP_CAP)
+    v8 = torch.clamp(rne_int(vf * pow2_f32(u).unsqueeze(-1)), -127, 127)
+    return v8.to(torch.int8), u.to(torch.int32)
+
+
+def row_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    """Drow = tree(fp32(do) * fp32(o)) over the head dim (exact ops; runs on either device)."""
+    return tree_sum_cpu(do.float() * o.float(), -1)
+
+
+def column_values(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Fixed-point values of x's columns within sequence blocks: (B, H, n, block, D) float64."""
+    x64 = fixed_values(x, 2, block)
+    b, h, sp, d = x64.shape
+    return x64.reshape(b, h, sp // block, block, d)
+
+
+def pad_rows(x: torch.Tensor, block: int, value: float) -> torch.Tensor:
+    """(B, H, S) -> (B, H, n, block), padded with ``value``."""
+    b, h, s = x.shape
+    n_blocks = -(-s // block)
+    return torch.nn.functional.pad(x, (0, n_blocks * block - s), value=value).reshape(
+        b, h, n_blocks, block
+    )
 
 
 if HAVE_TRITON:

@@ -42,9 +42,11 @@ def _pool(n: int) -> ThreadPoolExecutor:
     return _POOL
 
 
-def _parallel(fn, n: int) -> None:
-    """``fn(lo, hi)`` over [0, n) in one contiguous piece per torch intra-op thread."""
-    threads = min(torch.get_num_threads(), max(1, n // 64))
+def parallel(fn, n: int, grain: int = 64) -> None:
+    """``fn(lo, hi)`` over [0, n) in one contiguous piece per torch intra-op thread, at
+    least ``grain`` units a piece. For loops whose units are independent (and release the
+    GIL): the result does not depend on the split."""
+    threads = min(torch.get_num_threads(), max(1, n // grain))
     if threads <= 1:
         fn(0, n)
         return
@@ -65,7 +67,7 @@ def slice_rows(x: torch.Tensor, slices: int) -> tuple[torch.Tensor, torch.Tensor
     out = torch.empty((slices, r, k), dtype=torch.int8)
     exps = torch.empty((r,), dtype=torch.int32)
     a, o, e = bits.reshape(-1).numpy(), out.reshape(-1).numpy(), exps.numpy()
-    _parallel(lambda lo, hi: _mathc.slice_rows(a, x.dtype == torch.bfloat16, r, k, slices,
+    parallel(lambda lo, hi: _mathc.slice_rows(a, x.dtype == torch.bfloat16, r, k, slices,
                                                o, e, lo, hi), r)
     return out, exps
 
@@ -77,7 +79,7 @@ def philox_words(seed: int, stream: int, offset: int, n: int) -> torch.Tensor | 
         return None
     out = torch.empty((n,), dtype=torch.int64)
     o = out.numpy()
-    _parallel(lambda lo, hi: _mathc.philox_words(seed, stream, offset, o[lo:hi], lo, hi), n)
+    parallel(lambda lo, hi: _mathc.philox_words(seed, stream, offset, o[lo:hi], lo, hi), n)
     return out
 
 
@@ -111,6 +113,6 @@ def fwht_dim0_(y: torch.Tensor, block: int, rows: slice, cols: slice) -> bool:
     r, c = y.shape
     buf = y.reshape(-1).numpy()
     c0, c1 = cols.start, cols.stop
-    _parallel(lambda lo, hi: _mathc.fwht_dim0(buf, r, c, rows.start, rows.stop, block,
+    parallel(lambda lo, hi: _mathc.fwht_dim0(buf, r, c, rows.start, rows.stop, block,
                                               c0 + lo, c0 + hi), c1 - c0)
     return True

@@ -1,0 +1,148 @@
+"""Attention's CPU reference at BLAS speed: the same arithmetic, the same bits, fewer passes.
+
+``forward_reference`` and ``backward_reference`` (``kernels.attention.forward`` /
+``.backward``) are the definition. Their loop goes over a query block's band position, so
+every step gathers the active blocks' rows and runs ~30 torch operations, each one pass over
+memory. Here the loop goes over query blocks (and, in the backward, the query heads of a KV
+group first, as the dK/dV order requires), and each step is:
+
+- the exact products in torch's BLAS, one matrix product per step for the whole band:
+  fixed-point values are integers times one power of two per row or column, so every
+  float64 partial sum is exact and the product is the same in any order
+  (``kernels.attention.fixed``); P V in float32 is exact (integers below 2^24);
+- everything between the products in the compiled loops of ``kernels/attention/_tilesc.c``:
+  the elementwise float32 operations of the reference in its order (no fused multiply-add),
+  maxima, integer and bit operations - so the same bits
+  (tests/kernels/test_attention_compiled.py compares both on windows, GQA, padded sequences
+  and extreme values).
+
+Without the extension (no C compiler at install) or with ``OPEN1B_MATHC=0`` the reference
+runs. Threads split rows or tiles, which are independent: the bits do not depend on the
+thread count.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels.attention.tiles import (BLOCK_M, BLOCK_N, block_band, blocked_rows, column_values,
+                                     pad_rows, quantize_v, row_delta, softmax_scale)
+from kernels.core import mathc
+
+try:
+    from kernels.attention import _tilesc
+except ImportError:  # pragma: no cover - the extension is optional
+    _tilesc = None
+
+assert BLOCK_M == BLOCK_N == 64, "the compiled loops are written for 64 x 64 tiles"
+
+
+def available() -> bool:
+    """True when the compiled tile loops are built and not disabled (OPEN1B_MATHC=0)."""
+    return _tilesc is not None and mathc.available()
+
+
+def _np(x: torch.Tensor):
+    if not x.is_contiguous():
+        raise ValueError("compiled attention loops need contiguous tensors")
+    return x.reshape(-1).numpy()
+
+
+def _group_rows(x: torch.Tensor, hkv: int) -> torch.Tensor:
+    """(B, Hq, n, blk, ...) -> (G, n, B * Hkv, blk, ...): query head kv * G + h at [h, :, kv]."""
+    b, hq, n = x.shape[:3]
+    g = hq // hkv
+    y = x.reshape(b, hkv, g, n, *x.shape[3:]).movedim(2, 0).movedim(3, 1)
+    return y.reshape(g, n, b * hkv, *x.shape[3:]).contiguous()
+
+
+def _ungroup_rows(x: torch.Tensor, b: int, hkv: int, seq: int) -> torch.Tensor:
+    """Inverse of ``_group_rows`` for (G, n, B * Hkv, blk, D), unblocked to (B, Hq, seq, D)."""
+    g, n, _, blk, d = x.shape
+    y = x.reshape(g, n, b, hkv, blk, d).movedim(0, 3).movedim(0, 3)  # (B, Hkv, G, n, blk, D)
+    return y.reshape(b, hkv * g, n * blk, d)[:, :, :seq].contiguous()
+
+
+def forward(q, k, v, window: int | None):
+    """``forward_reference``'s (out, lse), the same bits (inputs already checked)."""
+    b, hq, s, d = q.shape
+    hkv = k.shape[1]
+    g, bk = hq // hkv, b * hkv
+    rows = g * BLOCK_M  # one query block of the group's heads, stacked
+    scale = softmax_scale(d)
+    n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
+    # (n_qb, B * Hkv, G * BLOCK_M, D): one step's queries are one contiguous batch
+    q64 = _group_rows(blocked_rows(q, BLOCK_M), hkv).movedim(0, 2).reshape(n_qb, bk, rows, d)
+    k64 = blocked_rows(k, BLOCK_N).reshape(bk, n_kb * BLOCK_N, d)
+    v8, u = quantize_v(v)
+    v8f = v8.to(torch.float32).reshape(bk, n_kb, BLOCK_N, d)
+    u = u.reshape(bk, n_kb * BLOCK_N).contiguous()
+    lo, hi = block_band(torch.arange(n_qb), window, n_kb)
+    out = torch.empty((n_qb, bk, rows, d))
+    lse = torch.empty((n_qb, bk, rows))
+    win = window or 0
+    for qb in range(n_qb):
+        first, nk = int(lo[qb]), int(hi[qb] - lo[qb]) + 1
+        keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
+        s64 = torch.matmul(q64[qb], k64[:, keys].transpose(1, 2))  # (bk, rows, nk * BN)
+        p8 = torch.empty((bk, nk, rows, BLOCK_N))
+        alpha = torch.empty((bk, rows, nk))
+        t = torch.empty((bk, rows, nk), dtype=torch.int32)
+        m, l = torch.empty((bk, rows)), torch.empty((bk, rows))
+        args = (_np(s64), _np(u), _np(p8), _np(alpha), _np(t), _np(m), _np(l), bk, rows, nk,
+                n_kb * BLOCK_N, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
+        mathc.parallel(lambda a, z: _tilesc.fwd_rows(*args, a, z), bk * rows, grain=8)
+        ii = torch.matmul(p8, v8f[:, first:first + nk])  # (bk, nk, rows, D), exact
+        acc_args = (_np(ii), _np(alpha), _np(t), _np(m), _np(l), _np(out[qb]), _np(lse[qb]),
+                    bk, rows, nk, d)
+        mathc.parallel(lambda a, z: _tilesc.fwd_acc(*acc_args, a, z), bk * rows, grain=8)
+    out = out.reshape(n_qb, bk, g, BLOCK_M, d).movedim(2, 0)  # (G, n_qb, bk, BM, D)
+    lse = lse.reshape(n_qb, bk, g, BLOCK_M, 1).movedim(2, 0)
+    out = _ungroup_rows(out.to(torch.bfloat16), b, hkv, s)
+    return out, _ungroup_rows(lse, b, hkv, s).squeeze(-1)
+
+
+def backward(q, k, v, o, lse, do, window: int | None):
+    """``backward_reference``'s (dq, dk, dv), the same bits (inputs already checked).
+
+    Loop order: query head h of every KV group outer, query blocks ascending inner - the
+    order in which dK and dV sum their tiles (heads ascending, then query blocks); dQ of a
+    query block sums its band's tiles ascending within one step."""
+    b, hq, s, d = q.shape
+    hkv = k.shape[1]
+    g, bk = hq // hkv, b * hkv
+    scale = softmax_scale(d)
+    n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
+    drow = _group_rows(pad_rows(row_delta(o, do), BLOCK_M, 0.0), hkv)  # (G, n_qb, bk, BM)
+    lse_b = _group_rows(pad_rows(lse, BLOCK_M, 0.0), hkv)
+    q64, do64 = _group_rows(blocked_rows(q, BLOCK_M), hkv), _group_rows(blocked_rows(do, BLOCK_M), hkv)
+    qc64, doc64 = _group_rows(column_values(q, BLOCK_M), hkv), _group_rows(column_values(do, BLOCK_M), hkv)
+    k64 = blocked_rows(k, BLOCK_N).reshape(bk, n_kb * BLOCK_N, d)
+    v64 = blocked_rows(v, BLOCK_N).reshape(bk, n_kb * BLOCK_N, d)
+    kc64 = column_values(k, BLOCK_N).reshape(bk, n_kb, BLOCK_N, d)
+    lo, hi = block_band(torch.arange(n_qb), window, n_kb)
+    acc_dq = torch.empty((g, n_qb, bk, BLOCK_M, d))
+    acc_dk = torch.zeros((bk, n_kb * BLOCK_N, d))
+    acc_dv = torch.zeros((bk, n_kb * BLOCK_N, d))
+    win = window or 0
+    for h in range(g):
+        for qb in range(n_qb):
+            first, nk = int(lo[qb]), int(hi[qb] - lo[qb]) + 1
+            keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
+            s64 = torch.matmul(q64[h, qb], k64[:, keys].transpose(1, 2))  # (bk, BM, nk * BN)
+            dp64 = torch.matmul(do64[h, qb], v64[:, keys].transpose(1, 2))
+            # ds16's tiles by rows (dQ) and ds16's and p16's by columns (dK, dV: transposed)
+            dsr = torch.empty((bk, nk, BLOCK_M, BLOCK_N), dtype=torch.float64)
+            dsc, pc = (torch.empty((bk, BLOCK_M, nk * BLOCK_N), dtype=torch.float64)
+                       for _ in range(2))
+            args = (_np(s64), _np(dp64), _np(lse_b[h, qb]), _np(drow[h, qb]), _np(dsr),
+                    _np(dsc), _np(pc), bk, nk, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
+            mathc.parallel(lambda a, z: _tilesc.bwd_tiles(*args, a, z), bk * nk, grain=1)
+            prod = torch.matmul(dsr, kc64[:, first:first + nk])  # (bk, nk, BM, D) tiles
+            sum_args = (_np(prod), _np(acc_dq[h, qb]), bk, nk, BLOCK_M * d)
+            mathc.parallel(lambda a, z: _tilesc.tile_sum(*sum_args, a, z), bk, grain=1)
+            acc_dk[:, keys] += torch.matmul(dsc.transpose(1, 2), qc64[h, qb]).float()
+            acc_dv[:, keys] += torch.matmul(pc.transpose(1, 2), doc64[h, qb]).float()
+    dq = _ungroup_rows((acc_dq * scale).to(torch.bfloat16), b, hkv, s)
+    dk = (acc_dk * scale).to(torch.bfloat16).reshape(b, hkv, n_kb * BLOCK_N, d)[:, :, :s]
+    dv = acc_dv.to(torch.bfloat16).reshape(b, hkv, n_kb * BLOCK_N, d)[:, :, :s]
+    return dq, dk.contiguous(), dv.contiguous()

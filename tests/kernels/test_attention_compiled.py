@@ -1,0 +1,104 @@
+"""Attention's compiled CPU path (kernels.attention.compiled) against the torch definition
+(forward_reference / backward_reference): the same bits on every shape class and value class
+of the attention tests, any thread count, and its dispatch switch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.attention import compiled
+from kernels.attention.backward import backward_cpu, backward_reference
+from kernels.attention.forward import forward_cpu, forward_reference
+from tests.kernels.support import bits
+from tests.kernels.test_attention import CASES, _inputs
+
+pytestmark = pytest.mark.skipif(not compiled.available(),
+                                reason="the compiled attention loops are not built")
+
+KINDS = ["normal", "tiny", "peaked", "subnormal", "v_extreme"]
+MORE_CASES = [
+    (1, 8, 2, 333, 32, 100),   # several query blocks per group, window of 1.5 blocks
+    (2, 2, 2, 64, 64, None),   # exactly one block
+    (1, 4, 4, 129, 128, 65),   # head dim 128 (Open-1B's), one row into a third block
+]
+
+
+def _assert_same(a, b):
+    for x, y in zip(a, b):
+        assert x.shape == y.shape and x.dtype == y.dtype
+        assert torch.equal(bits(x), bits(y))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", CASES + MORE_CASES)
+def test_compiled_matches_reference(case, kind):
+    q, k, v, do, window = _inputs(case, seed=11, kind=kind)
+    out, lse = forward_reference(q, k, v, window)
+    _assert_same(compiled.forward(q, k, v, window), (out, lse))
+    _assert_same(compiled.backward(q, k, v, out, lse, do, window),
+                 backward_reference(q, k, v, out, lse, do, window))
+
+
+def test_thread_count_does_not_change_bits():
+    q, k, v, do, window = _inputs((1, 4, 1, 300, 32, 90), seed=3)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            out, lse = compiled.forward(q, k, v, window)
+            results.append((out, lse, *compiled.backward(q, k, v, out, lse, do, window)))
+    finally:
+        torch.set_num_threads(before)
+    for other in results[1:]:
+        _assert_same(results[0], other)
+
+
+def test_cpu_entry_points_dispatch(monkeypatch):
+    """forward_cpu/backward_cpu take the compiled path, and the reference under
+    OPEN1B_MATHC=0 (the switch a user has when a compiled loop is suspect)."""
+    q, k, v, do, window = _inputs(CASES[1], seed=5)
+    calls = []
+    real = compiled.forward
+    monkeypatch.setattr(compiled, "forward", lambda *a: calls.append("fwd") or real(*a))
+    out, lse = forward_cpu(q, k, v, window)
+    assert calls == ["fwd"]
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    assert not compiled.available()
+    _assert_same(forward_cpu(q, k, v, window), (out, lse))
+    assert calls == ["fwd"]
+    _assert_same(backward_cpu(q, k, v, out, lse, do, window),
+                 backward_reference(q, k, v, out, lse, do, window))
+
+
+def test_tile_sum_order_is_observable():
+    """The dQ tile sum is ascending: its result equals a float32 running sum in that order
+    and differs from the reversed order on these values (so the bit tests above can see a
+    loop that sums in another order)."""
+    g = torch.Generator().manual_seed(0)
+    prod = torch.randn(2, 7, 64, generator=g, dtype=torch.float64) * torch.pow(
+        2.0, torch.randint(-30, 30, (2, 7, 1), generator=g).double())
+    out = torch.empty((2, 64))
+    compiled._tilesc.tile_sum(prod.numpy().reshape(-1), out.numpy().reshape(-1), 2, 7, 64, 0, 2)
+    ascending = torch.zeros((2, 64))
+    for j in range(7):
+        ascending = ascending + prod[:, j].float()
+    descending = torch.zeros((2, 64))
+    for j in reversed(range(7)):
+        descending = descending + prod[:, j].float()
+    assert torch.equal(bits(out), bits(ascending))
+    assert not torch.equal(bits(out), bits(descending))
+
+
+def test_compiled_loops_reject_inconsistent_buffers():
+    s64 = np.zeros(64 * 64, dtype=np.float64)
+    small = np.zeros(10, dtype=np.float32)
+    with pytest.raises(ValueError, match="prod: buffer of"):
+        compiled._tilesc.tile_sum(s64[:10], small, 1, 1, 64, 0, 1)
+    with pytest.raises(ValueError, match="unit range"):
+        compiled._tilesc.tile_sum(s64[:64], np.zeros(64, dtype=np.float32), 1, 1, 64, 0, 2)
+    with pytest.raises(ValueError, match="int32 range"):
+        compiled._tilesc.bwd_tiles(s64, s64, small, small, s64, s64, s64, 1, 1, 0, 0,
+                                   2**40, 0, 1.0, 0, 1)
