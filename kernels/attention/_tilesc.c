@@ -165,8 +165,8 @@ CLONES static void fwd_acc(const float *ii, const float *alpha, const int32_t *t
  * and their bf16 roundings as backward_reference's _probs_and_ds, then the fixed-point
  * values the three gradient products take. s64, dp64 (BK, 64, L = nk*64) float64; lse,
  * drow (BK, 64). Out (float64): dsr (BK, nk, 64 q, 64 k), ds16's tile rows (one exponent
- * per query row of a tile); dsc and pc (BK, 64 q, L), ds16's and p16's tile columns (one
- * exponent per key column of a tile) - the transposed operands of the dK and dV products. */
+ * per query row of a tile); dsc and pc (BK, L, 64 q), ds16's and p16's tile columns (one
+ * exponent per key of a tile), transposed: the left operands of the dK and dV products. */
 CLONES static void bwd_tiles(const double *s64, const double *dp64, const float *lse,
                              const float *drow, double *dsr, double *dsc, double *pc,
                              Py_ssize_t nk, Py_ssize_t col0, Py_ssize_t row0, int32_t seq,
@@ -201,18 +201,22 @@ CLONES static void bwd_tiles(const double *s64, const double *dp64, const float 
         }
         double *r_out = dsr + unit * BLK * BLK;
         for (int i = 0; i < BLK; i++) {
-            const uint16_t *di = ds16 + i * BLK, *pi = p16 + i * BLK;
+            const uint16_t *di = ds16 + i * BLK;
             int32_t erow = 1;
             for (int c = 0; c < BLK; c++) {
                 int32_t ed = bf16_expo(di[c]);
                 erow = ed > erow ? ed : erow;
             }
             double *ro = r_out + i * BLK;
-            double *co = dsc + (bk * BLK + i) * L + j * BLK;
-            double *po = pc + (bk * BLK + i) * L + j * BLK;
             for (int c = 0; c < BLK; c++) ro[c] = fixed_value(di[c], erow);
-            for (int c = 0; c < BLK; c++) co[c] = fixed_value(di[c], ecol_ds[c]);
-            for (int c = 0; c < BLK; c++) po[c] = fixed_value(pi[c], ecol_p[c]);
+        }
+        /* transposed: key c's row of 64 query values is contiguous (a plain, not a
+         * transposed, left operand is the BLAS's faster case) */
+        for (int c = 0; c < BLK; c++) {
+            double *co = dsc + (bk * L + j * BLK + c) * BLK;
+            double *po = pc + (bk * L + j * BLK + c) * BLK;
+            for (int i = 0; i < BLK; i++) co[i] = fixed_value(ds16[i * BLK + c], ecol_ds[c]);
+            for (int i = 0; i < BLK; i++) po[i] = fixed_value(p16[i * BLK + c], ecol_p[c]);
         }
     }
 }
@@ -227,6 +231,65 @@ CLONES static void tile_sum(const double *prod, float *out, Py_ssize_t nk, Py_ss
         for (Py_ssize_t j = 0; j < nk; j++) {
             const double *src = prod + (b * nk + j) * n;
             for (Py_ssize_t i = 0; i < n; i++) o[i] = o[i] + (float)src[i];
+        }
+    }
+}
+
+/* acc[b * stride + offset + i] = acc[...] + fp32(prod[b * n + i]) for b in [u0, u1): one
+ * query block's dK or dV tiles (BK, n) float64 added, each rounded once, into the running
+ * sums (BK, stride) float32. */
+CLONES static void accumulate(const double *prod, float *acc, Py_ssize_t n, Py_ssize_t stride,
+                              Py_ssize_t offset, Py_ssize_t u0, Py_ssize_t u1) {
+    for (Py_ssize_t b = u0; b < u1; b++) {
+        float *o = acc + b * stride + offset;
+        const double *src = prod + b * n;
+        for (Py_ssize_t i = 0; i < n; i++) o[i] = o[i] + (float)src[i];
+    }
+}
+
+/* fixed_values of kernels.attention.fixed for planes [u0, u1) of bf16 x (P, S, D), zero
+ * padded to S_pad rows, into float64 out (P, S_pad, D): with `block` = 0 one group per row
+ * (over D: blocked_rows), else groups of `block` consecutive rows per column (over the
+ * sequence: column_values). Exact (bit and power-of-two operations, trunc). */
+CLONES static void fixed_planes(const uint16_t *x, double *out, Py_ssize_t S, Py_ssize_t S_pad,
+                                Py_ssize_t D, Py_ssize_t block, Py_ssize_t u0, Py_ssize_t u1) {
+    int32_t e[256];
+    for (Py_ssize_t p = u0; p < u1; p++) {
+        const uint16_t *xp = x + p * S * D;
+        double *op = out + p * S_pad * D;
+        if (block == 0) {
+            for (Py_ssize_t r = 0; r < S_pad; r++) {
+                double *o = op + r * D;
+                if (r >= S) {
+                    for (Py_ssize_t d = 0; d < D; d++) o[d] = 0.0;
+                    continue;
+                }
+                const uint16_t *xr = xp + r * D;
+                int32_t em = 1;
+                for (Py_ssize_t d = 0; d < D; d++) {
+                    int32_t ex = bf16_expo(xr[d]);
+                    em = ex > em ? ex : em;
+                }
+                for (Py_ssize_t d = 0; d < D; d++) o[d] = fixed_value(xr[d], em);
+            }
+            continue;
+        }
+        for (Py_ssize_t r0 = 0; r0 < S_pad; r0 += block) {
+            Py_ssize_t r1 = r0 + block < S ? r0 + block : S;  /* real rows of the block */
+            for (Py_ssize_t d = 0; d < D; d++) e[d] = 1;
+            for (Py_ssize_t r = r0; r < r1; r++)
+                for (Py_ssize_t d = 0; d < D; d++) {
+                    int32_t ex = bf16_expo(xp[r * D + d]);
+                    e[d] = ex > e[d] ? ex : e[d];
+                }
+            for (Py_ssize_t r = r0; r < r0 + block; r++) {
+                double *o = op + r * D;
+                if (r >= S) {
+                    for (Py_ssize_t d = 0; d < D; d++) o[d] = 0.0;
+                    continue;
+                }
+                for (Py_ssize_t d = 0; d < D; d++) o[d] = fixed_value(xp[r * D + d], e[d]);
+            }
         }
     }
 }
@@ -362,6 +425,49 @@ static PyObject *py_tile_sum(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_accumulate(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer b[2];
+    Py_ssize_t BK, n, stride, offset, u0, u1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnnn", &b[0], &b[1], &BK, &n, &stride, &offset, &u0, &u1))
+        return NULL;
+    int ok = BK > 0 && n > 0 && offset >= 0 && offset + n <= stride &&
+             sized(&b[0], BK * n, 8, "prod") && sized(&b[1], BK * stride, 4, "acc") &&
+             units_ok(u0, u1, BK);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        accumulate(b[0].buf, b[1].buf, n, stride, offset, u0, u1);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "accumulate: inconsistent shapes");
+    }
+    release(b, 2);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_fixed_planes(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer b[2];
+    Py_ssize_t P, S, S_pad, D, block, u0, u1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnnnn", &b[0], &b[1], &P, &S, &S_pad, &D, &block, &u0,
+                          &u1))
+        return NULL;
+    int ok = P > 0 && S > 0 && D > 0 && D <= 256 && S <= S_pad && block >= 0 &&
+             (block == 0 || S_pad % block == 0) && sized(&b[0], P * S * D, 2, "x") &&
+             sized(&b[1], P * S_pad * D, 8, "out") && units_ok(u0, u1, P);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        fixed_planes(b[0].buf, b[1].buf, S, S_pad, D, block, u0, u1);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "fixed_planes: inconsistent shapes");
+    }
+    release(b, 2);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"fwd_rows", py_fwd_rows, METH_VARARGS,
      "fwd_rows(s64, u, p8, alpha, t, m, l, BK, R, nk, ustride, col0, row0, seq, window, scale,"
@@ -373,6 +479,10 @@ static PyMethodDef methods[] = {
      " u0, u1): p, ds and their fixed-point tiles."},
     {"tile_sum", py_tile_sum, METH_VARARGS,
      "tile_sum(prod, out, BK, nk, n, u0, u1): ordered float32 sum of tile products."},
+    {"accumulate", py_accumulate, METH_VARARGS,
+     "accumulate(prod, acc, BK, n, stride, offset, u0, u1): acc += fp32(prod), per row."},
+    {"fixed_planes", py_fixed_planes, METH_VARARGS,
+     "fixed_planes(x, out, P, S, S_pad, D, block, u0, u1): fixed-point values of bf16 planes."},
     {NULL, NULL, 0, NULL},
 };
 

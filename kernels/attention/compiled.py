@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attention.tiles import (BLOCK_M, BLOCK_N, block_band, blocked_rows, column_values,
-                                     pad_rows, quantize_v, row_delta, softmax_scale)
+from kernels.attention.tiles import (BLOCK_M, BLOCK_N, block_band, pad_rows, quantize_v,
+                                     row_delta, softmax_scale)
 from kernels.core import mathc
+from kernels.core.workspace import scratch
 
 try:
     from kernels.attention import _tilesc
@@ -62,6 +63,19 @@ def _ungroup_rows(x: torch.Tensor, b: int, hkv: int, seq: int) -> torch.Tensor:
     return y.reshape(b, hkv * g, n * blk, d)[:, :, :seq].contiguous()
 
 
+def _fixed(x: torch.Tensor, block: int, columns: bool) -> torch.Tensor:
+    """``blocked_rows(x, block)`` (columns False) or ``column_values(x, block)`` (True) of
+    bf16 x (B, H, S, D) by the compiled loop: float64 (B, H, n_blocks, block, D)."""
+    b, h, s, d = x.shape
+    n = -(-s // block)
+    out = torch.empty((b, h, n, block, d), dtype=torch.float64)
+    src, dst = _np(x.contiguous().view(torch.int16)), _np(out)
+    mathc.parallel(lambda a, z: _tilesc.fixed_planes(src, dst, b * h, s, n * block, d,
+                                                     block if columns else 0, a, z),
+                   b * h, grain=1)
+    return out
+
+
 def forward(q, k, v, window: int | None):
     """``forward_reference``'s (out, lse), the same bits (inputs already checked)."""
     b, hq, s, d = q.shape
@@ -71,8 +85,8 @@ def forward(q, k, v, window: int | None):
     scale = softmax_scale(d)
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
     # (n_qb, B * Hkv, G * BLOCK_M, D): one step's queries are one contiguous batch
-    q64 = _group_rows(blocked_rows(q, BLOCK_M), hkv).movedim(0, 2).reshape(n_qb, bk, rows, d)
-    k64 = blocked_rows(k, BLOCK_N).reshape(bk, n_kb * BLOCK_N, d)
+    q64 = _group_rows(_fixed(q, BLOCK_M, False), hkv).movedim(0, 2).reshape(n_qb, bk, rows, d)
+    k64 = _fixed(k, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
     v8, u = quantize_v(v)
     v8f = v8.to(torch.float32).reshape(bk, n_kb, BLOCK_N, d)
     u = u.reshape(bk, n_kb * BLOCK_N).contiguous()
@@ -83,15 +97,18 @@ def forward(q, k, v, window: int | None):
     for qb in range(n_qb):
         first, nk = int(lo[qb]), int(hi[qb] - lo[qb]) + 1
         keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
-        s64 = torch.matmul(q64[qb], k64[:, keys].transpose(1, 2))  # (bk, rows, nk * BN)
-        p8 = torch.empty((bk, nk, rows, BLOCK_N))
-        alpha = torch.empty((bk, rows, nk))
-        t = torch.empty((bk, rows, nk), dtype=torch.int32)
-        m, l = torch.empty((bk, rows)), torch.empty((bk, rows))
+        s64 = torch.matmul(q64[qb], k64[:, keys].transpose(1, 2),
+                           out=scratch("attn.s64", (bk, rows, nk * BLOCK_N), torch.float64))
+        p8 = scratch("attn.p8", (bk, nk, rows, BLOCK_N), torch.float32)
+        alpha = scratch("attn.alpha", (bk, rows, nk), torch.float32)
+        t = scratch("attn.t", (bk, rows, nk), torch.int32)
+        m, l = scratch("attn.m", (bk, rows), torch.float32), scratch("attn.l", (bk, rows),
+                                                                     torch.float32)
         args = (_np(s64), _np(u), _np(p8), _np(alpha), _np(t), _np(m), _np(l), bk, rows, nk,
                 n_kb * BLOCK_N, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
         mathc.parallel(lambda a, z: _tilesc.fwd_rows(*args, a, z), bk * rows, grain=8)
-        ii = torch.matmul(p8, v8f[:, first:first + nk])  # (bk, nk, rows, D), exact
+        ii = torch.matmul(p8, v8f[:, first:first + nk],  # (bk, nk, rows, D), exact
+                          out=scratch("attn.pv", (bk, nk, rows, d), torch.float32))
         acc_args = (_np(ii), _np(alpha), _np(t), _np(m), _np(l), _np(out[qb]), _np(lse[qb]),
                     bk, rows, nk, d)
         mathc.parallel(lambda a, z: _tilesc.fwd_acc(*acc_args, a, z), bk * rows, grain=8)
@@ -114,11 +131,11 @@ def backward(q, k, v, o, lse, do, window: int | None):
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
     drow = _group_rows(pad_rows(row_delta(o, do), BLOCK_M, 0.0), hkv)  # (G, n_qb, bk, BM)
     lse_b = _group_rows(pad_rows(lse, BLOCK_M, 0.0), hkv)
-    q64, do64 = _group_rows(blocked_rows(q, BLOCK_M), hkv), _group_rows(blocked_rows(do, BLOCK_M), hkv)
-    qc64, doc64 = _group_rows(column_values(q, BLOCK_M), hkv), _group_rows(column_values(do, BLOCK_M), hkv)
-    k64 = blocked_rows(k, BLOCK_N).reshape(bk, n_kb * BLOCK_N, d)
-    v64 = blocked_rows(v, BLOCK_N).reshape(bk, n_kb * BLOCK_N, d)
-    kc64 = column_values(k, BLOCK_N).reshape(bk, n_kb, BLOCK_N, d)
+    q64, do64 = (_group_rows(_fixed(x, BLOCK_M, False), hkv) for x in (q, do))
+    qc64, doc64 = (_group_rows(_fixed(x, BLOCK_M, True), hkv) for x in (q, do))
+    k64 = _fixed(k, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
+    v64 = _fixed(v, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
+    kc64 = _fixed(k, BLOCK_N, True).reshape(bk, n_kb, BLOCK_N, d)
     lo, hi = block_band(torch.arange(n_qb), window, n_kb)
     acc_dq = torch.empty((g, n_qb, bk, BLOCK_M, d))
     acc_dk = torch.zeros((bk, n_kb * BLOCK_N, d))
@@ -128,20 +145,27 @@ def backward(q, k, v, o, lse, do, window: int | None):
         for qb in range(n_qb):
             first, nk = int(lo[qb]), int(hi[qb] - lo[qb]) + 1
             keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
-            s64 = torch.matmul(q64[h, qb], k64[:, keys].transpose(1, 2))  # (bk, BM, nk * BN)
-            dp64 = torch.matmul(do64[h, qb], v64[:, keys].transpose(1, 2))
+            s64, dp64 = (scratch(f"attn.{name}", (bk, BLOCK_M, nk * BLOCK_N), torch.float64)
+                         for name in ("s64", "dp64"))
+            torch.matmul(q64[h, qb], k64[:, keys].transpose(1, 2), out=s64)
+            torch.matmul(do64[h, qb], v64[:, keys].transpose(1, 2), out=dp64)
             # ds16's tiles by rows (dQ) and ds16's and p16's by columns (dK, dV: transposed)
-            dsr = torch.empty((bk, nk, BLOCK_M, BLOCK_N), dtype=torch.float64)
-            dsc, pc = (torch.empty((bk, BLOCK_M, nk * BLOCK_N), dtype=torch.float64)
-                       for _ in range(2))
+            dsr = scratch("attn.dsr", (bk, nk, BLOCK_M, BLOCK_N), torch.float64)
+            dsc, pc = (scratch(f"attn.{name}", (bk, nk * BLOCK_N, BLOCK_M), torch.float64)
+                       for name in ("dsc", "pc"))
             args = (_np(s64), _np(dp64), _np(lse_b[h, qb]), _np(drow[h, qb]), _np(dsr),
                     _np(dsc), _np(pc), bk, nk, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
             mathc.parallel(lambda a, z: _tilesc.bwd_tiles(*args, a, z), bk * nk, grain=1)
-            prod = torch.matmul(dsr, kc64[:, first:first + nk])  # (bk, nk, BM, D) tiles
+            prod = torch.matmul(dsr, kc64[:, first:first + nk],  # (bk, nk, BM, D) tiles
+                                out=scratch("attn.dq", (bk, nk, BLOCK_M, d), torch.float64))
             sum_args = (_np(prod), _np(acc_dq[h, qb]), bk, nk, BLOCK_M * d)
             mathc.parallel(lambda a, z: _tilesc.tile_sum(*sum_args, a, z), bk, grain=1)
-            acc_dk[:, keys] += torch.matmul(dsc.transpose(1, 2), qc64[h, qb]).float()
-            acc_dv[:, keys] += torch.matmul(pc.transpose(1, 2), doc64[h, qb]).float()
+            for lhs, rhs, acc in ((dsc, qc64, acc_dk), (pc, doc64, acc_dv)):
+                prod = torch.matmul(lhs, rhs[h, qb], out=scratch(
+                    "attn.dkv", (bk, nk * BLOCK_N, d), torch.float64))
+                add_args = (_np(prod), _np(acc), bk, nk * BLOCK_N * d, n_kb * BLOCK_N * d,
+                            first * BLOCK_N * d)
+                mathc.parallel(lambda a, z: _tilesc.accumulate(*add_args, a, z), bk, grain=1)
     dq = _ungroup_rows((acc_dq * scale).to(torch.bfloat16), b, hkv, s)
     dk = (acc_dk * scale).to(torch.bfloat16).reshape(b, hkv, n_kb * BLOCK_N, d)[:, :, :s]
     dv = acc_dv.to(torch.bfloat16).reshape(b, hkv, n_kb * BLOCK_N, d)[:, :, :s]

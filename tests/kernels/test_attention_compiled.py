@@ -102,3 +102,13 @@ def test_compiled_loops_reject_inconsistent_buffers():
     with pytest.raises(ValueError, match="int32 range"):
         compiled._tilesc.bwd_tiles(s64, s64, small, small, s64, s64, s64, 1, 1, 0, 0,
                                    2**40, 0, 1.0, 0, 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fixed_point_planes_match_the_torch_definition(kind):
+    from kernels.attention.tiles import blocked_rows, column_values
+
+    q, k, *_ = _inputs((2, 3, 3, 130, 32, None), seed=2, kind=kind)
+    for x in (q, k):
+        assert torch.equal(bits(compiled._fixed(x, 64, False)), bits(blocked_rows(x, 64)))
+        assert torch.equal(bits(compiled._fixed(x, 64, True)), bits(column_values(x, 64)))
