@@ -210,11 +210,105 @@ static PyObject *py_philox_words(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* kernels.ops.lmhead's integer route, the work between its int8 GEMMs (exact integer
+ * arithmetic in int64 and float64 below 2^53: the same values in any order).
+ * level_add: rows [r0, r1) of one level's int32 product block acc (R, C) added into T
+ * (float64 (R, C)) with the level's weight (T = acc * w on the first), and its plain row and
+ * column sums into rows (R,) and cols (C,) int64 - the exactness check's sums. */
+CLONES static void level_add_loop(const int32_t *acc, double *t, int64_t *rows, int64_t *cols,
+                                  Py_ssize_t C, double w, int first, Py_ssize_t r0,
+                                  Py_ssize_t r1) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        const int32_t *a = acc + r * C;
+        double *tr = t + r * C;
+        int64_t rs = 0;
+        if (first)
+            for (Py_ssize_t c = 0; c < C; c++) tr[c] = (double)a[c] * w;
+        else
+            for (Py_ssize_t c = 0; c < C; c++) tr[c] = tr[c] + (double)a[c] * w;
+        for (Py_ssize_t c = 0; c < C; c++) {
+            rs += a[c];
+            cols[c] += a[c];
+        }
+        rows[r] += rs;
+    }
+}
+
+/* round: out[r, c0 + c] = fp32((T[r, c] * rowf[r]) * colf[c]) for rows [r0, r1) - two exact
+ * power-of-two multiplies in float64, one rounding (ozaki_mm_cpu's step 3). */
+CLONES static void level_round_loop(const double *t, const double *rowf, const double *colf,
+                                    float *out, Py_ssize_t C, Py_ssize_t stride, Py_ssize_t c0,
+                                    Py_ssize_t r0, Py_ssize_t r1) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        const double *tr = t + r * C;
+        float *o = out + r * stride + c0;
+        double rf = rowf[r];
+        for (Py_ssize_t c = 0; c < C; c++) o[c] = (float)((tr[c] * rf) * colf[c]);
+    }
+}
+
+static PyObject *py_level_add(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer acc, t, rows, cols;
+    Py_ssize_t R, C, r0, r1;
+    double w;
+    int first;
+    if (!PyArg_ParseTuple(args, "y*w*w*w*nndpnn", &acc, &t, &rows, &cols, &R, &C, &w, &first,
+                          &r0, &r1))
+        return NULL;
+    int ok = R >= 0 && C >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && acc.len == R * C * 4 &&
+             t.len == R * C * 8 && rows.len == R * 8 && cols.len == C * 8;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        level_add_loop(acc.buf, t.buf, rows.buf, cols.buf, C, w, first, r0, r1);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&acc);
+    PyBuffer_Release(&t);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&cols);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "level_add: inconsistent shapes or row range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_level_round(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer t, rowf, colf, out;
+    Py_ssize_t R, C, stride, c0, r0, r1;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*nnnnnn", &t, &rowf, &colf, &out, &R, &C, &stride, &c0,
+                          &r0, &r1))
+        return NULL;
+    int ok = R >= 0 && C >= 0 && c0 >= 0 && c0 + C <= stride && 0 <= r0 && r0 <= r1 &&
+             r1 <= R && t.len == R * C * 8 && rowf.len == R * 8 && colf.len == C * 8 &&
+             out.len == R * stride * 4;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        level_round_loop(t.buf, rowf.buf, colf.buf, out.buf, C, stride, c0, r0, r1);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&t);
+    PyBuffer_Release(&rowf);
+    PyBuffer_Release(&colf);
+    PyBuffer_Release(&out);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "level_round: inconsistent shapes or row range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"philox_words", py_philox_words, METH_VARARGS,
      "philox_words(seed, stream, offset, out, lo, hi): Philox4x32-10 words into int64 out."},
     {"fwht_dim0", py_fwht_dim0, METH_VARARGS,
      "fwht_dim0(buf, R, C, r0, r1, B, c0, c1): Hadamard butterflies along dim 0, in place."},
+    {"level_add", py_level_add, METH_VARARGS,
+     "level_add(acc, t, rows, cols, R, C, w, first, r0, r1): kernels.ops.lmhead's level sum."},
+    {"level_round", py_level_round, METH_VARARGS,
+     "level_round(t, rowf, colf, out, R, C, stride, c0, r0, r1): its rounding to float32."},
     {"slice_rows", py_slice_rows, METH_VARARGS,
      "slice_rows(src, is_bf16, R, K, S, out, exps, r0, r1): kernels.ops.lmhead's row slicer."},
     {"exp", py_exp, METH_VARARGS, "exp(src, dst): mathfn.exp of float32 src into dst."},

@@ -116,3 +116,49 @@ def fwht_dim0_(y: torch.Tensor, block: int, rows: slice, cols: slice) -> bool:
     parallel(lambda lo, hi: _mathc.fwht_dim0(buf, r, c, rows.start, rows.stop, block,
                                               c0 + lo, c0 + hi), c1 - c0)
     return True
+
+
+def level_add(acc: torch.Tensor, t: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+              weight: float, first: bool) -> bool:
+    """``kernels.ops.lmhead``'s integer route: one level's int32 product block ``acc`` (R, C)
+    into T (float64 (R, C): ``T = acc * weight`` when ``first``, else ``T += acc * weight``)
+    and its row and column sums into ``rows`` (R,) and ``cols`` (C,) int64 - exact integer
+    arithmetic, so the same values as the torch code in any order. False when the loop is
+    unavailable. Rows split among the torch threads, each with its own column sums."""
+    if not available() or not hasattr(_mathc, "level_add"):
+        return False
+    r, c = acc.shape
+    a, tt, rr = _flat(acc), _flat(t), _flat(rows)
+    threads = min(torch.get_num_threads(), max(1, r // 16))
+    step = -(-r // threads) if r else 1
+    parts = torch.zeros((threads, c), dtype=torch.int64)
+
+    def piece(i: int) -> None:
+        lo, hi = min(r, i * step), min(r, (i + 1) * step)
+        _mathc.level_add(a, tt, rr, parts[i].numpy(), r, c, weight, first, lo, hi)
+
+    if threads == 1:
+        piece(0)
+    else:
+        list(_pool(threads).map(piece, range(threads)))
+    cols += parts.sum(0)
+    return True
+
+
+def level_round(t: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor, out: torch.Tensor,
+                c0: int) -> bool:
+    """``out[r, c0 + c] = fp32((T[r, c] * rowf[r]) * colf[c])`` (exact multiplies by powers of
+    two in float64, one rounding: the torch code's operations) for T (R, C) into the rows of
+    ``out`` (R, stride) float32; False when the loop is unavailable."""
+    if not available() or not hasattr(_mathc, "level_round"):
+        return False
+    r, c = t.shape
+    args = (_flat(t), _flat(rowf), _flat(colf), _flat(out), r, c, out.shape[1], c0)
+    parallel(lambda lo, hi: _mathc.level_round(*args, lo, hi), r, grain=16)
+    return True
+
+
+def _flat(x: torch.Tensor):
+    if not x.is_contiguous():
+        raise ValueError("the compiled loops need contiguous tensors")
+    return x.reshape(-1).numpy()

@@ -49,6 +49,7 @@ from kernels.int8.checksum import _mv, _sum_dtype
 from kernels.int8.gemm import (SGEMM_K, bf16_operand, int_gemm_route, int_mm_unchecked,
                                record_failure)
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
+from kernels.core.workspace import scratch
 
 if HAVE_TRITON:
     import triton
@@ -226,8 +227,12 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
                 for lvl, pairs in levels for k0, k1 in chunks]
         for r0 in range(0, r, ROW_BLOCK):
             rs = slice(r0, r0 + ROW_BLOCK)
-            t = u = None                        # T, and the plain sum of the levels (checks)
-            for lvl, pairs, k0, k1, bl in b_lv:
+            nr, nc = min(r, r0 + ROW_BLOCK) - r0, min(c, c0 + INT_COL_BLOCK) - c0
+            # T; with the compiled loop (one pass per level, mathc.level_add) in a reused
+            # buffer, else the torch code and u, the plain sum of the levels (checks)
+            t = scratch("lmhead.t", (nr, nc), torch.float64) if mathc.available() else None
+            u = None
+            for n_level, (lvl, pairs, k0, k1, bl) in enumerate(b_lv):
                 al = torch.cat([sa[i - 1][rs, k0:k1] for i, _ in pairs], 1)
                 acc = int_mm_unchecked(al, bl)
                 if acc is None:                 # a layout the library refuses: not a fault
@@ -235,15 +240,20 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
                 # float64 holds every value here exactly (integers below 2^53: T by MAX_K,
                 # the level sums below 3 * 2^31), so no operation below rounds
                 weight = float(1 << (7 * (slices + 1 - lvl)))
-                if t is None:
+                if t is not None and mathc.level_add(acc, t, rows_got[rs], cols_got[cs],
+                                                     weight, n_level == 0):
+                    continue
+                if u is None:
                     u = acc.to(torch.float64)
                     t = u * weight
                 else:
                     u.add_(acc)
                     t.add_(acc, alpha=weight)
-            rows_got[rs] += u.sum(1).to(torch.int64)
-            cols_got[cs] += u.sum(0).to(torch.int64)
-            out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
+            if u is not None:
+                rows_got[rs] += u.sum(1).to(torch.int64)
+                cols_got[cs] += u.sum(0).to(torch.int64)
+            if not mathc.level_round(t, rowf[rs], colf[cs], out[rs], c0):
+                out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
     # every pair (i, j) of every level once: slice i of a meets the b slices j <= S + 1 - i
     rows_want = sum(_mv(sa[i - 1], sum(col_b[j - 1] for j in range(1, slices + 2 - i)))
                     for i in range(1, slices + 1))

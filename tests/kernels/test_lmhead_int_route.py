@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.core import backend
+from kernels.core import backend, mathc
 from kernels.int8 import gemm
 from kernels.ops import lmhead as lm
 from kernels.ops.lmhead import lmhead_backward, lmhead_forward
@@ -36,8 +36,19 @@ def _same(xs, ys):
     return all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(xs, ys))
 
 
+@pytest.fixture(params=["compiled", "torch"])
+def loops(request, monkeypatch):
+    """The integer route's work between GEMMs by kernels.core.mathc's compiled loops (level
+    sums, check sums, rounding), or by the torch code (OPEN1B_MATHC=0): both are tested."""
+    if request.param == "torch":
+        monkeypatch.setenv("OPEN1B_MATHC", "0")
+    elif not mathc.available():
+        pytest.skip("the compiled loops are not built")
+    return request.param
+
+
 @pytest.mark.parametrize("slices", [2, 3])
-def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices):
+def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops):
     # small blocks and chunks: several row and column blocks, contraction chunks flushed
     monkeypatch.setattr(lm, "ROW_BLOCK", 16)
     monkeypatch.setattr(lm, "INT_COL_BLOCK", 32)
@@ -62,7 +73,7 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices):
 
 
 @pytest.mark.parametrize("fault", ["one element", "cancelling in a row"])
-def test_a_faulty_integer_gemm_is_caught_and_recomputed(route, monkeypatch, fault):
+def test_a_faulty_integer_gemm_is_caught_and_recomputed(route, monkeypatch, fault, loops):
     monkeypatch.setattr(lm, "ROW_BLOCK", 16)
     monkeypatch.setattr(lm, "INT_COL_BLOCK", 32)
     h, w, dl = _case(seed=1)
