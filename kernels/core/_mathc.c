@@ -300,11 +300,64 @@ static PyObject *py_level_round(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The exactness guard's sums (kernels.int8.checksum): row sums (R,) and column sums (C,) of
+ * an int32 (R, C) GEMM result, or (acc = NULL for an int8 matrix) the column sums of int8
+ * (R, C) - integer arithmetic in int64, exact in any order. Rows [r0, r1); `cols` is this
+ * piece's own partial sum (added to), `rows` may be NULL. */
+CLONES static void int_sums_loop(const int32_t *acc, const int8_t *a8, int64_t *rows,
+                                 int64_t *cols, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        int64_t rs = 0;
+        if (acc) {
+            const int32_t *x = acc + r * C;
+            for (Py_ssize_t c = 0; c < C; c++) {
+                rs += x[c];
+                cols[c] += x[c];
+            }
+        } else {
+            const int8_t *x = a8 + r * C;
+            for (Py_ssize_t c = 0; c < C; c++) {
+                rs += x[c];
+                cols[c] += x[c];
+            }
+        }
+        if (rows) rows[r] = rs;
+    }
+}
+
+static PyObject *py_int_sums(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer src, rows, cols;
+    Py_ssize_t R, C, r0, r1;
+    int is_int8;
+    if (!PyArg_ParseTuple(args, "y*pw*w*nnnn", &src, &is_int8, &rows, &cols, &R, &C, &r0, &r1))
+        return NULL;
+    int ok = R >= 0 && C >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R &&
+             src.len == R * C * (is_int8 ? 1 : 4) && (rows.len == R * 8 || rows.len == 0) &&
+             cols.len == C * 8;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        int_sums_loop(is_int8 ? NULL : src.buf, is_int8 ? src.buf : NULL,
+                      rows.len ? rows.buf : NULL, cols.buf, C, r0, r1);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&cols);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "int_sums: inconsistent shapes or row range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"philox_words", py_philox_words, METH_VARARGS,
      "philox_words(seed, stream, offset, out, lo, hi): Philox4x32-10 words into int64 out."},
     {"fwht_dim0", py_fwht_dim0, METH_VARARGS,
      "fwht_dim0(buf, R, C, r0, r1, B, c0, c1): Hadamard butterflies along dim 0, in place."},
+    {"int_sums", py_int_sums, METH_VARARGS,
+     "int_sums(src, is_int8, rows, cols, R, C, r0, r1): exact int64 row/column sums."},
     {"level_add", py_level_add, METH_VARARGS,
      "level_add(acc, t, rows, cols, R, C, w, first, r0, r1): kernels.ops.lmhead's level sum."},
     {"level_round", py_level_round, METH_VARARGS,

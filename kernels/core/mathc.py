@@ -162,3 +162,30 @@ def _flat(x: torch.Tensor):
     if not x.is_contiguous():
         raise ValueError("the compiled loops need contiguous tensors")
     return x.reshape(-1).numpy()
+
+
+def int_sums(x: torch.Tensor, want_rows: bool = True):
+    """(row sums (R,) or None, column sums (C,)) in int64 of a contiguous int32 or int8 (R, C)
+    CPU matrix by the compiled loop - exact integer sums, the values of torch's
+    ``x.sum(dim, dtype=torch.int64)`` - or None when the loop is unavailable or ``x`` is not
+    contiguous (the caller then sums with torch)."""
+    if (not available() or not hasattr(_mathc, "int_sums") or x.device.type != "cpu"
+            or x.dtype not in (torch.int32, torch.int8) or x.dim() != 2
+            or not x.is_contiguous()):
+        return None
+    r, c = x.shape
+    rows = torch.empty(r if want_rows else 0, dtype=torch.int64)
+    threads = min(torch.get_num_threads(), max(1, (r * c) // (1 << 18)), max(r, 1))
+    step = -(-r // threads) if r else 1
+    parts = torch.zeros((threads, c), dtype=torch.int64)
+    src, rr = x.reshape(-1).numpy(), rows.numpy()
+
+    def piece(i: int) -> None:
+        lo, hi = min(r, i * step), min(r, (i + 1) * step)
+        _mathc.int_sums(src, x.dtype == torch.int8, rr, parts[i].numpy(), r, c, lo, hi)
+
+    if threads == 1:
+        piece(0)
+    else:
+        list(_pool(threads).map(piece, range(threads)))
+    return (rows if want_rows else None), parts.sum(0)

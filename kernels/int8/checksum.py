@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.core import mathc
+
 
 def _sum_dtype(k: int, m: int, n: int) -> torch.dtype:
     """float64 when every checksum value is an integer below 2^53 - |a|, |b| <= 2^7, so a
@@ -19,6 +21,25 @@ def _sum_dtype(k: int, m: int, n: int) -> torch.dtype:
 
 
 CHECK_ELEMS = 1 << 18  # int8 elements widened per piece of a checksum product (L2-sized)
+
+
+def row_col_sums(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact int64 (row sums, column sums) of an integer matrix: one compiled pass
+    (``kernels.core.mathc.int_sums``) where available, else torch's two reductions."""
+    fast = mathc.int_sums(x)
+    if fast is not None:
+        return fast
+    return x.sum(1, dtype=torch.int64), x.sum(0, dtype=torch.int64)
+
+
+def col_sums(x: torch.Tensor) -> torch.Tensor:
+    """Exact int64 column sums of an integer matrix (row-major or a transposed view)."""
+    fast = mathc.int_sums(x, want_rows=False)
+    if fast is None and x.dim() == 2:
+        fast = mathc.int_sums(x.t())             # a transposed view: its storage's row sums
+        if fast is not None:
+            return fast[0]
+    return fast[1] if fast is not None else x.sum(0, dtype=torch.int64)
 
 
 def _mv(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -44,10 +65,11 @@ def checksum_ok(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
     """Exact row and column sums of ``acc`` = a @ b.T against ``a @ colsum(b)`` and
     ``rowsum(a) @ b`` (exact: ``_sum_dtype``). O((M + N) K) work."""
     dt = _sum_dtype(a.shape[1], a.shape[0], b.shape[0])
-    bs = b.sum(0, dtype=torch.int64).to(dt)                # (K,)
-    as_ = a.sum(0, dtype=torch.int64).to(dt)               # (K,)
-    return bool(torch.equal(acc.sum(1, dtype=torch.int64).to(dt), _mv(a, bs))
-                and torch.equal(acc.sum(0, dtype=torch.int64).to(dt), _mv(b, as_)))
+    bs = col_sums(b).to(dt)                                # (K,)
+    as_ = col_sums(a).to(dt)                               # (K,)
+    acc_rows, acc_cols = row_col_sums(acc)
+    return bool(torch.equal(acc_rows.to(dt), _mv(a, bs))
+                and torch.equal(acc_cols.to(dt), _mv(b, as_)))
 
 
 class SlabCheck:
@@ -60,15 +82,16 @@ class SlabCheck:
 
     def __init__(self, b: torch.Tensor, m_total: int) -> None:
         self.b, self.dt = b, _sum_dtype(b.shape[1], m_total, b.shape[0])
-        self.bs = b.sum(0, dtype=torch.int64).to(self.dt)
+        self.bs = col_sums(b).to(self.dt)
         self.acc_cols = torch.zeros(b.shape[0], dtype=torch.int64)
         self.a_cols = torch.zeros(b.shape[1], dtype=torch.int64)
 
     def rows_ok(self, acc: torch.Tensor, a: torch.Tensor) -> bool:
-        if not torch.equal(acc.sum(1, dtype=torch.int64).to(self.dt), _mv(a, self.bs)):
+        acc_rows, acc_cols = row_col_sums(acc)
+        if not torch.equal(acc_rows.to(self.dt), _mv(a, self.bs)):
             return False
-        self.acc_cols += acc.sum(0, dtype=torch.int64)
-        self.a_cols += a.sum(0, dtype=torch.int64)
+        self.acc_cols += acc_cols
+        self.a_cols += col_sums(a)
         return True
 
     def columns_ok(self) -> bool:

@@ -45,7 +45,7 @@ import torch
 
 from kernels.core import mathc
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
-from kernels.int8.checksum import _mv, _sum_dtype
+from kernels.int8.checksum import _mv, _sum_dtype, col_sums
 from kernels.int8.gemm import (SGEMM_K, bf16_operand, int_gemm_route, int_mm_unchecked,
                                record_failure)
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
@@ -215,10 +215,10 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
     levels = _levels(slices)
     chunks = [(k0, min(k, k0 + K_CHUNK)) for k0 in range(0, k, K_CHUNK)]
     dt = _sum_dtype(3 * 3 * k, r, c)          # three levels' sums of up to 3 pairs each
-    # column sums of each slice (K,) as products with ones: rows read contiguously (a sum
-    # over dim 0 of a wide int8 matrix with a widening dtype cost more than the GEMMs)
-    col_a = [_mv(sa[i].t(), torch.ones(r, dtype=dt)) for i in range(slices)]
-    col_b = [_mv(sb[j].t(), torch.ones(c, dtype=dt)) for j in range(slices)]
+    # column sums of each slice (K,): exact int64 sums (one compiled pass, or torch's
+    # reduction), held exactly in dt
+    col_a = [col_sums(sa[i]).to(dt) for i in range(slices)]
+    col_b = [col_sums(sb[j]).to(dt) for j in range(slices)]
     rows_got = torch.zeros(r, dtype=torch.int64)
     cols_got = torch.zeros(c, dtype=torch.int64)
     for c0 in range(0, c, INT_COL_BLOCK):

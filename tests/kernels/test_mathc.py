@@ -62,3 +62,47 @@ def test_compiled_slicer_equals_the_torch_slicer(dtype, slices, monkeypatch):
     monkeypatch.setenv("OPEN1B_MATHC", "1")
     t = mathc.slice_rows(x.t(), slices)                  # a transposed view: same as its copy
     assert torch.equal(t[0], mathc.slice_rows(x.t().contiguous(), slices)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int8])
+def test_compiled_integer_sums_equal_torch(dtype):
+    """The guard's row and column sums (kernels.int8.checksum) by the compiled loop: exact
+    int64 sums equal to torch's, at the dtype's extremes (int32 sums past 2^31 per row),
+    for shapes that split among threads and for a transposed view."""
+    from kernels.int8.checksum import col_sums, row_col_sums
+
+    info = torch.iinfo(dtype)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(info.min, info.max, (513, 1031), generator=g, dtype=torch.int64)
+    x[0], x[1] = info.max, info.min
+    x = x.to(dtype)
+    rows, cols = mathc.int_sums(x)
+    assert torch.equal(rows, x.sum(1, dtype=torch.int64))
+    assert torch.equal(cols, x.sum(0, dtype=torch.int64))
+    assert torch.equal(row_col_sums(x)[0], rows)
+    assert torch.equal(col_sums(x.t()), rows)         # a transposed view: its storage's rows
+    assert mathc.int_sums(x.t()) is None              # not contiguous: the caller's torch sums
+
+
+def test_compiled_lmhead_level_loops_equal_torch():
+    """kernels.ops.lmhead's level sum and rounding loops against the torch operations they
+    replace (exact integers in float64, then the one rounding)."""
+    g = torch.Generator().manual_seed(4)
+    accs = [torch.randint(-2**31, 2**31 - 1, (37, 70), generator=g, dtype=torch.int64)
+            .to(torch.int32) for _ in range(3)]
+    weights = [float(1 << 14), float(1 << 7), 1.0]
+    t = torch.empty((37, 70), dtype=torch.float64)
+    rows, cols = torch.zeros(37, dtype=torch.int64), torch.zeros(70, dtype=torch.int64)
+    for i, (acc, w) in enumerate(zip(accs, weights)):
+        assert mathc.level_add(acc, t, rows, cols, w, i == 0)
+    want = sum(a.to(torch.float64) * w for a, w in zip(accs, weights))
+    assert torch.equal(t, want)
+    total = sum(a.to(torch.int64) for a in accs)
+    assert torch.equal(rows, total.sum(1)) and torch.equal(cols, total.sum(0))
+    rowf = torch.pow(2.0, torch.randint(-60, 60, (37,), generator=g).double())
+    colf = torch.pow(2.0, torch.randint(-200, -100, (70,), generator=g).double())
+    out = torch.zeros((37, 90))
+    assert mathc.level_round(t, rowf, colf, out, 11)
+    ref = (t * rowf[:, None] * colf[None, :]).to(torch.float32)
+    assert torch.equal(out[:, 11:81].view(torch.int32), ref.view(torch.int32))
+    assert not out[:, :11].any() and not out[:, 81:].any()
