@@ -92,7 +92,9 @@ def selftest_cmd(steps, interpreter, work, as_json) -> None:
         click.echo(f"machine: {cpu['arch']} {cpu['model']} ({cpu['cores']} cores), torch "
                    f"{m['torch']} (CPU capability {m['torch_cpu_capability']}), numpy "
                    f"{m['numpy']}, python {m['python']}, C math extension "
-                   f"{'on' if m['mathc'] else 'off'}, FTZ {'ON' if m['flush']['ftz'] else 'off'}"
+                   f"{'on' if m['mathc'] else 'off'}, attention loops "
+                   f"{'on' if m.get('attention_loops') else 'off'}, "
+                   f"FTZ {'ON' if m['flush']['ftz'] else 'off'}"
                    f", DAZ {'ON' if m['flush']['daz'] else 'off'}"
                    + (f", GPU {m['cuda']}" if m["cuda"] else ""))
         g = m["int_gemm"]

@@ -90,7 +90,8 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str) -> int:
     layer's activations, every layer's input, the logits buffer, the head weight's int8
     slices and transposed copy, one vocabulary block of dlogits^T (copy and slices) for the
     weight gradient, the largest parameter's gradient in flight and the moments' chunks.
-    Both add RUNTIME, the interpreter and libraries before any tensor."""
+    Both add attention's backward working set and RUNTIME, the interpreter and libraries
+    before any tensor."""
     m = cfg.model
     specs = param_specs(m)
     layout = Layout(specs)
@@ -102,6 +103,11 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str) -> int:
     per_token = 12 * d + 9 * hq + 6 * hkv + 7 * f            # one layer's saved activations
     weight_codes = 2 * d * (2 * hq + 2 * hkv + 3 * f)          # int8 codes + masks per layer
     layer = tokens * per_token + weight_codes
+    # attention's backward at work: its float64 fixed-point planes (four query-side, one
+    # more while regrouped, three key-side) and the compiled loops' per-block scratch
+    # (kernels.attention.compiled: scores, P, P V, tile operands; kept between calls)
+    attention = tokens * (8 * (5 * hq + 3 * hkv) + m.n_heads * (768 + 4 * m.head_dim)
+                          + m.n_kv_heads * (2560 + 16 * m.head_dim))
     reps, shards = cfg.mesh
     fold = 0 if reps == 1 else (reps.bit_length() + 1) * flat
     extra_shard = flat if shards > 1 else 0
@@ -109,14 +115,14 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str) -> int:
     if plan == "resident":
         head = 5 * 4 * tokens * m.vocab
         return (base + 2 * flat + 4 * sum(s.numel for s in specs) + m.n_layers * layer
-                + head + 10 * largest + params + 2 * flat + fold + RUNTIME)
+                + head + 10 * largest + params + 2 * flat + fold + attention + RUNTIME)
     # logits/dlogits (float32) + the head weight's slices and its transposed bf16 copy (dh)
     # + one HEAD_COLS block of dlogits^T (float32 copy and slices) for the weight gradient
     cols = min(HEAD_COLS, m.vocab)
     head = (4 * tokens * m.vocab + (m.lmhead_slices + 2) * m.vocab * d
             + (4 + m.lmhead_slices) * tokens * cols)
     return (base + layer + m.n_layers * 2 * tokens * d + head + 4 * largest
-            + 6 * 4 * CHUNK + min(fold, 2 * flat) + RUNTIME)
+            + 6 * 4 * CHUNK + min(fold, 2 * flat) + attention + RUNTIME)
 
 
 def choose(requested: str, cfg: TrainConfig, tokens: int, run_dir: str,

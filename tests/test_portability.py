@@ -60,6 +60,9 @@ def test_a_trajectory_prefix_is_the_golden_one_under_every_cheap_variant(micro_m
     env = {n: r["machine"] for n, r in results.items()}
     assert env["1 thread, ATen default, extension on"]["torch_cpu_capability"] == "DEFAULT"
     assert env["2 threads, ATen avx2, extension off"]["mathc"] is False
+    assert env["2 threads, ATen avx2, extension off"]["attention_loops"] is False
+    on = env["1 thread, ATen default, extension on"]
+    assert on["attention_loops"] is on["mathc"]          # both built, or neither
     assert env["3 threads, extension off, matmul precision medium"]["torch_threads"] == 3
     assert results["3 threads, extension off, matmul precision medium"][
         "matmul_precision_set"] == {"mkldnn": "bf16", "cuda": "tf32"}

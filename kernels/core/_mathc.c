@@ -351,11 +351,57 @@ static PyObject *py_int_sums(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* kernels.ops.xent's backward for float32 logits, rows [r0, r1) of (R, V): the torch
+ * code's float32 operations in its order - coef = 1 + TWO_Z * lse, d = exp(x - lse) * coef,
+ * d - 1 at the target column, then d * g. A target outside [0, V) hits no column, as the
+ * torch code's comparison. */
+static const float XENT_TWO_Z = 0.00019999999494757503f;
+
+CLONES static void xent_grad_loop(const float *x, const int64_t *t, const float *lse, float g,
+                                  float *out, Py_ssize_t V, Py_ssize_t r0, Py_ssize_t r1) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        const float *xr = x + r * V;
+        float *o = out + r * V;
+        float l = lse[r];
+        float coef = 1.0f + XENT_TWO_Z * l;
+        for (Py_ssize_t c = 0; c < V; c++) o[c] = (exp1(xr[c] - l) * coef) * g;
+        int64_t tc = t[r];
+        if (tc >= 0 && tc < V) o[tc] = ((exp1(xr[tc] - l) * coef) - 1.0f) * g;
+    }
+}
+
+static PyObject *py_xent_grad(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer x, t, lse, out;
+    Py_ssize_t R, V, r0, r1;
+    double g;
+    if (!PyArg_ParseTuple(args, "y*y*y*dw*nnnn", &x, &t, &lse, &g, &out, &R, &V, &r0, &r1))
+        return NULL;
+    int ok = R >= 0 && V >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && x.len == R * V * 4 &&
+             out.len == R * V * 4 && t.len == R * 8 && lse.len == R * 4;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        xent_grad_loop(x.buf, t.buf, lse.buf, (float)g, out.buf, V, r0, r1);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&t);
+    PyBuffer_Release(&lse);
+    PyBuffer_Release(&out);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "xent_grad: inconsistent shapes or row range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"philox_words", py_philox_words, METH_VARARGS,
      "philox_words(seed, stream, offset, out, lo, hi): Philox4x32-10 words into int64 out."},
     {"fwht_dim0", py_fwht_dim0, METH_VARARGS,
      "fwht_dim0(buf, R, C, r0, r1, B, c0, c1): Hadamard butterflies along dim 0, in place."},
+    {"xent_grad", py_xent_grad, METH_VARARGS,
+     "xent_grad(x, t, lse, g, out, R, V, r0, r1): kernels.ops.xent's backward, float32."},
     {"int_sums", py_int_sums, METH_VARARGS,
      "int_sums(src, is_int8, rows, cols, R, C, r0, r1): exact int64 row/column sums."},
     {"level_add", py_level_add, METH_VARARGS,

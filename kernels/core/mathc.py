@@ -189,3 +189,19 @@ def int_sums(x: torch.Tensor, want_rows: bool = True):
     else:
         list(_pool(threads).map(piece, range(threads)))
     return (rows if want_rows else None), parts.sum(0)
+
+
+def xent_grad(x: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, g: float):
+    """``kernels.ops.xent.xent_backward_cpu``'s dlogits for float32 logits by the compiled
+    loop (the same float32 operations in the same order: the same bits), or None when the
+    loop is unavailable or the inputs are not contiguous CPU float32/int64."""
+    if (not available() or not hasattr(_mathc, "xent_grad") or x.device.type != "cpu"
+            or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous()):
+        return None
+    r, v = x.shape
+    t64 = t.to(torch.int64).contiguous()
+    lse32 = lse.to(torch.float32).contiguous()
+    out = torch.empty_like(x)
+    args = (x.reshape(-1).numpy(), t64.numpy(), lse32.numpy(), g, out.reshape(-1).numpy(), r, v)
+    parallel(lambda lo, hi: _mathc.xent_grad(*args, lo, hi), r, grain=1)
+    return out

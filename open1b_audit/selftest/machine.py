@@ -36,6 +36,7 @@ def cpu_info() -> dict[str, Any]:
 
 
 def describe() -> dict[str, Any]:
+    from kernels.attention import compiled as attention_loops
     from kernels.core import ieee, mathc
     from kernels.core.backend import HAVE_TRITON
     from kernels.int8.gemm import int_gemm_status
@@ -50,7 +51,8 @@ def describe() -> dict[str, Any]:
             "torch": torch.__version__, "numpy": np.__version__, "triton": triton,
             "torch_cpu_capability": cap() if cap else None,
             "torch_threads": torch.get_num_threads(),
-            "mathc": mathc.available(), "flush": ieee.flush_state(),
+            "mathc": mathc.available(), "attention_loops": attention_loops.available(),
+            "flush": ieee.flush_state(),
             # which exact integer GEMM ran (the library's, checked, or float32 chunks) and
             # how many results failed their checksum: a reader sees the path, not just "CPU"
             "int_gemm": int_gemm_status(),

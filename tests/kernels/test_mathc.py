@@ -106,3 +106,19 @@ def test_compiled_lmhead_level_loops_equal_torch():
     ref = (t * rowf[:, None] * colf[None, :]).to(torch.float32)
     assert torch.equal(out[:, 11:81].view(torch.int32), ref.view(torch.int32))
     assert not out[:, :11].any() and not out[:, 81:].any()
+
+
+def test_compiled_xent_backward_equals_the_torch_code(monkeypatch):
+    from kernels.ops import xent
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(7, 5000, generator=g) * 30.0       # > CHUNK columns, wide logits
+    x[2, 17] = float("nan")                             # a non-finite row
+    x[4] = -1e30                                        # exp underflows to 0 (subnormal path)
+    t = torch.tensor([0, 4999, 17, 3, 2500, 1, 77])
+    lse = xent.row_lse_cpu(torch.nan_to_num(x, nan=0.0))
+    dloss = torch.tensor(0.37)
+    got = xent.xent_backward_cpu(dloss, x, t, lse)
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want = xent.xent_backward_cpu(dloss, x, t, lse)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
