@@ -395,6 +395,52 @@ static PyObject *py_xent_grad(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The exactness guard's products: out[r] = sum_k a[r, k] * v[k] in int64 (exact: the
+ * caller bounds every sum below 2^63) for rows [r0, r1) of an int8 (R, K) matrix - stored
+ * row-major, or (transposed) as the row-major (K, R) storage of a transposed view. */
+CLONES static void mv_int8_loop(const int8_t *a, const int64_t *v, int64_t *out, Py_ssize_t R,
+                                Py_ssize_t K, int transposed, Py_ssize_t r0, Py_ssize_t r1) {
+    if (!transposed) {
+        for (Py_ssize_t r = r0; r < r1; r++) {
+            const int8_t *x = a + r * K;
+            int64_t acc = 0;
+            for (Py_ssize_t k = 0; k < K; k++) acc += (int64_t)x[k] * v[k];
+            out[r] = acc;
+        }
+        return;
+    }
+    for (Py_ssize_t r = r0; r < r1; r++) out[r] = 0;
+    for (Py_ssize_t k = 0; k < K; k++) {
+        const int8_t *x = a + k * R;
+        int64_t vk = v[k];
+        for (Py_ssize_t r = r0; r < r1; r++) out[r] += (int64_t)x[r] * vk;
+    }
+}
+
+static PyObject *py_mv_int8(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer a, v, out;
+    Py_ssize_t R, K, r0, r1;
+    int transposed;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnpnn", &a, &v, &out, &R, &K, &transposed, &r0, &r1))
+        return NULL;
+    int ok = R >= 0 && K >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && a.len == R * K &&
+             v.len == K * 8 && out.len == R * 8;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        mv_int8_loop(a.buf, v.buf, out.buf, R, K, transposed, r0, r1);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&v);
+    PyBuffer_Release(&out);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "mv_int8: inconsistent shapes or row range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"philox_words", py_philox_words, METH_VARARGS,
      "philox_words(seed, stream, offset, out, lo, hi): Philox4x32-10 words into int64 out."},
@@ -402,6 +448,8 @@ static PyMethodDef methods[] = {
      "fwht_dim0(buf, R, C, r0, r1, B, c0, c1): Hadamard butterflies along dim 0, in place."},
     {"xent_grad", py_xent_grad, METH_VARARGS,
      "xent_grad(x, t, lse, g, out, R, V, r0, r1): kernels.ops.xent's backward, float32."},
+    {"mv_int8", py_mv_int8, METH_VARARGS,
+     "mv_int8(a, v, out, R, K, transposed, r0, r1): exact int64 int8 matrix-vector product."},
     {"int_sums", py_int_sums, METH_VARARGS,
      "int_sums(src, is_int8, rows, cols, R, C, r0, r1): exact int64 row/column sums."},
     {"level_add", py_level_add, METH_VARARGS,

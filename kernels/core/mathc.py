@@ -205,3 +205,24 @@ def xent_grad(x: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, g: float):
     args = (x.reshape(-1).numpy(), t64.numpy(), lse32.numpy(), g, out.reshape(-1).numpy(), r, v)
     parallel(lambda lo, hi: _mathc.xent_grad(*args, lo, hi), r, grain=1)
     return out
+
+
+def mv_int8(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """``x @ v`` in int64 for an int8 (R, K) CPU matrix - row-major or a transposed view of a
+    row-major one - and an int64 vector (K,): the exactness guard's products, exact while
+    every sum stays below 2^63 (the caller's bound). None when the loop is unavailable or
+    the layout is neither."""
+    if (not available() or not hasattr(_mathc, "mv_int8") or x.device.type != "cpu"
+            or x.dtype != torch.int8 or x.dim() != 2 or v.dtype != torch.int64):
+        return None
+    r, k = x.shape
+    if x.is_contiguous():
+        src, transposed = x, False
+    elif x.t().is_contiguous():
+        src, transposed = x.t(), True
+    else:
+        return None
+    out = torch.empty(r, dtype=torch.int64)
+    args = (src.reshape(-1).numpy(), v.contiguous().numpy(), out.numpy(), r, k, transposed)
+    parallel(lambda lo, hi: _mathc.mv_int8(*args, lo, hi), r, grain=64)
+    return out

@@ -48,6 +48,9 @@ def _mv(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     row-major (each row's sum done in one product), of columns when it is a transposed
     view (the rows of its storage), so every block is read contiguously."""
     r, k = x.shape
+    fast = mathc.mv_int8(x, v.to(torch.int64)) if x.dtype == torch.int8 else None
+    if fast is not None:      # exact int64 sums (the values of v are integers): the same values
+        return fast.to(v.dtype)
     if x.stride(-1) == 1 or k <= 1:
         out = torch.empty(r, dtype=v.dtype)
         step = max(1, CHECK_ELEMS // max(k, 1))

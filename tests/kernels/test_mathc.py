@@ -122,3 +122,22 @@ def test_compiled_xent_backward_equals_the_torch_code(monkeypatch):
     monkeypatch.setenv("OPEN1B_MATHC", "0")
     want = xent.xent_backward_cpu(dloss, x, t, lse)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_compiled_int8_matrix_vector_product_is_exact():
+    """The guard's products (kernels.int8.checksum._mv) by the compiled loop: exact int64
+    values, row-major and transposed views, at int8's extremes and sums past 2^53."""
+    from kernels.int8.checksum import _mv
+
+    g = torch.Generator().manual_seed(8)
+    a = torch.randint(-128, 128, (300, 517), generator=g, dtype=torch.int64)
+    a[0] = -128
+    a = a.to(torch.int8)
+    v = torch.randint(-2**48, 2**48, (517,), generator=g, dtype=torch.int64)
+    v[:5] = 2**52
+    want = (a.to(torch.int64) * v).sum(1)
+    assert torch.equal(mathc.mv_int8(a, v), want)
+    at = a.t().contiguous().t()                          # a transposed view of (517, 300)
+    assert not at.is_contiguous() and torch.equal(mathc.mv_int8(at, v), want)
+    small = torch.randint(-2**20, 2**20, (517,), generator=g).to(torch.float64)
+    assert torch.equal(_mv(a, small), (a.to(torch.float64) @ small))
