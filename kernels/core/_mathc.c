@@ -441,6 +441,92 @@ static PyObject *py_mv_int8(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* float32 -> bf16 bits, round to nearest even; NaN -> 0x7FC0 (kernels.int8.gemm.bf16_rne). */
+static inline uint16_t bf16_rne1(float x) {
+    uint32_t b = to_bits(x);
+    uint16_t r = (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+    return (x != x) ? (uint16_t)0x7FC0 : r;
+}
+
+CLONES static void bf16_rne_loop(const float *x, uint16_t *out, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = bf16_rne1(x[i]);
+}
+
+/* The quantizer's straight-through estimator (kernels.int8.quantize.ste_cpu) for rows
+ * [r0, r1) of (R, C): v = x / div[row] (div one per row, or one for all when per_row is 0),
+ * inside = -127 <= v <= 127, dx = bf16_rne(inside ? g : 0); with `term`, the LSQ term
+ * (inside ? rne(clamp(v)) - v : clamp(v)) * g. x is bf16 bits or float32. */
+CLONES static void ste_loop(const float *g, const void *x, int x_bf16, const float *div,
+                            int per_row, uint16_t *dx, float *term, Py_ssize_t C,
+                            Py_ssize_t r0, Py_ssize_t r1) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        float d = div[per_row ? r : 0];
+        const float *gr = g + r * C;
+        uint16_t *o = dx + r * C;
+        float *tr = term ? term + r * C : NULL;
+        for (Py_ssize_t c = 0; c < C; c++) {
+            float xv = x_bf16 ? from_bits((uint32_t)((const uint16_t *)x)[r * C + c] << 16)
+                              : ((const float *)x)[r * C + c];
+            float v = xv / d;
+            int inside = (v >= -127.0f) & (v <= 127.0f);
+            o[c] = bf16_rne1(inside ? gr[c] : 0.0f);
+            if (tr) {
+                float vc = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
+                float t = inside ? rintf(vc) - v : vc;
+                tr[c] = t * gr[c];
+            }
+        }
+    }
+}
+
+static PyObject *py_bf16_rne(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer src, dst;
+    if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
+    int ok = src.len % 4 == 0 && dst.len * 2 == src.len;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        bf16_rne_loop(src.buf, dst.buf, src.len / 4);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "bf16_rne: need float32 src and bf16 dst of one length");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_ste(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer g, x, div, dx, term;
+    Py_ssize_t R, C, r0, r1;
+    int x_bf16, per_row;
+    if (!PyArg_ParseTuple(args, "y*y*py*pw*w*nnnn", &g, &x, &x_bf16, &div, &per_row, &dx, &term,
+                          &R, &C, &r0, &r1))
+        return NULL;
+    int ok = R >= 0 && C >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && g.len == R * C * 4 &&
+             x.len == R * C * (x_bf16 ? 2 : 4) && div.len == (per_row ? R : 1) * 4 &&
+             dx.len == R * C * 2 && (term.len == 0 || term.len == R * C * 4);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        ste_loop(g.buf, x.buf, x_bf16, div.buf, per_row, dx.buf, term.len ? term.buf : NULL, C,
+                 r0, r1);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&g);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&div);
+    PyBuffer_Release(&dx);
+    PyBuffer_Release(&term);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "ste: inconsistent shapes or row range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"philox_words", py_philox_words, METH_VARARGS,
      "philox_words(seed, stream, offset, out, lo, hi): Philox4x32-10 words into int64 out."},
@@ -448,6 +534,9 @@ static PyMethodDef methods[] = {
      "fwht_dim0(buf, R, C, r0, r1, B, c0, c1): Hadamard butterflies along dim 0, in place."},
     {"xent_grad", py_xent_grad, METH_VARARGS,
      "xent_grad(x, t, lse, g, out, R, V, r0, r1): kernels.ops.xent's backward, float32."},
+    {"bf16_rne", py_bf16_rne, METH_VARARGS, "bf16_rne(src, dst): float32 -> bf16 bits (RNE)."},
+    {"ste", py_ste, METH_VARARGS,
+     "ste(g, x, x_bf16, div, per_row, dx, term, R, C, r0, r1): the quantizer's STE."},
     {"mv_int8", py_mv_int8, METH_VARARGS,
      "mv_int8(a, v, out, R, K, transposed, r0, r1): exact int64 int8 matrix-vector product."},
     {"int_sums", py_int_sums, METH_VARARGS,

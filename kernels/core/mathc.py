@@ -226,3 +226,40 @@ def mv_int8(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
     args = (src.reshape(-1).numpy(), v.contiguous().numpy(), out.numpy(), r, k, transposed)
     parallel(lambda lo, hi: _mathc.mv_int8(*args, lo, hi), r, grain=64)
     return out
+
+
+def bf16_rne(x: torch.Tensor) -> torch.Tensor | None:
+    """``kernels.int8.gemm.bf16_rne`` (float32 -> bf16, round to nearest even by bit
+    arithmetic, NaN -> 0x7FC0) by the compiled loop, or None when unavailable."""
+    if (not available() or not hasattr(_mathc, "bf16_rne") or x.device.type != "cpu"
+            or x.dtype != torch.float32):
+        return None
+    src = x.contiguous()
+    out = torch.empty(src.shape, dtype=torch.bfloat16)
+    a, b = src.reshape(-1).numpy(), out.reshape(-1).view(torch.int16).numpy()
+    n = a.shape[0]
+    parallel(lambda lo, hi: _mathc.bf16_rne(a[lo:hi], b[lo:hi]), n, grain=PARALLEL_MIN)
+    return out
+
+
+def ste(g: torch.Tensor, x: torch.Tensor, div: torch.Tensor, want_term: bool):
+    """``kernels.int8.quantize.ste_cpu`` with bf16 dx by the compiled loop - the same float32
+    operations (division, comparisons, clamp, round half to even, subtraction, product) -
+    for contiguous (R, C) float32 ``g`` and bf16/float32 ``x``, ``div`` the safe step per
+    row (R,) or for all (1,): (dx bf16, term float32 or None), or None when unavailable."""
+    if (not available() or not hasattr(_mathc, "ste") or g.device.type != "cpu"
+            or g.dtype != torch.float32 or x.dtype not in (torch.bfloat16, torch.float32)
+            or g.dim() != 2 or g.shape != x.shape or not (g.is_contiguous() and x.is_contiguous())):
+        return None
+    r, c = g.shape
+    d = div.reshape(-1).to(torch.float32).contiguous()
+    if d.numel() not in (1, r):
+        return None
+    dx = torch.empty((r, c), dtype=torch.bfloat16)
+    term = torch.empty((r, c)) if want_term else torch.empty(0)
+    xs = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+    args = (g.reshape(-1).numpy(), xs.reshape(-1).numpy(), x.dtype == torch.bfloat16,
+            d.numpy(), d.numel() == r and r != 1, dx.view(torch.int16).reshape(-1).numpy(),
+            term.reshape(-1).numpy())
+    parallel(lambda lo, hi: _mathc.ste(*args, r, c, lo, hi), r, grain=16)
+    return dx, (term if want_term else None)

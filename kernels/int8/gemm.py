@@ -35,6 +35,7 @@ import os
 
 import torch
 
+from kernels.core import mathc
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from kernels.int8.checksum import SlabCheck, checksum_ok
@@ -81,6 +82,9 @@ def _check(a: torch.Tensor, b: torch.Tensor, row_scale, col_scale, out_dtype) ->
 
 def bf16_rne(x: torch.Tensor) -> torch.Tensor:
     """float32 -> bfloat16, round to nearest even by bit arithmetic (NaN -> 0x7FC0)."""
+    fast = mathc.bf16_rne(x)           # the same bit arithmetic, compiled
+    if fast is not None:
+        return fast
     b = x.contiguous().view(torch.int32)
     # (b + 0x7FFF + ((b >> 16) & 1)) >> 16, in place on one temporary (int32 adds commute);
     # carries into the exponent give +-inf

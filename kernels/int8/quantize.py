@@ -33,6 +33,7 @@ import math
 
 import torch
 
+from kernels.core import mathc
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from kernels.int8.hadamard import hadamard, hadamard_dim0_cpu_, padded_width
 from kernels.int8.gemm import bf16_operand, bf16_rne
@@ -99,6 +100,10 @@ row_absmax_step = row_absmax_step_cpu
 def ste_cpu(g: torch.Tensor, x: torch.Tensor, step: torch.Tensor, want_term: bool,
             out_bf16: bool):
     """STE mask (and LSQ term g * dv/ds) of the quantizer at (x, step); see module doc."""
+    if out_bf16:                       # the same operations in one compiled pass
+        fast = mathc.ste(g, x, safe_step(step.reshape(-1)), want_term)
+        if fast is not None:
+            return fast
     v = x.to(torch.float32) / safe_step(step.reshape(-1, 1))
     inside = (v >= -Q_MAX) & (v <= Q_MAX)
     dx = torch.where(inside, g, 0.0)

@@ -141,3 +141,35 @@ def test_compiled_int8_matrix_vector_product_is_exact():
     assert not at.is_contiguous() and torch.equal(mathc.mv_int8(at, v), want)
     small = torch.randint(-2**20, 2**20, (517,), generator=g).to(torch.float64)
     assert torch.equal(_mv(a, small), (a.to(torch.float64) @ small))
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("per_row", [True, False])
+def test_compiled_ste_and_bf16_rounding_equal_the_torch_code(monkeypatch, x_dtype, per_row):
+    """The linear's straight-through estimator (kernels.int8.quantize.ste_cpu) and the
+    float32 -> bf16 rounding (kernels.int8.gemm.bf16_rne) compiled vs the torch code: codes
+    clipped on both sides, exact +-127 and .5 ties of v, a zero step, subnormal and huge
+    gradients, NaN."""
+    from kernels.int8.gemm import bf16_rne
+    from kernels.int8.quantize import ste_cpu
+
+    g = torch.Generator().manual_seed(9)
+    r, c = 33, 257
+    step = (torch.rand(r if per_row else 1, generator=g) * 0.1 + 0.01)
+    if per_row:
+        step[4] = 0.0                                    # a zero step: divisor 1
+    x = torch.randn(r, c, generator=g) * 3.0
+    x[1, :8] = step[1 if per_row else 0] * torch.tensor([127.0, -127.0, 127.5, -127.5,
+                                                         2.5, -3.5, 300.0, -0.0])
+    x = x.to(x_dtype)
+    grad = torch.randn(r, c, generator=g) * 10.0 ** torch.randint(-42, 38, (r, c),
+                                                                   generator=g).float()
+    grad[2, 3] = float("nan")
+    got = [ste_cpu(grad, x, step, want_term=w, out_bf16=True) for w in (True, False)]
+    rne = bf16_rne(grad)
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want = [ste_cpu(grad, x, step, want_term=w, out_bf16=True) for w in (True, False)]
+    assert torch.equal(bf16_rne(grad).view(torch.int16), rne.view(torch.int16))
+    for (dx, t), (dx_w, t_w) in zip(got, want):
+        assert torch.equal(dx.view(torch.int16), dx_w.view(torch.int16))
+        assert (t is None and t_w is None) or torch.equal(t.view(torch.int32), t_w.view(torch.int32))
