@@ -42,6 +42,20 @@ def _pool(n: int) -> ThreadPoolExecutor:
     return _POOL
 
 
+def _each(fn, items: list) -> None:
+    """``fn(item)`` for every item: the first on this thread, the others on the pool at the
+    same time (this thread works instead of waiting: one hand-off fewer per call)."""
+    if len(items) == 1:
+        fn(items[0])
+        return
+    futures = [_pool(len(items) - 1).submit(fn, item) for item in items[1:]]
+    try:
+        fn(items[0])
+    finally:
+        for fut in futures:
+            fut.result()
+
+
 def parallel(fn, n: int, grain: int = 64) -> None:
     """``fn(lo, hi)`` over [0, n) in one contiguous piece per torch intra-op thread, at
     least ``grain`` units a piece. For loops whose units are independent (and release the
@@ -52,7 +66,7 @@ def parallel(fn, n: int, grain: int = 64) -> None:
         return
     step = -(-n // threads)
     cuts = [(i, min(i + step, n)) for i in range(0, n, step)]
-    list(_pool(len(cuts)).map(lambda c: fn(*c), cuts))
+    _each(lambda c: fn(*c), cuts)
 
 
 def slice_rows(x: torch.Tensor, slices: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -99,7 +113,7 @@ def apply(name: str, x: torch.Tensor) -> torch.Tensor | None:
     else:
         step = -(-n // threads)
         cuts = [(i, min(i + step, n)) for i in range(0, n, step)]
-        list(_pool(len(cuts)).map(lambda c: fn(a[c[0]:c[1]], b[c[0]:c[1]]), cuts))
+        _each(lambda c: fn(a[c[0]:c[1]], b[c[0]:c[1]]), cuts)
     return out.reshape(x.shape)
 
 
@@ -137,10 +151,7 @@ def level_add(acc: torch.Tensor, t: torch.Tensor, rows: torch.Tensor, cols: torc
         lo, hi = min(r, i * step), min(r, (i + 1) * step)
         _mathc.level_add(a, tt, rr, parts[i].numpy(), r, c, weight, first, lo, hi)
 
-    if threads == 1:
-        piece(0)
-    else:
-        list(_pool(threads).map(piece, range(threads)))
+    _each(piece, list(range(threads)))
     cols += parts.sum(0)
     return True
 
@@ -184,10 +195,7 @@ def int_sums(x: torch.Tensor, want_rows: bool = True):
         lo, hi = min(r, i * step), min(r, (i + 1) * step)
         _mathc.int_sums(src, x.dtype == torch.int8, rr, parts[i].numpy(), r, c, lo, hi)
 
-    if threads == 1:
-        piece(0)
-    else:
-        list(_pool(threads).map(piece, range(threads)))
+    _each(piece, list(range(threads)))
     return (rows if want_rows else None), parts.sum(0)
 
 
