@@ -41,12 +41,6 @@ static inline int32_t visible(int32_t row, int32_t col, int32_t seq, int32_t low
 
 static inline int32_t expo_f32(float x) { return (int32_t)((to_bits(x) >> 23) & 0xFF); }
 
-/* fp32 -> bf16 bits, round to nearest even (finite inputs: torch's rounding). */
-static inline uint16_t bf16_bits(float x) {
-    uint32_t b = to_bits(x);
-    return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-}
-
 static inline double pow2d(int32_t e) {  /* 2^e, e in [-1022, 1023], exact */
     uint64_t u = (uint64_t)(e + 1023) << 52;
     double d;
@@ -190,8 +184,8 @@ CLONES static void bwd_tiles(const double *s64, const double *dp64, const float 
                 float e = exp1(vis ? s - lse_i : 0.0f);
                 float pv = vis ? e : 0.0f;
                 float dsv = pv * ((float)dprow[c] - drow_i);
-                pi[c] = bf16_bits(pv);
-                di[c] = bf16_bits(dsv);
+                pi[c] = bf16_rne1(pv);
+                di[c] = bf16_rne1(dsv);
             }
             for (int c = 0; c < BLK; c++) {
                 int32_t ep = bf16_expo(pi[c]), ed = bf16_expo(di[c]);
@@ -320,8 +314,13 @@ static int positions_ok(Py_ssize_t seq, Py_ssize_t window, Py_ssize_t rows, Py_s
     return 0;
 }
 
-static void release(Py_buffer *bufs, int n) {
+/* The end of a wrapper: release its n buffers, then None - or NULL with the error set by a
+ * check above (or `msg` as a ValueError) when the arguments were inconsistent. */
+static PyObject *finish(Py_buffer *bufs, int n, int ok, const char *msg) {
     for (int i = 0; i < n; i++) PyBuffer_Release(&bufs[i]);
+    if (ok) Py_RETURN_NONE;
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, msg);
+    return NULL;
 }
 
 static PyObject *py_fwd_rows(PyObject *self, PyObject *args) {
@@ -344,12 +343,8 @@ static PyObject *py_fwd_rows(PyObject *self, PyObject *args) {
         fwd_rows(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf, b[5].buf, b[6].buf, R, nk,
                  ustride, col0, row0, seq, window, (float)scale, u0, u1);
         Py_END_ALLOW_THREADS
-    } else if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ValueError, "fwd_rows: inconsistent shapes");
     }
-    release(b, 7);
-    if (!ok) return NULL;
-    Py_RETURN_NONE;
+    return finish(b, 7, ok, "fwd_rows: inconsistent shapes");
 }
 
 static PyObject *py_fwd_acc(PyObject *self, PyObject *args) {
@@ -370,12 +365,8 @@ static PyObject *py_fwd_acc(PyObject *self, PyObject *args) {
         fwd_acc(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf, b[5].buf, b[6].buf, R, nk, D,
                 u0, u1);
         Py_END_ALLOW_THREADS
-    } else if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ValueError, "fwd_acc: inconsistent shapes");
     }
-    release(b, 7);
-    if (!ok) return NULL;
-    Py_RETURN_NONE;
+    return finish(b, 7, ok, "fwd_acc: inconsistent shapes");
 }
 
 static PyObject *py_bwd_tiles(PyObject *self, PyObject *args) {
@@ -398,12 +389,8 @@ static PyObject *py_bwd_tiles(PyObject *self, PyObject *args) {
         bwd_tiles(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf, b[5].buf, b[6].buf, nk,
                   col0, row0, seq, window, (float)scale, u0, u1);
         Py_END_ALLOW_THREADS
-    } else if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ValueError, "bwd_tiles: inconsistent shapes");
     }
-    release(b, 7);
-    if (!ok) return NULL;
-    Py_RETURN_NONE;
+    return finish(b, 7, ok, "bwd_tiles: inconsistent shapes");
 }
 
 static PyObject *py_tile_sum(PyObject *self, PyObject *args) {
@@ -417,12 +404,8 @@ static PyObject *py_tile_sum(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         tile_sum(b[0].buf, b[1].buf, nk, n, u0, u1);
         Py_END_ALLOW_THREADS
-    } else if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ValueError, "tile_sum: inconsistent shapes");
     }
-    release(b, 2);
-    if (!ok) return NULL;
-    Py_RETURN_NONE;
+    return finish(b, 2, ok, "tile_sum: inconsistent shapes");
 }
 
 static PyObject *py_accumulate(PyObject *self, PyObject *args) {
@@ -438,12 +421,8 @@ static PyObject *py_accumulate(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         accumulate(b[0].buf, b[1].buf, n, stride, offset, u0, u1);
         Py_END_ALLOW_THREADS
-    } else if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ValueError, "accumulate: inconsistent shapes");
     }
-    release(b, 2);
-    if (!ok) return NULL;
-    Py_RETURN_NONE;
+    return finish(b, 2, ok, "accumulate: inconsistent shapes");
 }
 
 static PyObject *py_fixed_planes(PyObject *self, PyObject *args) {
@@ -460,12 +439,8 @@ static PyObject *py_fixed_planes(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         fixed_planes(b[0].buf, b[1].buf, S, S_pad, D, block, u0, u1);
         Py_END_ALLOW_THREADS
-    } else if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ValueError, "fixed_planes: inconsistent shapes");
     }
-    release(b, 2);
-    if (!ok) return NULL;
-    Py_RETURN_NONE;
+    return finish(b, 2, ok, "fixed_planes: inconsistent shapes");
 }
 
 static PyMethodDef methods[] = {

@@ -35,17 +35,12 @@ except ImportError:  # pragma: no cover - the extension is optional
     _tilesc = None
 
 assert BLOCK_M == BLOCK_N == 64, "the compiled loops are written for 64 x 64 tiles"
+_np = mathc.flat
 
 
 def available() -> bool:
     """True when the compiled tile loops are built and not disabled (OPEN1B_MATHC=0)."""
     return _tilesc is not None and mathc.available()
-
-
-def _np(x: torch.Tensor):
-    if not x.is_contiguous():
-        raise ValueError("compiled attention loops need contiguous tensors")
-    return x.reshape(-1).numpy()
 
 
 def _group_rows(x: torch.Tensor, hkv: int) -> torch.Tensor:

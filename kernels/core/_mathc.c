@@ -210,6 +210,15 @@ static PyObject *py_philox_words(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The end of a wrapper: release its n buffers, then None - or NULL with `msg` as a
+ * ValueError when the arguments were inconsistent (nothing was computed). */
+static PyObject *finish(Py_buffer **bufs, int n, int ok, const char *msg) {
+    for (int i = 0; i < n; i++) PyBuffer_Release(bufs[i]);
+    if (ok) Py_RETURN_NONE;
+    PyErr_SetString(PyExc_ValueError, msg);
+    return NULL;
+}
+
 /* kernels.ops.lmhead's integer route, the work between its int8 GEMMs (exact integer
  * arithmetic in int64 and float64 below 2^53: the same values in any order).
  * level_add: rows [r0, r1) of one level's int32 product block acc (R, C) added into T
@@ -263,15 +272,8 @@ static PyObject *py_level_add(PyObject *self, PyObject *args) {
         level_add_loop(acc.buf, t.buf, rows.buf, cols.buf, C, w, first, r0, r1);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&acc);
-    PyBuffer_Release(&t);
-    PyBuffer_Release(&rows);
-    PyBuffer_Release(&cols);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "level_add: inconsistent shapes or row range");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    Py_buffer *bufs[] = {&acc, &t, &rows, &cols};
+    return finish(bufs, 4, ok, "level_add: inconsistent shapes or row range");
 }
 
 static PyObject *py_level_round(PyObject *self, PyObject *args) {
@@ -289,15 +291,8 @@ static PyObject *py_level_round(PyObject *self, PyObject *args) {
         level_round_loop(t.buf, rowf.buf, colf.buf, out.buf, C, stride, c0, r0, r1);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&t);
-    PyBuffer_Release(&rowf);
-    PyBuffer_Release(&colf);
-    PyBuffer_Release(&out);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "level_round: inconsistent shapes or row range");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    Py_buffer *bufs[] = {&t, &rowf, &colf, &out};
+    return finish(bufs, 4, ok, "level_round: inconsistent shapes or row range");
 }
 
 /* The exactness guard's sums (kernels.int8.checksum): row sums (R,) and column sums (C,) of
@@ -341,14 +336,8 @@ static PyObject *py_int_sums(PyObject *self, PyObject *args) {
                       rows.len ? rows.buf : NULL, cols.buf, C, r0, r1);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&rows);
-    PyBuffer_Release(&cols);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "int_sums: inconsistent shapes or row range");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    Py_buffer *bufs[] = {&src, &rows, &cols};
+    return finish(bufs, 3, ok, "int_sums: inconsistent shapes or row range");
 }
 
 /* kernels.ops.xent's backward for float32 logits, rows [r0, r1) of (R, V): the torch
@@ -384,15 +373,8 @@ static PyObject *py_xent_grad(PyObject *self, PyObject *args) {
         xent_grad_loop(x.buf, t.buf, lse.buf, (float)g, out.buf, V, r0, r1);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&t);
-    PyBuffer_Release(&lse);
-    PyBuffer_Release(&out);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "xent_grad: inconsistent shapes or row range");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    Py_buffer *bufs[] = {&x, &t, &lse, &out};
+    return finish(bufs, 4, ok, "xent_grad: inconsistent shapes or row range");
 }
 
 /* The exactness guard's products: out[r] = sum_k a[r, k] * v[k] in int64 (exact: the
@@ -431,21 +413,8 @@ static PyObject *py_mv_int8(PyObject *self, PyObject *args) {
         mv_int8_loop(a.buf, v.buf, out.buf, R, K, transposed, r0, r1);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&a);
-    PyBuffer_Release(&v);
-    PyBuffer_Release(&out);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "mv_int8: inconsistent shapes or row range");
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
-/* float32 -> bf16 bits, round to nearest even; NaN -> 0x7FC0 (kernels.int8.gemm.bf16_rne). */
-static inline uint16_t bf16_rne1(float x) {
-    uint32_t b = to_bits(x);
-    uint16_t r = (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-    return (x != x) ? (uint16_t)0x7FC0 : r;
+    Py_buffer *bufs[] = {&a, &v, &out};
+    return finish(bufs, 3, ok, "mv_int8: inconsistent shapes or row range");
 }
 
 CLONES static void bf16_rne_loop(const float *x, uint16_t *out, Py_ssize_t n) {
@@ -489,13 +458,8 @@ static PyObject *py_bf16_rne(PyObject *self, PyObject *args) {
         bf16_rne_loop(src.buf, dst.buf, src.len / 4);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "bf16_rne: need float32 src and bf16 dst of one length");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    Py_buffer *bufs[] = {&src, &dst};
+    return finish(bufs, 2, ok, "bf16_rne: need float32 src and bf16 dst of one length");
 }
 
 static PyObject *py_ste(PyObject *self, PyObject *args) {
@@ -515,16 +479,8 @@ static PyObject *py_ste(PyObject *self, PyObject *args) {
                  r0, r1);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&g);
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&div);
-    PyBuffer_Release(&dx);
-    PyBuffer_Release(&term);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "ste: inconsistent shapes or row range");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    Py_buffer *bufs[] = {&g, &x, &div, &dx, &term};
+    return finish(bufs, 5, ok, "ste: inconsistent shapes or row range");
 }
 
 static PyMethodDef methods[] = {

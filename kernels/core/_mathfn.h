@@ -83,4 +83,13 @@ static inline float log1(float x) {
     return (x < 0.0f || x != x) ? from_bits(NAN_BITS) : y;
 }
 
+
+/* float32 -> bf16 bits, round to nearest even (torch's conversion and
+ * kernels.int8.gemm.bf16_rne); NaN -> 0x7FC0. */
+static inline uint16_t bf16_rne1(float x) {
+    uint32_t b = to_bits(x);
+    uint16_t r = (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+    return (x != x) ? (uint16_t)0x7FC0 : r;
+}
+
 #endif

@@ -35,6 +35,20 @@ def available() -> bool:
     return _mathc is not None and os.environ.get("OPEN1B_MATHC", "1") != "0"
 
 
+def has(name: str) -> bool:
+    """True when the compiled loop ``name`` is present (an extension built from an older
+    source lacks the newer ones) and the loops are not disabled."""
+    return available() and hasattr(_mathc, name)
+
+
+def flat(x: torch.Tensor):
+    """The numpy view of a contiguous CPU tensor's memory, for a compiled loop to write into
+    or read (never a copy: a copy would drop what the loop writes)."""
+    if not x.is_contiguous():
+        raise ValueError("the compiled loops need contiguous tensors")
+    return x.reshape(-1).numpy()
+
+
 def _pool(n: int) -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None or _POOL._max_workers < n:
@@ -89,7 +103,7 @@ def slice_rows(x: torch.Tensor, slices: int) -> tuple[torch.Tensor, torch.Tensor
 def philox_words(seed: int, stream: int, offset: int, n: int) -> torch.Tensor | None:
     """``kernels.ops.philox.random_words_cpu`` by the compiled loop (integer arithmetic
     only: the same words), or None when the loop is unavailable."""
-    if not available() or not hasattr(_mathc, "philox_words"):
+    if not has("philox_words"):
         return None
     out = torch.empty((n,), dtype=torch.int64)
     o = out.numpy()
@@ -105,15 +119,8 @@ def apply(name: str, x: torch.Tensor) -> torch.Tensor | None:
     fn = getattr(_mathc, name)
     src = x.contiguous()
     out = torch.empty_like(src)
-    a, b = src.reshape(-1).numpy(), out.reshape(-1).numpy()
-    n = a.shape[0]
-    threads = min(torch.get_num_threads(), max(1, n // PARALLEL_MIN))
-    if threads <= 1:
-        fn(a, b)
-    else:
-        step = -(-n // threads)
-        cuts = [(i, min(i + step, n)) for i in range(0, n, step)]
-        _each(lambda c: fn(a[c[0]:c[1]], b[c[0]:c[1]]), cuts)
+    a, b = flat(src), flat(out)
+    parallel(lambda lo, hi: fn(a[lo:hi], b[lo:hi]), a.shape[0], grain=PARALLEL_MIN)
     return out.reshape(x.shape)
 
 
@@ -122,7 +129,7 @@ def fwht_dim0_(y: torch.Tensor, block: int, rows: slice, cols: slice) -> bool:
     ``y[rows, cols]`` of a contiguous float32 (R, C) tensor, in place, by the compiled loop
     (the same IEEE adds and subtracts: the same bits); False when the loop is unavailable.
     Columns are independent, so the tile is split by columns among the torch threads."""
-    if not available() or not hasattr(_mathc, "fwht_dim0"):
+    if not has("fwht_dim0"):
         return False
     r, c = y.shape
     buf = y.reshape(-1).numpy()
@@ -139,21 +146,25 @@ def level_add(acc: torch.Tensor, t: torch.Tensor, rows: torch.Tensor, cols: torc
     and its row and column sums into ``rows`` (R,) and ``cols`` (C,) int64 - exact integer
     arithmetic, so the same values as the torch code in any order. False when the loop is
     unavailable. Rows split among the torch threads, each with its own column sums."""
-    if not available() or not hasattr(_mathc, "level_add"):
+    if not has("level_add"):
         return False
     r, c = acc.shape
-    a, tt, rr = _flat(acc), _flat(t), _flat(rows)
-    threads = min(torch.get_num_threads(), max(1, r // 16))
+    a, tt, rr = flat(acc), flat(t), flat(rows)
+    cols += _row_pieces(r, c, r // 16, lambda lo, hi, part: _mathc.level_add(
+        a, tt, rr, part, r, c, weight, first, lo, hi))
+    return True
+
+
+def _row_pieces(r: int, c: int, max_threads: int, fn) -> torch.Tensor:
+    """``fn(lo, hi, part)`` over rows [0, r) in one piece per thread (at most
+    ``max_threads``), each adding its column sums into its own int64 ``part`` (C,); returns
+    the parts' total - integer sums, the same in any split."""
+    threads = max(1, min(torch.get_num_threads(), max_threads, r))
     step = -(-r // threads) if r else 1
     parts = torch.zeros((threads, c), dtype=torch.int64)
-
-    def piece(i: int) -> None:
-        lo, hi = min(r, i * step), min(r, (i + 1) * step)
-        _mathc.level_add(a, tt, rr, parts[i].numpy(), r, c, weight, first, lo, hi)
-
-    _each(piece, list(range(threads)))
-    cols += parts.sum(0)
-    return True
+    _each(lambda i: fn(min(r, i * step), min(r, (i + 1) * step), parts[i].numpy()),
+          list(range(threads)))
+    return parts.sum(0)
 
 
 def level_round(t: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor, out: torch.Tensor,
@@ -161,18 +172,12 @@ def level_round(t: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor, out: to
     """``out[r, c0 + c] = fp32((T[r, c] * rowf[r]) * colf[c])`` (exact multiplies by powers of
     two in float64, one rounding: the torch code's operations) for T (R, C) into the rows of
     ``out`` (R, stride) float32; False when the loop is unavailable."""
-    if not available() or not hasattr(_mathc, "level_round"):
+    if not has("level_round"):
         return False
     r, c = t.shape
-    args = (_flat(t), _flat(rowf), _flat(colf), _flat(out), r, c, out.shape[1], c0)
+    args = (flat(t), flat(rowf), flat(colf), flat(out), r, c, out.shape[1], c0)
     parallel(lambda lo, hi: _mathc.level_round(*args, lo, hi), r, grain=16)
     return True
-
-
-def _flat(x: torch.Tensor):
-    if not x.is_contiguous():
-        raise ValueError("the compiled loops need contiguous tensors")
-    return x.reshape(-1).numpy()
 
 
 def int_sums(x: torch.Tensor, want_rows: bool = True):
@@ -180,30 +185,23 @@ def int_sums(x: torch.Tensor, want_rows: bool = True):
     CPU matrix by the compiled loop - exact integer sums, the values of torch's
     ``x.sum(dim, dtype=torch.int64)`` - or None when the loop is unavailable or ``x`` is not
     contiguous (the caller then sums with torch)."""
-    if (not available() or not hasattr(_mathc, "int_sums") or x.device.type != "cpu"
+    if (not has("int_sums") or x.device.type != "cpu"
             or x.dtype not in (torch.int32, torch.int8) or x.dim() != 2
             or not x.is_contiguous()):
         return None
     r, c = x.shape
     rows = torch.empty(r if want_rows else 0, dtype=torch.int64)
-    threads = min(torch.get_num_threads(), max(1, (r * c) // (1 << 18)), max(r, 1))
-    step = -(-r // threads) if r else 1
-    parts = torch.zeros((threads, c), dtype=torch.int64)
-    src, rr = x.reshape(-1).numpy(), rows.numpy()
-
-    def piece(i: int) -> None:
-        lo, hi = min(r, i * step), min(r, (i + 1) * step)
-        _mathc.int_sums(src, x.dtype == torch.int8, rr, parts[i].numpy(), r, c, lo, hi)
-
-    _each(piece, list(range(threads)))
-    return (rows if want_rows else None), parts.sum(0)
+    src, rr, is_int8 = flat(x), rows.numpy(), x.dtype == torch.int8
+    cols = _row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, part: _mathc.int_sums(
+        src, is_int8, rr, part, r, c, lo, hi))
+    return (rows if want_rows else None), cols
 
 
 def xent_grad(x: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, g: float):
     """``kernels.ops.xent.xent_backward_cpu``'s dlogits for float32 logits by the compiled
     loop (the same float32 operations in the same order: the same bits), or None when the
     loop is unavailable or the inputs are not contiguous CPU float32/int64."""
-    if (not available() or not hasattr(_mathc, "xent_grad") or x.device.type != "cpu"
+    if (not has("xent_grad") or x.device.type != "cpu"
             or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous()):
         return None
     r, v = x.shape
@@ -220,7 +218,7 @@ def mv_int8(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
     row-major one - and an int64 vector (K,): the exactness guard's products, exact while
     every sum stays below 2^63 (the caller's bound). None when the loop is unavailable or
     the layout is neither."""
-    if (not available() or not hasattr(_mathc, "mv_int8") or x.device.type != "cpu"
+    if (not has("mv_int8") or x.device.type != "cpu"
             or x.dtype != torch.int8 or x.dim() != 2 or v.dtype != torch.int64):
         return None
     r, k = x.shape
@@ -239,7 +237,7 @@ def mv_int8(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
 def bf16_rne(x: torch.Tensor) -> torch.Tensor | None:
     """``kernels.int8.gemm.bf16_rne`` (float32 -> bf16, round to nearest even by bit
     arithmetic, NaN -> 0x7FC0) by the compiled loop, or None when unavailable."""
-    if (not available() or not hasattr(_mathc, "bf16_rne") or x.device.type != "cpu"
+    if (not has("bf16_rne") or x.device.type != "cpu"
             or x.dtype != torch.float32):
         return None
     src = x.contiguous()
@@ -255,7 +253,7 @@ def ste(g: torch.Tensor, x: torch.Tensor, div: torch.Tensor, want_term: bool):
     operations (division, comparisons, clamp, round half to even, subtraction, product) -
     for contiguous (R, C) float32 ``g`` and bf16/float32 ``x``, ``div`` the safe step per
     row (R,) or for all (1,): (dx bf16, term float32 or None), or None when unavailable."""
-    if (not available() or not hasattr(_mathc, "ste") or g.device.type != "cpu"
+    if (not has("ste") or g.device.type != "cpu"
             or g.dtype != torch.float32 or x.dtype not in (torch.bfloat16, torch.float32)
             or g.dim() != 2 or g.shape != x.shape or not (g.is_contiguous() and x.is_contiguous())):
         return None

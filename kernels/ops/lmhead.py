@@ -219,6 +219,7 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
     # reduction), held exactly in dt
     col_a = [col_sums(sa[i]).to(dt) for i in range(slices)]
     col_b = [col_sums(sb[j]).to(dt) for j in range(slices)]
+    compiled = mathc.has("level_add") and mathc.has("level_round")
     rows_got = torch.zeros(r, dtype=torch.int64)
     cols_got = torch.zeros(c, dtype=torch.int64)
     for c0 in range(0, c, INT_COL_BLOCK):
@@ -228,9 +229,9 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
         for r0 in range(0, r, ROW_BLOCK):
             rs = slice(r0, r0 + ROW_BLOCK)
             nr, nc = min(r, r0 + ROW_BLOCK) - r0, min(c, c0 + INT_COL_BLOCK) - c0
-            # T; with the compiled loop (one pass per level, mathc.level_add) in a reused
-            # buffer, else the torch code and u, the plain sum of the levels (checks)
-            t = scratch("lmhead.t", (nr, nc), torch.float64) if mathc.available() else None
+            # T: by the compiled loops (one pass per level, in a reused buffer) or by the
+            # torch code with u, the plain sum of the levels (the checks' sums)
+            t = scratch("lmhead.t", (nr, nc), torch.float64) if compiled else None
             u = None
             for n_level, (lvl, pairs, k0, k1, bl) in enumerate(b_lv):
                 al = torch.cat([sa[i - 1][rs, k0:k1] for i, _ in pairs], 1)
@@ -240,19 +241,19 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
                 # float64 holds every value here exactly (integers below 2^53: T by MAX_K,
                 # the level sums below 3 * 2^31), so no operation below rounds
                 weight = float(1 << (7 * (slices + 1 - lvl)))
-                if t is not None and mathc.level_add(acc, t, rows_got[rs], cols_got[cs],
-                                                     weight, n_level == 0):
-                    continue
-                if u is None:
+                if compiled:
+                    mathc.level_add(acc, t, rows_got[rs], cols_got[cs], weight, n_level == 0)
+                elif u is None:
                     u = acc.to(torch.float64)
                     t = u * weight
                 else:
                     u.add_(acc)
                     t.add_(acc, alpha=weight)
-            if u is not None:
+            if compiled:
+                mathc.level_round(t, rowf[rs], colf[cs], out[rs], c0)
+            else:
                 rows_got[rs] += u.sum(1).to(torch.int64)
                 cols_got[cs] += u.sum(0).to(torch.int64)
-            if not mathc.level_round(t, rowf[rs], colf[cs], out[rs], c0):
                 out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
     # every pair (i, j) of every level once: slice i of a meets the b slices j <= S + 1 - i
     rows_want = sum(_mv(sa[i - 1], sum(col_b[j - 1] for j in range(1, slices + 2 - i)))
