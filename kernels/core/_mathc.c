@@ -62,60 +62,125 @@ UNARY(exp, exp1)
 UNARY(log, log1)
 
 /* kernels.ops.lmhead's slicer (slice_rows_cpu): integer and bit operations only, so any
- * evaluation order gives the same result. Rows r0 .. r1-1 of a row-major (R, K) operand,
- * float32 or bf16 bits; out int8 (S, R, K); exps int32 (R). */
-CLONES static void slice_loop(const void *src, int is_bf16, Py_ssize_t R, Py_ssize_t K,
-                              int S, Py_ssize_t r0, Py_ssize_t r1, int8_t *out,
-                              int32_t *exps) {
+ * evaluation order gives the same result. Integer loops also get an AVX-512 clone (no float
+ * arithmetic, so no rounding question). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define ICLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ICLONES
+#endif
+
+#define SLICE_BITS(src, is_bf16, i)                                                      \
+    ((is_bf16) ? ((uint32_t)((const uint16_t *)(src))[i] << 16)                          \
+               : ((const uint32_t *)(src))[i])
+
+static inline int32_t slice_exp(uint32_t b) {
+    int32_t ef = (int32_t)((b >> 23) & 0xFF);
+    return ef < 1 ? 1 : ef;
+}
+
+/* The S int8 slices of one element whose group exponent is eb, written S planes apart. */
+static inline void slice_put(uint32_t b, int32_t eb, int S, int8_t *restrict o,
+                             Py_ssize_t plane) {
+    int32_t ef = (int32_t)((b >> 23) & 0xFF);
+    int32_t man = (int32_t)(b & 0x7FFFFF) | ((ef != 0) << 23);
+    int32_t e = ef < 1 ? 1 : ef;
+    int32_t sh = eb - e + (24 - 7 * S);
+    sh = sh > 31 ? 31 : sh;
+    int32_t mag = man >> sh;
+    int32_t neg = -(int32_t)(b >> 31);           /* -1 for negative, else 0 */
+    for (int i = 0; i < S; i++) {
+        int32_t part = (mag >> (7 * (S - 1 - i))) & 127;
+        o[(Py_ssize_t)i * plane] = (int8_t)((part ^ neg) - neg);
+    }
+}
+
+/* Rows r0 .. r1-1 of a row-major (R, K) operand, float32 or bf16 bits, one exponent per
+ * row; out int8 (S, R, K); exps int32 (R). Inlined with constant is_bf16 and S below, so
+ * each variant's inner loops vectorize. */
+static inline __attribute__((always_inline)) void
+slice_rows_body(const void *src, const int is_bf16, Py_ssize_t R, Py_ssize_t K, const int S,
+                Py_ssize_t r0, Py_ssize_t r1, int8_t *restrict out, int32_t *restrict exps) {
     for (Py_ssize_t r = r0; r < r1; r++) {
         int32_t eb = 1;
         for (Py_ssize_t k = 0; k < K; k++) {
-            uint32_t b = is_bf16 ? ((uint32_t)((const uint16_t *)src)[r * K + k] << 16)
-                                 : ((const uint32_t *)src)[r * K + k];
-            int32_t ef = (int32_t)((b >> 23) & 0xFF);
-            int32_t e = ef < 1 ? 1 : ef;
+            int32_t e = slice_exp(SLICE_BITS(src, is_bf16, r * K + k));
             eb = e > eb ? e : eb;
         }
         exps[r] = eb;
-        for (Py_ssize_t k = 0; k < K; k++) {
-            uint32_t b = is_bf16 ? ((uint32_t)((const uint16_t *)src)[r * K + k] << 16)
-                                 : ((const uint32_t *)src)[r * K + k];
-            int32_t ef = (int32_t)((b >> 23) & 0xFF);
-            int32_t man = (int32_t)(b & 0x7FFFFF) | ((ef != 0) << 23);
-            int32_t e = ef < 1 ? 1 : ef;
-            int32_t sh = eb - e + (24 - 7 * S);
-            sh = sh > 31 ? 31 : sh;
-            int32_t mag = man >> sh;
-            int32_t neg = -(int32_t)(b >> 31);           /* -1 for negative, else 0 */
-            for (int i = 0; i < S; i++) {
-                int32_t part = (mag >> (7 * (S - 1 - i))) & 127;
-                out[(Py_ssize_t)i * R * K + r * K + k] = (int8_t)((part ^ neg) - neg);
-            }
+        for (Py_ssize_t k = 0; k < K; k++)
+            slice_put(SLICE_BITS(src, is_bf16, r * K + k), eb, S, out + r * K + k, R * K);
+    }
+}
+
+/* Columns c0 .. c1-1 of a row-major (R, C) operand, one exponent per column (the slicer of
+ * its transpose, in the operand's own layout): out int8 (S, R, C); exps int32 (C). */
+static inline __attribute__((always_inline)) void
+slice_cols_body(const void *src, const int is_bf16, Py_ssize_t R, Py_ssize_t C, const int S,
+                Py_ssize_t c0, Py_ssize_t c1, int8_t *restrict out, int32_t *restrict exps) {
+    for (Py_ssize_t c = c0; c < c1; c++) exps[c] = 1;
+    for (Py_ssize_t r = 0; r < R; r++)
+        for (Py_ssize_t c = c0; c < c1; c++) {
+            int32_t e = slice_exp(SLICE_BITS(src, is_bf16, r * C + c));
+            exps[c] = e > exps[c] ? e : exps[c];
         }
+    for (Py_ssize_t r = 0; r < R; r++)
+        for (Py_ssize_t c = c0; c < c1; c++)
+            slice_put(SLICE_BITS(src, is_bf16, r * C + c), exps[c], S, out + r * C + c, R * C);
+}
+
+#define SLICE_VARIANT(NAME, BODY, BF16, S)                                               \
+    ICLONES static void NAME(const void *src, Py_ssize_t R, Py_ssize_t K, Py_ssize_t lo,    \
+                             Py_ssize_t hi, int8_t *out, int32_t *exps) {                 \
+        BODY(src, BF16, R, K, S, lo, hi, out, exps);                                      \
+    }
+SLICE_VARIANT(slice_rows_b3, slice_rows_body, 1, 3)
+SLICE_VARIANT(slice_rows_f3, slice_rows_body, 0, 3)
+SLICE_VARIANT(slice_rows_b2, slice_rows_body, 1, 2)
+SLICE_VARIANT(slice_rows_f2, slice_rows_body, 0, 2)
+SLICE_VARIANT(slice_cols_b3, slice_cols_body, 1, 3)
+SLICE_VARIANT(slice_cols_f3, slice_cols_body, 0, 3)
+SLICE_VARIANT(slice_cols_b2, slice_cols_body, 1, 2)
+SLICE_VARIANT(slice_cols_f2, slice_cols_body, 0, 2)
+
+static void slice_loop(const void *src, int is_bf16, Py_ssize_t R, Py_ssize_t K, int S,
+                       int by_cols, Py_ssize_t lo, Py_ssize_t hi, int8_t *out, int32_t *exps) {
+    if (S == 3 || S == 2) {
+        typedef void (*variant)(const void *, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t,
+                                int8_t *, int32_t *);
+        static const variant table[2][2][2] = {
+            {{slice_rows_f2, slice_rows_b2}, {slice_rows_f3, slice_rows_b3}},
+            {{slice_cols_f2, slice_cols_b2}, {slice_cols_f3, slice_cols_b3}}};
+        table[by_cols != 0][S == 3][is_bf16 != 0](src, R, K, lo, hi, out, exps);
+    } else if (by_cols) {
+        slice_cols_body(src, is_bf16, R, K, S, lo, hi, out, exps);
+    } else {
+        slice_rows_body(src, is_bf16, R, K, S, lo, hi, out, exps);
     }
 }
 
 static PyObject *py_slice_rows(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer src, out, exps;
-    Py_ssize_t R, K, r0, r1;
-    int is_bf16, S;
-    if (!PyArg_ParseTuple(args, "y*pnniw*w*nn", &src, &is_bf16, &R, &K, &S, &out, &exps,
-                          &r0, &r1))
+    Py_ssize_t R, K, lo, hi;
+    int is_bf16, S, by_cols;
+    if (!PyArg_ParseTuple(args, "y*pnnipw*w*nn", &src, &is_bf16, &R, &K, &S, &by_cols, &out,
+                          &exps, &lo, &hi))
         return NULL;
-    int ok = S >= 1 && S <= 4 && R >= 0 && K >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R &&
-             src.len == R * K * (is_bf16 ? 2 : 4) && out.len == (Py_ssize_t)S * R * K &&
-             exps.len == R * 4;
+    int ok = S >= 1 && S <= 4 && R >= 0 && K >= 0 && 0 <= lo && lo <= hi &&
+             hi <= (by_cols ? K : R) && src.len == R * K * (is_bf16 ? 2 : 4) &&
+             out.len == (Py_ssize_t)S * R * K && exps.len == (by_cols ? K : R) * 4;
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        slice_loop(src.buf, is_bf16, R, K, S, r0, r1, (int8_t *)out.buf, (int32_t *)exps.buf);
+        slice_loop(src.buf, is_bf16, R, K, S, by_cols, lo, hi, (int8_t *)out.buf,
+                   (int32_t *)exps.buf);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
     PyBuffer_Release(&exps);
     if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "slice_rows: inconsistent shapes or buffer sizes");
+        PyErr_SetString(PyExc_ValueError, "slice_planes: inconsistent shapes or buffer sizes");
         return NULL;
     }
     Py_RETURN_NONE;
@@ -448,6 +513,69 @@ CLONES static void ste_loop(const float *g, const void *x, int x_bf16, const flo
     }
 }
 
+/* kernels.int8.gemm.dequantize_cpu fused with the guard's sums (kernels.int8.checksum), rows
+ * [r0, r1) of an int32 GEMM result acc (R, C): y = (float)acc (int32 -> float32, round to
+ * nearest even, as torch's conversion), y = y * rs[row] (or rs[0] when per_row is 0), then
+ * y = y * cs[c] - two float32 multiplies in torch's order, never fused - stored as float32
+ * or as bf16 bits (bf16_rne1). With `rows`, also acc's exact int64 row sums and this piece's
+ * column sums (`cols`, added to), read while the row is in cache. */
+CLONES static void dequant_loop(const int32_t *acc, const float *rs, int per_row,
+                                const float *cs, float *out32, uint16_t *out16, int64_t *rows,
+                                int64_t *cols, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        const int32_t *x = acc + r * C;
+        float s = rs[per_row ? r : 0];
+        if (out16) {
+            uint16_t *o = out16 + r * C;
+            for (Py_ssize_t c = 0; c < C; c++) {
+                float y = (float)x[c];
+                y = y * s;
+                y = y * cs[c];
+                o[c] = bf16_rne1(y);
+            }
+        } else {
+            float *o = out32 + r * C;
+            for (Py_ssize_t c = 0; c < C; c++) {
+                float y = (float)x[c];
+                y = y * s;
+                o[c] = y * cs[c];
+            }
+        }
+        if (rows) {
+            int64_t sum = 0;
+            for (Py_ssize_t c = 0; c < C; c++) {
+                sum += x[c];
+                cols[c] += x[c];
+            }
+            rows[r] = sum;
+        }
+    }
+}
+
+static PyObject *py_dequant(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer acc, rs, cs, out, rows, cols;
+    Py_ssize_t R, C, r0, r1;
+    int out_bf16;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*pw*w*nnnn", &acc, &rs, &cs, &out, &out_bf16, &rows,
+                          &cols, &R, &C, &r0, &r1))
+        return NULL;
+    int per_row = rs.len == R * 4;
+    int ok = R >= 0 && C >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && acc.len == R * C * 4 &&
+             (per_row || rs.len == 4) && cs.len == C * 4 &&
+             out.len == R * C * (out_bf16 ? 2 : 4) &&
+             ((rows.len == R * 8 && cols.len == C * 8) || (rows.len == 0 && cols.len == 0));
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        dequant_loop(acc.buf, rs.buf, per_row, cs.buf, out_bf16 ? NULL : out.buf,
+                     out_bf16 ? out.buf : NULL, rows.len ? rows.buf : NULL,
+                     cols.len ? cols.buf : NULL, C, r0, r1);
+        Py_END_ALLOW_THREADS
+    }
+    Py_buffer *bufs[] = {&acc, &rs, &cs, &out, &rows, &cols};
+    return finish(bufs, 6, ok, "dequant: inconsistent shapes or row range");
+}
+
 static PyObject *py_bf16_rne(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer src, dst;
@@ -490,6 +618,9 @@ static PyMethodDef methods[] = {
      "fwht_dim0(buf, R, C, r0, r1, B, c0, c1): Hadamard butterflies along dim 0, in place."},
     {"xent_grad", py_xent_grad, METH_VARARGS,
      "xent_grad(x, t, lse, g, out, R, V, r0, r1): kernels.ops.xent's backward, float32."},
+    {"dequant", py_dequant, METH_VARARGS,
+     "dequant(acc, rs, cs, out, out_bf16, rows, cols, R, C, r0, r1): kernels.int8.gemm's "
+     "dequantization, with the guard's row and column sums when rows/cols are non-empty."},
     {"bf16_rne", py_bf16_rne, METH_VARARGS, "bf16_rne(src, dst): float32 -> bf16 bits (RNE)."},
     {"ste", py_ste, METH_VARARGS,
      "ste(g, x, x_bf16, div, per_row, dx, term, R, C, r0, r1): the quantizer's STE."},
@@ -501,8 +632,9 @@ static PyMethodDef methods[] = {
      "level_add(acc, t, rows, cols, R, C, w, first, r0, r1): kernels.ops.lmhead's level sum."},
     {"level_round", py_level_round, METH_VARARGS,
      "level_round(t, rowf, colf, out, R, C, stride, c0, r0, r1): its rounding to float32."},
-    {"slice_rows", py_slice_rows, METH_VARARGS,
-     "slice_rows(src, is_bf16, R, K, S, out, exps, r0, r1): kernels.ops.lmhead's row slicer."},
+    {"slice_planes", py_slice_rows, METH_VARARGS,
+     "slice_planes(src, is_bf16, R, K, S, by_cols, out, exps, lo, hi): kernels.ops.lmhead's slicer "
+     "(rows lo..hi with one exponent per row, or columns lo..hi with one per column)."},
     {"exp", py_exp, METH_VARARGS, "exp(src, dst): mathfn.exp of float32 src into dst."},
     {"log", py_log, METH_VARARGS, "log(src, dst): mathfn.log of float32 src into dst."},
     {NULL, NULL, 0, NULL},

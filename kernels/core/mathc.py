@@ -83,21 +83,36 @@ def parallel(fn, n: int, grain: int = 64) -> None:
     _each(lambda c: fn(*c), cuts)
 
 
-def slice_rows(x: torch.Tensor, slices: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def slice_rows(x: torch.Tensor, slices: int, out: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``kernels.ops.lmhead.slice_rows_cpu`` by the compiled loop (integer operations only, so
-    the same result), or None when the loop is unavailable."""
-    if not available() or x.device.type != "cpu" or x.dtype not in (torch.float32,
-                                                                    torch.bfloat16):
+    the same result), or None when the loop is unavailable.
+
+    A transposed view of a row-major matrix (a weight seen as ``w.t()``) is sliced in its
+    storage's layout, one exponent per storage column, and the slices come back as the
+    matching transposed views - no transposed copy of the operand or of its slices. ``out``:
+    a contiguous int8 buffer of ``slices * x.numel()`` elements to write the slices into
+    (reused memory: no page faults), else a new tensor."""
+    if not has("slice_planes") or x.device.type != "cpu" or x.dtype not in (torch.float32,
+                                                                           torch.bfloat16):
         return None
-    r, k = x.shape
-    src = x.contiguous()
+    by_cols = x.dim() == 2 and not x.is_contiguous() and x.t().is_contiguous()
+    src = x.t() if by_cols else x.contiguous()
+    r, k = src.shape
     bits = src.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
-    out = torch.empty((slices, r, k), dtype=torch.int8)
-    exps = torch.empty((r,), dtype=torch.int32)
+    if out is None:
+        out = torch.empty((slices, r, k), dtype=torch.int8)
+    elif out.dtype != torch.int8 or not out.is_contiguous() or out.numel() != slices * r * k:
+        raise ValueError(f"slice_rows: out must be contiguous int8 with {slices * r * k} "
+                         f"elements, got {out.dtype} {tuple(out.shape)}")
+    out = out.view(slices, r, k)
+    n = k if by_cols else r
+    exps = torch.empty((n,), dtype=torch.int32)
     a, o, e = bits.reshape(-1).numpy(), out.reshape(-1).numpy(), exps.numpy()
-    parallel(lambda lo, hi: _mathc.slice_rows(a, x.dtype == torch.bfloat16, r, k, slices,
-                                               o, e, lo, hi), r)
-    return out, exps
+    parallel(lambda lo, hi: _mathc.slice_planes(a, x.dtype == torch.bfloat16, r, k, slices,
+                                                by_cols, o, e, lo, hi),
+             n, grain=64 if by_cols else 1)
+    return (out.transpose(1, 2) if by_cols else out), exps
 
 
 def philox_words(seed: int, stream: int, offset: int, n: int) -> torch.Tensor | None:
@@ -232,6 +247,37 @@ def mv_int8(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
     args = (src.reshape(-1).numpy(), v.contiguous().numpy(), out.numpy(), r, k, transposed)
     parallel(lambda lo, hi: _mathc.mv_int8(*args, lo, hi), r, grain=64)
     return out
+
+
+def dequant(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
+            out: torch.Tensor, sums: bool):
+    """``kernels.int8.gemm.dequantize_cpu`` of int32 ``acc`` (R, C) into ``out`` (contiguous
+    float32 or bfloat16, acc's shape) by the compiled loop - the same float32 operations in
+    the same order - with, when ``sums``, the exactness guard's int64 (row sums, column
+    sums) of acc from the same pass. Returns (rows, cols) or () without sums; None when the
+    loop is unavailable or a layout does not fit (nothing was written)."""
+    if (not has("dequant") or acc.dtype != torch.int32 or not acc.is_contiguous()
+            or acc.dim() != 2 or out.dtype not in (torch.float32, torch.bfloat16)
+            or not out.is_contiguous() or out.shape != acc.shape):
+        return None
+    r, c = acc.shape
+    rs = row_scale.reshape(-1).to(torch.float32).contiguous()
+    cs = col_scale.reshape(-1).to(torch.float32).contiguous()
+    if rs.numel() not in (1, r) or cs.numel() != c:
+        return None
+    bf = out.dtype == torch.bfloat16
+    a, o = flat(acc), flat(out.view(torch.int16) if bf else out)
+    rsn, csn = rs.numpy(), cs.numpy()
+    if not sums:
+        none = torch.empty(0, dtype=torch.int64).numpy()
+        parallel(lambda lo, hi: _mathc.dequant(a, rsn, csn, o, bf, none, none, r, c, lo, hi),
+                 r, grain=max(1, PARALLEL_MIN // max(c, 1)))
+        return ()
+    rows = torch.empty(r, dtype=torch.int64)
+    rr = rows.numpy()
+    cols = _row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, part: _mathc.dequant(
+        a, rsn, csn, o, bf, rr, part, r, c, lo, hi))
+    return rows, cols
 
 
 def bf16_rne(x: torch.Tensor) -> torch.Tensor | None:

@@ -13,7 +13,8 @@ name returns the same memory, so a caller must use each name for one live interm
 a time and must never return a scratch tensor (or a view of it) from an op, nor save one
 for backward. Buffers are per thread (autograd may run backward on another thread).
 Arithmetic is unaffected: only where bytes live changes, never which operations run.
-``release()`` frees this thread's buffers (``total_bytes()`` reports them).
+``release()`` frees this thread's buffers, or those of one op's name prefix
+(``total_bytes()`` reports them).
 """
 from __future__ import annotations
 
@@ -48,6 +49,9 @@ def total_bytes() -> int:
     return sum(b.numel() for b in _buffers().values())
 
 
-def release() -> None:
-    """Drop this thread's scratch buffers (the next ``scratch`` call allocates afresh)."""
-    _buffers().clear()
+def release(prefix: str = "") -> None:
+    """Drop this thread's scratch buffers whose names start with ``prefix`` (all by default;
+    the next ``scratch`` call of a dropped name allocates afresh)."""
+    bufs = _buffers()
+    for name in [n for n in bufs if n.startswith(prefix)]:
+        del bufs[name]

@@ -64,13 +64,14 @@ def _mv(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def checksum_ok(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
+def checksum_ok(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, sums=None) -> bool:
     """Exact row and column sums of ``acc`` = a @ b.T against ``a @ colsum(b)`` and
-    ``rowsum(a) @ b`` (exact: ``_sum_dtype``). O((M + N) K) work."""
+    ``rowsum(a) @ b`` (exact: ``_sum_dtype``). O((M + N) K) work. ``sums``: acc's int64
+    (row sums, column sums) when the caller already has them (``mathc.dequant``)."""
     dt = _sum_dtype(a.shape[1], a.shape[0], b.shape[0])
     bs = col_sums(b).to(dt)                                # (K,)
     as_ = col_sums(a).to(dt)                               # (K,)
-    acc_rows, acc_cols = row_col_sums(acc)
+    acc_rows, acc_cols = sums if sums is not None else row_col_sums(acc)
     return bool(torch.equal(acc_rows.to(dt), _mv(a, bs))
                 and torch.equal(acc_cols.to(dt), _mv(b, as_)))
 
@@ -89,8 +90,9 @@ class SlabCheck:
         self.acc_cols = torch.zeros(b.shape[0], dtype=torch.int64)
         self.a_cols = torch.zeros(b.shape[1], dtype=torch.int64)
 
-    def rows_ok(self, acc: torch.Tensor, a: torch.Tensor) -> bool:
-        acc_rows, acc_cols = row_col_sums(acc)
+    def rows_ok(self, acc: torch.Tensor, a: torch.Tensor, sums=None) -> bool:
+        """This slab's rows (``sums``: acc's (row, column) sums if already taken)."""
+        acc_rows, acc_cols = sums if sums is not None else row_col_sums(acc)
         if not torch.equal(acc_rows.to(self.dt), _mv(a, self.bs)):
             return False
         self.acc_cols += acc_cols

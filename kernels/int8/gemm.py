@@ -333,6 +333,37 @@ def exact_int_mm_cpu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None 
     return _float_int_mm(a, b, out)
 
 
+def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
+                      col_scale: torch.Tensor, out_dtype: torch.dtype,
+                      out: torch.Tensor | None = None, slabs: SlabCheck | None = None
+                      ) -> torch.Tensor:
+    """``dequantize_cpu(exact_int_mm_cpu(a, b, slabs=slabs), row_scale, col_scale,
+    out_dtype, out)``: the same bits, and the same checks. On the integer route the check's
+    row and column sums of the int32 product are taken in the dequantization's own pass
+    (``mathc.dequant``: one read of the product instead of four or five), and the result is
+    returned only after the check passed; a failed check is counted, switches the process
+    to the float route and recomputes, as ``exact_int_mm_cpu`` does. ``out``: a contiguous
+    float32 destination (out_dtype float32 only)."""
+    m, n = a.shape[0], b.shape[0]
+    if (m and n and a.shape[1] > 1 and int_gemm_route() == "int" and mathc.has("dequant")
+            and (out is None or out_dtype == torch.float32)):
+        try:
+            acc = _raw_int_mm(a, b.t())
+        except RuntimeError:        # a layout or shape the library refuses: not a fault
+            acc = None
+        if acc is not None:
+            y = out if out is not None else torch.empty((m, n), dtype=out_dtype)
+            sums = mathc.dequant(acc, row_scale, col_scale, y, sums=True)
+            if sums is not None:
+                if (slabs.rows_ok(acc, a, sums) if slabs is not None
+                        else checksum_ok(acc, a, b, sums)):
+                    return y
+                _Route.failures += 1
+                _refuse(f"checksum failed on a {m}x{a.shape[1]}x{n} GEMM")
+    return dequantize_cpu(exact_int_mm_cpu(a, b, slabs=slabs), row_scale, col_scale,
+                          out_dtype, out=out)
+
+
 def int8_mm_cpu(a: torch.Tensor, b: torch.Tensor, row_scale=None, col_scale=None,
                 out_dtype: torch.dtype = torch.int32) -> torch.Tensor:
     """CPU reference: an exact integer GEMM (``exact_int_mm_cpu``) plus the epilogue."""
@@ -341,6 +372,8 @@ def int8_mm_cpu(a: torch.Tensor, b: torch.Tensor, row_scale=None, col_scale=None
     n = b.shape[0]
     if m == 0 or n == 0 or k == 0:
         acc = torch.zeros((m, n), dtype=torch.int32)
+    elif row_scale is not None:
+        return exact_dequant_cpu(a, b, row_scale, col_scale, out_dtype)
     else:
         acc = exact_int_mm_cpu(a, b)
     if row_scale is None:

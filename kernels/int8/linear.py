@@ -55,8 +55,8 @@ import torch
 from kernels.core.backend import use_triton
 from kernels.int8.hadamard import padded_width
 from kernels.int8.checksum import SlabCheck
-from kernels.int8.gemm import (MAX_K, dequantize_cpu, exact_int_mm_cpu, int_gemm_route, int8_mm,
-                               int8_mm_cpu, record_failure)
+from kernels.int8.gemm import (MAX_K, exact_dequant_cpu, int_gemm_route, int8_mm, int8_mm_cpu,
+                               record_failure)
 # The quantizers live in kernels/int8/quantize.py; re-exported so that callers keep importing
 # them from the op that uses them.
 from kernels.int8.quantize import (BLOCK_K, BLOCK_R, FLT_MIN, HADAMARD_BLOCK, INV_127,  # noqa: F401
@@ -164,11 +164,9 @@ def _dw_cpu(qa: torch.Tensor, qb: torch.Tensor, sa: torch.Tensor, sb: torch.Tens
     check = SlabCheck(qb, n) if int_gemm_route() == "int" else None
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        acc = exact_int_mm_cpu(qa[r0:r1], qb, out=scratch("linear.dw_acc", (r1 - r0, k),
-                                                           torch.int32), slabs=check)
         direct = dtype == torch.float32
         d = dw[r0:r1] if direct else scratch("linear.dw", (r1 - r0, k), torch.float32)
-        dequantize_cpu(acc, sa[r0:r1], sb, torch.float32, out=d)
+        exact_dequant_cpu(qa[r0:r1], qb, sa[r0:r1], sb, torch.float32, out=d, slabs=check)
         if outside is not None:
             d.masked_fill_(outside[r0:r1], 0.0)  # = where(inside_w, dW, +0)
         if not direct:
@@ -210,7 +208,7 @@ def linear_int8_backward_cpu(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     wt = scratch("linear.rot_w", (padded_width(n, HADAMARD_BLOCK), k), torch.float32)
     qb, sb = rotate_quantize_dim0_cpu(wt, "linear.codes_w", w_hat)              # (Np, K)
     qa, sa = rotate_quantize_dim0_cpu(_padded_t("linear.rot_g", dy), "linear.codes_g")
-    dx_hat = dequantize_cpu(exact_int_mm_cpu(qa.t(), qb.t()), sa, sb, torch.float32)
+    dx_hat = exact_dequant_cpu(qa.t(), qb.t(), sa, sb, torch.float32)
     # dW = G^T @ x_hat = s_x * (G^T @ q_x): contraction over M
     qa2, sa2 = rotate_quantize_dim0_cpu(_padded_t("linear.rot_g", dy.t()), "linear.codes_g")
     qb2, sb2 = rotate_quantize_dim0_cpu(_padded_t("linear.rot_x", q_x.t()), "linear.codes_x")

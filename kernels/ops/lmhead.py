@@ -49,7 +49,7 @@ from kernels.int8.checksum import _mv, _sum_dtype, col_sums
 from kernels.int8.gemm import (SGEMM_K, bf16_operand, int_gemm_route, int_mm_unchecked,
                                record_failure)
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
-from kernels.core.workspace import scratch
+from kernels.core.workspace import release, scratch
 
 if HAVE_TRITON:
     import triton
@@ -83,10 +83,16 @@ def exp_bias(slices: int) -> int:
     return 259 + 7 * slices
 
 
-def slice_rows_cpu(x: torch.Tensor, slices: int = SLICES) -> tuple[torch.Tensor, torch.Tensor]:
+def slice_rows_cpu(x: torch.Tensor, slices: int = SLICES, out_name: str | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(R, K) float -> (int8 slices (S, R, K), row exponents E (R,) int32); see step 1.
-    Integer and bit operations only; ``kernels.core.mathc`` runs the same loop compiled."""
-    fast = mathc.slice_rows(x, slices)
+    Integer and bit operations only; ``kernels.core.mathc`` runs the same loop compiled (for
+    a transposed view in its storage's layout: the slices are then transposed views too).
+    ``out_name``: write the compiled loop's slices into that scratch buffer (reused memory:
+    a weight's 0.8 GB of slices cost more in page faults than in slicing) - for a caller
+    that drops them before it returns (``ozaki_mm_cpu``)."""
+    out = scratch(out_name, (slices * x.numel(),), torch.int8) if out_name else None
+    fast = mathc.slice_rows(x, slices, out)
     if fast is not None:
         return fast
     r, k = x.shape
@@ -147,8 +153,8 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     COL_BLOCK keep the float64 accumulators in cache. For S = 3 (``CPU_S3_TWO_GEMMS``) the
     six products become two GEMMs with the same T: see ``_ozaki3_blocks``."""
     _check(a, b, slices)
-    sa, ea = slice_rows_cpu(a, slices)
-    sb, eb = slice_rows_cpu(b, slices)
+    sa, ea = slice_rows_cpu(a, slices, "lmhead.slices_a")
+    sb, eb = slice_rows_cpu(b, slices, "lmhead.slices_b")
     r, k = a.shape
     c = b.shape[0]
     out = torch.empty((r, c), dtype=torch.float32)
@@ -224,7 +230,7 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
     cols_got = torch.zeros(c, dtype=torch.int64)
     for c0 in range(0, c, INT_COL_BLOCK):
         cs = slice(c0, c0 + INT_COL_BLOCK)
-        b_lv = [(lvl, pairs, k0, k1, torch.cat([sb[j - 1][cs, k0:k1] for _, j in pairs], 1))
+        b_lv = [(lvl, pairs, k0, k1, _level_operand(sb, [j for _, j in pairs], cs, k0, k1))
                 for lvl, pairs in levels for k0, k1 in chunks]
         for r0 in range(0, r, ROW_BLOCK):
             rs = slice(r0, r0 + ROW_BLOCK)
@@ -234,7 +240,7 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
             t = scratch("lmhead.t", (nr, nc), torch.float64) if compiled else None
             u = None
             for n_level, (lvl, pairs, k0, k1, bl) in enumerate(b_lv):
-                al = torch.cat([sa[i - 1][rs, k0:k1] for i, _ in pairs], 1)
+                al = _level_operand(sa, [i for i, _ in pairs], rs, k0, k1)
                 acc = int_mm_unchecked(al, bl)
                 if acc is None:                 # a layout the library refuses: not a fault
                     return False
@@ -264,6 +270,18 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
         return True
     record_failure(f"checksum failed on the LM head's slice products ({r}x{k}x{c})")
     return False
+
+
+def _level_operand(s: torch.Tensor, which: list[int], rows: slice, k0: int, k1: int
+                   ) -> torch.Tensor:
+    """The slices ``s[i - 1][rows, k0:k1]`` (i in ``which``) side by side along K, (n, K_level)
+    - contiguous, or for transposed slices (``slice_rows_cpu`` of a transposed view) the
+    transposed view of a contiguous (K_level, n): either way a copy of contiguous rows, and
+    the int8 GEMM takes both layouts."""
+    parts = [s[i - 1][rows, k0:k1] for i in which]
+    if s.stride(-1) == 1:
+        return torch.cat(parts, 1)
+    return torch.cat([p.t() for p in parts], 0).t()
 
 
 def _ozaki3_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor,
@@ -452,7 +470,9 @@ def lmhead_forward(h: torch.Tensor, w: torch.Tensor, slices: int = SLICES) -> to
 def lmhead_backward(dlogits: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
                     slices: int = SLICES):
     """(dh (M, K) fp32, dw (V, K) fp32) for upstream dlogits (M, V) fp32 or bf16."""
-    return ozaki_mm(dlogits, w.t(), slices), ozaki_mm(dlogits.t(), h.t(), slices)
+    grads = ozaki_mm(dlogits, w.t(), slices), ozaki_mm(dlogits.t(), h.t(), slices)
+    release("lmhead.")  # the CPU path's slice buffers (GBs at a full vocabulary): a step's
+    return grads        # last use of them - the optimizer and the layers need the memory
 
 
 # ---------------------------------------------------------------- GPU check registry

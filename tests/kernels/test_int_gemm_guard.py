@@ -89,6 +89,33 @@ def test_a_fault_the_probe_misses_is_caught_by_the_checksum(route):
         "route": "float", "failures": 1, "reason": ""}
 
 
+@pytest.mark.parametrize("fault", ["one element", "cancelling in a row"])
+def test_a_fault_is_caught_in_the_fused_dequantization(route, fault):
+    # the int route's check sums come from the dequantization's own pass
+    # (``exact_dequant_cpu``): a wrong element, and a pair that leaves every row sum intact,
+    # are caught there, counted, and the result recomputed on the float route
+    a, b = _operands(m=48)
+    rs, cs = torch.rand(48) * 1e-3, torch.rand(29) * 1e-2
+    route("float")
+    want = gemm.int8_mm_cpu(a, b, rs, cs, torch.bfloat16)
+
+    def faulty_on_large(a, bt):
+        out = gemm._exact_ref(a, bt.t()).to(torch.int32)
+        if a.shape[0] >= 40:
+            out[3, 5] += 1
+            if fault == "cancelling in a row":
+                out[3, 6] -= 1
+        return out
+
+    route("int", faulty_on_large)
+    assert gemm.int_gemm_route() == "int"
+    with pytest.warns(RuntimeWarning, match="checksum failed on a 48x2100x29 GEMM"):
+        got = gemm.int8_mm_cpu(a, b, rs, cs, torch.bfloat16)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert gemm.int_gemm_status()["route"] == "float"
+    assert gemm.int_gemm_status()["failures"] == 1
+
+
 def test_routes_give_the_same_bits_through_the_linear(route):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(70, 300, generator=g).to(torch.bfloat16)

@@ -62,6 +62,52 @@ def test_compiled_slicer_equals_the_torch_slicer(dtype, slices, monkeypatch):
     monkeypatch.setenv("OPEN1B_MATHC", "1")
     t = mathc.slice_rows(x.t(), slices)                  # a transposed view: same as its copy
     assert torch.equal(t[0], mathc.slice_rows(x.t().contiguous(), slices)[0])
+    assert torch.equal(t[1], mathc.slice_rows(x.t().contiguous(), slices)[1])
+    assert t[0].stride(-1) != 1                           # sliced in the storage's layout
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want_t = lmhead.slice_rows_cpu(x.t(), slices)         # the torch slicer of the view
+    assert torch.equal(t[0], want_t[0]) and torch.equal(t[1], want_t[1])
+
+
+def test_compiled_slicer_writes_into_a_given_buffer():
+    x = torch.randn(40, 70).to(torch.bfloat16)
+    buf = torch.full((3 * 40 * 70,), 99, dtype=torch.int8)
+    got = mathc.slice_rows(x.t(), 3, buf)
+    assert got is not None and got[0].data_ptr() == buf.data_ptr()
+    assert torch.equal(got[0], mathc.slice_rows(x.t(), 3)[0])
+    with pytest.raises(ValueError, match="out must be contiguous int8 with 8400 elements"):
+        mathc.slice_rows(x, 3, torch.empty(100, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_row", [True, False])
+def test_compiled_dequantization_equals_torch(out_dtype, per_row):
+    """kernels.int8.gemm's dequantization (int32 -> float32 rounded, two float32 multiplies,
+    bf16 rounding) and the guard's sums from the same pass, against the torch code - int32
+    extremes (conversion rounds above 2^24), scales that overflow to inf and underflow to
+    subnormals and zero, a zero scale - on shapes that split among threads."""
+    from kernels.int8.checksum import row_col_sums
+    from kernels.int8.gemm import dequantize_cpu
+
+    g = torch.Generator().manual_seed(8)
+    acc = torch.randint(-2**31, 2**31 - 1, (301, 1200), generator=g,
+                        dtype=torch.int64).to(torch.int32)
+    acc[0], acc[1, :7] = 2**31 - 1, torch.tensor([-2**31, 16777217, -16777219, 1, 0, -1, 3])
+    rs = torch.rand(301 if per_row else 1, generator=g) * 1e-3
+    cs = torch.rand(1200, generator=g) * 1e-4
+    cs[:4] = torch.tensor([1e30, 1e-30, 0.0, 3.0e-39])
+    if per_row:
+        rs[5] = 1e-38
+    out = torch.empty(acc.shape, dtype=out_dtype)
+    sums = mathc.dequant(acc, rs, cs, out, sums=True)
+    want = dequantize_cpu(acc, rs, cs, out_dtype)
+    bits = torch.int16 if out_dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(out.view(bits), want.view(bits))
+    assert all(torch.equal(a, b) for a, b in zip(sums, row_col_sums(acc)))
+    out2 = torch.empty(acc.shape, dtype=out_dtype)
+    assert mathc.dequant(acc, rs, cs, out2, sums=False) == ()
+    assert torch.equal(out2.view(bits), want.view(bits))
+    assert mathc.dequant(acc.t(), rs, cs, out2, sums=False) is None   # not contiguous
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int8])
