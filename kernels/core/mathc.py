@@ -280,6 +280,56 @@ def dequant(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
     return rows, cols
 
 
+def _rms_ok(x: torch.Tensor, gain: torch.Tensor | None, name: str) -> bool:
+    return (has(name) and x.device.type == "cpu" and x.dtype == torch.bfloat16
+            and (gain is None or gain.dtype in (torch.bfloat16, torch.float32)))
+
+
+def _gain32(gain: torch.Tensor | None):
+    if gain is None:
+        return torch.empty(0, dtype=torch.float32).numpy()
+    return gain.to(torch.float32).contiguous().numpy()
+
+
+def rms_fwd(x: torch.Tensor, gain: torch.Tensor | None, rd: float, eps: float):
+    """``kernels.ops.rmsnorm.rmsnorm_fwd_cpu`` for bf16 x by the compiled loop (the same
+    float32 operations in the same order, the pairwise tree for the row sums): (y, rstd), or
+    None when the loop is unavailable or x is not bf16."""
+    if not _rms_ok(x, gain, "rms_fwd"):
+        return None
+    d = x.shape[-1]
+    xc = x.contiguous()
+    r = xc.numel() // d
+    y = torch.empty_like(xc)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32)
+    args = (flat(xc.view(torch.int16)), _gain32(gain), rd, eps, flat(y.view(torch.int16)),
+            flat(rstd), r, d)
+    parallel(lambda lo, hi: _mathc.rms_fwd(*args, lo, hi), r,
+             grain=max(1, PARALLEL_MIN // 4 // d))
+    return y, rstd
+
+
+def rms_bwd(dy: torch.Tensor, x: torch.Tensor, gain: torch.Tensor | None, rstd: torch.Tensor,
+            rd: float, prod: torch.Tensor | None):
+    """``kernels.ops.rmsnorm.rmsnorm_bwd_cpu``'s dx (bf16) for bf16 x by the compiled loop,
+    writing the gain gradient's terms dy * xhat into ``prod`` (float32, x's shape) when
+    given; None when the loop is unavailable or a dtype does not fit."""
+    if not _rms_ok(x, gain, "rms_bwd") or dy.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    d = x.shape[-1]
+    xc, dyc = x.contiguous(), dy.contiguous()
+    r = xc.numel() // d
+    dx = torch.empty_like(xc)
+    bf = dyc.dtype == torch.bfloat16
+    pr = flat(prod) if prod is not None else torch.empty(0, dtype=torch.float32).numpy()
+    args = (flat(dyc.view(torch.int16) if bf else dyc), bf, flat(xc.view(torch.int16)),
+            _gain32(gain), flat(rstd.to(torch.float32).contiguous()), rd,
+            flat(dx.view(torch.int16)), pr, r, d)
+    parallel(lambda lo, hi: _mathc.rms_bwd(*args, lo, hi), r,
+             grain=max(1, PARALLEL_MIN // 4 // d))
+    return dx
+
+
 def bf16_rne(x: torch.Tensor) -> torch.Tensor | None:
     """``kernels.int8.gemm.bf16_rne`` (float32 -> bf16, round to nearest even by bit
     arithmetic, NaN -> 0x7FC0) by the compiled loop, or None when unavailable."""

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import torch
 
+from kernels.core import mathc
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
 from kernels.core.mathfn import sqrt_rn
 from kernels.core.reduce import f32, next_pow2, reciprocal_f32, tree_sum_cpu
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
+from kernels.core.workspace import scratch
 
 if HAVE_TRITON:
     import triton
@@ -52,6 +54,9 @@ def _check(x: torch.Tensor, gain: torch.Tensor | None) -> int:
 # ------------------------------------------------------------------ CPU reference
 def rmsnorm_fwd_cpu(x, gain, eps):
     d = _check(x, gain)
+    fast = mathc.rms_fwd(x, gain, reciprocal_f32(d), f32(eps))   # the same ops, compiled
+    if fast is not None:
+        return fast
     xf = x.to(torch.float32)
     ss = tree_sum_cpu(xf * xf, -1)
     rstd = torch.ones_like(ss) / sqrt_rn(ss * reciprocal_f32(d) + f32(eps))
@@ -63,6 +68,10 @@ def rmsnorm_fwd_cpu(x, gain, eps):
 
 def rmsnorm_bwd_cpu(dy, x, gain, rstd):
     d = _check(x, gain)
+    prod = scratch("rmsnorm.prod", tuple(x.shape), torch.float32) if gain is not None else None
+    dx = mathc.rms_bwd(dy, x, gain, rstd, reciprocal_f32(d), prod)    # the same ops, compiled
+    if dx is not None:
+        return dx, (tree_sum_cpu(prod.reshape(-1, d), 0) if gain is not None else None)
     xhat = x.to(torch.float32) * rstd[..., None]
     dyf = dy.to(torch.float32)
     dxhat = dyf * gain.to(torch.float32) if gain is not None else dyf
