@@ -707,6 +707,105 @@ static PyObject *py_rms_bwd(PyObject *self, PyObject *args) {
     return finish(bufs, 6, ok, "rms_bwd: inconsistent shapes or row range");
 }
 
+/* kernels.ops.swiglu's CPU reference on rows [r0, r1) of the fused gate|up h (R, 2F), bf16
+ * bits, one output row at a time: the torch code's float32 operations in its order (exp is
+ * exp1, mathfn.exp's), each result rounded once to bf16 (bf16_rne1; NaN payloads are outside
+ * the op's contract). Forward: y = (g / (exp(-g) + 1)) * u. Backward, with dy (R, F):
+ * den = exp(-g) + 1, s = g / den, sig = 1 / den, dsilu = sig * ((g * (1 - sig)) + 1),
+ * dh = [(dy * u) * dsilu | dy * s]. */
+CLONES static void swiglu_loop(const uint16_t *h, const uint16_t *dy, uint16_t *out,
+                               Py_ssize_t F, Py_ssize_t r0, Py_ssize_t r1) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        const uint16_t *gr = h + r * 2 * F, *ur = gr + F;
+        if (!dy) {
+            uint16_t *o = out + r * F;
+            for (Py_ssize_t c = 0; c < F; c++) {
+                float g = widen_bf16(gr[c]), u = widen_bf16(ur[c]);
+                float den = exp1(-g) + 1.0f;
+                o[c] = bf16_rne1((g / den) * u);
+            }
+        } else {
+            const uint16_t *dr = dy + r * F;
+            uint16_t *og = out + r * 2 * F, *ou = og + F;
+            for (Py_ssize_t c = 0; c < F; c++) {
+                float g = widen_bf16(gr[c]), u = widen_bf16(ur[c]), d = widen_bf16(dr[c]);
+                float den = exp1(-g) + 1.0f;
+                float sv = g / den;
+                float sig = 1.0f / den;
+                float dsilu = sig * ((g * (1.0f - sig)) + 1.0f);
+                og[c] = bf16_rne1((d * u) * dsilu);
+                ou[c] = bf16_rne1(d * sv);
+            }
+        }
+    }
+}
+
+static PyObject *py_swiglu(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer h, dy, out;
+    Py_ssize_t R, F, r0, r1;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnnn", &h, &dy, &out, &R, &F, &r0, &r1)) return NULL;
+    int bwd = dy.len != 0;
+    int ok = R >= 0 && F >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && h.len == R * 2 * F * 2 &&
+             (!bwd || dy.len == R * F * 2) && out.len == R * F * 2 * (bwd ? 2 : 1);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        swiglu_loop(h.buf, bwd ? dy.buf : NULL, out.buf, F, r0, r1);
+        Py_END_ALLOW_THREADS
+    }
+    Py_buffer *bufs[] = {&h, &dy, &out};
+    return finish(bufs, 3, ok, "swiglu: inconsistent shapes or row range");
+}
+
+/* kernels.ops.xent's row logsumexp (row_lse_cpu) for float32 logits, rows [r0, r1) of
+ * (R, V): the online softmax over CH-column chunks in ascending order (the last padded
+ * with -inf), the torch code's operations in its order - the chunk maximum (NaN-sticky, as
+ * torch's amax), m' = maximum(m, c) (NaN if either is), s = s * exp(m - m') + tree(exp(x -
+ * m')) with the pairwise tree over the CH (a power of two) columns, lse = m + log(s). `ta`,
+ * `tb`: CH floats each of scratch. */
+CLONES static void xent_lse_loop(const float *x, float *lse, float *ta, float *tb,
+                                 Py_ssize_t V, Py_ssize_t CH, Py_ssize_t r0, Py_ssize_t r1) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        const float *xr = x + r * V;
+        float m = -INFINITY, s = 0.0f;
+        for (Py_ssize_t c0 = 0; c0 < V; c0 += CH) {
+            Py_ssize_t n = V - c0 < CH ? V - c0 : CH;
+            float cm = n < CH ? -INFINITY : xr[c0];
+            for (Py_ssize_t c = 0; c < n; c++) {
+                float v = xr[c0 + c];
+                cm = (v > cm || v != v || cm != cm) ? (cm != cm ? cm : v) : cm;
+            }
+            float mn = (m != m || cm != cm) ? NAN : (cm > m ? cm : m);
+            for (Py_ssize_t c = 0; c < n; c++) ta[c] = exp1(xr[c0 + c] - mn);
+            for (Py_ssize_t c = n; c < CH; c++) ta[c] = exp1(-INFINITY - mn);
+            float cs = tree_row(ta, tb, CH, CH);
+            float sc = s * exp1(m - mn);
+            s = sc + cs;
+            m = mn;
+        }
+        lse[r] = m + log1(s);
+    }
+}
+
+static PyObject *py_xent_lse(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer x, lse;
+    Py_ssize_t R, V, CH, r0, r1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnn", &x, &lse, &R, &V, &CH, &r0, &r1)) return NULL;
+    int ok = R >= 0 && V > 0 && CH > 0 && (CH & (CH - 1)) == 0 && 0 <= r0 && r0 <= r1 &&
+             r1 <= R && x.len == R * V * 4 && lse.len == R * 4;
+    float *ta = NULL;
+    if (ok && !(ta = malloc(sizeof(float) * 2 * CH))) ok = 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        xent_lse_loop(x.buf, lse.buf, ta, ta + CH, V, CH, r0, r1);
+        Py_END_ALLOW_THREADS
+    }
+    free(ta);
+    Py_buffer *bufs[] = {&x, &lse};
+    return finish(bufs, 2, ok, "xent_lse: inconsistent shapes or row range");
+}
+
 static PyObject *py_bf16_rne(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer src, dst;
@@ -756,6 +855,11 @@ static PyMethodDef methods[] = {
      "rms_fwd(x, gain, rd, eps, y, rstd, R, D, r0, r1): kernels.ops.rmsnorm's forward rows."},
     {"rms_bwd", py_rms_bwd, METH_VARARGS,
      "rms_bwd(dy, dy_bf16, x, gain, rstd, rd, dx, prod, R, D, r0, r1): its backward rows."},
+    {"swiglu", py_swiglu, METH_VARARGS,
+     "swiglu(h, dy, out, R, F, r0, r1): kernels.ops.swiglu's rows (backward when dy is "
+     "non-empty)."},
+    {"xent_lse", py_xent_lse, METH_VARARGS,
+     "xent_lse(x, lse, R, V, CH, r0, r1): kernels.ops.xent's row logsumexp (float32 rows)."},
     {"bf16_rne", py_bf16_rne, METH_VARARGS, "bf16_rne(src, dst): float32 -> bf16 bits (RNE)."},
     {"ste", py_ste, METH_VARARGS,
      "ste(g, x, x_bf16, div, per_row, dx, term, R, C, r0, r1): the quantizer's STE."},

@@ -228,6 +228,20 @@ def xent_grad(x: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, g: float):
     return out
 
 
+def xent_lse(x: torch.Tensor, chunk: int) -> torch.Tensor | None:
+    """``kernels.ops.xent.row_lse_cpu`` for contiguous float32 CPU logits by the compiled
+    rows (the same operations in the same order), or None when the loop is unavailable or
+    the layout does not fit."""
+    if (not has("xent_lse") or x.device.type != "cpu" or x.dtype != torch.float32
+            or x.dim() != 2 or not x.is_contiguous() or x.shape[1] == 0):
+        return None
+    r, v = x.shape
+    lse = torch.empty(r, dtype=torch.float32)
+    args = (flat(x), flat(lse), r, v, chunk)
+    parallel(lambda lo, hi: _mathc.xent_lse(*args, lo, hi), r, grain=1)
+    return lse
+
+
 def mv_int8(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
     """``x @ v`` in int64 for an int8 (R, K) CPU matrix - row-major or a transposed view of a
     row-major one - and an int64 vector (K,): the exactness guard's products, exact while
@@ -328,6 +342,26 @@ def rms_bwd(dy: torch.Tensor, x: torch.Tensor, gain: torch.Tensor | None, rstd: 
     parallel(lambda lo, hi: _mathc.rms_bwd(*args, lo, hi), r,
              grain=max(1, PARALLEL_MIN // 4 // d))
     return dx
+
+
+def swiglu(h: torch.Tensor, dy: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``kernels.ops.swiglu``'s CPU forward (dy None: y (..., F)) or backward (dh (..., 2F))
+    for bf16 h (..., 2F) and dy (..., F) by the compiled rows - the same float32 operations
+    in the same order - or None when the loop is unavailable or a dtype does not fit."""
+    if (not has("swiglu") or h.device.type != "cpu" or h.dtype != torch.bfloat16
+            or (dy is not None and dy.dtype != torch.bfloat16) or h.shape[-1] % 2):
+        return None
+    f = h.shape[-1] // 2
+    hc = h.contiguous()
+    r = hc.numel() // max(2 * f, 1)
+    shape = (*h.shape[:-1], f if dy is None else 2 * f)
+    out = torch.empty(shape, dtype=torch.bfloat16)
+    d = (flat(dy.contiguous().view(torch.int16)) if dy is not None
+         else torch.empty(0, dtype=torch.int16).numpy())
+    args = (flat(hc.view(torch.int16)), d, flat(out.view(torch.int16)), r, f)
+    parallel(lambda lo, hi: _mathc.swiglu(*args, lo, hi), r,
+             grain=max(1, PARALLEL_MIN // 8 // max(f, 1)))
+    return out
 
 
 def bf16_rne(x: torch.Tensor) -> torch.Tensor | None:

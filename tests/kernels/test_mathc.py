@@ -260,3 +260,51 @@ def test_compiled_rmsnorm_equals_torch(d, with_gain, dy_dtype, monkeypatch):
         nan = b.isnan()
         assert torch.equal(a.isnan(), nan)
         assert torch.equal(a[~nan].view(bits), b[~nan].view(bits))
+
+
+def test_compiled_swiglu_equals_torch(monkeypatch):
+    """kernels.ops.swiglu's CPU forward and backward by the compiled rows against the torch
+    code: gates far below zero (exp overflows: s = -0, sig = 0), large and subnormal
+    values, zeros of both signs, inf and NaN (NaN where torch has NaN: payloads are outside
+    the contract), rows split among threads."""
+    from kernels.ops.swiglu import swiglu_bwd_cpu, swiglu_fwd_cpu
+
+    g = torch.Generator().manual_seed(12)
+    h = torch.randn(301, 2 * 700, generator=g) * 10.0 ** torch.randint(-3, 3, (301, 1400),
+                                                                       generator=g).float()
+    h[0, :8] = torch.tensor([-200.0, -88.0, 90.0, 1e-40, -0.0, 0.0, float("inf"),
+                             float("nan")])
+    h[1, :3] = torch.tensor([-float("inf"), 3e38, -3e38])
+    h = h.to(torch.bfloat16)
+    dy = (torch.randn(301, 700, generator=g) * 2).to(torch.bfloat16)
+    got = swiglu_fwd_cpu(h), swiglu_bwd_cpu(dy, h)
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want = swiglu_fwd_cpu(h), swiglu_bwd_cpu(dy, h)
+    for a, b in zip(got, want):
+        nan = b.isnan()
+        assert a.shape == b.shape and bool(nan.any()) and torch.equal(a.isnan(), nan)
+        assert torch.equal(a[~nan].view(torch.int16), b[~nan].view(torch.int16))
+
+
+def test_compiled_row_logsumexp_equals_torch(monkeypatch):
+    """kernels.ops.xent's online logsumexp by the compiled rows against the torch code: a
+    vocabulary that is not a multiple of the chunk (the -inf padding), a NaN logit, a row
+    of -inf, huge and tiny logits, a maximum that moves between chunks."""
+    from kernels.ops.xent import CHUNK, row_lse_cpu, xent_forward_cpu
+
+    g = torch.Generator().manual_seed(13)
+    v = 2 * CHUNK + 77
+    x = torch.randn(9, v, generator=g) * 5
+    x[1, 5] = float("nan")
+    x[2] = -float("inf")
+    x[3, :10] = torch.tensor([3e38, -3e38, 1e-40, 88.0, 89.0, -104.0, 0.0, -0.0, 50.0, 60.0])
+    x[4, -1] = 300.0                                     # the maximum in the padded chunk
+    got = row_lse_cpu(x)
+    t = torch.randint(0, v, (9,), generator=g)
+    loss = xent_forward_cpu(x[5:], t[5:])[0]
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want = row_lse_cpu(x)
+    nan = want.isnan()
+    assert bool(nan[1]) and torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
+    assert torch.equal(loss.view(torch.int32), xent_forward_cpu(x[5:], t[5:])[0].view(torch.int32))
