@@ -26,6 +26,8 @@
 
 #include "_mathfn.h"
 
+static inline float widen_bf16(uint16_t v) { return from_bits((uint32_t)v << 16); }
+
 /* One loop per function (not a function pointer): the body inlines and vectorizes; on
  * x86-64 GCC also builds an AVX2 clone picked at load time (the same IEEE operations on
  * wider registers - FMA stays off - so the same bits). */
@@ -591,7 +593,6 @@ static inline float tree_row(float *ta, float *tb, Py_ssize_t n, Py_ssize_t P) {
     return ta[0];
 }
 
-static inline float widen_bf16(uint16_t v) { return from_bits((uint32_t)v << 16); }
 
 CLONES static void rms_fwd_loop(const uint16_t *x, const float *gain, float rd, float eps,
                                 uint16_t *y, float *rstd, float *ta, float *tb, Py_ssize_t D,
@@ -806,6 +807,173 @@ static PyObject *py_xent_lse(PyObject *self, PyObject *args) {
     return finish(bufs, 2, ok, "xent_lse: inconsistent shapes or row range");
 }
 
+/* kernels.int8.quantize.rotate_quantize_cols_cpu: rotate the columns [c0, c1) of the
+ * float32 (R, C) buffer y (R a multiple of B) after filling it from a source, in L2-sized
+ * tiles (tr rows x tc columns, whole B-row blocks); per tile: fill, the butterfly stages
+ * (fwht_dim0_loop: the same operations as hadamard_dim0_cpu_), the exact power-of-two
+ * scale, and the running column maximum and minimum (NaN-sticky, as torch's amax/amin and
+ * maximum/minimum). Sources, rows >= P zero:
+ *   kind 0 - bf16 (P, C) row-major: y[i, j] = s[i, j]
+ *   kind 1 - y already holds the data (widen_t wrote a transposed bf16 source into it)
+ *   kind 2 - int8 (P, C): y[i, j] = (float)s[i, j]
+ *   kind 3 - int8 (P, C) times a row scale: y[i, j] = (float)s[i, j] * rs[i] (one rounding). */
+static inline float nan_max(float a, float b) { return (a != a || b != b) ? NAN : (b > a ? b : a); }
+static inline float nan_min(float a, float b) { return (a != a || b != b) ? NAN : (b < a ? b : a); }
+
+CLONES static void rotq_fill(int kind, const void *src, const float *rs, Py_ssize_t P,
+                             float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1,
+                             Py_ssize_t c0, Py_ssize_t c1) {
+    if (kind == 1) return;                   /* filled by widen_t before (see py_widen_t) */
+    for (Py_ssize_t i = r0; i < r1; i++) {
+        float *yi = y + i * C;
+        if (i >= P) {
+            for (Py_ssize_t j = c0; j < c1; j++) yi[j] = 0.0f;
+        } else if (kind == 0) {
+            const uint16_t *si = (const uint16_t *)src + i * C;
+            for (Py_ssize_t j = c0; j < c1; j++) yi[j] = widen_bf16(si[j]);
+        } else if (kind == 2) {
+            const int8_t *si = (const int8_t *)src + i * C;
+            for (Py_ssize_t j = c0; j < c1; j++) yi[j] = (float)si[j];
+        } else {
+            const int8_t *si = (const int8_t *)src + i * C;
+            float sc = rs[i];
+            for (Py_ssize_t j = c0; j < c1; j++) yi[j] = (float)si[j] * sc;
+        }
+    }
+}
+
+CLONES static void rotq_finish(float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1,
+                               Py_ssize_t c0, Py_ssize_t c1, float scale, float *cmax,
+                               float *cmin) {
+    for (Py_ssize_t i = r0; i < r1; i++) {
+        float *yi = y + i * C;
+        for (Py_ssize_t j = c0; j < c1; j++) {
+            float v = yi[j] * scale;
+            yi[j] = v;
+            cmax[j] = nan_max(cmax[j], v);
+            cmin[j] = nan_min(cmin[j], v);
+        }
+    }
+}
+
+static PyObject *py_rotq(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer src, rs, y, cmax, cmin;
+    int kind;
+    Py_ssize_t P, R, C, B, tr, tc, c0, c1;
+    float scale;
+    if (!PyArg_ParseTuple(args, "iy*y*nw*nnnfw*w*nnnn", &kind, &src, &rs, &P, &y, &R, &C, &B,
+                          &scale, &cmax, &cmin, &tr, &tc, &c0, &c1))
+        return NULL;
+    Py_ssize_t esize = kind == 0 ? 2 : 1;
+    int ok = kind >= 0 && kind <= 3 && B >= 2 && (B & (B - 1)) == 0 && R % B == 0 &&
+             0 <= P && P <= R && tr > 0 && tr % B == 0 && tc > 0 && 0 <= c0 && c0 <= c1 &&
+             c1 <= C && (kind == 1 || src.len == P * C * esize) && y.len == R * C * 4 &&
+             cmax.len == C * 4 && cmin.len == C * 4 && (kind != 3 || rs.len == P * 4);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t j0 = c0; j0 < c1; j0 += tc) {
+            Py_ssize_t j1 = j0 + tc < c1 ? j0 + tc : c1;
+            for (Py_ssize_t i0 = 0; i0 < R; i0 += tr) {
+                Py_ssize_t i1 = i0 + tr < R ? i0 + tr : R;
+                rotq_fill(kind, src.buf, kind == 3 ? rs.buf : NULL, P, y.buf, C, i0, i1, j0, j1);
+                fwht_dim0_loop(y.buf, C, i0, i1, B, j0, j1);
+                rotq_finish(y.buf, C, i0, i1, j0, j1, scale, cmax.buf, cmin.buf);
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    Py_buffer *bufs[] = {&src, &rs, &y, &cmax, &cmin};
+    return finish(bufs, 5, ok, "rotq: inconsistent shapes, kind or column range");
+}
+
+/* A bf16 (Q, P) row-major source into the float32 (R, Q) buffer y transposed, rows
+ * [r0, r1) of y: y[i, j] = s[j, i] for i < P, zero rows from P. In 64 x 64 blocks (one
+ * block of each in L1, few pages at a time): torch's transposed copy is 3-4x slower. */
+CLONES static void widen_t_loop(const uint16_t *src, float *y, Py_ssize_t P, Py_ssize_t Q,
+                                Py_ssize_t r0, Py_ssize_t r1) {
+    for (Py_ssize_t ib = r0; ib < r1; ib += 64) {
+        Py_ssize_t ie = ib + 64 < r1 ? ib + 64 : r1;
+        for (Py_ssize_t jb = 0; jb < Q; jb += 64) {
+            Py_ssize_t je = jb + 64 < Q ? jb + 64 : Q;
+            for (Py_ssize_t i = ib; i < ie; i++) {
+                float *yi = y + i * Q;
+                if (i >= P) {
+                    for (Py_ssize_t j = jb; j < je; j++) yi[j] = 0.0f;
+                    continue;
+                }
+                for (Py_ssize_t j = jb; j < je; j++) yi[j] = widen_bf16(src[j * P + i]);
+            }
+        }
+    }
+}
+
+static PyObject *py_widen_t(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer src, y;
+    Py_ssize_t P, Q, R, r0, r1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnn", &src, &y, &P, &Q, &R, &r0, &r1)) return NULL;
+    int ok = 0 <= P && P <= R && Q >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R &&
+             src.len == P * Q * 2 && y.len == R * Q * 4;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        widen_t_loop(src.buf, y.buf, P, Q, r0, r1);
+        Py_END_ALLOW_THREADS
+    }
+    Py_buffer *bufs[] = {&src, &y};
+    return finish(bufs, 2, ok, "widen_t: inconsistent shapes or row range");
+}
+
+/* The codes of rotate_quantize_cols_cpu: rows [r0, r1) of float32 y (R, C), v = y / div[j]
+ * (IEEE division), clamped to [-127, 127] when `clamp`, rounded half to even, as int8 into
+ * out (R, C), or into out (C, R) when `transposed`. */
+CLONES static void codes_loop(const float *y, const float *div, int clamp, int8_t *out,
+                              int transposed, Py_ssize_t R, Py_ssize_t C, Py_ssize_t r0,
+                              Py_ssize_t r1) {
+    if (!transposed) {
+        for (Py_ssize_t i = r0; i < r1; i++)
+            for (Py_ssize_t j = 0; j < C; j++) {
+                float v = y[i * C + j] / div[j];
+                if (clamp) v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
+                out[i * C + j] = (int8_t)(int32_t)rintf(v);
+            }
+        return;
+    }
+    int8_t blk[64 * 64];                /* 64 x 64 blocks: codes by rows (vectorized), then
+                                           one transposed store of the block */
+    for (Py_ssize_t ib = r0; ib < r1; ib += 64)
+        for (Py_ssize_t jb = 0; jb < C; jb += 64) {
+            Py_ssize_t ie = ib + 64 < r1 ? ib + 64 : r1, je = jb + 64 < C ? jb + 64 : C;
+            for (Py_ssize_t i = ib; i < ie; i++)
+                for (Py_ssize_t j = jb; j < je; j++) {
+                    float v = y[i * C + j] / div[j];
+                    if (clamp) v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
+                    blk[(i - ib) * 64 + (j - jb)] = (int8_t)(int32_t)rintf(v);
+                }
+            for (Py_ssize_t j = jb; j < je; j++)
+                for (Py_ssize_t i = ib; i < ie; i++) out[j * R + i] = blk[(i - ib) * 64 + (j - jb)];
+        }
+}
+
+static PyObject *py_codes(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer y, div, out;
+    int clamp, transposed;
+    Py_ssize_t R, C, r0, r1;
+    if (!PyArg_ParseTuple(args, "y*y*pw*pnnnn", &y, &div, &clamp, &out, &transposed, &R, &C,
+                          &r0, &r1))
+        return NULL;
+    int ok = R >= 0 && C >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && y.len == R * C * 4 &&
+             div.len == C * 4 && out.len == R * C;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        codes_loop(y.buf, div.buf, clamp, out.buf, transposed, R, C, r0, r1);
+        Py_END_ALLOW_THREADS
+    }
+    Py_buffer *bufs[] = {&y, &div, &out};
+    return finish(bufs, 3, ok, "codes: inconsistent shapes or row range");
+}
+
 static PyObject *py_bf16_rne(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer src, dst;
@@ -860,6 +1028,14 @@ static PyMethodDef methods[] = {
      "non-empty)."},
     {"xent_lse", py_xent_lse, METH_VARARGS,
      "xent_lse(x, lse, R, V, CH, r0, r1): kernels.ops.xent's row logsumexp (float32 rows)."},
+    {"rotq", py_rotq, METH_VARARGS,
+     "rotq(kind, src, rs, P, y, R, C, B, scale, cmax, cmin, tr, tc, c0, c1): kernels.int8."
+     "quantize's fill, rotation, scale and column extremes of columns [c0, c1)."},
+    {"widen_t", py_widen_t, METH_VARARGS,
+     "widen_t(src, y, P, Q, R, r0, r1): a bf16 (Q, P) source into float32 y (R, Q), "
+     "transposed, zero rows from P."},
+    {"codes", py_codes, METH_VARARGS,
+     "codes(y, div, clamp, out, transposed, R, C, r0, r1): its int8 codes of rows [r0, r1)."},
     {"bf16_rne", py_bf16_rne, METH_VARARGS, "bf16_rne(src, dst): float32 -> bf16 bits (RNE)."},
     {"ste", py_ste, METH_VARARGS,
      "ste(g, x, x_bf16, div, per_row, dx, term, R, C, r0, r1): the quantizer's STE."},

@@ -154,6 +154,42 @@ def fwht_dim0_(y: torch.Tensor, block: int, rows: slice, cols: slice) -> bool:
     return True
 
 
+def rotate_cols(kind: int, src: torch.Tensor, row_scale: torch.Tensor | None, valid: int,
+                y: torch.Tensor, block: int, scale: float, cmax: torch.Tensor,
+                cmin: torch.Tensor, tile_rows: int, tile_cols: int) -> bool:
+    """``kernels.int8.quantize.rotate_quantize_cols_cpu``'s fill, rotation, scale and column
+    extremes by the compiled loop (see ``rotq`` in _mathc.c for the source kinds; ``src``
+    is the source's contiguous storage), columns split among the threads; False when the
+    loop is unavailable."""
+    if not has("rotq"):
+        return False
+    r, c = y.shape
+    bits = src.view(torch.int16) if src.dtype == torch.bfloat16 else src
+    if kind == 1:     # a transposed bf16 source: y filled first by one blocked transpose
+        sb = flat(bits)
+        parallel(lambda lo, hi: _mathc.widen_t(sb, flat(y), valid, c, r, lo * 64,
+                                               min(r, hi * 64)), -(-r // 64), grain=4)
+    rs = (flat(row_scale.to(torch.float32).contiguous()) if row_scale is not None
+          else torch.empty(0, dtype=torch.float32).numpy())
+    args = (kind, flat(bits), rs, valid, flat(y), r, c, block, scale, flat(cmax), flat(cmin),
+            tile_rows, tile_cols)
+    parallel(lambda lo, hi: _mathc.rotq(*args, lo, hi), c, grain=16)
+    return True
+
+
+def int8_codes(y: torch.Tensor, div: torch.Tensor, clamp: bool, out: torch.Tensor,
+               transposed: bool) -> bool:
+    """int8 ``rne(clamp(y / div[col]))`` of float32 (R, C) ``y`` into ``out`` ((R, C), or
+    (C, R) when ``transposed``) by the compiled loop; False when it is unavailable."""
+    if not has("codes"):
+        return False
+    r, c = y.shape
+    args = (flat(y), flat(div.to(torch.float32).contiguous()), clamp, flat(out), transposed, r, c)
+    parallel(lambda lo, hi: _mathc.codes(*args, lo, hi), r,
+             grain=max(64, PARALLEL_MIN // max(c, 1)))
+    return True
+
+
 def level_add(acc: torch.Tensor, t: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
               weight: float, first: bool) -> bool:
     """``kernels.ops.lmhead``'s integer route: one level's int32 product block ``acc`` (R, C)

@@ -53,7 +53,6 @@ import math
 import torch
 
 from kernels.core.backend import use_triton
-from kernels.int8.hadamard import padded_width
 from kernels.int8.checksum import SlabCheck
 from kernels.int8.gemm import (MAX_K, exact_dequant_cpu, int_gemm_route, int8_mm, int8_mm_cpu,
                                record_failure)
@@ -61,7 +60,8 @@ from kernels.int8.gemm import (MAX_K, exact_dequant_cpu, int_gemm_route, int8_mm
 # them from the op that uses them.
 from kernels.int8.quantize import (BLOCK_K, BLOCK_R, FLT_MIN, HADAMARD_BLOCK, INV_127,  # noqa: F401
                               Q_MAX, RND, ROT_ROWS, SLAB, codes_, quantize, quantize_cpu,
-                              rotate_quantize, rotate_quantize_dim0_cpu, row_absmax_step,
+                              rotate_quantize, rotate_quantize_cols_cpu,
+                              rotate_quantize_dim0_cpu, row_absmax_step,
                               row_absmax_step_cpu, safe_step, ste, ste_cpu)
 from kernels.core.reduce import tree_sum, tree_sum_cpu
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
@@ -138,15 +138,6 @@ def weight_codes_cpu(w: torch.Tensor):
     return q, sw, outside
 
 
-def _padded_t(name: str, t: torch.Tensor) -> torch.Tensor:
-    """float32 scratch (Kp, R) holding t (R, K) transposed, zero rows below K."""
-    kp = padded_width(t.shape[1], HADAMARD_BLOCK)
-    y = scratch(name, (kp, t.shape[0]), torch.float32)
-    y[: t.shape[1]].copy_(t.t())
-    y[t.shape[1]:].zero_()
-    return y
-
-
 def _dw_cpu(qa: torch.Tensor, qb: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
             outside: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """where(inside_w, rn(rn(float(qa @ qb^T) * sa[n]) * sb[k]), 0) as ``dtype`` (float32,
@@ -193,26 +184,20 @@ def linear_int8_backward_cpu(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     (recomputed when None), dw returned in ``dw_dtype`` (float32 rounded by ``.to``)."""
     _check(x, w, s_x)
     m, k = x.shape
-    n = w.shape[0]
     sx = s_x.reshape(1).to(torch.float32)
     if codes is None:
         codes = (quantize_cpu(x, sx), *weight_codes_cpu(w))
     q_x, q_w, sw, outside = codes
-    dy = dy.to(torch.bfloat16)
-    # dX_hat = G @ w_hat, contraction over N: rotate w_hat^T's rows = w_hat's columns
-    def w_hat(tile, rows, cols):  # rn(q_w * sw[n]), zero rows past N
-        lo, hi = rows.start, min(rows.stop, n)
-        tile[:hi - lo].copy_(q_w[lo:hi, cols]).mul_(sw[lo:hi, None])
-        tile[hi - lo:].zero_()
-
-    wt = scratch("linear.rot_w", (padded_width(n, HADAMARD_BLOCK), k), torch.float32)
-    qb, sb = rotate_quantize_dim0_cpu(wt, "linear.codes_w", w_hat)              # (Np, K)
-    qa, sa = rotate_quantize_dim0_cpu(_padded_t("linear.rot_g", dy), "linear.codes_g")
+    dy = dy.to(torch.bfloat16).contiguous()
+    # dX_hat = G @ w_hat, contraction over N: rotate w_hat^T's rows = w_hat's columns,
+    # w_hat = rn(q_w * sw[n]); and G's rows, seen from G^T (N, M)
+    qb, sb = rotate_quantize_cols_cpu(q_w, "linear.codes_w", row_scale=sw)       # (Np, K)
+    qa, sa = rotate_quantize_cols_cpu(dy.t(), "linear.codes_g")                   # (Np, M)
     dx_hat = exact_dequant_cpu(qa.t(), qb.t(), sa, sb, torch.float32)
-    # dW = G^T @ x_hat = s_x * (G^T @ q_x): contraction over M
-    qa2, sa2 = rotate_quantize_dim0_cpu(_padded_t("linear.rot_g", dy.t()), "linear.codes_g")
-    qb2, sb2 = rotate_quantize_dim0_cpu(_padded_t("linear.rot_x", q_x.t()), "linear.codes_x")
-    dw = _dw_cpu(qa2.t().contiguous(), qb2.t(), sa2, sb2 * sx, outside, dw_dtype)
+    # dW = G^T @ x_hat = s_x * (G^T @ q_x): contraction over M; G^T's codes in (N, Mp)
+    qa2, sa2 = rotate_quantize_cols_cpu(dy, "linear.codes_g", transposed=True)
+    qb2, sb2 = rotate_quantize_cols_cpu(q_x, "linear.codes_x")                    # (Mp, K)
+    dw = _dw_cpu(qa2, qb2.t(), sa2, sb2 * sx, outside, dw_dtype)
     dx, term = ste_cpu(dx_hat, x, sx, want_term=True, out_bf16=True)
     g = float(torch.tensor(1.0 / math.sqrt(m * k * Q_MAX), dtype=torch.float32))
     ds = tree_sum_cpu(term.reshape(-1), 0) * g

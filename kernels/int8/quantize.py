@@ -35,7 +35,7 @@ import torch
 
 from kernels.core import mathc
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
-from kernels.int8.hadamard import hadamard, hadamard_dim0_cpu_, padded_width
+from kernels.int8.hadamard import DIM0_TILE, hadamard, hadamard_dim0_cpu_, padded_width
 from kernels.int8.gemm import bf16_operand, bf16_rne
 from kernels.core.workspace import scratch
 
@@ -144,6 +144,56 @@ def rotate_quantize_dim0_cpu(y: torch.Tensor, name: str, fill=None):
     for r0 in range(0, y.shape[0], rows):  # slabs: divide, round and narrow in cache
         codes_(y[r0:r0 + rows].div_(div), clamp, codes[r0:r0 + rows])
     return codes, step
+
+
+def rotate_quantize_cols_cpu(s: torch.Tensor, name: str, row_scale: torch.Tensor | None = None,
+                             transposed: bool = False):
+    """``rotate_quantize(t)`` of the (R, K) matrix t = s^T, in the dim-0 layout of
+    ``rotate_quantize_dim0_cpu``: s (K, R) - bf16 or int8, row-major or the transposed view
+    of a row-major matrix; int8 times ``row_scale`` (K,) (one float32 product per element:
+    a dequantized weight) when given - is rotated along dim 0, zero-padded to Kp rows.
+    Returns (codes of t, transposed: (Kp, R) int8, or t's own (R, Kp) layout when
+    ``transposed``; scratch ``name``) and the steps (R,): the bits of the torch steps.
+
+    With the compiled loops, filling each tile from s (converting, transposing or scaling
+    in cache), the rotation, the scale and the column extremes are one pass per L2-sized
+    tile, and the codes one more - no float32 copy of s, no transposed copy of the codes."""
+    k, r = s.shape
+    kp = padded_width(k, HADAMARD_BLOCK)
+    y = scratch(f"{name}.y", (kp, r), torch.float32)
+    if row_scale is None and s.dtype == torch.bfloat16 and s.is_contiguous():
+        kind, src = 0, s
+    elif row_scale is None and s.dtype == torch.bfloat16 and s.t().is_contiguous():
+        kind, src = 1, s.t()
+    elif s.dtype == torch.int8 and s.is_contiguous():
+        kind, src = (2 if row_scale is None else 3), s
+    else:
+        kind, src = None, None
+    log = HADAMARD_BLOCK.bit_length() - 1
+    cmax = torch.full((r,), -math.inf)
+    cmin = torch.full((r,), math.inf)
+    tile_cols = max(1, DIM0_TILE // HADAMARD_BLOCK)
+    tile_rows = HADAMARD_BLOCK * max(1, DIM0_TILE // (HADAMARD_BLOCK * min(r, tile_cols) or 1))
+    if kind is not None and mathc.rotate_cols(kind, src, row_scale, k, y, HADAMARD_BLOCK,
+                                              2.0 ** -(log // 2), cmax, cmin, tile_rows,
+                                              tile_cols):
+        step = torch.maximum(cmax, cmin.neg_()).abs_().mul_(INV_127)   # as below
+        clamp = bool(((step > 0) & (step < FLT_MIN)).any())
+        codes = scratch(name, (r, kp) if transposed else (kp, r), torch.int8)
+        if mathc.int8_codes(y, safe_step(step), clamp, codes, transposed):
+            return codes, step
+    # the torch steps: y filled (w_hat tile by tile), then rotate_quantize_dim0_cpu
+    fill = None
+    if row_scale is None:
+        y[:k].copy_(s)
+        y[k:].zero_()
+    else:
+        def fill(tile, rows, cols):  # rn(s * row_scale[n]), zero rows past K
+            lo, hi = rows.start, min(rows.stop, k)
+            tile[:hi - lo].copy_(s[lo:hi, cols]).mul_(row_scale[lo:hi, None])
+            tile[hi - lo:].zero_()
+    codes, step = rotate_quantize_dim0_cpu(y, name, fill)
+    return (codes.t().contiguous() if transposed else codes), step
 
 
 # ------------------------------------------------------------------- Triton kernels

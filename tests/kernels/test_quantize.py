@@ -84,6 +84,34 @@ def test_dim0_layout_gives_the_same_bits():
     assert torch.equal(qt.t(), q) and torch.equal(bits(st), bits(s))
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_rotate_quantize_cols_gives_the_definitions_bits(compiled, monkeypatch):
+    """The backward's rotate-then-quantize from its sources (a bf16 matrix, a transposed
+    bf16 view, int8 codes, int8 codes times a row scale) against ``rotate_quantize`` of the
+    matrix it stands for, by the compiled pass and by the torch steps (OPEN1B_MATHC=0), in
+    both output layouts: subnormal and zero columns (step 0), a subnormal step (the clamp),
+    a row count that is not a multiple of the Hadamard block, tiles smaller than the
+    matrix (several row and column tiles)."""
+    if not compiled:
+        monkeypatch.setenv("OPEN1B_MATHC", "0")
+    monkeypatch.setattr(quantize, "DIM0_TILE", 256 * 32)
+    g = torch.Generator().manual_seed(21)
+    bf = (torch.randn(300, 70, generator=g) * 3).to(torch.bfloat16)   # s (K, R): t = s^T
+    bf[:, 3] = 0.0
+    bf[:, 5] = (torch.randn(300, generator=g) * 1e-39).to(torch.bfloat16)
+    q8 = torch.randint(-127, 128, (300, 70), dtype=torch.int8, generator=g)
+    rs = torch.rand(300, generator=g) * 1e-2
+    rs[7] = 1e-30
+    cases = [(bf, None, bf.float()), (bf.t().contiguous().t(), None, bf.float()),
+             (q8, None, q8.float()), (q8, rs, q8.float() * rs[:, None])]
+    for s, row_scale, dense in cases:
+        want_q, want_s = quantize.rotate_quantize(dense.t().contiguous())   # (R, Kp), (R,)
+        for transposed in (False, True):
+            q, st = quantize.rotate_quantize_cols_cpu(s, "test.rq", row_scale, transposed)
+            assert torch.equal(q if transposed else q.t(), want_q)
+            assert torch.equal(bits(st), bits(want_s))
+
+
 def test_linear_int8_keeps_exporting_the_quantizers():
     for name in ("quantize", "quantize_cpu", "rotate_quantize", "row_absmax_step",
                  "row_absmax_step_cpu", "ste", "ste_cpu", "Q_MAX", "RND", "INV_127",
