@@ -955,6 +955,52 @@ CLONES static void codes_loop(const float *y, const float *div, int clamp, int8_
         }
 }
 
+/* kernels.int8.quantize.quantize_cpu on rows [r0, r1) of (R, C), bf16 bits or float32:
+ * v = x / div[row] (or div[0] for all rows), clamped to [-127, 127], rounded half to even,
+ * as int8. */
+CLONES static void quant_loop(const void *x, int x_bf16, const float *div, int per_row,
+                              int8_t *out, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        float d = div[per_row ? r : 0];
+        int8_t *o = out + r * C;
+        if (x_bf16) {
+            const uint16_t *xr = (const uint16_t *)x + r * C;
+            for (Py_ssize_t c = 0; c < C; c++) {
+                float v = widen_bf16(xr[c]) / d;
+                v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
+                o[c] = (int8_t)(int32_t)rintf(v);
+            }
+        } else {
+            const float *xr = (const float *)x + r * C;
+            for (Py_ssize_t c = 0; c < C; c++) {
+                float v = xr[c] / d;
+                v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
+                o[c] = (int8_t)(int32_t)rintf(v);
+            }
+        }
+    }
+}
+
+static PyObject *py_quant(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer x, div, out;
+    int x_bf16;
+    Py_ssize_t R, C, r0, r1;
+    if (!PyArg_ParseTuple(args, "y*py*w*nnnn", &x, &x_bf16, &div, &out, &R, &C, &r0, &r1))
+        return NULL;
+    int per_row = div.len == R * 4 && R != 1;
+    int ok = R >= 0 && C >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R &&
+             x.len == R * C * (x_bf16 ? 2 : 4) && (div.len == 4 || div.len == R * 4) &&
+             out.len == R * C;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        quant_loop(x.buf, x_bf16, div.buf, per_row, out.buf, C, r0, r1);
+        Py_END_ALLOW_THREADS
+    }
+    Py_buffer *bufs[] = {&x, &div, &out};
+    return finish(bufs, 3, ok, "quant: inconsistent shapes or row range");
+}
+
 static PyObject *py_codes(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer y, div, out;
@@ -1034,6 +1080,8 @@ static PyMethodDef methods[] = {
     {"widen_t", py_widen_t, METH_VARARGS,
      "widen_t(src, y, P, Q, R, r0, r1): a bf16 (Q, P) source into float32 y (R, Q), "
      "transposed, zero rows from P."},
+    {"quant", py_quant, METH_VARARGS,
+     "quant(x, x_bf16, div, out, R, C, r0, r1): kernels.int8.quantize.quantize_cpu's rows."},
     {"codes", py_codes, METH_VARARGS,
      "codes(y, div, clamp, out, transposed, R, C, r0, r1): its int8 codes of rows [r0, r1)."},
     {"bf16_rne", py_bf16_rne, METH_VARARGS, "bf16_rne(src, dst): float32 -> bf16 bits (RNE)."},

@@ -177,6 +177,26 @@ def rotate_cols(kind: int, src: torch.Tensor, row_scale: torch.Tensor | None, va
     return True
 
 
+def quantize(x: torch.Tensor, div: torch.Tensor) -> torch.Tensor | None:
+    """``kernels.int8.quantize.quantize_cpu``'s int8 codes of a 2-D bf16 or float32 CPU
+    tensor for the safe step ``div`` ((R,) per row or (1,)) by the compiled loop - the same
+    division, clamp and rounding - or None when the loop is unavailable."""
+    if (not has("quant") or x.device.type != "cpu" or x.dim() != 2
+            or x.dtype not in (torch.bfloat16, torch.float32)):
+        return None
+    r, c = x.shape
+    d = div.reshape(-1).to(torch.float32).contiguous()
+    if d.numel() not in (1, r):
+        return None
+    xc = x.contiguous()
+    out = torch.empty((r, c), dtype=torch.int8)
+    bf = x.dtype == torch.bfloat16
+    args = (flat(xc.view(torch.int16) if bf else xc), bf, flat(d), flat(out), r, c)
+    parallel(lambda lo, hi: _mathc.quant(*args, lo, hi), r,
+             grain=max(1, PARALLEL_MIN // max(c, 1)))
+    return out
+
+
 def int8_codes(y: torch.Tensor, div: torch.Tensor, clamp: bool, out: torch.Tensor,
                transposed: bool) -> bool:
     """int8 ``rne(clamp(y / div[col]))`` of float32 (R, C) ``y`` into ``out`` ((R, C), or

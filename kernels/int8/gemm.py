@@ -38,6 +38,7 @@ import torch
 from kernels.core import mathc
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
+from kernels.core.workspace import scratch
 from kernels.int8.checksum import SlabCheck, checksum_ok
 
 if HAVE_TRITON:
@@ -153,9 +154,12 @@ INT_GEMM_ENV = "OPEN1B_INT_GEMM"
 _VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
-def _raw_int_mm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
-    """The library's int8 GEMM, a (M, K) @ b_t (K, N) -> int32 (tests replace this)."""
-    return torch._int_mm(a, b_t)
+def _raw_int_mm(a: torch.Tensor, b_t: torch.Tensor, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """The library's int8 GEMM, a (M, K) @ b_t (K, N) -> int32, into ``out`` (contiguous
+    int32 (M, N)) when given: reused memory, where a fresh product of the linear's size
+    costs a third of the GEMM in page faults (tests replace this)."""
+    return torch._int_mm(a, b_t) if out is None else torch._int_mm(a, b_t, out=out)
 
 
 def cpu_flags() -> set[str]:
@@ -323,11 +327,11 @@ def exact_int_mm_cpu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None 
     """
     if a.shape[0] and b.shape[0] and a.shape[1] > 1 and int_gemm_route() == "int":
         try:
-            acc = _raw_int_mm(a, b.t())
+            acc = _raw_int_mm(a, b.t(), out=out)
         except RuntimeError:        # a layout or shape the library refuses: not a fault
             return _float_int_mm(a, b, out)
         if slabs.rows_ok(acc, a) if slabs is not None else checksum_ok(acc, a, b):
-            return acc if out is None else out.copy_(acc)
+            return acc
         _Route.failures += 1
         _refuse(f"checksum failed on a {a.shape[0]}x{a.shape[1]}x{b.shape[0]} GEMM")
     return _float_int_mm(a, b, out)
@@ -347,8 +351,8 @@ def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
     m, n = a.shape[0], b.shape[0]
     if (m and n and a.shape[1] > 1 and int_gemm_route() == "int" and mathc.has("dequant")
             and (out is None or out_dtype == torch.float32)):
-        try:
-            acc = _raw_int_mm(a, b.t())
+        try:               # the product is only read here: a reused buffer (page faults)
+            acc = _raw_int_mm(a, b.t(), out=scratch("gemm.acc", (m, n), torch.int32))
         except RuntimeError:        # a layout or shape the library refuses: not a fault
             acc = None
         if acc is not None:

@@ -12,8 +12,9 @@ def route(monkeypatch):
     optionally with ``mm`` as the library's int8 GEMM; the decision is reset after."""
     def set_route(value: str, mm=None):
         monkeypatch.setenv(gemm.INT_GEMM_ENV, value)
-        if mm is not None:
-            monkeypatch.setattr(gemm, "_raw_int_mm", mm)
+        if mm is not None:   # the library's signature: an optional out (int32 (M, N))
+            monkeypatch.setattr(gemm, "_raw_int_mm", lambda a, b_t, out=None: (
+                mm(a, b_t) if out is None else out.copy_(mm(a, b_t))))
         gemm.reset_int_gemm_route()
     yield set_route
     gemm.reset_int_gemm_route()

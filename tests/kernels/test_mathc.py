@@ -308,3 +308,26 @@ def test_compiled_row_logsumexp_equals_torch(monkeypatch):
     assert bool(nan[1]) and torch.equal(got.isnan(), nan)
     assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
     assert torch.equal(loss.view(torch.int32), xent_forward_cpu(x[5:], t[5:])[0].view(torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("per_row", [True, False])
+def test_compiled_quantizer_equals_torch(dtype, per_row, monkeypatch):
+    """kernels.int8.quantize.quantize_cpu by the compiled loop against the torch steps:
+    values past the clamp, exact ties (rounded half to even), a zero step (the safe
+    divisor 1), subnormal steps, huge values, rows split among threads."""
+    from kernels.int8.quantize import quantize_cpu
+
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(300, 1111, generator=g) * 50
+    x[0, :8] = torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5, 126.5, -127.5, 1e30])
+    x = x.to(dtype)
+    step = (torch.rand(300 if per_row else 1, generator=g) + 0.5)
+    step[0] = 1.0
+    if per_row:
+        step[1], step[2] = 0.0, 1e-40
+    got = quantize_cpu(x, step)
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want = quantize_cpu(x, step)
+    assert got.dtype == torch.int8 and torch.equal(got, want)
+    assert got[0, :7].tolist() == [0, 2, 2, 0, -2, 126, -127]
