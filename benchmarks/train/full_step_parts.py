@@ -26,7 +26,7 @@ The full Open-1B step is mix-0626's main batch (``manifests/mix-0626.toml``: 1,1
 run ``cores / threads`` windows at once (each at this run's thread count); the projection
 counts that as linear in cores - a lower bound on time, since memory bandwidth is shared.
 
-    python -m benchmarks.train.full_step_parts [--windows 512] [--head-tokens 64]
+    python -m benchmarks.train.full_step_parts [--windows 512] [--head-tokens 64] [--repeats 1]
         [--out benchmarks/results/results-full-step.md]
 """
 from __future__ import annotations
@@ -80,6 +80,18 @@ def time_head(tokens: int) -> dict:
             "at_4096": (t2 - t0) * scale}
 
 
+def _median_run(fn, repeats: int) -> dict:
+    """``fn()``'s timings: one run when ``repeats`` is 1, else one untimed warm-up and the
+    run with the median total of ``repeats`` timed ones (all runs listed under "runs")."""
+    if repeats <= 1:
+        return fn()
+    fn()
+    runs = [fn() for _ in range(repeats)]
+    key = "at_4096" if "at_4096" in runs[0] else "resident"
+    best = sorted(runs, key=lambda r: r[key])[(len(runs) - 1) // 2]
+    return {**best, "runs": [round(r[key], 2) for r in runs]}
+
+
 def main_batch_windows() -> int:
     """Windows of one full Open-1B step: mix-0626's main phase (its second, 4.7M tokens)."""
     import os
@@ -123,6 +135,10 @@ def main() -> None:
     ap.add_argument("--cores", type=int, default=16, help="cores of the projected machine")
     ap.add_argument("--update-seconds", type=float, default=None,
                     help="measured AdamW update + hashes of one full step, added once")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="timed runs of each part after one untimed warm-up (the median "
+                         "counts); 1 = one run, no warm-up (the first call also pays for "
+                         "the scratch buffers every later layer reuses)")
     a = ap.parse_args()
 
     from benchmarks.machine import LoadLog, describe, simd_flags
@@ -132,11 +148,11 @@ def main() -> None:
     layers = {}
     for w in a.windows.split(","):
         print(f"[layer {w}] forward + backward at {SEQ} tokens ...", flush=True)
-        layers[w] = time_layer(w)
+        layers[w] = _median_run(lambda: time_layer(w), a.repeats)
         print(f"[layer {w}] {layers[w]}", flush=True)
         load.sample(f"layer {w}")
     print(f"[head] {a.head_tokens} tokens ...", flush=True)
-    head = time_head(a.head_tokens)
+    head = _median_run(lambda: time_head(a.head_tokens), a.repeats)
     print(f"[head] {head}", flush=True)
     load.sample("head")
     m = open1b().model
@@ -147,17 +163,21 @@ def main() -> None:
     total = layer_s + head["at_4096"]
     rows = [f"| layer, window {w}, {SEQ:,} tokens | {r['forward']:.1f} | {r['backward']:.1f} "
             f"| {r['lean']:.1f} (2 x fwd + bwd) |" for w, r in layers.items()]
+    runs = [f"{name}: {r['runs']}" for name, r in [*layers.items(), ("head", head)]
+            if "runs" in r]
     rows.append(f"| LM head + loss, {head['tokens']} tokens | {head['forward']:.1f} | "
                 f"{head['backward']:.1f} | {head['at_4096']:.0f} (x {SEQ // head['tokens']}, "
                 f"at {SEQ:,} tokens) |")
     text = "\n".join([
         f"\n## {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC - "
         f"`python -m benchmarks.train.full_step_parts --windows {a.windows} "
-        f"--head-tokens {a.head_tokens}`", "",
+        f"--head-tokens {a.head_tokens} --repeats {a.repeats}`", "",
         f"- machine: {describe()}; CPU flags: {simd_flags()}",
         f"- {load.summary()}", "",
         "| part (CPU reference, Open-1B shapes) | forward s | backward s | lean step s |",
         "|---|---|---|---|", *rows, "",
+        *([f"Median of {a.repeats} timed runs after a warm-up (totals, s: "
+           + "; ".join(runs) + ")", ""] if runs else []),
         f"**Projected** full `open1b` step (one 4,097-token window, lean plan), layers and "
         f"head only: {m.n_layers - n_full} windowed + {n_full} fully causal layers "
         f"{layer_s:,.0f} s + LM head {head['at_4096']:,.0f} s = **{total:,.0f} s "

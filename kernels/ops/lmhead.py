@@ -230,8 +230,10 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
     cols_got = torch.zeros(c, dtype=torch.int64)
     for c0 in range(0, c, INT_COL_BLOCK):
         cs = slice(c0, c0 + INT_COL_BLOCK)
-        b_lv = [(lvl, pairs, k0, k1, _level_operand(sb, [j for _, j in pairs], cs, k0, k1))
-                for lvl, pairs in levels for k0, k1 in chunks]
+        b_lv = [(lvl, pairs, k0, k1, _level_operand(sb, [j for _, j in pairs], cs, k0, k1,
+                                                    f"lmhead.op_b{n}"))
+                for n, ((lvl, pairs), (k0, k1)) in enumerate(
+                    (lp, ch) for lp in levels for ch in chunks)]
         for r0 in range(0, r, ROW_BLOCK):
             rs = slice(r0, r0 + ROW_BLOCK)
             nr, nc = min(r, r0 + ROW_BLOCK) - r0, min(c, c0 + INT_COL_BLOCK) - c0
@@ -240,7 +242,7 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
             t = scratch("lmhead.t", (nr, nc), torch.float64) if compiled else None
             u = None
             for n_level, (lvl, pairs, k0, k1, bl) in enumerate(b_lv):
-                al = _level_operand(sa, [i for i, _ in pairs], rs, k0, k1)
+                al = _level_operand(sa, [i for i, _ in pairs], rs, k0, k1, "lmhead.op_a")
                 acc = int_mm_unchecked(al, bl)
                 if acc is None:                 # a layout the library refuses: not a fault
                     return False
@@ -272,16 +274,19 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
     return False
 
 
-def _level_operand(s: torch.Tensor, which: list[int], rows: slice, k0: int, k1: int
-                   ) -> torch.Tensor:
+def _level_operand(s: torch.Tensor, which: list[int], rows: slice, k0: int, k1: int,
+                   name: str) -> torch.Tensor:
     """The slices ``s[i - 1][rows, k0:k1]`` (i in ``which``) side by side along K, (n, K_level)
     - contiguous, or for transposed slices (``slice_rows_cpu`` of a transposed view) the
     transposed view of a contiguous (K_level, n): either way a copy of contiguous rows, and
-    the int8 GEMM takes both layouts."""
+    the int8 GEMM takes both layouts. Written into the scratch buffer ``name`` (a fresh
+    operand of up to 100 MB cost 5x the copy in page faults)."""
     parts = [s[i - 1][rows, k0:k1] for i in which]
+    n, width = parts[0].shape[0], sum(p.shape[1] for p in parts)
     if s.stride(-1) == 1:
-        return torch.cat(parts, 1)
-    return torch.cat([p.t() for p in parts], 0).t()
+        return torch.cat(parts, 1, out=scratch(name, (n, width), torch.int8))
+    return torch.cat([p.t() for p in parts], 0,
+                     out=scratch(name, (width, n), torch.int8)).t()
 
 
 def _ozaki3_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor,
