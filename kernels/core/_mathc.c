@@ -287,80 +287,66 @@ static PyObject *finish(Py_buffer **bufs, int n, int ok, const char *msg) {
     return NULL;
 }
 
-/* kernels.ops.lmhead's integer route, the work between its int8 GEMMs (exact integer
- * arithmetic in int64 and float64 below 2^53: the same values in any order).
- * level_add: rows [r0, r1) of one level's int32 product block acc (R, C) added into T
- * (float64 (R, C)) with the level's weight (T = acc * w on the first), and its plain row and
- * column sums into rows (R,) and cols (C,) int64 - the exactness check's sums. */
-CLONES static void level_add_loop(const int32_t *acc, double *t, int64_t *rows, int64_t *cols,
-                                  Py_ssize_t C, double w, int first, Py_ssize_t r0,
-                                  Py_ssize_t r1) {
+/* kernels.ops.lmhead's integer route after the int8 GEMMs of one output block, rows
+ * [r0, r1) of the n int32 products accs (n, R, C) - each level's, per contraction chunk -
+ * with weights w (n, powers of two): T = sum_k acc_k * w_k in float64 (exact: integers
+ * below 2^53, so any order), out[r, c0 + c] = fp32((T * rowf[r]) * colf[c]) (two exact
+ * power-of-two multiplies, one rounding: ozaki_mm_cpu's step 3), and the plain sums
+ * u = sum_k acc_k into rows (R,) and this piece's cols (C,) in int64 - the exactness check's
+ * sums. One read of each product, one write of the output; `t`, `u`: C-element row
+ * scratch. */
+CLONES static void levels_round_loop(const int32_t *accs, Py_ssize_t n, const double *w,
+                                     const double *rowf, const double *colf, float *out,
+                                     double *t, int64_t *u, int64_t *rows, int64_t *cols,
+                                     Py_ssize_t R, Py_ssize_t C, Py_ssize_t stride,
+                                     Py_ssize_t c0, Py_ssize_t r0, Py_ssize_t r1) {
     for (Py_ssize_t r = r0; r < r1; r++) {
-        const int32_t *a = acc + r * C;
-        double *tr = t + r * C;
-        int64_t rs = 0;
-        if (first)
-            for (Py_ssize_t c = 0; c < C; c++) tr[c] = (double)a[c] * w;
-        else
-            for (Py_ssize_t c = 0; c < C; c++) tr[c] = tr[c] + (double)a[c] * w;
         for (Py_ssize_t c = 0; c < C; c++) {
-            rs += a[c];
-            cols[c] += a[c];
+            t[c] = 0.0;
+            u[c] = 0;
+        }
+        for (Py_ssize_t k = 0; k < n; k++) {
+            const int32_t *a = accs + k * R * C + r * C;
+            double wk = w[k];
+            for (Py_ssize_t c = 0; c < C; c++) {
+                t[c] = t[c] + (double)a[c] * wk;
+                u[c] += a[c];
+            }
+        }
+        float *o = out + r * stride + c0;
+        double rf = rowf[r];
+        int64_t rs = 0;
+        for (Py_ssize_t c = 0; c < C; c++) {
+            o[c] = (float)((t[c] * rf) * colf[c]);
+            rs += u[c];
+            cols[c] += u[c];
         }
         rows[r] += rs;
     }
 }
 
-/* round: out[r, c0 + c] = fp32((T[r, c] * rowf[r]) * colf[c]) for rows [r0, r1) - two exact
- * power-of-two multiplies in float64, one rounding (ozaki_mm_cpu's step 3). */
-CLONES static void level_round_loop(const double *t, const double *rowf, const double *colf,
-                                    float *out, Py_ssize_t C, Py_ssize_t stride, Py_ssize_t c0,
-                                    Py_ssize_t r0, Py_ssize_t r1) {
-    for (Py_ssize_t r = r0; r < r1; r++) {
-        const double *tr = t + r * C;
-        float *o = out + r * stride + c0;
-        double rf = rowf[r];
-        for (Py_ssize_t c = 0; c < C; c++) o[c] = (float)((tr[c] * rf) * colf[c]);
-    }
-}
-
-static PyObject *py_level_add(PyObject *self, PyObject *args) {
+static PyObject *py_levels_round(PyObject *self, PyObject *args) {
     (void)self;
-    Py_buffer acc, t, rows, cols;
-    Py_ssize_t R, C, r0, r1;
-    double w;
-    int first;
-    if (!PyArg_ParseTuple(args, "y*w*w*w*nndpnn", &acc, &t, &rows, &cols, &R, &C, &w, &first,
-                          &r0, &r1))
+    Py_buffer accs, w, rowf, colf, out, rows, cols;
+    Py_ssize_t n, R, C, stride, c0, r0, r1;
+    if (!PyArg_ParseTuple(args, "y*ny*y*y*w*w*w*nnnnnn", &accs, &n, &w, &rowf, &colf, &out,
+                          &rows, &cols, &R, &C, &stride, &c0, &r0, &r1))
         return NULL;
-    int ok = R >= 0 && C >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && acc.len == R * C * 4 &&
-             t.len == R * C * 8 && rows.len == R * 8 && cols.len == C * 8;
+    int ok = n >= 1 && R >= 0 && C >= 0 && c0 >= 0 && c0 + C <= stride && 0 <= r0 &&
+             r0 <= r1 && r1 <= R && accs.len == n * R * C * 4 && w.len == n * 8 &&
+             rowf.len == R * 8 && colf.len == C * 8 && out.len == R * stride * 4 &&
+             rows.len == R * 8 && cols.len == C * 8;
+    double *t = NULL;
+    if (ok && !(t = malloc((size_t)(C > 0 ? C : 1) * 16))) ok = 0;
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        level_add_loop(acc.buf, t.buf, rows.buf, cols.buf, C, w, first, r0, r1);
+        levels_round_loop(accs.buf, n, w.buf, rowf.buf, colf.buf, out.buf, t,
+                          (int64_t *)(t + C), rows.buf, cols.buf, R, C, stride, c0, r0, r1);
         Py_END_ALLOW_THREADS
     }
-    Py_buffer *bufs[] = {&acc, &t, &rows, &cols};
-    return finish(bufs, 4, ok, "level_add: inconsistent shapes or row range");
-}
-
-static PyObject *py_level_round(PyObject *self, PyObject *args) {
-    (void)self;
-    Py_buffer t, rowf, colf, out;
-    Py_ssize_t R, C, stride, c0, r0, r1;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*nnnnnn", &t, &rowf, &colf, &out, &R, &C, &stride, &c0,
-                          &r0, &r1))
-        return NULL;
-    int ok = R >= 0 && C >= 0 && c0 >= 0 && c0 + C <= stride && 0 <= r0 && r0 <= r1 &&
-             r1 <= R && t.len == R * C * 8 && rowf.len == R * 8 && colf.len == C * 8 &&
-             out.len == R * stride * 4;
-    if (ok) {
-        Py_BEGIN_ALLOW_THREADS
-        level_round_loop(t.buf, rowf.buf, colf.buf, out.buf, C, stride, c0, r0, r1);
-        Py_END_ALLOW_THREADS
-    }
-    Py_buffer *bufs[] = {&t, &rowf, &colf, &out};
-    return finish(bufs, 4, ok, "level_round: inconsistent shapes or row range");
+    free(t);
+    Py_buffer *bufs[] = {&accs, &w, &rowf, &colf, &out, &rows, &cols};
+    return finish(bufs, 7, ok, "levels_round: inconsistent shapes or row range");
 }
 
 /* The exactness guard's sums (kernels.int8.checksum): row sums (R,) and column sums (C,) of
@@ -1091,10 +1077,9 @@ static PyMethodDef methods[] = {
      "mv_int8(a, v, out, R, K, transposed, r0, r1): exact int64 int8 matrix-vector product."},
     {"int_sums", py_int_sums, METH_VARARGS,
      "int_sums(src, is_int8, rows, cols, R, C, r0, r1): exact int64 row/column sums."},
-    {"level_add", py_level_add, METH_VARARGS,
-     "level_add(acc, t, rows, cols, R, C, w, first, r0, r1): kernels.ops.lmhead's level sum."},
-    {"level_round", py_level_round, METH_VARARGS,
-     "level_round(t, rowf, colf, out, R, C, stride, c0, r0, r1): its rounding to float32."},
+    {"levels_round", py_levels_round, METH_VARARGS,
+     "levels_round(accs, n, w, rowf, colf, out, rows, cols, R, C, stride, c0, r0, r1): "
+     "kernels.ops.lmhead's level sum, rounding and check sums of one output block."},
     {"slice_planes", py_slice_rows, METH_VARARGS,
      "slice_planes(src, is_bf16, R, K, S, by_cols, out, exps, lo, hi): kernels.ops.lmhead's slicer "
      "(rows lo..hi with one exponent per row, or columns lo..hi with one per column)."},

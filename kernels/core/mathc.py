@@ -210,19 +210,23 @@ def int8_codes(y: torch.Tensor, div: torch.Tensor, clamp: bool, out: torch.Tenso
     return True
 
 
-def level_add(acc: torch.Tensor, t: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-              weight: float, first: bool) -> bool:
-    """``kernels.ops.lmhead``'s integer route: one level's int32 product block ``acc`` (R, C)
-    into T (float64 (R, C): ``T = acc * weight`` when ``first``, else ``T += acc * weight``)
-    and its row and column sums into ``rows`` (R,) and ``cols`` (C,) int64 - exact integer
-    arithmetic, so the same values as the torch code in any order. False when the loop is
+def levels_round(accs: torch.Tensor, weights: list[float], rowf: torch.Tensor,
+                 colf: torch.Tensor, out: torch.Tensor, c0: int, rows: torch.Tensor,
+                 cols: torch.Tensor) -> bool:
+    """``kernels.ops.lmhead``'s integer route for one output block: the int32 products
+    ``accs`` (n, R, C) summed with their ``weights`` into an exact float64 T, rounded once
+    into ``out[:, c0:c0 + C]`` as ``fp32((T * rowf[r]) * colf[c])``, and their plain row and
+    column sums added into ``rows`` (R,) and ``cols`` (C,) int64 (the check's sums) - exact
+    integer arithmetic and one rounding, so the torch code's values. False when the loop is
     unavailable. Rows split among the torch threads, each with its own column sums."""
-    if not has("level_add"):
+    if not has("levels_round"):
         return False
-    r, c = acc.shape
-    a, tt, rr = flat(acc), flat(t), flat(rows)
-    cols += _row_pieces(r, c, r // 16, lambda lo, hi, part: _mathc.level_add(
-        a, tt, rr, part, r, c, weight, first, lo, hi))
+    n, r, c = accs.shape
+    w = torch.tensor(weights, dtype=torch.float64)
+    args = (flat(accs), n, w.numpy(), flat(rowf.contiguous()), flat(colf.contiguous()),
+            flat(out), flat(rows))
+    cols += _row_pieces(r, c, r // 16, lambda lo, hi, part: _mathc.levels_round(
+        *args, part, r, c, out.shape[1], c0, lo, hi))
     return True
 
 
@@ -236,19 +240,6 @@ def _row_pieces(r: int, c: int, max_threads: int, fn) -> torch.Tensor:
     _each(lambda i: fn(min(r, i * step), min(r, (i + 1) * step), parts[i].numpy()),
           list(range(threads)))
     return parts.sum(0)
-
-
-def level_round(t: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor, out: torch.Tensor,
-                c0: int) -> bool:
-    """``out[r, c0 + c] = fp32((T[r, c] * rowf[r]) * colf[c])`` (exact multiplies by powers of
-    two in float64, one rounding: the torch code's operations) for T (R, C) into the rows of
-    ``out`` (R, stride) float32; False when the loop is unavailable."""
-    if not has("level_round"):
-        return False
-    r, c = t.shape
-    args = (flat(t), flat(rowf), flat(colf), flat(out), r, c, out.shape[1], c0)
-    parallel(lambda lo, hi: _mathc.level_round(*args, lo, hi), r, grain=16)
-    return True
 
 
 def int_sums(x: torch.Tensor, want_rows: bool = True):

@@ -296,14 +296,16 @@ def _float_int_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) ->
     return acc
 
 
-def int_mm_unchecked(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
-    """int32 ``a @ b.T`` by the library's int8 GEMM, *not* checked - for a caller that checks
-    the exact row and column sums of the whole product itself, once, instead of per block
-    (``kernels.ops.lmhead``); None where the library refuses the layout or shape."""
+def int_mm_unchecked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
+                     ) -> torch.Tensor | None:
+    """int32 ``a @ b.T`` by the library's int8 GEMM (into ``out``, contiguous int32 (M, N),
+    when given), *not* checked - for a caller that checks the exact row and column sums of
+    the whole product itself, once, instead of per block (``kernels.ops.lmhead``); None
+    where the library refuses the layout or shape."""
     if a.shape[1] < 2:                  # K = 1: the float route (comment above SGEMM_K)
         return None
     try:
-        return _raw_int_mm(a, b.t())
+        return _raw_int_mm(a, b.t(), out=out)
     except RuntimeError:
         return None
 

@@ -157,7 +157,9 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     sb, eb = slice_rows_cpu(b, slices, "lmhead.slices_b")
     r, k = a.shape
     c = b.shape[0]
-    out = torch.empty((r, c), dtype=torch.float32)
+    # zeroed up front: the output blocks below touch its pages in scattered rows, where
+    # first-touch page faults cost ~3x a sequential zeroing (measured: a 2 GB output)
+    out = torch.zeros((r, c), dtype=torch.float32)
     if not (r and c):
         return out
     if not k:
@@ -225,7 +227,7 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
     # reduction), held exactly in dt
     col_a = [col_sums(sa[i]).to(dt) for i in range(slices)]
     col_b = [col_sums(sb[j]).to(dt) for j in range(slices)]
-    compiled = mathc.has("level_add") and mathc.has("level_round")
+    compiled = mathc.has("levels_round")
     rows_got = torch.zeros(r, dtype=torch.int64)
     cols_got = torch.zeros(c, dtype=torch.int64)
     for c0 in range(0, c, INT_COL_BLOCK):
@@ -234,35 +236,30 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
                                                     f"lmhead.op_b{n}"))
                 for n, ((lvl, pairs), (k0, k1)) in enumerate(
                     (lp, ch) for lp in levels for ch in chunks)]
+        # float64 holds every value here exactly (integers below 2^53: T by MAX_K, the
+        # level sums below 3 * 2^31), so no operation below rounds
+        weights = [float(1 << (7 * (slices + 1 - lvl))) for lvl, *_ in b_lv]
         for r0 in range(0, r, ROW_BLOCK):
             rs = slice(r0, r0 + ROW_BLOCK)
             nr, nc = min(r, r0 + ROW_BLOCK) - r0, min(c, c0 + INT_COL_BLOCK) - c0
-            # T: by the compiled loops (one pass per level, in a reused buffer) or by the
-            # torch code with u, the plain sum of the levels (the checks' sums)
-            t = scratch("lmhead.t", (nr, nc), torch.float64) if compiled else None
-            u = None
+            # every level's (and chunk's) product of this block, then T, its rounding and
+            # the checks' sums in one pass (compiled) or by the torch code
+            accs = scratch("lmhead.accs", (len(b_lv), nr, nc), torch.int32)
             for n_level, (lvl, pairs, k0, k1, bl) in enumerate(b_lv):
                 al = _level_operand(sa, [i for i, _ in pairs], rs, k0, k1, "lmhead.op_a")
-                acc = int_mm_unchecked(al, bl)
-                if acc is None:                 # a layout the library refuses: not a fault
-                    return False
-                # float64 holds every value here exactly (integers below 2^53: T by MAX_K,
-                # the level sums below 3 * 2^31), so no operation below rounds
-                weight = float(1 << (7 * (slices + 1 - lvl)))
-                if compiled:
-                    mathc.level_add(acc, t, rows_got[rs], cols_got[cs], weight, n_level == 0)
-                elif u is None:
-                    u = acc.to(torch.float64)
-                    t = u * weight
-                else:
-                    u.add_(acc)
-                    t.add_(acc, alpha=weight)
+                if int_mm_unchecked(al, bl, out=accs[n_level]) is None:
+                    return False                # a layout the library refuses: not a fault
             if compiled:
-                mathc.level_round(t, rowf[rs], colf[cs], out[rs], c0)
-            else:
-                rows_got[rs] += u.sum(1).to(torch.int64)
-                cols_got[cs] += u.sum(0).to(torch.int64)
-                out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
+                mathc.levels_round(accs, weights, rowf[rs], colf[cs], out[rs], c0,
+                                   rows_got[rs], cols_got[cs])
+                continue
+            u = accs.sum(0, dtype=torch.int64)            # the plain sum: the checks' sums
+            t = accs[0].to(torch.float64) * weights[0]
+            for acc, weight in zip(accs[1:], weights[1:]):
+                t.add_(acc, alpha=weight)
+            rows_got[rs] += u.sum(1)
+            cols_got[cs] += u.sum(0)
+            out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
     # every pair (i, j) of every level once: slice i of a meets the b slices j <= S + 1 - i
     rows_want = sum(_mv(sa[i - 1], sum(col_b[j - 1] for j in range(1, slices + 2 - i)))
                     for i in range(1, slices + 1))

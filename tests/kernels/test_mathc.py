@@ -130,28 +130,28 @@ def test_compiled_integer_sums_equal_torch(dtype):
     assert mathc.int_sums(x.t()) is None              # not contiguous: the caller's torch sums
 
 
-def test_compiled_lmhead_level_loops_equal_torch():
-    """kernels.ops.lmhead's level sum and rounding loops against the torch operations they
-    replace (exact integers in float64, then the one rounding)."""
+def test_compiled_lmhead_level_loop_equals_torch():
+    """kernels.ops.lmhead's pass after the level GEMMs of one block (the weighted level sum
+    T, its one rounding into the output's columns, the checks' row and column sums) against
+    the torch operations it replaces - int32 extremes, weights of S = 3, two contraction
+    chunks per level (six products), rows split among threads, sums added to what is
+    there."""
     g = torch.Generator().manual_seed(4)
-    accs = [torch.randint(-2**31, 2**31 - 1, (37, 70), generator=g, dtype=torch.int64)
-            .to(torch.int32) for _ in range(3)]
-    weights = [float(1 << 14), float(1 << 7), 1.0]
-    t = torch.empty((37, 70), dtype=torch.float64)
-    rows, cols = torch.zeros(37, dtype=torch.int64), torch.zeros(70, dtype=torch.int64)
-    for i, (acc, w) in enumerate(zip(accs, weights)):
-        assert mathc.level_add(acc, t, rows, cols, w, i == 0)
-    want = sum(a.to(torch.float64) * w for a, w in zip(accs, weights))
-    assert torch.equal(t, want)
-    total = sum(a.to(torch.int64) for a in accs)
-    assert torch.equal(rows, total.sum(1)) and torch.equal(cols, total.sum(0))
+    accs = torch.randint(-2**31, 2**31 - 1, (6, 37, 70), generator=g,
+                         dtype=torch.int64).to(torch.int32)
+    accs[0, 0], accs[1, 1] = 2**31 - 1, -2**31
+    weights = [float(1 << 14)] * 2 + [float(1 << 7)] * 2 + [1.0] * 2
     rowf = torch.pow(2.0, torch.randint(-60, 60, (37,), generator=g).double())
     colf = torch.pow(2.0, torch.randint(-200, -100, (70,), generator=g).double())
     out = torch.zeros((37, 90))
-    assert mathc.level_round(t, rowf, colf, out, 11)
+    rows, cols = torch.full((37,), 5, dtype=torch.int64), torch.full((70,), -3, dtype=torch.int64)
+    assert mathc.levels_round(accs, weights, rowf, colf, out, 11, rows, cols)
+    t = sum(a.to(torch.float64) * w for a, w in zip(accs, weights))
     ref = (t * rowf[:, None] * colf[None, :]).to(torch.float32)
     assert torch.equal(out[:, 11:81].view(torch.int32), ref.view(torch.int32))
     assert not out[:, :11].any() and not out[:, 81:].any()
+    total = accs.to(torch.int64).sum(0)
+    assert torch.equal(rows, total.sum(1) + 5) and torch.equal(cols, total.sum(0) - 3)
 
 
 def test_compiled_xent_backward_equals_the_torch_code(monkeypatch):
