@@ -82,13 +82,14 @@ def time_head(tokens: int) -> dict:
 
 def _median_run(fn, repeats: int) -> dict:
     """``fn()``'s timings: one run when ``repeats`` is 1, else one untimed warm-up and the
-    run with the median total of ``repeats`` timed ones (all runs listed under "runs")."""
+    run with the median total of ``repeats`` timed ones - the slower middle one for an even
+    count - (all runs listed under "runs")."""
     if repeats <= 1:
         return fn()
     fn()
     runs = [fn() for _ in range(repeats)]
     key = "at_4096" if "at_4096" in runs[0] else "resident"
-    best = sorted(runs, key=lambda r: r[key])[(len(runs) - 1) // 2]
+    best = sorted(runs, key=lambda r: r[key])[len(runs) // 2]
     return {**best, "runs": [round(r[key], 2) for r in runs]}
 
 

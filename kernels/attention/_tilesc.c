@@ -245,15 +245,25 @@ CLONES static void accumulate(const double *prod, float *acc, Py_ssize_t n, Py_s
  * padded to S_pad rows, into float64 out (P, S_pad, D): with `block` = 0 one group per row
  * (over D: blocked_rows), else groups of `block` consecutive rows per column (over the
  * sequence: column_values). Exact (bit and power-of-two operations, trunc). */
+/* Output row r of plane p: plane by plane (G == 0), or in compiled.py's grouped layout
+ * (G query heads per KV head, planes p = b * Hq + hq): [hq % G, r / 64, b * Hkv + hq / G,
+ * r % 64] of (G, S_pad / 64, B * Hkv, 64, D). */
+static inline double *plane_row(double *out, Py_ssize_t p, Py_ssize_t r, Py_ssize_t S_pad,
+                                Py_ssize_t D, Py_ssize_t G, Py_ssize_t hq, Py_ssize_t bk) {
+    if (!G) return out + (p * S_pad + r) * D;
+    Py_ssize_t b = p / hq, h = p % hq, n = S_pad / 64;
+    return out + ((((h % G) * n + r / 64) * bk + b * (hq / G) + h / G) * 64 + r % 64) * D;
+}
+
 CLONES static void fixed_planes(const uint16_t *x, double *out, Py_ssize_t S, Py_ssize_t S_pad,
-                                Py_ssize_t D, Py_ssize_t block, Py_ssize_t u0, Py_ssize_t u1) {
+                                Py_ssize_t D, Py_ssize_t block, Py_ssize_t G, Py_ssize_t hq,
+                                Py_ssize_t bk, Py_ssize_t u0, Py_ssize_t u1) {
     int32_t e[256];
     for (Py_ssize_t p = u0; p < u1; p++) {
         const uint16_t *xp = x + p * S * D;
-        double *op = out + p * S_pad * D;
         if (block == 0) {
             for (Py_ssize_t r = 0; r < S_pad; r++) {
-                double *o = op + r * D;
+                double *o = plane_row(out, p, r, S_pad, D, G, hq, bk);
                 if (r >= S) {
                     for (Py_ssize_t d = 0; d < D; d++) o[d] = 0.0;
                     continue;
@@ -277,7 +287,7 @@ CLONES static void fixed_planes(const uint16_t *x, double *out, Py_ssize_t S, Py
                     e[d] = ex > e[d] ? ex : e[d];
                 }
             for (Py_ssize_t r = r0; r < r0 + block; r++) {
-                double *o = op + r * D;
+                double *o = plane_row(out, p, r, S_pad, D, G, hq, bk);
                 if (r >= S) {
                     for (Py_ssize_t d = 0; d < D; d++) o[d] = 0.0;
                     continue;
@@ -428,16 +438,19 @@ static PyObject *py_accumulate(PyObject *self, PyObject *args) {
 static PyObject *py_fixed_planes(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer b[2];
-    Py_ssize_t P, S, S_pad, D, block, u0, u1;
-    if (!PyArg_ParseTuple(args, "y*w*nnnnnnn", &b[0], &b[1], &P, &S, &S_pad, &D, &block, &u0,
-                          &u1))
+    Py_ssize_t P, S, S_pad, D, block, G, hq, u0, u1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnnnnnn", &b[0], &b[1], &P, &S, &S_pad, &D, &block, &G,
+                          &hq, &u0, &u1))
         return NULL;
+    /* grouped: planes of B batches x hq heads, hq a multiple of G, rows in 64-row blocks */
     int ok = P > 0 && S > 0 && D > 0 && D <= 256 && S <= S_pad && block >= 0 &&
              (block == 0 || S_pad % block == 0) && sized(&b[0], P * S * D, 2, "x") &&
-             sized(&b[1], P * S_pad * D, 8, "out") && units_ok(u0, u1, P);
+             sized(&b[1], P * S_pad * D, 8, "out") && units_ok(u0, u1, P) &&
+             (G == 0 || (G > 0 && hq > 0 && hq % G == 0 && P % hq == 0 && S_pad % 64 == 0 &&
+                         (block == 0 || block == 64)));
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        fixed_planes(b[0].buf, b[1].buf, S, S_pad, D, block, u0, u1);
+        fixed_planes(b[0].buf, b[1].buf, S, S_pad, D, block, G, hq, G ? P / G : 0, u0, u1);
         Py_END_ALLOW_THREADS
     }
     return finish(b, 2, ok, "fixed_planes: inconsistent shapes");
@@ -457,7 +470,8 @@ static PyMethodDef methods[] = {
     {"accumulate", py_accumulate, METH_VARARGS,
      "accumulate(prod, acc, BK, n, stride, offset, u0, u1): acc += fp32(prod), per row."},
     {"fixed_planes", py_fixed_planes, METH_VARARGS,
-     "fixed_planes(x, out, P, S, S_pad, D, block, u0, u1): fixed-point values of bf16 planes."},
+     "fixed_planes(x, out, P, S, S_pad, D, block, G, hq, u0, u1): fixed-point values of "
+     "bf16 planes (G > 0: in the grouped layout)."},
     {NULL, NULL, 0, NULL},
 };
 

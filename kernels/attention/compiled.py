@@ -58,15 +58,19 @@ def _ungroup_rows(x: torch.Tensor, b: int, hkv: int, seq: int) -> torch.Tensor:
     return y.reshape(b, hkv * g, n * blk, d)[:, :, :seq].contiguous()
 
 
-def _fixed(x: torch.Tensor, block: int, columns: bool) -> torch.Tensor:
+def _fixed(x: torch.Tensor, block: int, columns: bool, hkv: int = 0) -> torch.Tensor:
     """``blocked_rows(x, block)`` (columns False) or ``column_values(x, block)`` (True) of
-    bf16 x (B, H, S, D) by the compiled loop: float64 (B, H, n_blocks, block, D)."""
+    bf16 x (B, H, S, D) by the compiled loop: float64 (B, H, n_blocks, block, D), or with
+    ``hkv`` (query heads grouped by KV head) directly in ``_group_rows``'s layout
+    (G, n_blocks, B * hkv, block, D) - the same values, no copy."""
     b, h, s, d = x.shape
     n = -(-s // block)
-    out = torch.empty((b, h, n, block, d), dtype=torch.float64)
+    g = h // hkv if hkv else 0
+    shape = (g, n, b * hkv, block, d) if hkv else (b, h, n, block, d)
+    out = torch.empty(shape, dtype=torch.float64)
     src, dst = _np(x.contiguous().view(torch.int16)), _np(out)
     mathc.parallel(lambda a, z: _tilesc.fixed_planes(src, dst, b * h, s, n * block, d,
-                                                     block if columns else 0, a, z),
+                                                     block if columns else 0, g, h, a, z),
                    b * h, grain=1)
     return out
 
@@ -80,7 +84,7 @@ def forward(q, k, v, window: int | None):
     scale = softmax_scale(d)
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
     # (n_qb, B * Hkv, G * BLOCK_M, D): one step's queries are one contiguous batch
-    q64 = _group_rows(_fixed(q, BLOCK_M, False), hkv).movedim(0, 2).reshape(n_qb, bk, rows, d)
+    q64 = _fixed(q, BLOCK_M, False, hkv).movedim(0, 2).reshape(n_qb, bk, rows, d)
     k64 = _fixed(k, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
     v8, u = quantize_v(v)
     v8f = v8.to(torch.float32).reshape(bk, n_kb, BLOCK_N, d)
@@ -102,8 +106,9 @@ def forward(q, k, v, window: int | None):
         args = (_np(s64), _np(u), _np(p8), _np(alpha), _np(t), _np(m), _np(l), bk, rows, nk,
                 n_kb * BLOCK_N, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
         mathc.parallel(lambda a, z: _tilesc.fwd_rows(*args, a, z), bk * rows, grain=8)
-        ii = torch.matmul(p8, v8f[:, first:first + nk],  # (bk, nk, rows, D), exact
-                          out=scratch("attn.pv", (bk, nk, rows, d), torch.float32))
+        ii = scratch("attn.pv", (bk, nk, rows, d), torch.float32)  # (bk, nk, rows, D), exact
+        for i in range(bk):         # per KV head: v8f[i, band] is contiguous
+            torch.matmul(p8[i], v8f[i, first:first + nk], out=ii[i])
         acc_args = (_np(ii), _np(alpha), _np(t), _np(m), _np(l), _np(out[qb]), _np(lse[qb]),
                     bk, rows, nk, d)
         mathc.parallel(lambda a, z: _tilesc.fwd_acc(*acc_args, a, z), bk * rows, grain=8)
@@ -126,8 +131,8 @@ def backward(q, k, v, o, lse, do, window: int | None):
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
     drow = _group_rows(pad_rows(row_delta(o, do), BLOCK_M, 0.0), hkv)  # (G, n_qb, bk, BM)
     lse_b = _group_rows(pad_rows(lse, BLOCK_M, 0.0), hkv)
-    q64, do64 = (_group_rows(_fixed(x, BLOCK_M, False), hkv) for x in (q, do))
-    qc64, doc64 = (_group_rows(_fixed(x, BLOCK_M, True), hkv) for x in (q, do))
+    q64, do64 = (_fixed(x, BLOCK_M, False, hkv) for x in (q, do))
+    qc64, doc64 = (_fixed(x, BLOCK_M, True, hkv) for x in (q, do))
     k64 = _fixed(k, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
     v64 = _fixed(v, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
     kc64 = _fixed(k, BLOCK_N, True).reshape(bk, n_kb, BLOCK_N, d)
@@ -151,8 +156,9 @@ def backward(q, k, v, o, lse, do, window: int | None):
             args = (_np(s64), _np(dp64), _np(lse_b[h, qb]), _np(drow[h, qb]), _np(dsr),
                     _np(dsc), _np(pc), bk, nk, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
             mathc.parallel(lambda a, z: _tilesc.bwd_tiles(*args, a, z), bk * nk, grain=1)
-            prod = torch.matmul(dsr, kc64[:, first:first + nk],  # (bk, nk, BM, D) tiles
-                                out=scratch("attn.dq", (bk, nk, BLOCK_M, d), torch.float64))
+            prod = scratch("attn.dq", (bk, nk, BLOCK_M, d), torch.float64)  # the tiles
+            for i in range(bk):     # per KV head: kc64[i, band] is contiguous (the batched
+                torch.matmul(dsr[i], kc64[i, first:first + nk], out=prod[i])  # form copied it)
             sum_args = (_np(prod), _np(acc_dq[h, qb]), bk, nk, BLOCK_M * d)
             mathc.parallel(lambda a, z: _tilesc.tile_sum(*sum_args, a, z), bk, grain=1)
             for lhs, rhs, acc in ((dsc, qc64, acc_dk), (pc, doc64, acc_dv)):
