@@ -53,6 +53,7 @@ from kernels.int8.linear import linear_int8_backward, linear_int8_forward, linea
 from kernels.core.backend import use_triton
 from kernels.ops.lmhead import lmhead_backward, lmhead_forward, ozaki_mm
 from kernels.core.reduce import reciprocal_f32, tree_sum
+from kernels.core.workspace import release
 from kernels.ops.rmsnorm import rmsnorm_bwd, rmsnorm_fwd
 from kernels.ops.rope import rope_bwd, rope_fwd
 from kernels.ops.swiglu import swiglu_bwd, swiglu_fwd
@@ -298,10 +299,14 @@ def _head_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], xf2: torch.Tens
     dlogits = logits                                                          # (M, V)
     dxf = torch.cat([ozaki_mm(dlogits[r0:r0 + HEAD_ROWS], w.t(), cfg.lmhead_slices)
                      for r0 in range(0, m, HEAD_ROWS)])
+    # the CPU path's scratch only grows: the weight's slices (~0.8 GB at Open-1B) would
+    # otherwise stay through the weight gradient's blocks and the layers' backward
+    release("lmhead.")
     dw = torch.empty(w.shape, dtype=F32, device=w.device)
     for v0 in range(0, w.shape[0], HEAD_COLS):
         dw[v0:v0 + HEAD_COLS] = ozaki_mm(dlogits[:, v0:v0 + HEAD_COLS].t(), xf2.t(),
                                          cfg.lmhead_slices)
+    release("lmhead.")
     return dxf, dw
 
 

@@ -466,7 +466,9 @@ def ozaki_mm(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torch.Te
 # ------------------------------------------------------------------- the op
 def lmhead_forward(h: torch.Tensor, w: torch.Tensor, slices: int = SLICES) -> torch.Tensor:
     """logits (M, V) fp32 = h (M, K) @ w (V, K)^T."""
-    return ozaki_mm(h, w, slices)
+    logits = ozaki_mm(h, w, slices)
+    release("lmhead.")  # the CPU path's slice buffers: the backward slices other operands
+    return logits
 
 
 def lmhead_backward(dlogits: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
