@@ -29,11 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.ops.lmhead import K_CHUNK
 from open1b_train import statehash
 from open1b_train.config import TrainConfig
 from open1b_train.diskflat import CHUNK, DiskFlat, clear_stale, scratch_dir
 from open1b_train.errors import MemoryPlanError
-from open1b_train.model import HEAD_COLS
+from open1b_train.model import HEAD_ROWS
 from open1b_train.params import Layout, param_specs
 
 PLANS = ("resident", "lean")
@@ -85,13 +86,16 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str) -> int:
     when dp_shard > 1. resident adds both moments (8 per slot), the micro-batch's gradient
     dict (4 per parameter), every layer's saved activations and int8 weight codes, the
     logits and dlogits with the loss's full-size temporaries (about 5 x 4 bytes per token
-    per vocabulary entry), the AdamW temporaries of the largest parameter and a checkpoint's
-    bytes held in memory; TreeFold partials when dp_replicate > 1 (log2 R + 1). lean adds one
-    layer's activations, every layer's input, the logits buffer, the head weight's int8
-    slices and transposed copy, one vocabulary block of dlogits^T (copy and slices) for the
-    weight gradient, the largest parameter's gradient in flight and the moments' chunks.
-    Both add attention's backward working set and RUNTIME, the interpreter and libraries
-    before any tensor."""
+    per vocabulary entry), the AdamW temporaries of the largest parameter, a checkpoint's
+    bytes held in memory, attention's and the linears' working sets; TreeFold partials when
+    dp_replicate > 1 (log2 R + 1). lean adds every layer's input, the largest parameter's
+    gradient in flight, and the largest of its three phases' working sets - they do not
+    overlap, since the model frees the layers' reused scratch before the head and the head
+    its own after each part (``kernels.core.workspace.release``): the layers (one layer's
+    activations, attention's and the linears' working sets), the LM head (the logits
+    buffer, the head weight's int8 slices, one token block of dlogits' slices with its
+    level operands and products) and the update (the moments' chunks). Both add RUNTIME,
+    the interpreter and libraries before any tensor."""
     m = cfg.model
     specs = param_specs(m)
     layout = Layout(specs)
@@ -108,6 +112,11 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str) -> int:
     # (kernels.attention.compiled: scores, P, P V, tile operands; kept between calls)
     attention = tokens * (8 * (5 * hq + 3 * hkv) + m.n_heads * (768 + 4 * m.head_dim)
                           + m.n_kv_heads * (2560 + 16 * m.head_dim))
+    # the W8A8 linears' reused buffers (kept between calls, sized by the widest): the
+    # integer product and dy's rotated float32 tile buffer and codes (tokens x N), the
+    # weight's (K x N) and the input's (tokens x K), each float32 plus int8 codes
+    n, k = max(2 * f, hq + 2 * hkv, d), max(f, d)
+    linears = 9 * tokens * n + 5 * k * n + 5 * tokens * k
     reps, shards = cfg.mesh
     fold = 0 if reps == 1 else (reps.bit_length() + 1) * flat
     extra_shard = flat if shards > 1 else 0
@@ -115,14 +124,19 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str) -> int:
     if plan == "resident":
         head = 5 * 4 * tokens * m.vocab
         return (base + 2 * flat + 4 * sum(s.numel for s in specs) + m.n_layers * layer
-                + head + 10 * largest + params + 2 * flat + fold + attention + RUNTIME)
-    # logits/dlogits (float32) + the head weight's slices and its transposed bf16 copy (dh)
-    # + one HEAD_COLS block of dlogits^T (float32 copy and slices) for the weight gradient
-    cols = min(HEAD_COLS, m.vocab)
-    head = (4 * tokens * m.vocab + (m.lmhead_slices + 2) * m.vocab * d
-            + (4 + m.lmhead_slices) * tokens * cols)
-    return (base + layer + m.n_layers * 2 * tokens * d + head + 4 * largest
-            + 6 * 4 * CHUNK + min(fold, 2 * flat) + attention + RUNTIME)
+                + head + 10 * largest + params + 2 * flat + fold + attention + linears
+                + RUNTIME)
+    # the head's dh part, its largest: the logits buffer (float32, dlogits in place), the
+    # weight's int8 slices (by columns: the contraction runs over the vocabulary), one
+    # HEAD_ROWS block of dlogits' slices, the level operands of one contraction chunk
+    # (all levels' pairs for b, S for a) and every level's and chunk's int32 product
+    s_, rows = m.lmhead_slices, min(HEAD_ROWS, tokens)
+    chunks = -(-m.vocab // K_CHUNK)
+    head = (4 * tokens * m.vocab + s_ * m.vocab * d + s_ * rows * m.vocab
+            + s_ * (d + rows) * K_CHUNK + 4 * s_ * chunks * rows * d)
+    phases = max(layer + attention + linears, head, 6 * 4 * CHUNK)
+    return (base + m.n_layers * 2 * tokens * d + 4 * largest + phases + min(fold, 2 * flat)
+            + RUNTIME)
 
 
 def choose(requested: str, cfg: TrainConfig, tokens: int, run_dir: str,

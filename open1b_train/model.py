@@ -258,6 +258,9 @@ def _forward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tens
     xf2 = xf.reshape(b * s, d)
     flat_labels = labels.reshape(-1)
     if lean:
+        # the layers' reused scratch (the linears' and attention's buffers, ~1 GB at
+        # Open-1B) is idle while the head's GBs are live: freed, faulted in again later
+        release()
         loss, per_seq, logits, lse = _head_blocks(cfg, p, xf2, flat_labels, b)
         tr("lm_head.fwd", logits)
     else:

@@ -230,22 +230,30 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
     compiled = mathc.has("levels_round")
     rows_got = torch.zeros(r, dtype=torch.int64)
     cols_got = torch.zeros(c, dtype=torch.int64)
+    products = [(lvl, pairs, k0, k1) for lvl, pairs in levels for k0, k1 in chunks]
+    # float64 holds every value here exactly (integers below 2^53: T by MAX_K, the level
+    # sums below 3 * 2^31), so no operation below rounds
+    weights = [float(1 << (7 * (slices + 1 - lvl))) for lvl, *_ in products]
+    # with one row block each b operand is used once: built when used, into one buffer
+    # (all of them at once are twice the slices: 1.6 GB for the head weight's transpose)
+    once = r <= ROW_BLOCK
+
+    def b_operand(n: int, cs: slice) -> torch.Tensor:
+        _, pairs, k0, k1 = products[n]
+        return _level_operand(sb, [j for _, j in pairs], cs, k0, k1,
+                              "lmhead.op_b" if once else f"lmhead.op_b{n}")
+
     for c0 in range(0, c, INT_COL_BLOCK):
         cs = slice(c0, c0 + INT_COL_BLOCK)
-        b_lv = [(lvl, pairs, k0, k1, _level_operand(sb, [j for _, j in pairs], cs, k0, k1,
-                                                    f"lmhead.op_b{n}"))
-                for n, ((lvl, pairs), (k0, k1)) in enumerate(
-                    (lp, ch) for lp in levels for ch in chunks)]
-        # float64 holds every value here exactly (integers below 2^53: T by MAX_K, the
-        # level sums below 3 * 2^31), so no operation below rounds
-        weights = [float(1 << (7 * (slices + 1 - lvl))) for lvl, *_ in b_lv]
+        b_lv = None if once else [b_operand(n, cs) for n in range(len(products))]
         for r0 in range(0, r, ROW_BLOCK):
             rs = slice(r0, r0 + ROW_BLOCK)
             nr, nc = min(r, r0 + ROW_BLOCK) - r0, min(c, c0 + INT_COL_BLOCK) - c0
             # every level's (and chunk's) product of this block, then T, its rounding and
             # the checks' sums in one pass (compiled) or by the torch code
-            accs = scratch("lmhead.accs", (len(b_lv), nr, nc), torch.int32)
-            for n_level, (lvl, pairs, k0, k1, bl) in enumerate(b_lv):
+            accs = scratch("lmhead.accs", (len(products), nr, nc), torch.int32)
+            for n_level, (lvl, pairs, k0, k1) in enumerate(products):
+                bl = b_operand(n_level, cs) if once else b_lv[n_level]
                 al = _level_operand(sa, [i for i, _ in pairs], rs, k0, k1, "lmhead.op_a")
                 if int_mm_unchecked(al, bl, out=accs[n_level]) is None:
                     return False                # a layout the library refuses: not a fault

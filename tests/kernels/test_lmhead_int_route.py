@@ -48,9 +48,11 @@ def loops(request, monkeypatch):
 
 
 @pytest.mark.parametrize("slices", [2, 3])
-def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops):
-    # small blocks and chunks: several row and column blocks, contraction chunks flushed
-    monkeypatch.setattr(lm, "ROW_BLOCK", 16)
+@pytest.mark.parametrize("row_block", [16, 128])
+def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops, row_block):
+    # small blocks and chunks: several row and column blocks, contraction chunks flushed;
+    # 128 rows: one row block, where each b operand is built when used
+    monkeypatch.setattr(lm, "ROW_BLOCK", row_block)
     monkeypatch.setattr(lm, "INT_COL_BLOCK", 32)
     monkeypatch.setattr(lm, "K_CHUNK", 64)
     h, w, dl = _case()
