@@ -13,6 +13,7 @@ import click
 
 from open1b.cli import ERRORS, Cli, emit, fail
 from open1b_audit import __version__
+from open1b_train.cli import check_memory_plan
 
 
 
@@ -157,12 +158,14 @@ def chain_cmd(run, expect, as_json) -> None:
               help="Start from this checkpoint instead of the nearest one.")
 @click.option("--spill", type=click.Path(file_okay=False), default=None,
               help="Directory for dormant TreeFold partials (bounded memory).")
-@click.option("--memory-plan", type=click.Choice(["auto", "resident", "lean"]), default="auto",
-              show_default=True,
+@click.option("--memory-plan", default="auto", callback=check_memory_plan, show_default=True,
+              metavar="auto|resident|lean|lean:N",
               help="How the replay holds the state (the bits are the same): resident, lean "
                    "(Adam moments in files under RUN/memplan streamed in chunks, activations "
-                   "recomputed, the LM head in token blocks, TreeFold partials spilled), auto "
-                   "(lean when the resident plan's estimated peak exceeds MemAvailable).")
+                   "recomputed except for as many layers as MemAvailable holds, the LM head "
+                   "in token blocks, TreeFold partials spilled), lean:N (exactly N layers' "
+                   "activations kept; lean:0 recomputes all), auto (lean when the resident "
+                   "plan's estimated peak exceeds MemAvailable).")
 @click.option("--certify", type=click.Path(file_okay=False), default=None,
               help="Write a certificate per replayed step into this directory.")
 @click.option("--key", type=click.Path(dir_okay=False), default=None,

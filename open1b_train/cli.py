@@ -57,9 +57,23 @@ def _step_set(text: str | None) -> frozenset[int]:
 MEMORY_PLAN_HELP = ("How a step holds its state (never what it computes: the bits are the "
                     "same): resident (all in memory), lean (Adam moments in files under "
                     "RUN/memplan streamed in chunks, gradients straight into the reduced "
-                    "buffer, activations recomputed, the LM head in token blocks, TreeFold "
-                    "partials spilled), auto (lean when the resident plan's estimated peak "
-                    "exceeds MemAvailable). One process only.")
+                    "buffer, activations recomputed except for as many layers as MemAvailable "
+                    "holds, the LM head in token blocks, TreeFold partials spilled), lean:N "
+                    "(lean keeping exactly N layers' activations; lean:0 recomputes all), "
+                    "auto (lean when the resident plan's estimated peak exceeds "
+                    "MemAvailable). One process only.")
+
+
+def check_memory_plan(ctx, param, value: str) -> str:
+    """click callback: ``value`` is auto, resident, lean or lean:N (``memplan.parse``)."""
+    from open1b_train.errors import MemoryPlanError
+    from open1b_train.memplan import parse
+
+    try:
+        parse(value)
+    except MemoryPlanError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
 
 
 def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1,
@@ -75,7 +89,7 @@ def _train(cfg, mix: str, out: str, quiet: bool, nproc: int = 1,
         raise click.ClickException("--trace-steps runs on one process (a trace has the same "
                                    "bits on any number): drop --nproc or trace afterwards with "
                                    "`open1b-audit trace RUN --step N`")
-    if memory_plan == "lean" and (nproc > 1 or launch.is_worker()):
+    if memory_plan.startswith("lean") and (nproc > 1 or launch.is_worker()):
         raise click.ClickException("--memory-plan lean runs on one process: drop --nproc (the "
                                    "distributed engine holds its shards resident)")
     if nproc > 1 and not launch.is_worker():
@@ -192,8 +206,8 @@ def _worker(cfg, mix: str, out: str, quiet: bool) -> None:
                    "mix with [heldout]; part of the run's identity.")
 @click.option("--eval-windows", type=click.IntRange(min=1), default=None,
               help="Held-out windows per source the validation loss covers (default 8).")
-@click.option("--memory-plan", type=click.Choice(["auto", "resident", "lean"]), default="auto",
-              show_default=True, help=MEMORY_PLAN_HELP)
+@click.option("--memory-plan", default="auto", callback=check_memory_plan, show_default=True,
+              metavar="auto|resident|lean|lean:N", help=MEMORY_PLAN_HELP)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, nproc,
             trace_steps, eval_every, eval_windows, memory_plan, quiet) -> None:
@@ -220,8 +234,8 @@ def run_cmd(config_path, preset_name, mix, steps, mesh, seed, backend, out, npro
               help="Stop after this step (default: the run's own setting).")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Local worker processes (any divisor of the mesh's virtual ranks).")
-@click.option("--memory-plan", type=click.Choice(["auto", "resident", "lean"]), default="auto",
-              show_default=True, help=MEMORY_PLAN_HELP)
+@click.option("--memory-plan", default="auto", callback=check_memory_plan, show_default=True,
+              metavar="auto|resident|lean|lean:N", help=MEMORY_PLAN_HELP)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def resume_cmd(run, mix, steps, nproc, memory_plan, quiet) -> None:
     """Continue RUN from its latest good checkpoint (same config, mix and seed)."""

@@ -13,12 +13,19 @@ its report.
   ``RUN/memplan/`` (``diskflat.py``) and the update streams them chunk by chunk through the
   same per-element AdamW; gradients go straight into the flat reduced buffer as the
   backward produces them (``step.GradSink``); the forward keeps only each layer's input
-  and the backward recomputes the layer (``model.py``); the LM head and the loss run in
-  token blocks with dlogits overwriting the logits; dormant TreeFold partials are spilled
+  and the backward recomputes the layer (``model.py``) - except as many layers as the free
+  memory allows, whose activations it keeps (each saves a layer's forward, ~20% of its
+  lean forward + backward at Open-1B's shapes; the fully causal layers first, their
+  forward costs the most), or exactly N of them with ``lean:N`` (``lean:0`` recomputes
+  every layer); the LM head and the loss run in token blocks with dlogits overwriting the
+  logits; dormant TreeFold partials are spilled
   to ``RUN/memplan/``; checkpoints are written and read in chunks (``checkpoint.py``).
 * ``auto`` - ``lean`` when the resident plan's estimated peak is above the memory the
   kernel reports available (``/proc/meminfo`` MemAvailable), else ``resident``; the
   estimate, the free memory and the choice are printed.
+
+"Fits" means the estimate times HEADROOM is at most MemAvailable; with MemAvailable unknown,
+auto takes resident and lean keeps no layer.
 
 The estimates are arithmetic over the model's shapes and the step's tokens (the terms are
 listed in ``estimate``), not measurements; BENCHMARKS.md compares them with measured peaks.
@@ -39,6 +46,7 @@ from open1b_train.params import Layout, param_specs
 
 PLANS = ("resident", "lean")
 CHOICES = ("auto", *PLANS)
+CHOICE_HELP = "auto, resident, lean or lean:N (N layers' activations kept, 0 = none)"
 HEADROOM = 1.10            # auto picks resident only when 110% of its estimate is free
 RUNTIME = 512 << 20        # Python, torch and the package imported: 327 MiB measured, rounded up
 
@@ -50,6 +58,8 @@ class MemoryPlan:
     estimate: dict[str, int]         # estimated peak bytes per plan
     available: int | None            # MemAvailable at the choice (bytes), None if unknown
     scratch: str | None = None       # RUN/memplan for lean
+    kept: frozenset[int] = frozenset()   # lean: the layers whose activations it keeps
+    layers: int = 0                  # the model's layer count (for the description)
 
     @property
     def lean(self) -> bool:
@@ -60,7 +70,9 @@ class MemoryPlan:
         est = ", ".join(f"{k} {gib(v)}" for k, v in self.estimate.items())
         free = "unknown" if self.available is None else gib(self.available)
         how = "forced" if self.requested != "auto" else "auto"
-        return f"memory plan {self.name} ({how}; estimated peak {est}; available {free})"
+        keeps = (f"activations of {len(self.kept)} of {self.layers} layers kept, the rest "
+                 f"recomputed; " if self.lean else "")
+        return f"memory plan {self.name} ({how}; {keeps}estimated peak {est}; available {free})"
 
     def record(self) -> dict:
         return {"memory_plan": self.name}
@@ -78,7 +90,23 @@ def mem_available() -> int | None:
     return None
 
 
-def estimate(cfg: TrainConfig, tokens: int, plan: str) -> int:
+def parse(requested: str) -> tuple[str, int | None]:
+    """(plan choice, N of ``lean:N`` or None) of a ``--memory-plan`` value."""
+    name, colon, n = requested.partition(":")
+    if name not in CHOICES or (colon and (name != "lean" or not n.isdigit())):
+        raise MemoryPlanError(f"memory plan {requested!r}: choose one of {CHOICE_HELP}")
+    return name, int(n) if colon else None
+
+
+def keep_order(m) -> list[int]:
+    """The layers the lean plan keeps first: the fully causal ones (their forward costs
+    the most: attention over the whole sequence), then the windowed ones; the last first
+    within each (the backward frees them first)."""
+    full = set(m.full_layers)
+    return sorted(range(m.n_layers), key=lambda i: (i not in full, -i))
+
+
+def estimate(cfg: TrainConfig, tokens: int, plan: str, kept: int = 0) -> int:
     """Estimated peak bytes of one step of ``cfg`` with ``tokens`` tokens per micro-batch.
 
     Both: the parameters (their dtypes) and the flat reduced gradient (4 bytes per slot of
@@ -94,7 +122,8 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str) -> int:
     its own after each part (``kernels.core.workspace.release``): the layers (one layer's
     activations, attention's and the linears' working sets), the LM head (the logits
     buffer, the head weight's int8 slices, one token block of dlogits' slices with its
-    level operands and products) and the update (the moments' chunks). Both add RUNTIME,
+    level operands and products) and the update (the moments' chunks); ``kept`` layers'
+    activations (instead of their inputs) live through the first two. Both add RUNTIME,
     the interpreter and libraries before any tensor."""
     m = cfg.model
     specs = param_specs(m)
@@ -134,23 +163,40 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str) -> int:
     chunks = -(-m.vocab // K_CHUNK)
     head = (4 * tokens * m.vocab + s_ * m.vocab * d + s_ * rows * m.vocab
             + s_ * (d + rows) * K_CHUNK + 4 * s_ * chunks * rows * d)
-    phases = max(layer + attention + linears, head, 6 * 4 * CHUNK)
-    return (base + m.n_layers * 2 * tokens * d + 4 * largest + phases + min(fold, 2 * flat)
-            + RUNTIME)
+    kept = min(kept, m.n_layers)
+    phases = max(kept * layer + max(layer + attention + linears, head), 6 * 4 * CHUNK)
+    return (base + (m.n_layers - kept) * 2 * tokens * d + 4 * largest + phases
+            + min(fold, 2 * flat) + RUNTIME)
+
+
+def fitting(cfg: TrainConfig, tokens: int, free: int | None) -> int:
+    """The most layers whose activations the lean plan can keep within ``free`` bytes
+    (HEADROOM included); 0 when ``free`` is unknown."""
+    n = 0
+    while (free is not None and n < cfg.model.n_layers
+           and estimate(cfg, tokens, "lean", n + 1) * HEADROOM <= free):
+        n += 1
+    return n
 
 
 def choose(requested: str, cfg: TrainConfig, tokens: int, run_dir: str,
            available: int | None = None) -> MemoryPlan:
-    """The plan for ``requested`` (auto | resident | lean); see the module docstring."""
-    if requested not in CHOICES:
-        raise MemoryPlanError(f"memory plan {requested!r}: choose one of {', '.join(CHOICES)}")
-    est = {p: estimate(cfg, tokens, p) for p in PLANS}
+    """The plan for ``requested`` (auto | resident | lean | lean:N); see the module
+    docstring."""
+    name, n = parse(requested)
     free = mem_available() if available is None else available
-    name = requested
-    if requested == "auto":
-        name = "resident" if free is None or est["resident"] * HEADROOM <= free else "lean"
+    if name == "auto":
+        resident = estimate(cfg, tokens, "resident")
+        name = "resident" if free is None or resident * HEADROOM <= free else "lean"
+    kept: frozenset[int] = frozenset()
+    if name == "lean":
+        n = fitting(cfg, tokens, free) if n is None else min(n, cfg.model.n_layers)
+        kept = frozenset(keep_order(cfg.model)[:n])
+    est = {"resident": estimate(cfg, tokens, "resident"),
+           "lean": estimate(cfg, tokens, "lean", len(kept))}
     return MemoryPlan(name, requested, est, free,
-                      scratch_dir(run_dir) if name == "lean" else None)
+                      scratch_dir(run_dir) if name == "lean" else None, kept,
+                      cfg.model.n_layers)
 
 
 # ----------------------------------------------------------------------------- the moments

@@ -30,7 +30,9 @@ for dispute bisection.
 ``forward_backward(..., lean=True)`` is the memory plan ``lean`` of ``memplan.py``: the same
 ops on the same values, so the same bits, holding less. The forward keeps only each
 layer's input (B, S, D) and the backward recomputes that layer's forward before its
-backward (one more forward pass of work); the LM head and the loss run over blocks of
+backward (one more forward pass of work) - except the layers in ``keep``, whose
+activations are held as the resident plan holds them (the plan keeps as many as the free
+memory allows: each kept layer saves one layer forward); the LM head and the loss run over blocks of
 HEAD_ROWS tokens into one (M, V) float32 buffer that the loss's backward then overwrites
 with dlogits block by block (the logits, the loss rows and dlogits are row by row, so blocks
 cannot change a bit: ``kernels.ops.lmhead``'s rows are sliced per row, ``xent`` takes the
@@ -238,10 +240,12 @@ def _head_blocks(cfg: ModelConfig, p: dict[str, torch.Tensor], xf2: torch.Tensor
 
 
 def _forward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tensor,
-             labels: torch.Tensor, tr: _Tracer, keep: bool, lean: bool = False):
+             labels: torch.Tensor, tr: _Tracer, keep: bool, lean: bool = False,
+             kept: frozenset[int] = frozenset()):
     """The forward pass: (loss, per-sequence losses, what the backward needs - or None
     when not ``keep``: the activations are then freed layer by layer). ``lean``: the tape
-    holds each layer's input only, the LM head runs in token blocks (module docstring)."""
+    holds each layer's input only (all activations for the layers in ``kept``), the LM
+    head runs in token blocks (module docstring)."""
     b, s = input_ids.shape
     d = cfg.d_model
     e = tr("embed.fwd", embedding_fwd(p["embed.weight"], input_ids))           # (B, S, D)
@@ -252,7 +256,7 @@ def _forward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tens
         x_in = x
         x, saved = layer_forward(cfg, p, i, x, tr)
         if keep:
-            tape.append(x_in if lean else saved)
+            tape.append(x_in if lean and i not in kept else saved)
         del saved
     xf, rstd_f = rmsnorm_fwd(x, p["final_norm.gain"], cfg.eps)
     xf2 = xf.reshape(b * s, d)
@@ -315,15 +319,18 @@ def _head_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], xf2: torch.Tens
 
 def forward_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tensor,
                      labels: torch.Tensor, trace: Trace = None, lean: bool = False,
-                     grads: MutableMapping[str, torch.Tensor] | None = None
+                     grads: MutableMapping[str, torch.Tensor] | None = None,
+                     kept: frozenset[int] = frozenset()
                      ) -> tuple[torch.Tensor, torch.Tensor, MutableMapping[str, torch.Tensor]]:
     """(loss, per-sequence losses, float32 gradients by parameter name) of one micro-batch
-    ``input_ids`` / ``labels`` (B, S) int64; see the module docstring."""
+    ``input_ids`` / ``labels`` (B, S) int64; see the module docstring (``kept``: the layers
+    whose activations ``lean`` holds instead of recomputing them)."""
     tr = _Tracer(trace)
     b, s = input_ids.shape
     d = cfg.d_model
     grads = {} if grads is None else grads
-    loss, per_seq, saved = _forward(cfg, p, input_ids, labels, tr, keep=True, lean=lean)
+    loss, per_seq, saved = _forward(cfg, p, input_ids, labels, tr, keep=True, lean=lean,
+                                    kept=kept)
     e, rstd_e, tape, x, xf2, rstd_f, logits, flat_labels, lse = saved
     del saved
     # ---- backward
@@ -335,7 +342,7 @@ def forward_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: to
     tr("final_norm.bwd", dx)
     for i in reversed(range(cfg.n_layers)):
         saved = tape.pop()
-        if lean:                                   # recompute the layer's forward, untraced
+        if lean and i not in kept:                 # recompute the layer's forward, untraced
             saved = layer_forward(cfg, p, i, saved, _Tracer(None))[1]
         dx = layer_backward(cfg, p, i, dx, saved, grads, tr)
         del saved

@@ -166,12 +166,14 @@ class GradSink(MutableMapping):
 
 def rank_gradient(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layout,
                   mbs: list[MicroBatch], out: torch.Tensor, trace: Trace = None,
-                  rank: int = 0, lean: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                  rank: int = 0, lean: bool = False, kept: frozenset[int] = frozenset()
+                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Algorithm 1, step 1, for one virtual rank: its micro-batches' gradients accumulated
     in order into the flat ``out`` (overwritten), each times fp32(1/A); returns the rank's
     loss reduced the same way (shape (1,)) and each micro-batch's per-sequence losses.
     ``lean``: the memory plan's forward/backward (``model.py``) and, unless traced (a trace
-    lists the gradients after the backward), a ``GradSink`` instead of a gradient dict."""
+    lists the gradients after the backward), a ``GradSink`` instead of a gradient dict;
+    ``kept``: the layers whose activations it holds instead of recomputing them."""
     r = reciprocal_f32(len(mbs))
     loss_v, per = None, []
     for j, mb in enumerate(mbs):
@@ -179,7 +181,7 @@ def rank_gradient(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Lay
             lambda name, t, j=j: trace(f"rank{rank}.mb{j}.{name}", t))
         sink = GradSink(out, layout, r, add=j > 0) if lean and tr is None else None
         loss, per_seq, grads = forward_backward(cfg.model, params, mb.input_ids, mb.labels, tr,
-                                                lean=lean, grads=sink)
+                                                lean=lean, grads=sink, kept=kept)
         if sink is None:
             _into(out, layout, grads, r, add=j > 0)
         else:
@@ -208,7 +210,7 @@ def loss_reduction(losses: list[torch.Tensor], reps: int, shards: int) -> torch.
 def reduce_step(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layout,
                 batches: list[list[MicroBatch]], trace: Trace = None,
                 spill: Spill | None = None, device: torch.device | str = "cpu",
-                lean: bool = False) -> Reduced:
+                lean: bool = False, kept: frozenset[int] = frozenset()) -> Reduced:
     """Algorithm 1 on one process: ``batches[v]`` are virtual rank v's micro-batches in
     order. At most one rank gradient, one replica partial and the fold's partials live."""
     reps, shards = cfg.mesh
@@ -222,7 +224,7 @@ def reduce_step(cfg: TrainConfig, params: dict[str, torch.Tensor], layout: Layou
     for v, mbs in enumerate(batches):
         shard = v % shards
         target = layout.zeros(device) if shard == 0 else g_v   # rank 0 of a replica: in place
-        loss_v, per = rank_gradient(cfg, params, layout, mbs, target, trace, v, lean)
+        loss_v, per = rank_gradient(cfg, params, layout, mbs, target, trace, v, lean, kept)
         losses.append(loss_v)
         window_losses.extend(per)
         if trace is not None:
@@ -394,7 +396,8 @@ def compute_step(run: Run, state: State, batches: list[list[MicroBatch]], step: 
     if lean and spill is None:
         spill = file_spill(run.memory.scratch)
     red = reduce_step(run.cfg, state.params, layout, batches, trace=trace, spill=spill,
-                      device=run.device, lean=lean)
+                      device=run.device, lean=lean,
+                      kept=run.memory.kept if lean else frozenset())
     t1 = time.perf_counter()
     grad_digest = statehash.tensors_digest(layout.views(red.grad))   # before clipping
     t_hash = time.perf_counter() - t1

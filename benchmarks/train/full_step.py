@@ -27,7 +27,9 @@ the demo's sources and filters - with two changes:
   lr_peak / 8, a real (non-zero) update.
 
 Then, each a subprocess of the CLIs, with ``--memory-plan lean`` (the plan a 24 GB machine
-needs for the full model: estimated ~14 GiB against ~64 GiB resident):
+needs for the full model: estimated ~14 GiB recomputing every layer against ~66 GiB
+resident; by default lean keeps as many layers' activations as the free memory holds,
+``--plan lean:0`` recomputes all):
 
 1. ``open1b-train run --config CFG --mix MIX --steps 1 --memory-plan lean``, CFG = the
    ``open1b`` preset with ``mesh`` and ``checkpoint_every = 1`` (a checkpoint at step 1);
@@ -190,7 +192,8 @@ def timed(label: str, cmd: list[str], log: str, echo: bool = True) -> dict:
             "vmhwm_bytes": hwm[0] * 1024, "output": out}
 
 
-def train_and_replay(mix: str, work: str, mesh: tuple[int, int], model: dict) -> dict:
+def train_and_replay(mix: str, work: str, mesh: tuple[int, int], model: dict,
+                     plan: str = "lean") -> dict:
     import shutil
 
     name = "run" + "".join(f"-{k}{v}" for k, v in sorted(model.items()))
@@ -200,7 +203,7 @@ def train_and_replay(mix: str, work: str, mesh: tuple[int, int], model: dict) ->
     write_config(cfg, mesh, model)
     py = sys.executable
     train = timed("train", [py, "-m", "open1b_train.cli", "run", "--config", cfg, "--mix", mix,
-                            "--out", run, "--steps", "1", "--memory-plan", "lean", "--quiet"],
+                            "--out", run, "--steps", "1", "--memory-plan", plan, "--quiet"],
                   run + "-train.log")
     if train["rc"]:
         raise SystemExit(f"train failed (exit {train['rc']}): see {run}-train.log")
@@ -209,7 +212,7 @@ def train_and_replay(mix: str, work: str, mesh: tuple[int, int], model: dict) ->
     ckpt_bytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(ckpt)
                      for f in fs) if os.path.isdir(ckpt) else 0
     replay = timed("replay", [py, "-m", "open1b_audit.cli", "replay", run, "--step", "1",
-                              "--memory-plan", "lean", "--json"], run + "-replay.log",
+                              "--memory-plan", plan, "--json"], run + "-replay.log",
                     echo=False)
     text = "\n".join(replay["output"])
     rep = json.loads(text[text.index("{"):text.rindex("}") + 1])
@@ -240,7 +243,9 @@ def report(res: dict, load: str) -> str:
         f"- {load}",
         f"- what: {what} ({m['n_layers']} layers x {m['d_model']:,}, vocabulary "
         f"{m['vocab']:,}, {res['params']:,} parameters), mesh {res['mesh']}, one step of "
-        f"{res['windows']} window(s) x 4,097 tokens, `--memory-plan lean` in train and replay",
+        f"{res['windows']} window(s) x 4,097 tokens, `--memory-plan {res['plan']}` in train "
+        f"and replay",
+        f"- the replay's plan: {rr.get('memory_plan_text') or '-'}",
         f"- mix: `{res['mix']}` ({res['mix_documents']:,} documents, "
         f"{res['mix_tokens']:,} tokens, tokenizer {res['mix_vocab']:,} entries)", "",
         "| phase | wall s | peak RSS (VmHWM) | notes |", "|---|---|---|---|",
@@ -250,7 +255,7 @@ def report(res: dict, load: str) -> str:
         f"verdict **{rr['verdict']}**, replay's own timing {rr['seconds']:.1f} s, its "
         f"peak {gib(rr['peak_memory_bytes'])} |", "",
         f"- run hash (step 1): `{res['run_hash']}`",
-        f"- estimated peak (memplan.estimate, 4,097 tokens): lean "
+        f"- estimated peak (memplan.estimate, 4,097 tokens): lean recomputing every layer "
         f"{gib(res['estimate']['lean'])}, resident {gib(res['estimate']['resident'])}",
         "- recipe departures named by the replay: "
         + (", ".join(f"{d['field']} {d['preset']!r} -> {d['run']!r}" for d in dep) or "none")]
@@ -267,6 +272,8 @@ def main() -> None:
                     "FFN 2.75x)")
     ap.add_argument("--vocab", type=int, default=OPEN1B_VOCAB, help="smoke: tokenizer and "
                     "model vocabulary (default Open-1B's 128,256)")
+    ap.add_argument("--plan", default="lean", help="--memory-plan of train and replay "
+                    "(lean: as many layers kept as fit; lean:0 recomputes all)")
     ap.add_argument("--json", default=None, help="write the result as JSON here")
     ap.add_argument("--out", default=None, help="append the markdown report here")
     a = ap.parse_args()
@@ -292,11 +299,11 @@ def main() -> None:
     if a.vocab != OPEN1B_VOCAB:
         overrides["vocab"] = a.vocab
     cfg = apply_overrides(dataclasses.replace(open1b(), mesh=mesh), {"model": overrides})
-    res = train_and_replay(mix, a.work, mesh, overrides)
+    res = train_and_replay(mix, a.work, mesh, overrides, a.plan)
     load.sample("runs")
     res.update(
         date=f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        args=" ".join(sys.argv[1:]), mix=mix, mesh=a.mesh, windows=ranks,
+        args=" ".join(sys.argv[1:]), mix=mix, mesh=a.mesh, windows=ranks, plan=a.plan,
         overrides=overrides, model=dataclasses.asdict(cfg.model),
         params=count(cfg.model)["total"],
         mix_documents=man.totals["documents"], mix_tokens=man.totals["tokens"],

@@ -8,7 +8,9 @@ reference (``force("cpu")``, the bits the trainer computes):
   and/or fully causal) on one 4,096-token sequence: ``layer_forward`` and
   ``layer_backward`` timed apart (``benchmarks.kernels.layer.setup``, one run each). The
   lean plan keeps only each layer's input and recomputes the layer before its backward, so
-  a lean layer costs 2 x forward + backward.
+  a lean layer costs 2 x forward + backward - except the layers whose activations it keeps
+  as the free memory allows (``memplan.fitting``; ``--free-gib``, default 22: what a 24 GB
+  machine reports available), which cost forward + backward as under resident.
 * **the LM head and loss** (2,048 -> 128,256, 3 int8 slices, cross-entropy + z-loss,
   forward and backward: ``lmhead_forward``, ``xent_forward``/``xent_backward``,
   ``lmhead_backward``) on ``--head-tokens`` tokens, scaled linearly to 4,096 (its GEMMs are
@@ -103,22 +105,32 @@ def main_batch_windows() -> int:
     return int(phases[1]["batch_sequences"])
 
 
-def full_step_lines(layers: dict, head: dict, m, cores: int, update: float | None) -> list[str]:
-    """The projection of one full Open-1B step (module docstring) as markdown lines."""
+def full_step_lines(layers: dict, head: dict, m, cores: int, update: float | None,
+                    kept: frozenset[int] = frozenset(), free_gib: float = 0.0) -> list[str]:
+    """The projection of one full Open-1B step (module docstring) as markdown lines;
+    ``kept``: the layers the lean plan keeps with ``free_gib`` available."""
     threads = torch.get_num_threads()
-    n_full = len(m.full_layers)
     win = layers.get("512", layers.get("full"))
     full = layers.get("full", win)
-    per = {plan: (m.n_layers - n_full) * win[key] + n_full * full[key] + head["at_4096"]
-           for plan, key in (("resident", "resident"), ("lean", "lean"))}
+
+    def layer(i: int, key: str) -> float:
+        return (full if i in m.full_layers else win)[key]
+
+    per = {plan: sum(layer(i, key) for i in range(m.n_layers)) + head["at_4096"]
+           for plan, key in (("resident", "resident"), ("lean:0", "lean"))}
+    keeps = f"lean, {len(kept)} layers kept"
+    per[keeps] = (sum(layer(i, "resident" if i in kept else "lean") for i in range(m.n_layers))
+                  + head["at_4096"])
     windows = main_batch_windows()
     out = [f"Full Open-1B step ({windows:,} windows of 4,096 tokens), per window: resident "
-           f"plan (forward + backward) {per['resident']:,.0f} s, lean plan (2 x forward + "
-           f"backward) {per['lean']:,.0f} s at {threads} threads; the update "
+           f"plan (forward + backward) {per['resident']:,.0f} s, lean plan recomputing every "
+           f"layer (`lean:0`, 2 x forward + backward) {per['lean:0']:,.0f} s, lean keeping "
+           f"the {len(kept)} layers' activations {free_gib:g} GiB available hold "
+           f"(`memplan.fitting`) {per[keeps]:,.0f} s, at {threads} threads; the update "
            + (f"{update:,.0f} s (measured, added once)." if update is not None else
               "not included."), "",
            "| machine | plan | one full step |", "|---|---|---|"]
-    for plan in ("resident", "lean"):
+    for plan in ("resident", "lean:0", keeps):
         for c, label in ((threads, f"this machine, {threads} cores"),
                          (cores, f"{cores} cores of this kind ({max(1, cores // threads)} "
                                  f"windows at once, linear: a lower bound)")):
@@ -136,6 +148,9 @@ def main() -> None:
     ap.add_argument("--cores", type=int, default=16, help="cores of the projected machine")
     ap.add_argument("--update-seconds", type=float, default=None,
                     help="measured AdamW update + hashes of one full step, added once")
+    ap.add_argument("--free-gib", type=float, default=22.0,
+                    help="memory available to the lean plan, which keeps as many layers' "
+                         "activations as fit (default: a 24 GB machine's)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="timed runs of each part after one untimed warm-up (the median "
                          "counts); 1 = one run, no warm-up (the first call also pays for "
@@ -143,6 +158,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from benchmarks.machine import LoadLog, describe, simd_flags
+    from open1b_train import memplan
     from open1b_train.config import open1b
 
     load = LoadLog()
@@ -156,7 +172,10 @@ def main() -> None:
     head = _median_run(lambda: time_head(a.head_tokens), a.repeats)
     print(f"[head] {head}", flush=True)
     load.sample("head")
-    m = open1b().model
+    cfg = open1b()
+    m = cfg.model
+    n_kept = memplan.fitting(cfg, SEQ + 1, int(a.free_gib * 2**30))
+    kept = frozenset(memplan.keep_order(m)[:n_kept])
     n_full = len(m.full_layers)
     win = layers.get("512", layers.get("full"))
     full = layers.get("full", win)
@@ -187,7 +206,7 @@ def main() -> None:
                                            "ones (not measured), " if "full" not in layers
                                            else "") +
         "the embedding, AdamW update, hashes and checkpoint are not in it.", "",
-        *full_step_lines(layers, head, m, a.cores, a.update_seconds), ""])
+        *full_step_lines(layers, head, m, a.cores, a.update_seconds, kept, a.free_gib), ""])
     print(text)
     if a.out:
         with open(a.out, "a") as f:

@@ -1,6 +1,8 @@
 """Memory plans (``open1b_train.memplan``): every plan forced gives the golden trajectories'
-bits, component by component, across resumes that switch plans; the lean plan's files stay
-in RUN/memplan and special files there are refused; auto's choice follows free memory."""
+bits, component by component, across resumes that switch plans - lean recomputing every
+layer (lean:0), keeping some layers' activations (lean:1) or as many as fit (lean); the lean
+plan's files stay in RUN/memplan and special files there are refused; auto's choice, and
+how many layers lean keeps, follow free memory."""
 from __future__ import annotations
 
 import json
@@ -45,14 +47,16 @@ def micro_mix(tmp_path_factory) -> str:
 def test_micro_every_plan_and_resumes_across_plans_give_the_golden_bits(tmp_path, micro_mix):
     want = golden("micro")
     lean, mixed = str(tmp_path / "lean"), str(tmp_path / "mixed")
-    # lean from genesis (3 replicas: spilled TreeFold partials), then resumed resident
-    assert train_to("micro", micro_mix, lean, 8, "lean")[-1]["memory_plan"] == "lean"
+    # lean recomputing every layer from genesis (3 replicas: spilled TreeFold partials),
+    # then resumed resident
+    assert train_to("micro", micro_mix, lean, 8, "lean:0")[-1]["memory_plan"] == "lean"
     lines = train_to("micro", micro_mix, lean, 12, "resident")
     assert [ln["memory_plan"] for ln in lines[9:]] == ["resident"] * 4
     assert tj.first_difference(want, lines) is None and len(lines) == 13
-    # resident first, then resumed lean from a checkpoint the resident plan wrote
+    # resident first, then resumed lean keeping one of the two layers' activations (the
+    # fully causal layer 1; layer 0 recomputed) from a checkpoint the resident plan wrote
     train_to("micro", micro_mix, mixed, 4, "resident")
-    lines = train_to("micro", micro_mix, mixed, 12, "lean")
+    lines = train_to("micro", micro_mix, mixed, 12, "lean:1")
     assert tj.first_difference(want, lines) is None and len(lines) == 13
     # the streamed checkpoint files are byte for byte the resident ones
     for step in (4, 8, 12):
@@ -68,18 +72,19 @@ def test_demo_lean_with_a_resume_gives_the_golden_bits(tmp_path, monkeypatch):
     want = golden("demo")
     mix = tj.build_mix("demo", str(tmp_path / "mix"))
     run = str(tmp_path / "run")
-    train_to("demo", mix, run, 2, "lean")
-    lines = train_to("demo", mix, run, 3, "lean")
+    train_to("demo", mix, run, 2, "lean:0")
+    lines = train_to("demo", mix, run, 3, "lean:1")
     assert tj.first_difference(want, lines) is None and len(lines) == want["steps"] + 1
-    res = replay(run, 3, from_step=0, memory_plan="lean")
+    res = replay(run, 3, from_step=0, memory_plan="lean:2")      # every layer kept
     assert res.ok and res.memory_plan == "lean", res.finding
+    assert "activations of 2 of 2 layers kept" in res.memory_plan_text
     assert res.lines[3]["hash"] == lines[3]["hash"]
 
 
 def test_replay_lean_matches_a_resident_run(tmp_path, micro_mix):
     run = str(tmp_path / "run")
     lines = train_to("micro", micro_mix, run, 6, "resident")
-    res = replay(run, 6, from_step=4, memory_plan="lean")
+    res = replay(run, 6, from_step=4, memory_plan="lean:0")
     assert res.ok and res.memory_plan == "lean" and res.lines[6]["hash"] == lines[6]["hash"]
 
 
@@ -117,6 +122,42 @@ def test_auto_follows_free_memory(tmp_path):
     big = tj.config("micro").__class__()                  # the open1b preset at 4,096 tokens
     assert memplan.estimate(big, 4097, "lean") < 23 * 2**30 < memplan.estimate(big, 4097,
                                                                                 "resident")
+
+
+def test_lean_keeps_as_many_layers_as_fit(tmp_path):
+    big = tj.config("micro").__class__()
+    big = big.__class__(**{**big.__dict__, "model": big.model.__class__(
+        **{**big.model.__dict__, "vocab": 128_256})})
+    m = big.model
+    # the fully causal layers first (their forward costs the most), the last first
+    order = memplan.keep_order(m)
+    assert order[:len(m.full_layers)] == sorted(m.full_layers, reverse=True)
+    assert sorted(order) == list(range(m.n_layers))
+    lean = [memplan.estimate(big, 4097, "lean", n) for n in range(m.n_layers + 1)]
+    assert lean == sorted(lean) and len(set(lean)) == len(lean)   # each kept layer costs
+    for n in (0, 5, m.n_layers):
+        free = int(lean[n] * memplan.HEADROOM) + 1
+        plan = memplan.choose("lean", big, 4097, str(tmp_path), free)
+        assert plan.kept == frozenset(order[:n]) and plan.estimate["lean"] == lean[n]
+        auto = memplan.choose("auto", big, 4097, str(tmp_path), free)
+        assert auto.name == "lean" and auto.kept == plan.kept
+    # forced: exactly N, whatever is free; unknown free memory keeps none
+    assert memplan.choose("lean:3", big, 4097, str(tmp_path), 1).kept == frozenset(order[:3])
+    assert memplan.choose("lean:99", big, 4097, str(tmp_path), 1).kept == frozenset(order)
+    assert memplan.fitting(big, 4097, None) == 0
+    for bad in ("lean:", "lean:-1", "lean:x", "resident:2", "auto:1", "leaner"):
+        with pytest.raises(MemoryPlanError, match="lean:N"):
+            memplan.choose(bad, big, 4097, str(tmp_path), 1)
+
+
+def test_cli_refuses_a_bad_memory_plan(tmp_path):
+    from click.testing import CliRunner
+
+    from open1b_train.cli import main
+
+    r = CliRunner().invoke(main, ["run", "--preset", "micro", "--mix", str(tmp_path),
+                                  "--memory-plan", "lean:two"])
+    assert r.exit_code == 2 and "lean:N" in r.output, r.output
 
 
 def test_streamed_root_is_tensor_root():

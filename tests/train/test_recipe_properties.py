@@ -102,7 +102,7 @@ def _synthetic(window: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch
 
 
 def _fake_forward_backward(model, params, input_ids, labels, trace=None, lean=False,
-                           grads=None):
+                           grads=None, kept=frozenset()):
     return _synthetic(int(input_ids[0, 0]))
 
 

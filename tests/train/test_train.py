@@ -129,9 +129,9 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(
     real = step_mod.forward_backward
     calls = {"n": 0}
 
-    def poisoned(cfg, p, ids, labels, trace=None, lean=False, grads=None):
+    def poisoned(cfg, p, ids, labels, trace=None, lean=False, grads=None, kept=frozenset()):
         calls["n"] += 1
-        loss, per, grads = real(cfg, p, ids, labels, trace, lean=lean, grads=grads)
+        loss, per, grads = real(cfg, p, ids, labels, trace, lean=lean, grads=grads, kept=kept)
         if calls["n"] > 12:            # 4 micro-batches per step: step 4 onwards
             loss = loss * float("nan")
         return loss, per, grads
