@@ -197,6 +197,7 @@ def train_and_replay(mix: str, work: str, mesh: tuple[int, int], model: dict,
     import shutil
 
     name = "run" + "".join(f"-{k}{v}" for k, v in sorted(model.items()))
+    os.makedirs(work, exist_ok=True)            # a new --work with a reused --mix
     run = os.path.join(work, name)
     shutil.rmtree(run, ignore_errors=True)
     cfg = run + ".toml"

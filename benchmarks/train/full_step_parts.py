@@ -201,11 +201,11 @@ def main() -> None:
         f"**Projected** full `open1b` step (one 4,097-token window, lean plan), layers and "
         f"head only: {m.n_layers - n_full} windowed + {n_full} fully causal layers "
         f"{layer_s:,.0f} s + LM head {head['at_4096']:,.0f} s = **{total:,.0f} s "
-        f"(~{total / 3600:.1f} h)** per step; the replay re-executes the same step, so about "
-        f"as long again. An estimate: " + ("the fully causal layers are counted as windowed "
-                                           "ones (not measured), " if "full" not in layers
-                                           else "") +
-        "the embedding, AdamW update, hashes and checkpoint are not in it.", "",
+        f"(~{total / 60:.1f} min)** per window on this machine; the replay re-executes the "
+        f"same step, so about as long again. An estimate: "
+        + ("the fully causal layers are counted as windowed ones (not measured), "
+           if "full" not in layers else "")
+        + "the embedding, AdamW update, hashes and checkpoint are not in it.", "",
         *full_step_lines(layers, head, m, a.cores, a.update_seconds, kept, a.free_gib), ""])
     print(text)
     if a.out:
