@@ -10,7 +10,7 @@ a fresh subprocess, the resident plan the anchor of every ratio.
   ~23 GB: more than this VM can give).
 
     python -m benchmarks.train.memory_plans [--cases demo,optim] [--layers 24]
-        [--plans resident,lean] [--out benchmarks/results/results-memplan.md]
+        [--plans resident,lean:0,lean] [--out benchmarks/results/results-memplan.md]
 """
 from __future__ import annotations
 
@@ -100,7 +100,8 @@ def run_case(case: str, plan: str, args, work: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="demo,optim")
-    ap.add_argument("--plans", default="resident,lean")
+    ap.add_argument("--plans", default="resident,lean:0,lean",
+                    help="plans to compare (lean: as many layers kept as fit; lean:0: none)")
     ap.add_argument("--steps", type=int, default=2, help="demo steps")
     ap.add_argument("--layers", type=int, default=24, help="open1b layers for the optim case")
     ap.add_argument("--out", default=None)
