@@ -18,8 +18,8 @@ its report.
   lean forward + backward at Open-1B's shapes; the fully causal layers first, their
   forward costs the most), or exactly N of them with ``lean:N`` (``lean:0`` recomputes
   every layer); the LM head and the loss run in token blocks with dlogits overwriting the
-  logits; dormant TreeFold partials are spilled
-  to ``RUN/memplan/``; checkpoints are written and read in chunks (``checkpoint.py``).
+  logits; dormant TreeFold partials are spilled to ``RUN/memplan/``; checkpoints are
+  written and read in chunks (``checkpoint.py``).
 * ``auto`` - ``lean`` when the resident plan's estimated peak is above the memory the
   kernel reports available (``/proc/meminfo`` MemAvailable), else ``resident``; the
   estimate, the free memory and the choice are printed.
@@ -185,15 +185,14 @@ def choose(requested: str, cfg: TrainConfig, tokens: int, run_dir: str,
     docstring."""
     name, n = parse(requested)
     free = mem_available() if available is None else available
+    resident = estimate(cfg, tokens, "resident")
     if name == "auto":
-        resident = estimate(cfg, tokens, "resident")
         name = "resident" if free is None or resident * HEADROOM <= free else "lean"
     kept: frozenset[int] = frozenset()
     if name == "lean":
         n = fitting(cfg, tokens, free) if n is None else min(n, cfg.model.n_layers)
         kept = frozenset(keep_order(cfg.model)[:n])
-    est = {"resident": estimate(cfg, tokens, "resident"),
-           "lean": estimate(cfg, tokens, "lean", len(kept))}
+    est = {"resident": resident, "lean": estimate(cfg, tokens, "lean", len(kept))}
     return MemoryPlan(name, requested, est, free,
                       scratch_dir(run_dir) if name == "lean" else None, kept,
                       cfg.model.n_layers)

@@ -30,10 +30,10 @@ for dispute bisection.
 ``forward_backward(..., lean=True)`` is the memory plan ``lean`` of ``memplan.py``: the same
 ops on the same values, so the same bits, holding less. The forward keeps only each
 layer's input (B, S, D) and the backward recomputes that layer's forward before its
-backward (one more forward pass of work) - except the layers in ``keep``, whose
+backward (one more forward pass of work) - except the layers in ``kept``, whose
 activations are held as the resident plan holds them (the plan keeps as many as the free
-memory allows: each kept layer saves one layer forward); the LM head and the loss run over blocks of
-HEAD_ROWS tokens into one (M, V) float32 buffer that the loss's backward then overwrites
+memory allows: each kept layer saves one layer forward); the LM head and the loss run over
+blocks of HEAD_ROWS tokens into one (M, V) float32 buffer that the loss's backward then overwrites
 with dlogits block by block (the logits, the loss rows and dlogits are row by row, so blocks
 cannot change a bit: ``kernels.ops.lmhead``'s rows are sliced per row, ``xent`` takes the
 mean's row count); the head's weight gradient runs over blocks of HEAD_COLS vocabulary

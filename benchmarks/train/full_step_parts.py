@@ -105,22 +105,24 @@ def main_batch_windows() -> int:
     return int(phases[1]["batch_sequences"])
 
 
+def layers_seconds(layers: dict, m, kept: frozenset[int] | None) -> float:
+    """One window's layers: resident (``kept`` None: forward + backward for every layer)
+    or lean (2 x forward + backward, forward + backward for the layers in ``kept``); a
+    layer kind not measured counts as the other."""
+    win = layers.get("512", layers.get("full"))
+    full = layers.get("full", win)
+    return sum((full if i in m.full_layers else win)[
+        "resident" if kept is None or i in kept else "lean"] for i in range(m.n_layers))
+
+
 def full_step_lines(layers: dict, head: dict, m, cores: int, update: float | None,
                     kept: frozenset[int] = frozenset(), free_gib: float = 0.0) -> list[str]:
     """The projection of one full Open-1B step (module docstring) as markdown lines;
     ``kept``: the layers the lean plan keeps with ``free_gib`` available."""
     threads = torch.get_num_threads()
-    win = layers.get("512", layers.get("full"))
-    full = layers.get("full", win)
-
-    def layer(i: int, key: str) -> float:
-        return (full if i in m.full_layers else win)[key]
-
-    per = {plan: sum(layer(i, key) for i in range(m.n_layers)) + head["at_4096"]
-           for plan, key in (("resident", "resident"), ("lean:0", "lean"))}
     keeps = f"lean, {len(kept)} layers kept"
-    per[keeps] = (sum(layer(i, "resident" if i in kept else "lean") for i in range(m.n_layers))
-                  + head["at_4096"])
+    per = {plan: layers_seconds(layers, m, k) + head["at_4096"]
+           for plan, k in (("resident", None), ("lean:0", frozenset()), (keeps, kept))}
     windows = main_batch_windows()
     out = [f"Full Open-1B step ({windows:,} windows of 4,096 tokens), per window: resident "
            f"plan (forward + backward) {per['resident']:,.0f} s, lean plan recomputing every "
@@ -177,9 +179,7 @@ def main() -> None:
     n_kept = memplan.fitting(cfg, SEQ + 1, int(a.free_gib * 2**30))
     kept = frozenset(memplan.keep_order(m)[:n_kept])
     n_full = len(m.full_layers)
-    win = layers.get("512", layers.get("full"))
-    full = layers.get("full", win)
-    layer_s = (m.n_layers - n_full) * win["lean"] + n_full * full["lean"]
+    layer_s = layers_seconds(layers, m, frozenset())
     total = layer_s + head["at_4096"]
     rows = [f"| layer, window {w}, {SEQ:,} tokens | {r['forward']:.1f} | {r['backward']:.1f} "
             f"| {r['lean']:.1f} (2 x fwd + bwd) |" for w, r in layers.items()]
