@@ -12,13 +12,21 @@
   (softmax, quantization, p/ds, ordered tile sums) between torch's exact products; the same
   flags and the same bits; without it the torch code of kernels/attention runs.
 
+Both loop extensions are built with -fopenmp where the compiler takes it (checked by a trial
+build): a loop's pieces then run at once on the OpenMP threads of the libgomp torch loads
+(kernels/core/_pieces.h says why); without it they run one after another, and
+kernels.core.mathc hands them to its own thread pool instead. OpenMP changes no value:
+every loop's result is the same whatever the cut.
+
 And one file at the root of site-packages, ``open1b_lmeval.pth``: the startup hook that makes
 lm-eval's own ``lm_eval`` command know the ``open1b`` model (open1b_eval/lmeval_hook.py).
 """
 import os
+import tempfile
 
 import setuptools
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 # Python's ``site`` runs a .pth line that starts with ``import`` at interpreter startup and
@@ -49,6 +57,34 @@ class BuildPyWithPth(build_py):
         return super().get_outputs(include_bytecode) + extra
 
 
+class BuildExtWithOpenMP(build_ext):
+    """build_ext that adds -fopenmp to the loop extensions (``OPENMP``) when a trial build
+    of a small OpenMP source compiles and links with it; else they build without it."""
+
+    def build_extensions(self) -> None:
+        if self._takes_openmp():
+            for ext in self.extensions:
+                if ext.name in OPENMP:
+                    ext.extra_compile_args = [*ext.extra_compile_args, "-fopenmp"]
+                    ext.extra_link_args = [*ext.extra_link_args, "-fopenmp"]
+        super().build_extensions()
+
+    def _takes_openmp(self) -> bool:
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "omp_probe.c")
+            with open(src, "w", encoding="utf-8") as f:
+                f.write("#include <omp.h>\nint probe(void) { return omp_get_max_threads(); }\n")
+            try:
+                objs = self.compiler.compile([src], output_dir=d, extra_postargs=["-fopenmp"])
+                self.compiler.link_shared_object(objs, os.path.join(d, "omp_probe.so"),
+                                                 extra_postargs=["-fopenmp"])
+            except Exception:  # noqa: BLE001 - any failure: build without OpenMP
+                return False
+        return True
+
+
+OPENMP = ("kernels.core._mathc", "kernels.attention._tilesc")
+
 # The license in the form the running setuptools reads without a deprecation notice (pip
 # prints one box per build step for the old form): an SPDX expression from setuptools 77
 # on, the License field before it (pyproject.toml requires setuptools>=68 and lists
@@ -60,14 +96,17 @@ LICENSE = ({"license_expression": "Apache-2.0"} if int(setuptools.__version__.sp
 EXACT_FLOAT_FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math",
                      "-fno-trapping-math"]
 MATHFN_H = "kernels/core/_mathfn.h"
+PIECES_H = "kernels/core/_pieces.h"
 
-setup(**LICENSE, cmdclass={"build_py": BuildPyWithPth}, ext_modules=[
+setup(**LICENSE, cmdclass={"build_py": BuildPyWithPth,
+                                   "build_ext": BuildExtWithOpenMP}, ext_modules=[
     Extension("open1b_data.ingest.tokenizer._bpe", ["open1b_data/ingest/tokenizer/_bpe.c"],
               depends=[f"open1b_data/ingest/tokenizer/_bpe_{h}.h" for h in
                        ("split", "table", "merge", "unicode")],
               extra_compile_args=["-O3", "-std=c11"], optional=True),
-    Extension("kernels.core._mathc", ["kernels/core/_mathc.c"], depends=[MATHFN_H],
+    Extension("kernels.core._mathc", ["kernels/core/_mathc.c"], depends=[MATHFN_H, PIECES_H],
               extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
-    Extension("kernels.attention._tilesc", ["kernels/attention/_tilesc.c"], depends=[MATHFN_H],
+    Extension("kernels.attention._tilesc", ["kernels/attention/_tilesc.c"],
+              depends=[MATHFN_H, PIECES_H],
               extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
 ])

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "../core/_mathfn.h"
+#include "../core/_pieces.h"
 
 #define BLK 64  /* BLOCK_M = BLOCK_N of kernels.attention.tiles (checked by the caller) */
 
@@ -335,12 +336,13 @@ static PyObject *finish(Py_buffer *bufs, int n, int ok, const char *msg) {
 
 static PyObject *py_fwd_rows(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer b[7];
     Py_ssize_t BK, R, nk, ustride, col0, row0, seq, window, u0, u1;
     double scale;
-    if (!PyArg_ParseTuple(args, "y*y*w*w*w*w*w*nnnnnnnndnn", &b[0], &b[1], &b[2], &b[3], &b[4],
+    if (!PyArg_ParseTuple(args, "y*y*w*w*w*w*w*nnnnnnnndnn|i", &b[0], &b[1], &b[2], &b[3], &b[4],
                           &b[5], &b[6], &BK, &R, &nk, &ustride, &col0, &row0, &seq, &window,
-                          &scale, &u0, &u1))
+                          &scale, &u0, &u1, &pieces))
         return NULL;
     Py_ssize_t rows = BK * R, L = nk * BLK;
     int ok = positions_ok(seq, window, row0 + R, col0 + L) && BK > 0 && R > 0 && nk > 0 && col0 >= 0 && col0 + L <= ustride &&
@@ -348,10 +350,12 @@ static PyObject *py_fwd_rows(PyObject *self, PyObject *args) {
              sized(&b[2], rows * L, 4, "p8") && sized(&b[3], rows * nk, 4, "alpha") &&
              sized(&b[4], rows * nk, 4, "t") && sized(&b[5], rows, 4, "m") &&
              sized(&b[6], rows, 4, "l") && units_ok(u0, u1, rows);
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        fwd_rows(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf, b[5].buf, b[6].buf, R, nk,
-                 ustride, col0, row0, seq, window, (float)scale, u0, u1);
+        FOR_PIECES(u0, u1, pieces, fwd_rows(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf,
+                                            b[5].buf, b[6].buf, R, nk, ustride, col0, row0, seq,
+                                            window, (float)scale, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     return finish(b, 7, ok, "fwd_rows: inconsistent shapes");
@@ -359,10 +363,11 @@ static PyObject *py_fwd_rows(PyObject *self, PyObject *args) {
 
 static PyObject *py_fwd_acc(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer b[7];
     Py_ssize_t BK, R, nk, D, u0, u1;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*w*w*nnnnnn", &b[0], &b[1], &b[2], &b[3], &b[4],
-                          &b[5], &b[6], &BK, &R, &nk, &D, &u0, &u1))
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*w*w*nnnnnn|i", &b[0], &b[1], &b[2], &b[3], &b[4],
+                          &b[5], &b[6], &BK, &R, &nk, &D, &u0, &u1, &pieces))
         return NULL;
     Py_ssize_t rows = BK * R;
     int ok = BK > 0 && R > 0 && nk > 0 && D > 0 && sized(&b[0], rows * nk * D, 4, "I") &&
@@ -370,10 +375,11 @@ static PyObject *py_fwd_acc(PyObject *self, PyObject *args) {
              sized(&b[3], rows, 4, "m") && sized(&b[4], rows, 4, "l") &&
              sized(&b[5], rows * D, 4, "out") && sized(&b[6], rows, 4, "lse") &&
              units_ok(u0, u1, rows);
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        fwd_acc(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf, b[5].buf, b[6].buf, R, nk, D,
-                u0, u1);
+        FOR_PIECES(u0, u1, pieces, fwd_acc(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf,
+                                           b[5].buf, b[6].buf, R, nk, D, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     return finish(b, 7, ok, "fwd_acc: inconsistent shapes");
@@ -381,12 +387,13 @@ static PyObject *py_fwd_acc(PyObject *self, PyObject *args) {
 
 static PyObject *py_bwd_tiles(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer b[7];
     Py_ssize_t BK, nk, col0, row0, seq, window, u0, u1;
     double scale;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*nnnnnndnn", &b[0], &b[1], &b[2], &b[3], &b[4],
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*nnnnnndnn|i", &b[0], &b[1], &b[2], &b[3], &b[4],
                           &b[5], &b[6], &BK, &nk, &col0, &row0, &seq, &window, &scale, &u0,
-                          &u1))
+                          &u1, &pieces))
         return NULL;
     Py_ssize_t tiles = BK * nk, tile = BLK * BLK;
     int ok = positions_ok(seq, window, row0 + BLK, col0 + nk * BLK) && BK > 0 && nk > 0 && sized(&b[0], tiles * tile, 8, "s64") &&
@@ -394,10 +401,12 @@ static PyObject *py_bwd_tiles(PyObject *self, PyObject *args) {
              sized(&b[3], BK * BLK, 4, "drow") && sized(&b[4], tiles * tile, 8, "dsr") &&
              sized(&b[5], tiles * tile, 8, "dsc") && sized(&b[6], tiles * tile, 8, "pc") &&
              units_ok(u0, u1, tiles);
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        bwd_tiles(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf, b[5].buf, b[6].buf, nk,
-                  col0, row0, seq, window, (float)scale, u0, u1);
+        FOR_PIECES(u0, u1, pieces, bwd_tiles(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf,
+                                             b[5].buf, b[6].buf, nk, col0, row0, seq, window,
+                                             (float)scale, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     return finish(b, 7, ok, "bwd_tiles: inconsistent shapes");
@@ -405,14 +414,18 @@ static PyObject *py_bwd_tiles(PyObject *self, PyObject *args) {
 
 static PyObject *py_tile_sum(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer b[2];
     Py_ssize_t BK, nk, n, u0, u1;
-    if (!PyArg_ParseTuple(args, "y*w*nnnnn", &b[0], &b[1], &BK, &nk, &n, &u0, &u1)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnn|i", &b[0], &b[1], &BK, &nk, &n, &u0, &u1,
+                          &pieces))
+        return NULL;
     int ok = BK > 0 && nk > 0 && n > 0 && sized(&b[0], BK * nk * n, 8, "prod") &&
              sized(&b[1], BK * n, 4, "out") && units_ok(u0, u1, BK);
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        tile_sum(b[0].buf, b[1].buf, nk, n, u0, u1);
+        FOR_PIECES(u0, u1, pieces, tile_sum(b[0].buf, b[1].buf, nk, n, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     return finish(b, 2, ok, "tile_sum: inconsistent shapes");
@@ -420,16 +433,19 @@ static PyObject *py_tile_sum(PyObject *self, PyObject *args) {
 
 static PyObject *py_accumulate(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer b[2];
     Py_ssize_t BK, n, stride, offset, u0, u1;
-    if (!PyArg_ParseTuple(args, "y*w*nnnnnn", &b[0], &b[1], &BK, &n, &stride, &offset, &u0, &u1))
+    if (!PyArg_ParseTuple(args, "y*w*nnnnnn|i", &b[0], &b[1], &BK, &n, &stride, &offset, &u0,
+                          &u1, &pieces))
         return NULL;
     int ok = BK > 0 && n > 0 && offset >= 0 && offset + n <= stride &&
              sized(&b[0], BK * n, 8, "prod") && sized(&b[1], BK * stride, 4, "acc") &&
              units_ok(u0, u1, BK);
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        accumulate(b[0].buf, b[1].buf, n, stride, offset, u0, u1);
+        FOR_PIECES(u0, u1, pieces, accumulate(b[0].buf, b[1].buf, n, stride, offset, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     return finish(b, 2, ok, "accumulate: inconsistent shapes");
@@ -437,10 +453,11 @@ static PyObject *py_accumulate(PyObject *self, PyObject *args) {
 
 static PyObject *py_fixed_planes(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer b[2];
     Py_ssize_t P, S, S_pad, D, block, G, hq, u0, u1;
-    if (!PyArg_ParseTuple(args, "y*w*nnnnnnnnn", &b[0], &b[1], &P, &S, &S_pad, &D, &block, &G,
-                          &hq, &u0, &u1))
+    if (!PyArg_ParseTuple(args, "y*w*nnnnnnnnn|i", &b[0], &b[1], &P, &S, &S_pad, &D, &block, &G,
+                          &hq, &u0, &u1, &pieces))
         return NULL;
     /* grouped: planes of B batches x hq heads, hq a multiple of G, rows in 64-row blocks */
     int ok = P > 0 && S > 0 && D > 0 && D <= 256 && S <= S_pad && block >= 0 &&
@@ -448,15 +465,25 @@ static PyObject *py_fixed_planes(PyObject *self, PyObject *args) {
              sized(&b[1], P * S_pad * D, 8, "out") && units_ok(u0, u1, P) &&
              (G == 0 || (G > 0 && hq > 0 && hq % G == 0 && P % hq == 0 && S_pad % 64 == 0 &&
                          (block == 0 || block == 64)));
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        fixed_planes(b[0].buf, b[1].buf, S, S_pad, D, block, G, hq, G ? P / G : 0, u0, u1);
+        FOR_PIECES(u0, u1, pieces, fixed_planes(b[0].buf, b[1].buf, S, S_pad, D, block, G, hq,
+                                                G ? P / G : 0, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     return finish(b, 2, ok, "fixed_planes: inconsistent shapes");
 }
 
+static PyObject *py_openmp(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyBool_FromLong(PIECES_OPENMP);
+}
+
 static PyMethodDef methods[] = {
+    {"openmp", py_openmp, METH_NOARGS,
+     "openmp(): whether the loops' pieces run at once on an OpenMP team (built with -fopenmp)."},
     {"fwd_rows", py_fwd_rows, METH_VARARGS,
      "fwd_rows(s64, u, p8, alpha, t, m, l, BK, R, nk, ustride, col0, row0, seq, window, scale,"
      " u0, u1): the forward's online softmax over one query block's band."},

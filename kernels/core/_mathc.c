@@ -25,6 +25,7 @@
 #include <stdlib.h>
 
 #include "_mathfn.h"
+#include "_pieces.h"
 
 static inline float widen_bf16(uint16_t v) { return from_bits((uint32_t)v << 16); }
 
@@ -45,16 +46,18 @@ static inline float widen_bf16(uint16_t v) { return from_bits((uint32_t)v << 16)
     static PyObject *py_##NAME(PyObject *self, PyObject *args) {                         \
         (void)self;                                                                       \
         Py_buffer src, dst;                                                               \
-        if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;                     \
-        if (src.len != dst.len || src.len % 4) {                                          \
+        int pieces = 1;                                                                   \
+        if (!PyArg_ParseTuple(args, "y*w*|i", &src, &dst, &pieces)) return NULL;          \
+        if (src.len != dst.len || src.len % 4 || !PIECES_OK(pieces)) {                     \
             PyBuffer_Release(&src);                                                       \
             PyBuffer_Release(&dst);                                                       \
-            PyErr_SetString(PyExc_ValueError, "need float32 buffers of equal length");    \
+            PyErr_SetString(PyExc_ValueError, "need equal float32 buffers, 1..4096 pieces");\
             return NULL;                                                                  \
         }                                                                                 \
         Py_ssize_t n = src.len / 4;                                                       \
         Py_BEGIN_ALLOW_THREADS                                                            \
-        loop_##NAME((const float *)src.buf, (float *)dst.buf, n);                         \
+        FOR_PIECES(0, n, pieces, loop_##NAME((const float *)src.buf + p_lo,               \
+                                             (float *)dst.buf + p_lo, p_hi - p_lo));       \
         Py_END_ALLOW_THREADS                                                              \
         PyBuffer_Release(&src);                                                           \
         PyBuffer_Release(&dst);                                                           \
@@ -166,17 +169,18 @@ static PyObject *py_slice_rows(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer src, out, exps;
     Py_ssize_t R, K, lo, hi;
-    int is_bf16, S, by_cols;
-    if (!PyArg_ParseTuple(args, "y*pnnipw*w*nn", &src, &is_bf16, &R, &K, &S, &by_cols, &out,
-                          &exps, &lo, &hi))
+    int is_bf16, S, by_cols, pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*pnnipw*w*nn|i", &src, &is_bf16, &R, &K, &S, &by_cols, &out,
+                          &exps, &lo, &hi, &pieces))
         return NULL;
     int ok = S >= 1 && S <= 4 && R >= 0 && K >= 0 && 0 <= lo && lo <= hi &&
              hi <= (by_cols ? K : R) && src.len == R * K * (is_bf16 ? 2 : 4) &&
              out.len == (Py_ssize_t)S * R * K && exps.len == (by_cols ? K : R) * 4;
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        slice_loop(src.buf, is_bf16, R, K, S, by_cols, lo, hi, (int8_t *)out.buf,
-                   (int32_t *)exps.buf);
+        FOR_PIECES(lo, hi, pieces, slice_loop(src.buf, is_bf16, R, K, S, by_cols, p_lo, p_hi,
+                                              (int8_t *)out.buf, (int32_t *)exps.buf));
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&src);
@@ -214,14 +218,16 @@ static PyObject *py_fwht_dim0(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer buf;
     Py_ssize_t R, C, r0, r1, B, c0, c1;
-    if (!PyArg_ParseTuple(args, "w*nnnnnnn", &buf, &R, &C, &r0, &r1, &B, &c0, &c1))
+    int pieces = 1;
+    if (!PyArg_ParseTuple(args, "w*nnnnnnn|i", &buf, &R, &C, &r0, &r1, &B, &c0, &c1, &pieces))
         return NULL;
     int ok = B >= 2 && (B & (B - 1)) == 0 && 0 <= r0 && r0 <= r1 && r1 <= R &&
              r0 % B == 0 && (r1 - r0) % B == 0 && 0 <= c0 && c0 <= c1 && c1 <= C &&
              buf.len == R * C * 4;
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        fwht_dim0_loop((float *)buf.buf, C, r0, r1, B, c0, c1);
+        FOR_PIECES(c0, c1, pieces, fwht_dim0_loop((float *)buf.buf, C, r0, r1, B, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&buf);
@@ -249,25 +255,32 @@ static inline void philox_block(uint64_t b, uint32_t stream, uint32_t k0, uint32
     w[0] = c0; w[1] = c1; w[2] = c2; w[3] = c3;
 }
 
+/* The words at positions [offset + lo, offset + hi) into out. */
+static void philox_range(int64_t *o, uint64_t seed, uint32_t stream, uint64_t offset,
+                         Py_ssize_t lo, Py_ssize_t hi) {
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32), w[4];
+    uint64_t p = offset + (uint64_t)lo, end = offset + (uint64_t)hi;
+    while (p < end) {
+        philox_block(p >> 2, stream, k0, k1, w);
+        for (unsigned j = (unsigned)(p & 3); j < 4 && p < end; j++, p++) *o++ = (int64_t)w[j];
+    }
+}
+
 static PyObject *py_philox_words(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer out;
     unsigned long long seed, offset;
     unsigned long stream;
     Py_ssize_t lo, hi;
-    if (!PyArg_ParseTuple(args, "KkKw*nn", &seed, &stream, &offset, &out, &lo, &hi))
+    int pieces = 1;
+    if (!PyArg_ParseTuple(args, "KkKw*nn|i", &seed, &stream, &offset, &out, &lo, &hi, &pieces))
         return NULL;
     int ok = 0 <= lo && lo <= hi && out.len == (hi - lo) * 8 && stream <= 0xFFFFFFFFul;
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        int64_t *o = (int64_t *)out.buf;
-        uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32), w[4];
-        uint64_t p = offset + (uint64_t)lo, end = offset + (uint64_t)hi;
-        while (p < end) {
-            philox_block(p >> 2, (uint32_t)stream, k0, k1, w);
-            for (unsigned j = (unsigned)(p & 3); j < 4 && p < end; j++, p++)
-                *o++ = (int64_t)w[j];
-        }
+        FOR_PIECES(lo, hi, pieces, philox_range((int64_t *)out.buf + (p_lo - lo), seed,
+                                                (uint32_t)stream, offset, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&out);
@@ -329,19 +342,26 @@ static PyObject *py_levels_round(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer accs, w, rowf, colf, out, rows, cols;
     Py_ssize_t n, R, C, stride, c0, r0, r1;
-    if (!PyArg_ParseTuple(args, "y*ny*y*y*w*w*w*nnnnnn", &accs, &n, &w, &rowf, &colf, &out,
-                          &rows, &cols, &R, &C, &stride, &c0, &r0, &r1))
+    int pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*ny*y*y*w*w*w*nnnnnn|i", &accs, &n, &w, &rowf, &colf, &out,
+                          &rows, &cols, &R, &C, &stride, &c0, &r0, &r1, &pieces))
         return NULL;
     int ok = n >= 1 && R >= 0 && C >= 0 && c0 >= 0 && c0 + C <= stride && 0 <= r0 &&
              r0 <= r1 && r1 <= R && accs.len == n * R * C * 4 && w.len == n * 8 &&
              rowf.len == R * 8 && colf.len == C * 8 && out.len == R * stride * 4 &&
-             rows.len == R * 8 && cols.len == C * 8;
+             rows.len == R * 8 && cols.len == pieces * C * 8;
+    ok = ok && PIECES_OK(pieces);
+    Py_ssize_t scratch = 2 * (C > 0 ? C : 1);           /* t (double) and u (int64) per piece */
     double *t = NULL;
-    if (ok && !(t = malloc((size_t)(C > 0 ? C : 1) * 16))) ok = 0;
+    if (ok && !(t = malloc((size_t)scratch * pieces * 8))) ok = 0;
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        levels_round_loop(accs.buf, n, w.buf, rowf.buf, colf.buf, out.buf, t,
-                          (int64_t *)(t + C), rows.buf, cols.buf, R, C, stride, c0, r0, r1);
+        FOR_PIECES(r0, r1, pieces, {
+            double *tp = t + piece * scratch;
+            levels_round_loop(accs.buf, n, w.buf, rowf.buf, colf.buf, out.buf, tp,
+                              (int64_t *)(tp + C), rows.buf, (int64_t *)cols.buf + piece * C,
+                              R, C, stride, c0, p_lo, p_hi);
+        });
         Py_END_ALLOW_THREADS
     }
     free(t);
@@ -378,16 +398,20 @@ static PyObject *py_int_sums(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer src, rows, cols;
     Py_ssize_t R, C, r0, r1;
-    int is_int8;
-    if (!PyArg_ParseTuple(args, "y*pw*w*nnnn", &src, &is_int8, &rows, &cols, &R, &C, &r0, &r1))
+    int is_int8, pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*pw*w*nnnn|i", &src, &is_int8, &rows, &cols, &R, &C, &r0, &r1,
+                          &pieces))
         return NULL;
     int ok = R >= 0 && C >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R &&
              src.len == R * C * (is_int8 ? 1 : 4) && (rows.len == R * 8 || rows.len == 0) &&
-             cols.len == C * 8;
+             cols.len == pieces * C * 8;
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        int_sums_loop(is_int8 ? NULL : src.buf, is_int8 ? src.buf : NULL,
-                      rows.len ? rows.buf : NULL, cols.buf, C, r0, r1);
+        FOR_PIECES(r0, r1, pieces,
+                   int_sums_loop(is_int8 ? NULL : src.buf, is_int8 ? src.buf : NULL,
+                                 rows.len ? rows.buf : NULL, (int64_t *)cols.buf + piece * C, C,
+                                 p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     Py_buffer *bufs[] = {&src, &rows, &cols};
@@ -415,16 +439,20 @@ CLONES static void xent_grad_loop(const float *x, const int64_t *t, const float 
 
 static PyObject *py_xent_grad(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer x, t, lse, out;
     Py_ssize_t R, V, r0, r1;
     double g;
-    if (!PyArg_ParseTuple(args, "y*y*y*dw*nnnn", &x, &t, &lse, &g, &out, &R, &V, &r0, &r1))
+    if (!PyArg_ParseTuple(args, "y*y*y*dw*nnnn|i", &x, &t, &lse, &g, &out, &R, &V, &r0, &r1,
+                          &pieces))
         return NULL;
     int ok = R >= 0 && V >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && x.len == R * V * 4 &&
              out.len == R * V * 4 && t.len == R * 8 && lse.len == R * 4;
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        xent_grad_loop(x.buf, t.buf, lse.buf, (float)g, out.buf, V, r0, r1);
+        FOR_PIECES(r0, r1, pieces,
+                   xent_grad_loop(x.buf, t.buf, lse.buf, (float)g, out.buf, V, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     Py_buffer *bufs[] = {&x, &t, &lse, &out};
@@ -455,16 +483,20 @@ CLONES static void mv_int8_loop(const int8_t *a, const int64_t *v, int64_t *out,
 
 static PyObject *py_mv_int8(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer a, v, out;
     Py_ssize_t R, K, r0, r1;
     int transposed;
-    if (!PyArg_ParseTuple(args, "y*y*w*nnpnn", &a, &v, &out, &R, &K, &transposed, &r0, &r1))
+    if (!PyArg_ParseTuple(args, "y*y*w*nnpnn|i", &a, &v, &out, &R, &K, &transposed, &r0, &r1,
+                          &pieces))
         return NULL;
     int ok = R >= 0 && K >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && a.len == R * K &&
              v.len == K * 8 && out.len == R * 8;
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        mv_int8_loop(a.buf, v.buf, out.buf, R, K, transposed, r0, r1);
+        FOR_PIECES(r0, r1, pieces, mv_int8_loop(a.buf, v.buf, out.buf, R, K, transposed, p_lo,
+                                                p_hi));
         Py_END_ALLOW_THREADS
     }
     Py_buffer *bufs[] = {&a, &v, &out};
@@ -543,22 +575,27 @@ CLONES static void dequant_loop(const int32_t *acc, const float *rs, int per_row
 
 static PyObject *py_dequant(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer acc, rs, cs, out, rows, cols;
     Py_ssize_t R, C, r0, r1;
     int out_bf16;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*pw*w*nnnn", &acc, &rs, &cs, &out, &out_bf16, &rows,
-                          &cols, &R, &C, &r0, &r1))
+    if (!PyArg_ParseTuple(args, "y*y*y*w*pw*w*nnnn|i", &acc, &rs, &cs, &out, &out_bf16, &rows,
+                          &cols, &R, &C, &r0, &r1, &pieces))
         return NULL;
     int per_row = rs.len == R * 4;
     int ok = R >= 0 && C >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && acc.len == R * C * 4 &&
              (per_row || rs.len == 4) && cs.len == C * 4 &&
              out.len == R * C * (out_bf16 ? 2 : 4) &&
-             ((rows.len == R * 8 && cols.len == C * 8) || (rows.len == 0 && cols.len == 0));
+             ((rows.len == R * 8 && cols.len == pieces * C * 8) ||
+              (rows.len == 0 && cols.len == 0));
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        dequant_loop(acc.buf, rs.buf, per_row, cs.buf, out_bf16 ? NULL : out.buf,
-                     out_bf16 ? out.buf : NULL, rows.len ? rows.buf : NULL,
-                     cols.len ? cols.buf : NULL, C, r0, r1);
+        FOR_PIECES(r0, r1, pieces,
+                   dequant_loop(acc.buf, rs.buf, per_row, cs.buf, out_bf16 ? NULL : out.buf,
+                                out_bf16 ? out.buf : NULL, rows.len ? rows.buf : NULL,
+                                cols.len ? (int64_t *)cols.buf + piece * C : NULL, C,
+                                p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     Py_buffer *bufs[] = {&acc, &rs, &cs, &out, &rows, &cols};
@@ -638,25 +675,28 @@ CLONES static void rms_bwd_loop(const void *dy, int dy_bf16, const uint16_t *x,
 
 static PyObject *py_rms_fwd(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer x, gain, y, rstd;
     Py_ssize_t R, D, r0, r1;
     float rd, eps;
-    if (!PyArg_ParseTuple(args, "y*y*ffw*w*nnnn", &x, &gain, &rd, &eps, &y, &rstd, &R, &D,
-                          &r0, &r1))
+    if (!PyArg_ParseTuple(args, "y*y*ffw*w*nnnn|i", &x, &gain, &rd, &eps, &y, &rstd, &R, &D,
+                          &r0, &r1, &pieces))
         return NULL;
     int ok = R >= 0 && D > 0 && D <= (1 << 20) && 0 <= r0 && r0 <= r1 && r1 <= R &&
              x.len == R * D * 2 && (gain.len == D * 4 || gain.len == 0) && y.len == R * D * 2 &&
              rstd.len == R * 4;
+    ok = ok && PIECES_OK(pieces);
     float *ta = NULL;
     Py_ssize_t P = 1;
     while (P < D) P *= 2;
-    if (ok && !(ta = malloc(sizeof(float) * 2 * P))) {
+    if (ok && !(ta = malloc(sizeof(float) * 2 * P * pieces))) {
         ok = 0;
     }
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        rms_fwd_loop(x.buf, gain.len ? gain.buf : NULL, rd, eps, y.buf, rstd.buf, ta, ta + P,
-                     D, P, r0, r1);
+        FOR_PIECES(r0, r1, pieces, rms_fwd_loop(x.buf, gain.len ? gain.buf : NULL, rd, eps, y.buf,
+                                                rstd.buf, ta + 2 * P * piece,
+                                                ta + 2 * P * piece + P, D, P, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     free(ta);
@@ -666,27 +706,31 @@ static PyObject *py_rms_fwd(PyObject *self, PyObject *args) {
 
 static PyObject *py_rms_bwd(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer dy, x, gain, rstd, dx, prod;
     Py_ssize_t R, D, r0, r1;
     int dy_bf16;
     float rd;
-    if (!PyArg_ParseTuple(args, "y*py*y*y*fw*w*nnnn", &dy, &dy_bf16, &x, &gain, &rstd, &rd,
-                          &dx, &prod, &R, &D, &r0, &r1))
+    if (!PyArg_ParseTuple(args, "y*py*y*y*fw*w*nnnn|i", &dy, &dy_bf16, &x, &gain, &rstd, &rd,
+                          &dx, &prod, &R, &D, &r0, &r1, &pieces))
         return NULL;
     int ok = R >= 0 && D > 0 && D <= (1 << 20) && 0 <= r0 && r0 <= r1 && r1 <= R &&
              dy.len == R * D * (dy_bf16 ? 2 : 4) && x.len == R * D * 2 &&
              (gain.len == D * 4 || gain.len == 0) && rstd.len == R * 4 &&
              dx.len == R * D * 2 && (prod.len == R * D * 4 || prod.len == 0);
+    ok = ok && PIECES_OK(pieces);
     float *ta = NULL;
     Py_ssize_t P = 1;
     while (P < D) P *= 2;
-    if (ok && !(ta = malloc(sizeof(float) * 2 * P))) {
+    if (ok && !(ta = malloc(sizeof(float) * 2 * P * pieces))) {
         ok = 0;
     }
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        rms_bwd_loop(dy.buf, dy_bf16, x.buf, gain.len ? gain.buf : NULL, rstd.buf, rd, dx.buf,
-                     prod.len ? prod.buf : NULL, ta, ta + P, D, P, r0, r1);
+        FOR_PIECES(r0, r1, pieces, rms_bwd_loop(dy.buf, dy_bf16, x.buf, gain.len ? gain.buf : NULL,
+                                                rstd.buf, rd, dx.buf, prod.len ? prod.buf : NULL,
+                                                ta + 2 * P * piece, ta + 2 * P * piece + P, D, P,
+                                                p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     free(ta);
@@ -729,15 +773,20 @@ CLONES static void swiglu_loop(const uint16_t *h, const uint16_t *dy, uint16_t *
 
 static PyObject *py_swiglu(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer h, dy, out;
     Py_ssize_t R, F, r0, r1;
-    if (!PyArg_ParseTuple(args, "y*y*w*nnnn", &h, &dy, &out, &R, &F, &r0, &r1)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnnn|i", &h, &dy, &out, &R, &F, &r0, &r1,
+                          &pieces))
+        return NULL;
     int bwd = dy.len != 0;
     int ok = R >= 0 && F >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && h.len == R * 2 * F * 2 &&
              (!bwd || dy.len == R * F * 2) && out.len == R * F * 2 * (bwd ? 2 : 1);
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        swiglu_loop(h.buf, bwd ? dy.buf : NULL, out.buf, F, r0, r1);
+        FOR_PIECES(r0, r1, pieces,
+                   swiglu_loop(h.buf, bwd ? dy.buf : NULL, out.buf, F, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     Py_buffer *bufs[] = {&h, &dy, &out};
@@ -776,16 +825,21 @@ CLONES static void xent_lse_loop(const float *x, float *lse, float *ta, float *t
 
 static PyObject *py_xent_lse(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer x, lse;
     Py_ssize_t R, V, CH, r0, r1;
-    if (!PyArg_ParseTuple(args, "y*w*nnnnn", &x, &lse, &R, &V, &CH, &r0, &r1)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnn|i", &x, &lse, &R, &V, &CH, &r0, &r1,
+                          &pieces))
+        return NULL;
     int ok = R >= 0 && V > 0 && CH > 0 && (CH & (CH - 1)) == 0 && 0 <= r0 && r0 <= r1 &&
              r1 <= R && x.len == R * V * 4 && lse.len == R * 4;
+    ok = ok && PIECES_OK(pieces);
     float *ta = NULL;
-    if (ok && !(ta = malloc(sizeof(float) * 2 * CH))) ok = 0;
+    if (ok && !(ta = malloc(sizeof(float) * 2 * CH * pieces))) ok = 0;
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        xent_lse_loop(x.buf, lse.buf, ta, ta + CH, V, CH, r0, r1);
+        FOR_PIECES(r0, r1, pieces, xent_lse_loop(x.buf, lse.buf, ta + 2 * CH * piece,
+                                                 ta + 2 * CH * piece + CH, V, CH, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     free(ta);
@@ -844,22 +898,25 @@ CLONES static void rotq_finish(float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t
 
 static PyObject *py_rotq(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer src, rs, y, cmax, cmin;
     int kind;
     Py_ssize_t P, R, C, B, tr, tc, c0, c1;
     float scale;
-    if (!PyArg_ParseTuple(args, "iy*y*nw*nnnfw*w*nnnn", &kind, &src, &rs, &P, &y, &R, &C, &B,
-                          &scale, &cmax, &cmin, &tr, &tc, &c0, &c1))
+    if (!PyArg_ParseTuple(args, "iy*y*nw*nnnfw*w*nnnn|i", &kind, &src, &rs, &P, &y, &R, &C, &B,
+                          &scale, &cmax, &cmin, &tr, &tc, &c0, &c1, &pieces))
         return NULL;
     Py_ssize_t esize = kind == 0 ? 2 : 1;
     int ok = kind >= 0 && kind <= 3 && B >= 2 && (B & (B - 1)) == 0 && R % B == 0 &&
              0 <= P && P <= R && tr > 0 && tr % B == 0 && tc > 0 && 0 <= c0 && c0 <= c1 &&
              c1 <= C && (kind == 1 || src.len == P * C * esize) && y.len == R * C * 4 &&
              cmax.len == C * 4 && cmin.len == C * 4 && (kind != 3 || rs.len == P * 4);
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t j0 = c0; j0 < c1; j0 += tc) {
-            Py_ssize_t j1 = j0 + tc < c1 ? j0 + tc : c1;
+        FOR_PIECES(c0, c1, pieces, {
+        for (Py_ssize_t j0 = p_lo; j0 < p_hi; j0 += tc) {
+            Py_ssize_t j1 = j0 + tc < p_hi ? j0 + tc : p_hi;
             for (Py_ssize_t i0 = 0; i0 < R; i0 += tr) {
                 Py_ssize_t i1 = i0 + tr < R ? i0 + tr : R;
                 rotq_fill(kind, src.buf, kind == 3 ? rs.buf : NULL, P, y.buf, C, i0, i1, j0, j1);
@@ -867,6 +924,7 @@ static PyObject *py_rotq(PyObject *self, PyObject *args) {
                 rotq_finish(y.buf, C, i0, i1, j0, j1, scale, cmax.buf, cmin.buf);
             }
         }
+        });
         Py_END_ALLOW_THREADS
     }
     Py_buffer *bufs[] = {&src, &rs, &y, &cmax, &cmin};
@@ -896,14 +954,18 @@ CLONES static void widen_t_loop(const uint16_t *src, float *y, Py_ssize_t P, Py_
 
 static PyObject *py_widen_t(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer src, y;
     Py_ssize_t P, Q, R, r0, r1;
-    if (!PyArg_ParseTuple(args, "y*w*nnnnn", &src, &y, &P, &Q, &R, &r0, &r1)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnn|i", &src, &y, &P, &Q, &R, &r0, &r1,
+                          &pieces))
+        return NULL;
     int ok = 0 <= P && P <= R && Q >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R &&
              src.len == P * Q * 2 && y.len == R * Q * 4;
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        widen_t_loop(src.buf, y.buf, P, Q, r0, r1);
+        FOR_PIECES(r0, r1, pieces, widen_t_loop(src.buf, y.buf, P, Q, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     Py_buffer *bufs[] = {&src, &y};
@@ -969,18 +1031,22 @@ CLONES static void quant_loop(const void *x, int x_bf16, const float *div, int p
 
 static PyObject *py_quant(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer x, div, out;
     int x_bf16;
     Py_ssize_t R, C, r0, r1;
-    if (!PyArg_ParseTuple(args, "y*py*w*nnnn", &x, &x_bf16, &div, &out, &R, &C, &r0, &r1))
+    if (!PyArg_ParseTuple(args, "y*py*w*nnnn|i", &x, &x_bf16, &div, &out, &R, &C, &r0, &r1,
+                          &pieces))
         return NULL;
     int per_row = div.len == R * 4 && R != 1;
     int ok = R >= 0 && C >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R &&
              x.len == R * C * (x_bf16 ? 2 : 4) && (div.len == 4 || div.len == R * 4) &&
              out.len == R * C;
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        quant_loop(x.buf, x_bf16, div.buf, per_row, out.buf, C, r0, r1);
+        FOR_PIECES(r0, r1, pieces, quant_loop(x.buf, x_bf16, div.buf, per_row, out.buf, C, p_lo,
+                                              p_hi));
         Py_END_ALLOW_THREADS
     }
     Py_buffer *bufs[] = {&x, &div, &out};
@@ -989,17 +1055,20 @@ static PyObject *py_quant(PyObject *self, PyObject *args) {
 
 static PyObject *py_codes(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer y, div, out;
     int clamp, transposed;
     Py_ssize_t R, C, r0, r1;
-    if (!PyArg_ParseTuple(args, "y*y*pw*pnnnn", &y, &div, &clamp, &out, &transposed, &R, &C,
-                          &r0, &r1))
+    if (!PyArg_ParseTuple(args, "y*y*pw*pnnnn|i", &y, &div, &clamp, &out, &transposed, &R, &C,
+                          &r0, &r1, &pieces))
         return NULL;
     int ok = R >= 0 && C >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && y.len == R * C * 4 &&
              div.len == C * 4 && out.len == R * C;
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        codes_loop(y.buf, div.buf, clamp, out.buf, transposed, R, C, r0, r1);
+        FOR_PIECES(r0, r1, pieces, codes_loop(y.buf, div.buf, clamp, out.buf, transposed, R, C,
+                                              p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     Py_buffer *bufs[] = {&y, &div, &out};
@@ -1009,11 +1078,15 @@ static PyObject *py_codes(PyObject *self, PyObject *args) {
 static PyObject *py_bf16_rne(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer src, dst;
-    if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
-    int ok = src.len % 4 == 0 && dst.len * 2 == src.len;
+    int pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*w*|i", &src, &dst, &pieces)) return NULL;
+    int ok = pieces >= 1 && pieces <= PIECES_MAX && src.len % 4 == 0 && dst.len * 2 == src.len;
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        bf16_rne_loop(src.buf, dst.buf, src.len / 4);
+        FOR_PIECES(0, src.len / 4, pieces, bf16_rne_loop((const float *)src.buf + p_lo,
+                                                         (uint16_t *)dst.buf + p_lo,
+                                                         p_hi - p_lo));
         Py_END_ALLOW_THREADS
     }
     Py_buffer *bufs[] = {&src, &dst};
@@ -1022,26 +1095,36 @@ static PyObject *py_bf16_rne(PyObject *self, PyObject *args) {
 
 static PyObject *py_ste(PyObject *self, PyObject *args) {
     (void)self;
+    int pieces = 1;
     Py_buffer g, x, div, dx, term;
     Py_ssize_t R, C, r0, r1;
     int x_bf16, per_row;
-    if (!PyArg_ParseTuple(args, "y*y*py*pw*w*nnnn", &g, &x, &x_bf16, &div, &per_row, &dx, &term,
-                          &R, &C, &r0, &r1))
+    if (!PyArg_ParseTuple(args, "y*y*py*pw*w*nnnn|i", &g, &x, &x_bf16, &div, &per_row, &dx, &term,
+                          &R, &C, &r0, &r1, &pieces))
         return NULL;
     int ok = R >= 0 && C >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && g.len == R * C * 4 &&
              x.len == R * C * (x_bf16 ? 2 : 4) && div.len == (per_row ? R : 1) * 4 &&
              dx.len == R * C * 2 && (term.len == 0 || term.len == R * C * 4);
+    ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        ste_loop(g.buf, x.buf, x_bf16, div.buf, per_row, dx.buf, term.len ? term.buf : NULL, C,
-                 r0, r1);
+        FOR_PIECES(r0, r1, pieces, ste_loop(g.buf, x.buf, x_bf16, div.buf, per_row, dx.buf,
+                                            term.len ? term.buf : NULL, C, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     Py_buffer *bufs[] = {&g, &x, &div, &dx, &term};
     return finish(bufs, 5, ok, "ste: inconsistent shapes or row range");
 }
 
+static PyObject *py_openmp(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyBool_FromLong(PIECES_OPENMP);
+}
+
 static PyMethodDef methods[] = {
+    {"openmp", py_openmp, METH_NOARGS,
+     "openmp(): whether the loops' pieces run at once on an OpenMP team (built with -fopenmp)."},
     {"philox_words", py_philox_words, METH_VARARGS,
      "philox_words(seed, stream, offset, out, lo, hi): Philox4x32-10 words into int64 out."},
     {"fwht_dim0", py_fwht_dim0, METH_VARARGS,

@@ -11,12 +11,18 @@ fallback: where the extension was not compiled (no C compiler at install time), 
 code. tests/kernels/test_mathc.py checks bit equality with the torch code on every class
 of input.
 
-Large inputs are split into one contiguous piece per torch intra-op thread; the C loop
-releases the GIL, so the pieces run in parallel.
+Large inputs are split into one contiguous piece per torch intra-op thread. Built with
+OpenMP (``team()``), a loop cuts its range itself and runs the pieces at once on the OpenMP
+threads torch's own operations run on (kernels/core/_pieces.h says why: a pool of our own
+shared the cores with torch's spinning threads, and on 2 cores gained nothing); otherwise
+each piece is one call of the loop on this module's thread pool (the C loop releases the
+GIL). Every loop's result is the same whatever the cut.
 """
 from __future__ import annotations
 
+import functools
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -31,8 +37,34 @@ _POOL: ThreadPoolExecutor | None = None
 
 
 def available() -> bool:
-    """True when the compiled loops are present and not disabled by OPEN1B_MATHC=0."""
-    return _mathc is not None and os.environ.get("OPEN1B_MATHC", "1") != "0"
+    """True when the compiled loops are present (built from this source: ``openmp`` marks
+    the build whose loops take a piece count) and not disabled by OPEN1B_MATHC=0."""
+    return (_mathc is not None and hasattr(_mathc, "openmp")
+            and os.environ.get("OPEN1B_MATHC", "1") != "0")
+
+
+def team() -> bool:
+    """True when the loops' pieces run on torch's OpenMP threads: the extension was built
+    with OpenMP, torch's intra-op backend is OpenMP, the process holds one OpenMP runtime
+    (a second one would be a second set of threads competing with torch's for the cores),
+    and OPEN1B_MATHC_OMP is not 0 (the switch the benchmarks compare with)."""
+    return (available() and os.environ.get("OPEN1B_MATHC_OMP", "1") != "0"
+            and _one_openmp_runtime())
+
+
+@functools.lru_cache(maxsize=1)
+def _one_openmp_runtime() -> bool:
+    if not _mathc.openmp():
+        return False
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return False
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            maps = f.read()
+    except OSError:                  # not Linux: no way to tell which runtimes are loaded
+        return False
+    found = set(re.findall(r"(/\S*/lib(?:gomp|iomp5|omp)[^/\s]*\.so[^/\s]*)$", maps, re.M))
+    return len({os.path.realpath(path) for path in found}) == 1
 
 
 def has(name: str) -> bool:
@@ -71,16 +103,21 @@ def _each(fn, items: list) -> None:
 
 
 def parallel(fn, n: int, grain: int = 64) -> None:
-    """``fn(lo, hi)`` over [0, n) in one contiguous piece per torch intra-op thread, at
-    least ``grain`` units a piece. For loops whose units are independent (and release the
-    GIL): the result does not depend on the split."""
+    """``fn(lo, hi, pieces)`` over [0, n) in one contiguous piece per torch intra-op thread,
+    at least ``grain`` units a piece: with ``team()`` one call ``fn(0, n, pieces)`` (the loop
+    cuts the range itself), else one call ``fn(lo, hi, 1)`` per piece on this module's
+    pool. For loops whose units are independent (and release the GIL): the result does not
+    depend on the split."""
     threads = min(torch.get_num_threads(), max(1, n // grain))
     if threads <= 1:
-        fn(0, n)
+        fn(0, n, 1)
+        return
+    if team():
+        fn(0, n, threads)
         return
     step = -(-n // threads)
     cuts = [(i, min(i + step, n)) for i in range(0, n, step)]
-    _each(lambda c: fn(*c), cuts)
+    _each(lambda c: fn(*c, 1), cuts)
 
 
 def slice_rows(x: torch.Tensor, slices: int, out: torch.Tensor | None = None
@@ -109,8 +146,8 @@ def slice_rows(x: torch.Tensor, slices: int, out: torch.Tensor | None = None
     n = k if by_cols else r
     exps = torch.empty((n,), dtype=torch.int32)
     a, o, e = bits.reshape(-1).numpy(), out.reshape(-1).numpy(), exps.numpy()
-    parallel(lambda lo, hi: _mathc.slice_planes(a, x.dtype == torch.bfloat16, r, k, slices,
-                                                by_cols, o, e, lo, hi),
+    parallel(lambda lo, hi, p: _mathc.slice_planes(a, x.dtype == torch.bfloat16, r, k, slices,
+                                                   by_cols, o, e, lo, hi, p),
              n, grain=64 if by_cols else 1)
     return (out.transpose(1, 2) if by_cols else out), exps
 
@@ -122,7 +159,8 @@ def philox_words(seed: int, stream: int, offset: int, n: int) -> torch.Tensor | 
         return None
     out = torch.empty((n,), dtype=torch.int64)
     o = out.numpy()
-    parallel(lambda lo, hi: _mathc.philox_words(seed, stream, offset, o[lo:hi], lo, hi), n)
+    parallel(lambda lo, hi, p: _mathc.philox_words(seed, stream, offset, o[lo:hi], lo, hi, p),
+             n)
     return out
 
 
@@ -135,7 +173,7 @@ def apply(name: str, x: torch.Tensor) -> torch.Tensor | None:
     src = x.contiguous()
     out = torch.empty_like(src)
     a, b = flat(src), flat(out)
-    parallel(lambda lo, hi: fn(a[lo:hi], b[lo:hi]), a.shape[0], grain=PARALLEL_MIN)
+    parallel(lambda lo, hi, p: fn(a[lo:hi], b[lo:hi], p), a.shape[0], grain=PARALLEL_MIN)
     return out.reshape(x.shape)
 
 
@@ -149,8 +187,8 @@ def fwht_dim0_(y: torch.Tensor, block: int, rows: slice, cols: slice) -> bool:
     r, c = y.shape
     buf = y.reshape(-1).numpy()
     c0, c1 = cols.start, cols.stop
-    parallel(lambda lo, hi: _mathc.fwht_dim0(buf, r, c, rows.start, rows.stop, block,
-                                              c0 + lo, c0 + hi), c1 - c0)
+    parallel(lambda lo, hi, p: _mathc.fwht_dim0(buf, r, c, rows.start, rows.stop, block,
+                                                 c0 + lo, c0 + hi, p), c1 - c0)
     return True
 
 
@@ -167,13 +205,13 @@ def rotate_cols(kind: int, src: torch.Tensor, row_scale: torch.Tensor | None, va
     bits = src.view(torch.int16) if src.dtype == torch.bfloat16 else src
     if kind == 1:     # a transposed bf16 source: y filled first by one blocked transpose
         sb = flat(bits)
-        parallel(lambda lo, hi: _mathc.widen_t(sb, flat(y), valid, c, r, lo * 64,
-                                               min(r, hi * 64)), -(-r // 64), grain=4)
+        parallel(lambda lo, hi, p: _mathc.widen_t(sb, flat(y), valid, c, r, lo * 64,
+                                                  min(r, hi * 64), p), -(-r // 64), grain=4)
     rs = (flat(row_scale.to(torch.float32).contiguous()) if row_scale is not None
           else torch.empty(0, dtype=torch.float32).numpy())
     args = (kind, flat(bits), rs, valid, flat(y), r, c, block, scale, flat(cmax), flat(cmin),
             tile_rows, tile_cols)
-    parallel(lambda lo, hi: _mathc.rotq(*args, lo, hi), c, grain=16)
+    parallel(lambda lo, hi, p: _mathc.rotq(*args, lo, hi, p), c, grain=16)
     return True
 
 
@@ -192,7 +230,7 @@ def quantize(x: torch.Tensor, div: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty((r, c), dtype=torch.int8)
     bf = x.dtype == torch.bfloat16
     args = (flat(xc.view(torch.int16) if bf else xc), bf, flat(d), flat(out), r, c)
-    parallel(lambda lo, hi: _mathc.quant(*args, lo, hi), r,
+    parallel(lambda lo, hi, p: _mathc.quant(*args, lo, hi, p), r,
              grain=max(1, PARALLEL_MIN // max(c, 1)))
     return out
 
@@ -205,7 +243,7 @@ def int8_codes(y: torch.Tensor, div: torch.Tensor, clamp: bool, out: torch.Tenso
         return False
     r, c = y.shape
     args = (flat(y), flat(div.to(torch.float32).contiguous()), clamp, flat(out), transposed, r, c)
-    parallel(lambda lo, hi: _mathc.codes(*args, lo, hi), r,
+    parallel(lambda lo, hi, p: _mathc.codes(*args, lo, hi, p), r,
              grain=max(64, PARALLEL_MIN // max(c, 1)))
     return True
 
@@ -225,19 +263,24 @@ def levels_round(accs: torch.Tensor, weights: list[float], rowf: torch.Tensor,
     w = torch.tensor(weights, dtype=torch.float64)
     args = (flat(accs), n, w.numpy(), flat(rowf.contiguous()), flat(colf.contiguous()),
             flat(out), flat(rows))
-    cols += _row_pieces(r, c, r // 16, lambda lo, hi, part: _mathc.levels_round(
-        *args, part, r, c, out.shape[1], c0, lo, hi))
+    cols += _row_pieces(r, c, r // 16, lambda lo, hi, parts, p: _mathc.levels_round(
+        *args, parts, r, c, out.shape[1], c0, lo, hi, p))
     return True
 
 
 def _row_pieces(r: int, c: int, max_threads: int, fn) -> torch.Tensor:
-    """``fn(lo, hi, part)`` over rows [0, r) in one piece per thread (at most
-    ``max_threads``), each adding its column sums into its own int64 ``part`` (C,); returns
-    the parts' total - integer sums, the same in any split."""
+    """``fn(lo, hi, parts, pieces)`` over rows [0, r) in one piece per thread (at most
+    ``max_threads``), piece i adding its column sums into its own int64 row i of ``parts``
+    (pieces, C); returns the parts' total - integer sums, the same in any split. With
+    ``team()`` one call over all rows (the loop cuts them the same way), else one call per
+    piece on this module's pool."""
     threads = max(1, min(torch.get_num_threads(), max_threads, r))
-    step = -(-r // threads) if r else 1
     parts = torch.zeros((threads, c), dtype=torch.int64)
-    _each(lambda i: fn(min(r, i * step), min(r, (i + 1) * step), parts[i].numpy()),
+    if threads == 1 or team():
+        fn(0, r, parts.reshape(-1).numpy(), threads)
+        return parts.sum(0)
+    step = -(-r // threads)
+    _each(lambda i: fn(min(r, i * step), min(r, (i + 1) * step), parts[i].numpy(), 1),
           list(range(threads)))
     return parts.sum(0)
 
@@ -254,8 +297,8 @@ def int_sums(x: torch.Tensor, want_rows: bool = True):
     r, c = x.shape
     rows = torch.empty(r if want_rows else 0, dtype=torch.int64)
     src, rr, is_int8 = flat(x), rows.numpy(), x.dtype == torch.int8
-    cols = _row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, part: _mathc.int_sums(
-        src, is_int8, rr, part, r, c, lo, hi))
+    cols = _row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, parts, p: _mathc.int_sums(
+        src, is_int8, rr, parts, r, c, lo, hi, p))
     return (rows if want_rows else None), cols
 
 
@@ -271,7 +314,7 @@ def xent_grad(x: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, g: float):
     lse32 = lse.to(torch.float32).contiguous()
     out = torch.empty_like(x)
     args = (x.reshape(-1).numpy(), t64.numpy(), lse32.numpy(), g, out.reshape(-1).numpy(), r, v)
-    parallel(lambda lo, hi: _mathc.xent_grad(*args, lo, hi), r, grain=1)
+    parallel(lambda lo, hi, p: _mathc.xent_grad(*args, lo, hi, p), r, grain=1)
     return out
 
 
@@ -285,7 +328,7 @@ def xent_lse(x: torch.Tensor, chunk: int) -> torch.Tensor | None:
     r, v = x.shape
     lse = torch.empty(r, dtype=torch.float32)
     args = (flat(x), flat(lse), r, v, chunk)
-    parallel(lambda lo, hi: _mathc.xent_lse(*args, lo, hi), r, grain=1)
+    parallel(lambda lo, hi, p: _mathc.xent_lse(*args, lo, hi, p), r, grain=1)
     return lse
 
 
@@ -306,7 +349,7 @@ def mv_int8(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
         return None
     out = torch.empty(r, dtype=torch.int64)
     args = (src.reshape(-1).numpy(), v.contiguous().numpy(), out.numpy(), r, k, transposed)
-    parallel(lambda lo, hi: _mathc.mv_int8(*args, lo, hi), r, grain=64)
+    parallel(lambda lo, hi, p: _mathc.mv_int8(*args, lo, hi, p), r, grain=64)
     return out
 
 
@@ -331,13 +374,14 @@ def dequant(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
     rsn, csn = rs.numpy(), cs.numpy()
     if not sums:
         none = torch.empty(0, dtype=torch.int64).numpy()
-        parallel(lambda lo, hi: _mathc.dequant(a, rsn, csn, o, bf, none, none, r, c, lo, hi),
+        parallel(lambda lo, hi, p: _mathc.dequant(a, rsn, csn, o, bf, none, none, r, c, lo, hi,
+                                                  p),
                  r, grain=max(1, PARALLEL_MIN // max(c, 1)))
         return ()
     rows = torch.empty(r, dtype=torch.int64)
     rr = rows.numpy()
-    cols = _row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, part: _mathc.dequant(
-        a, rsn, csn, o, bf, rr, part, r, c, lo, hi))
+    cols = _row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, parts, p: _mathc.dequant(
+        a, rsn, csn, o, bf, rr, parts, r, c, lo, hi, p))
     return rows, cols
 
 
@@ -365,7 +409,7 @@ def rms_fwd(x: torch.Tensor, gain: torch.Tensor | None, rd: float, eps: float):
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32)
     args = (flat(xc.view(torch.int16)), _gain32(gain), rd, eps, flat(y.view(torch.int16)),
             flat(rstd), r, d)
-    parallel(lambda lo, hi: _mathc.rms_fwd(*args, lo, hi), r,
+    parallel(lambda lo, hi, p: _mathc.rms_fwd(*args, lo, hi, p), r,
              grain=max(1, PARALLEL_MIN // 4 // d))
     return y, rstd
 
@@ -386,7 +430,7 @@ def rms_bwd(dy: torch.Tensor, x: torch.Tensor, gain: torch.Tensor | None, rstd: 
     args = (flat(dyc.view(torch.int16) if bf else dyc), bf, flat(xc.view(torch.int16)),
             _gain32(gain), flat(rstd.to(torch.float32).contiguous()), rd,
             flat(dx.view(torch.int16)), pr, r, d)
-    parallel(lambda lo, hi: _mathc.rms_bwd(*args, lo, hi), r,
+    parallel(lambda lo, hi, p: _mathc.rms_bwd(*args, lo, hi, p), r,
              grain=max(1, PARALLEL_MIN // 4 // d))
     return dx
 
@@ -406,7 +450,7 @@ def swiglu(h: torch.Tensor, dy: torch.Tensor | None = None) -> torch.Tensor | No
     d = (flat(dy.contiguous().view(torch.int16)) if dy is not None
          else torch.empty(0, dtype=torch.int16).numpy())
     args = (flat(hc.view(torch.int16)), d, flat(out.view(torch.int16)), r, f)
-    parallel(lambda lo, hi: _mathc.swiglu(*args, lo, hi), r,
+    parallel(lambda lo, hi, p: _mathc.swiglu(*args, lo, hi, p), r,
              grain=max(1, PARALLEL_MIN // 8 // max(f, 1)))
     return out
 
@@ -421,7 +465,7 @@ def bf16_rne(x: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty(src.shape, dtype=torch.bfloat16)
     a, b = src.reshape(-1).numpy(), out.reshape(-1).view(torch.int16).numpy()
     n = a.shape[0]
-    parallel(lambda lo, hi: _mathc.bf16_rne(a[lo:hi], b[lo:hi]), n, grain=PARALLEL_MIN)
+    parallel(lambda lo, hi, p: _mathc.bf16_rne(a[lo:hi], b[lo:hi], p), n, grain=PARALLEL_MIN)
     return out
 
 
@@ -444,5 +488,5 @@ def ste(g: torch.Tensor, x: torch.Tensor, div: torch.Tensor, want_term: bool):
     args = (g.reshape(-1).numpy(), xs.reshape(-1).numpy(), x.dtype == torch.bfloat16,
             d.numpy(), d.numel() == r and r != 1, dx.view(torch.int16).reshape(-1).numpy(),
             term.reshape(-1).numpy())
-    parallel(lambda lo, hi: _mathc.ste(*args, r, c, lo, hi), r, grain=16)
+    parallel(lambda lo, hi, p: _mathc.ste(*args, r, c, lo, hi, p), r, grain=16)
     return dx, (term if want_term else None)
