@@ -48,7 +48,7 @@ static inline float widen_bf16(uint16_t v) { return from_bits((uint32_t)v << 16)
         Py_buffer src, dst;                                                               \
         int pieces = 1;                                                                   \
         if (!PyArg_ParseTuple(args, "y*w*|i", &src, &dst, &pieces)) return NULL;          \
-        if (src.len != dst.len || src.len % 4 || !PIECES_OK(pieces)) {                     \
+        if (src.len != dst.len || src.len % 4 || !PIECES_OK(pieces)) {                    \
             PyBuffer_Release(&src);                                                       \
             PyBuffer_Release(&dst);                                                       \
             PyErr_SetString(PyExc_ValueError, "need equal float32 buffers, 1..4096 pieces");\
