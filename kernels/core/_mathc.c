@@ -30,10 +30,11 @@
 static inline float widen_bf16(uint16_t v) { return from_bits((uint32_t)v << 16); }
 
 /* One loop per function (not a function pointer): the body inlines and vectorizes; on
- * x86-64 GCC also builds an AVX2 clone picked at load time (the same IEEE operations on
- * wider registers - FMA stays off - so the same bits). */
+ * x86-64 GCC also builds AVX2 and AVX-512 clones picked at load time (the same IEEE
+ * operations on wider registers - FMA stays off - so the same bits; tests/kernels/
+ * test_mathc.py compares each loop with the torch code on the machine's widest clone). */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define CLONES __attribute__((target_clones("avx2", "default")))
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define CLONES
 #endif
@@ -199,7 +200,7 @@ static PyObject *py_slice_rows(PyObject *self, PyObject *args) {
    (a + b, a - b), one IEEE float32 add and one subtract per element (built with
    -ffp-contract=off: nothing fused or reassociated). The same operations on the same
    operands as the torch stage loop, so the same bits; the normalization stays in torch. */
-static void fwht_dim0_loop(float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1,
+CLONES static void fwht_dim0_loop(float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1,
                            Py_ssize_t B, Py_ssize_t c0, Py_ssize_t c1) {
     for (Py_ssize_t base = r0; base < r1; base += B)
         for (Py_ssize_t h = 1; h < B; h *= 2)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels.core import backend
-from kernels.int8 import linear as linear_int8, quantize
+from kernels.int8 import hadamard, linear as linear_int8, quantize
 from tests.kernels.support import bits, needs_interpreter
 
 
@@ -94,7 +94,8 @@ def test_rotate_quantize_cols_gives_the_definitions_bits(compiled, monkeypatch):
     matrix (several row and column tiles)."""
     if not compiled:
         monkeypatch.setenv("OPEN1B_MATHC", "0")
-    monkeypatch.setattr(quantize, "DIM0_TILE", 256 * 32)
+    monkeypatch.setattr(quantize, "STRIP", 32)                  # the compiled pass's strips
+    monkeypatch.setattr(hadamard, "DIM0_TILE", 256 * 32)        # the torch steps' tiles
     g = torch.Generator().manual_seed(21)
     bf = (torch.randn(300, 70, generator=g) * 3).to(torch.bfloat16)   # s (K, R): t = s^T
     bf[:, 3] = 0.0
