@@ -194,25 +194,42 @@ static PyObject *py_slice_rows(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The butterfly stages h = 1, 2, ..., n/2 on the n rows base, base + stride, ...,
+   base + (n - 1) * stride (a sub-transform: h counts in steps of `stride` rows), columns
+   [c0, c1) of a row-major float32 buffer with C columns, in place. */
+static inline void fwht_rows(float *y, Py_ssize_t C, Py_ssize_t base, Py_ssize_t stride,
+                             Py_ssize_t n, Py_ssize_t c0, Py_ssize_t c1) {
+    for (Py_ssize_t h = 1; h < n; h *= 2)
+        for (Py_ssize_t g = 0; g < n; g += 2 * h)
+            for (Py_ssize_t i = g; i < g + h; i++) {
+                float *a = y + (base + i * stride) * C, *b = y + (base + (i + h) * stride) * C;
+                for (Py_ssize_t c = c0; c < c1; c++) {
+                    float x = a[c], z = b[c];
+                    a[c] = x + z;
+                    b[c] = x - z;
+                }
+            }
+}
+
 /* kernels.int8.hadamard.hadamard_dim0_cpu_'s butterflies on rows [r0, r1) (whole blocks
    of B rows) and columns [c0, c1) of a row-major float32 (R, C) buffer, in place: for
    h = 1, 2, ..., B/2, every pair (row i, row i + h) of each aligned 2h-row group becomes
    (a + b, a - b), one IEEE float32 add and one subtract per element (built with
    -ffp-contract=off: nothing fused or reassociated). The same operations on the same
-   operands as the torch stage loop, so the same bits; the normalization stays in torch. */
+   operands as the torch stage loop, so the same bits; the normalization stays in torch.
+   Why two passes: the stages h < L = 16 pair rows inside each aligned group of L rows, and
+   the stages h >= L pair rows of the same residue mod L, so a block is L transforms of L
+   rows each, then L transforms of B / L rows (stride L) - every element meets the same
+   operands in the same stage order, and each group (L rows of the strip: a few KB) stays
+   in L1 through its stages instead of every stage sweeping the whole block. */
 CLONES static void fwht_dim0_loop(float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1,
-                           Py_ssize_t B, Py_ssize_t c0, Py_ssize_t c1) {
-    for (Py_ssize_t base = r0; base < r1; base += B)
-        for (Py_ssize_t h = 1; h < B; h *= 2)
-            for (Py_ssize_t g = base; g < base + B; g += 2 * h)
-                for (Py_ssize_t i = g; i < g + h; i++) {
-                    float *a = y + i * C, *b = y + (i + h) * C;
-                    for (Py_ssize_t c = c0; c < c1; c++) {
-                        float x = a[c], z = b[c];
-                        a[c] = x + z;
-                        b[c] = x - z;
-                    }
-                }
+                                  Py_ssize_t B, Py_ssize_t c0, Py_ssize_t c1) {
+    const Py_ssize_t L = B < 16 ? B : 16;
+    for (Py_ssize_t base = r0; base < r1; base += B) {
+        for (Py_ssize_t q = 0; q < B; q += L) fwht_rows(y, C, base + q, 1, L, c0, c1);
+        if (B > L)
+            for (Py_ssize_t j = 0; j < L; j++) fwht_rows(y, C, base + j, L, B / L, c0, c1);
+    }
 }
 
 static PyObject *py_fwht_dim0(PyObject *self, PyObject *args) {
