@@ -490,3 +490,24 @@ def ste(g: torch.Tensor, x: torch.Tensor, div: torch.Tensor, want_term: bool):
             term.reshape(-1).numpy())
     parallel(lambda lo, hi, p: _mathc.ste(*args, r, c, lo, hi, p), r, grain=16)
     return dx, (term if want_term else None)
+
+
+def adamw(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+          scalars) -> bool:
+    """``kernels.ops.adamw.adamw_step_cpu_``'s update of contiguous CPU tensors in place -
+    bf16 or float32 ``param``, float32 ``grad``, ``m``, ``v`` - by the compiled loop (the
+    same float32 operations in the same order); False when the loop is unavailable or a
+    layout does not fit (nothing was written). ``scalars``: the step's ``StepScalars``."""
+    if (not has("adamw") or param.device.type != "cpu"
+            or param.dtype not in (torch.bfloat16, torch.float32)
+            or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in (grad, m, v))
+            or not all(t.is_contiguous() for t in (param, grad, m, v))
+            or not param.numel() == grad.numel() == m.numel() == v.numel()):
+        return False
+    n = param.numel()
+    bf = param.dtype == torch.bfloat16
+    args = (flat(param.view(torch.int16) if bf else param), bf, flat(grad), flat(m), flat(v),
+            scalars.a, scalars.r2, scalars.decay, scalars.b1, scalars.b2, scalars.c1,
+            scalars.c2, scalars.eps, n)
+    parallel(lambda lo, hi, p: _mathc.adamw(*args, lo, hi, p), n, grain=PARALLEL_MIN // 4)
+    return True
