@@ -35,7 +35,7 @@ def _buffers() -> dict[str, torch.Tensor]:
 
 def scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A contiguous CPU tensor of ``shape``/``dtype`` with garbage contents (see module doc)."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     bufs = _buffers()
     buf = bufs.get(name)
     if buf is None or buf.numel() < nbytes:

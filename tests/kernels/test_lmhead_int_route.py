@@ -49,11 +49,18 @@ def loops(request, monkeypatch):
 
 @pytest.mark.parametrize("slices", [2, 3])
 @pytest.mark.parametrize("row_block", [16, 128])
-def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops, row_block):
+@pytest.mark.parametrize("short", [True, False])
+def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops, row_block,
+                                              short):
     # small blocks and chunks: several row and column blocks, contraction chunks flushed;
-    # 128 rows: one row block, where each b operand is built when used
-    monkeypatch.setattr(lm, "ROW_BLOCK", row_block)
-    monkeypatch.setattr(lm, "INT_COL_BLOCK", 32)
+    # 128 rows: one row block, where each b operand is built when used; the blocks of short
+    # contractions (every K here is below SHORT_K), or the long ones (SHORT_K = 0)
+    if short:
+        monkeypatch.setattr(lm, "SHORT_BLOCKS", (row_block, 32))
+    else:
+        monkeypatch.setattr(lm, "SHORT_K", 0)
+        monkeypatch.setattr(lm, "ROW_BLOCK", row_block)
+        monkeypatch.setattr(lm, "INT_COL_BLOCK", 32)
     monkeypatch.setattr(lm, "K_CHUNK", 64)
     h, w, dl = _case()
     dl[5, 7] = float("nan")                         # a non-finite row and column of dlogits
@@ -76,8 +83,7 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops,
 
 @pytest.mark.parametrize("fault", ["one element", "cancelling in a row"])
 def test_a_faulty_integer_gemm_is_caught_and_recomputed(route, monkeypatch, fault, loops):
-    monkeypatch.setattr(lm, "ROW_BLOCK", 16)
-    monkeypatch.setattr(lm, "INT_COL_BLOCK", 32)
+    monkeypatch.setattr(lm, "SHORT_BLOCKS", (16, 32))
     h, w, dl = _case(seed=1)
     route("float")
     want = _run(h, w, dl, 3)
