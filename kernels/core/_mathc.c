@@ -1185,6 +1185,44 @@ static PyObject *py_adamw(PyObject *self, PyObject *args) {
     return finish(bufs, 4, ok, "adamw: inconsistent sizes or range");
 }
 
+/* kernels.core.reduce's pairwise tree over one float32 vector x (n values), blocked: the
+ * sums of the aligned blocks [lo, hi) of B values (a power of two; the last real block and
+ * any block past n padded with +0.0, as the definition pads to P = next_pow2(n)) into
+ * partials[b] - the tree's first log2(B) levels, the same adds in the same order
+ * (tree_row). The caller then sums the P / B partials by the same tree. */
+static PyObject *py_tree_blocks(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer x, partials;
+    Py_ssize_t n, B, lo, hi;
+    int pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnn|i", &x, &partials, &n, &B, &lo, &hi, &pieces))
+        return NULL;
+    Py_ssize_t P = 1;
+    while (P < n) P *= 2;
+    int ok = n > 0 && B >= 2 && B <= (1 << 20) && (B & (B - 1)) == 0 && B <= P &&
+             x.len == n * 4 && partials.len == (P / B) * 4 && 0 <= lo && lo <= hi &&
+             hi <= P / B;
+    ok = ok && PIECES_OK(pieces);
+    float *scratch = NULL;
+    if (ok && !(scratch = malloc(sizeof(float) * 2 * B * pieces))) ok = 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(lo, hi, pieces, {
+            float *ta = scratch + 2 * B * piece, *tb = ta + B;
+            const float *xs = x.buf;
+            for (Py_ssize_t b = p_lo; b < p_hi; b++) {
+                Py_ssize_t a0 = b * B, m = a0 >= n ? 0 : (n - a0 < B ? n - a0 : B);
+                if (m) memcpy(ta, xs + a0, sizeof(float) * m);
+                ((float *)partials.buf)[b] = tree_row(ta, tb, m, B);
+            }
+        });
+        Py_END_ALLOW_THREADS
+    }
+    free(scratch);
+    Py_buffer *bufs[] = {&x, &partials};
+    return finish(bufs, 2, ok, "tree_blocks: inconsistent sizes or block range");
+}
+
 static PyObject *py_openmp(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -1195,6 +1233,8 @@ static PyMethodDef methods[] = {
     {"adamw", py_adamw, METH_VARARGS,
      "adamw(param, p_bf16, g, m, v, a, r2, decay, b1, b2, c1, c2, eps, n, lo, hi): "
      "kernels.ops.adamw's update, in place."},
+    {"tree_blocks", py_tree_blocks, METH_VARARGS,
+     "tree_blocks(x, partials, n, B, lo, hi): kernels.core.reduce's tree over blocks of B."},
     {"openmp", py_openmp, METH_NOARGS,
      "openmp(): whether the loops' pieces run at once on an OpenMP team (built with -fopenmp)."},
     {"philox_words", py_philox_words, METH_VARARGS,

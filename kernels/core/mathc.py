@@ -511,3 +511,30 @@ def adamw(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Ten
             scalars.c2, scalars.eps, n)
     parallel(lambda lo, hi, p: _mathc.adamw(*args, lo, hi, p), n, grain=PARALLEL_MIN // 4)
     return True
+
+
+TREE_BLOCK = 4096  # values per block of the compiled tree sum (16 KB: in L1 through its levels)
+
+
+def tree_sum_1d(x: torch.Tensor) -> torch.Tensor | None:
+    """``kernels.core.reduce.tree_sum_cpu`` of a contiguous float32 CPU vector of at least
+    TREE_BLOCK values by the compiled blocks (the tree's first levels inside each aligned
+    block), then the same tree over the block partials - the blockable tree of reduce's
+    docstring, so the same adds in the same order - as a 0-d tensor; None when the loop is
+    unavailable or ``x`` does not fit (the caller sums with torch)."""
+    if (not has("tree_blocks") or x.device.type != "cpu" or x.dtype != torch.float32
+            or x.dim() != 1 or not x.is_contiguous() or x.numel() < TREE_BLOCK):
+        return None
+    n = x.numel()
+    p = 1 << (n - 1).bit_length()
+    partials = torch.empty(p // TREE_BLOCK, dtype=torch.float32)
+    src, out = flat(x), flat(partials)
+    parallel(lambda lo, hi, k: _mathc.tree_blocks(src, out, n, TREE_BLOCK, lo, hi, k),
+             partials.numel(), grain=8)
+    while partials.numel() > 1:       # P / B partials: a power of two, summed by the tree
+        m = partials.numel()
+        b = min(m, TREE_BLOCK)
+        nxt = torch.empty(m // b, dtype=torch.float32)
+        _mathc.tree_blocks(flat(partials), flat(nxt), m, b, 0, m // b)
+        partials = nxt
+    return partials.reshape(())

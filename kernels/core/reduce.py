@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kernels.core import mathc
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from kernels.core.workspace import scratch
@@ -67,6 +68,10 @@ def tree_sum_cpu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if x.dtype != torch.float32:
         raise TypeError(f"tree sums are defined on float32, got {x.dtype}; convert first")
     dim = dim % x.dim()
+    if x.dim() == 1:
+        fast = mathc.tree_sum_1d(x)        # compiled blocks, the same adds in the same order
+        if fast is not None:
+            return fast
     # Along dim 0 of a contiguous tensor every level's operands are whole contiguous
     # slices; elsewhere the summed dim goes last, where they are stride-2 gathers.
     axis = 0 if dim == 0 and x.dim() >= 2 and x.is_contiguous() else -1

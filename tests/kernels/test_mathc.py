@@ -364,3 +364,33 @@ def test_compiled_adamw_equals_the_torch_code(p_dtype, monkeypatch):
             assert torch.equal(nan, torch.isnan(b.float()))
             bits = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
             assert torch.equal(a[~nan].view(bits), b[~nan].view(bits))
+
+
+def test_compiled_tree_sum_equals_the_torch_tree(monkeypatch):
+    """kernels.core.reduce's pairwise tree of a long vector by the compiled blocks and the
+    tree over their partials vs the torch levels: the same bits for lengths at, past and far
+    from a power of two (padding inside the last block and whole padded blocks), with
+    cancelling magnitudes (the order shows in the result), signed zeros, subnormals and
+    inf; shorter vectors stay on the torch code."""
+    from kernels.core import reduce
+
+    g = torch.Generator().manual_seed(13)
+    for n in (mathc.TREE_BLOCK, mathc.TREE_BLOCK + 1, 3 * mathc.TREE_BLOCK + 5,
+              (1 << 20) + 3, 2_564_096):
+        x = torch.randn(n, generator=g) * torch.pow(10.0, torch.randint(-20, 20, (n,),
+                                                                         generator=g).float())
+        x[:4] = torch.tensor([-0.0, 1e-45, -3e-39, 1e30])
+        got = reduce.tree_sum_cpu(x, 0)
+        monkeypatch.setenv("OPEN1B_MATHC", "0")
+        want = reduce.tree_sum_cpu(x, 0)
+        monkeypatch.setenv("OPEN1B_MATHC", "1")
+        assert got.shape == want.shape == ()
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), n
+        assert float(got) != float(x.double().sum())          # the order matters here
+    x = torch.full((2 * mathc.TREE_BLOCK,), -0.0)
+    assert torch.equal(reduce.tree_sum_cpu(x, 0).view(torch.int32),
+                       torch.tensor(-0.0).view(torch.int32))
+    inf = torch.zeros(mathc.TREE_BLOCK + 9)
+    inf[7] = float("inf")
+    assert reduce.tree_sum_cpu(inf, 0) == float("inf")
+    assert mathc.tree_sum_1d(torch.ones(100)) is None            # short: the torch tree

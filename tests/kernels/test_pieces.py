@@ -30,6 +30,7 @@ def _battery() -> dict[str, torch.Tensor]:
     dequantization and STE, attention's tile loops, the LM head's slices, level sums and
     checks, the loss) plus the loops the model does not reach on its own."""
     from kernels.core import mathfn
+    from kernels.core.reduce import tree_sum_cpu
     from kernels.int8.hadamard import hadamard_dim0_cpu_
     from kernels.ops.philox import random_words_cpu
     from open1b_train.config import micro
@@ -52,6 +53,7 @@ def _battery() -> dict[str, torch.Tensor]:
     hadamard_dim0_cpu_(y, 64)
     out["hadamard"] = y
     out["bf16_rne"] = mathc.bf16_rne(x)
+    out["tree_sum"] = tree_sum_cpu(x, 0)
     m = torch.randn(1025, 800, generator=g) * 3
     step = torch.rand(1025, generator=g) * 0.1 + 0.01
     out["quant"] = mathc.quantize(m.bfloat16(), step)
