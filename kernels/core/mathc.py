@@ -285,18 +285,23 @@ def _row_pieces(r: int, c: int, max_threads: int, fn) -> torch.Tensor:
     return parts.sum(0)
 
 
-def int_sums(x: torch.Tensor, want_rows: bool = True):
-    """(row sums (R,) or None, column sums (C,)) in int64 of a contiguous int32 or int8 (R, C)
-    CPU matrix by the compiled loop - exact integer sums, the values of torch's
+def int_sums(x: torch.Tensor, want_rows: bool = True, want_cols: bool = True):
+    """(row sums (R,) or None, column sums (C,) or None) in int64 of a contiguous int32 or
+    int8 (R, C) CPU matrix by the compiled loop - exact integer sums, the values of torch's
     ``x.sum(dim, dtype=torch.int64)`` - or None when the loop is unavailable or ``x`` is not
     contiguous (the caller then sums with torch)."""
     if (not has("int_sums") or x.device.type != "cpu"
             or x.dtype not in (torch.int32, torch.int8) or x.dim() != 2
-            or not x.is_contiguous()):
+            or not x.is_contiguous() or not (want_rows or want_cols)):
         return None
     r, c = x.shape
     rows = torch.empty(r if want_rows else 0, dtype=torch.int64)
     src, rr, is_int8 = flat(x), rows.numpy(), x.dtype == torch.int8
+    if not want_cols:
+        none = torch.empty(0, dtype=torch.int64).numpy()
+        parallel(lambda lo, hi, p: _mathc.int_sums(src, is_int8, rr, none, r, c, lo, hi, p), r,
+                 grain=max(1, PARALLEL_MIN // max(c, 1)))
+        return rows, None
     cols = _row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, parts, p: _mathc.int_sums(
         src, is_int8, rr, parts, r, c, lo, hi, p))
     return (rows if want_rows else None), cols

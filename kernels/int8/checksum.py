@@ -36,7 +36,8 @@ def col_sums(x: torch.Tensor) -> torch.Tensor:
     """Exact int64 column sums of an integer matrix (row-major or a transposed view)."""
     fast = mathc.int_sums(x, want_rows=False)
     if fast is None and x.dim() == 2:
-        fast = mathc.int_sums(x.t())             # a transposed view: its storage's row sums
+        # a transposed view: its storage's row sums (and no column sums)
+        fast = mathc.int_sums(x.t(), want_cols=False)
         if fast is not None:
             return fast[0]
     return fast[1] if fast is not None else x.sum(0, dtype=torch.int64)

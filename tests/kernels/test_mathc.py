@@ -394,3 +394,39 @@ def test_compiled_tree_sum_equals_the_torch_tree(monkeypatch):
     inf[7] = float("inf")
     assert reduce.tree_sum_cpu(inf, 0) == float("inf")
     assert mathc.tree_sum_1d(torch.ones(100)) is None            # short: the torch tree
+
+
+def test_compiled_integer_sums_alone_and_over_long_columns():
+    """Row sums alone (no column sums), and int8 column sums over more rows than one int16
+    partial holds (255 rows a part) at int8's extremes: the exact int64 values."""
+    x = torch.full((1000, 37), -128, dtype=torch.int8)
+    x[::3] = 127
+    rows, cols = mathc.int_sums(x)
+    assert torch.equal(cols, x.sum(0, dtype=torch.int64))
+    assert torch.equal(rows, x.sum(1, dtype=torch.int64))
+    only, none = mathc.int_sums(x, want_cols=False)
+    assert none is None and torch.equal(only, rows)
+    acc = torch.full((300, 5), 2**31 - 1, dtype=torch.int32)
+    only, none = mathc.int_sums(acc, want_cols=False)
+    assert none is None and torch.equal(only, acc.sum(1, dtype=torch.int64))
+    assert mathc.int_sums(x, want_rows=False, want_cols=False) is None
+
+
+def test_compiled_int8_matrix_vector_product_in_int32_blocks_is_exact():
+    """The guard's products when every |v| < 2^31 (int32 halves summed in blocks of 128):
+    exact int64 values at the extremes - a = -128 against v = +-(2^31 - 1) and -2^31 + 1,
+    lengths with a partial last block - row-major and transposed, split into pieces."""
+    g = torch.Generator().manual_seed(14)
+    for k in (1, 127, 128, 129, 1000):
+        a = torch.randint(-128, 128, (301, k), generator=g, dtype=torch.int64)
+        a[0] = -128
+        a[1] = 127
+        a = a.to(torch.int8)
+        v = torch.randint(-2**31 + 1, 2**31, (k,), generator=g, dtype=torch.int64)
+        v[0] = 2**31 - 1
+        if k > 1:
+            v[1] = -2**31 + 1
+        want = (a.to(torch.int64) * v).sum(1)
+        assert torch.equal(mathc.mv_int8(a, v), want), k
+        at = a.t().contiguous().t()
+        assert torch.equal(mathc.mv_int8(at, v), want), k
