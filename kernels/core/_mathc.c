@@ -916,6 +916,39 @@ static PyObject *py_swiglu(PyObject *self, PyObject *args) {
  * torch's amax), m' = maximum(m, c) (NaN if either is), s = s * exp(m - m') + tree(exp(x -
  * m')) with the pairwise tree over the CH (a power of two) columns, lse = m + log(s). `ta`,
  * `tb`: CH floats each of scratch. */
+/* The chunk maximum in 16 lanes (the sequential scalar max is one long dependency chain):
+ * the largest value when no element is NaN - NaN when one is - and any zero maximum's sign
+ * left to the caller's scalar loop, which alone fixes it (the first zero wins there).
+ * Otherwise the maximum is order-free, so the same value. */
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+static inline float chunk_max(const float *x, Py_ssize_t n) {
+    v16f mx = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY,
+               -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY,
+               -INFINITY, -INFINITY};
+    v16i nan = {0};
+    Py_ssize_t c = 0;
+    for (; c + 16 <= n; c += 16) {
+        v16f v;
+        memcpy(&v, x + c, sizeof v);
+        v16i gt = v > mx;
+        nan |= v != v;
+        mx = (v16f)(((v16i)v & gt) | ((v16i)mx & ~gt));
+    }
+    float m = -INFINITY;
+    int any_nan = 0;
+    for (int j = 0; j < 16; j++) {
+        any_nan |= nan[j] != 0;
+        m = mx[j] > m ? mx[j] : m;
+    }
+    for (; c < n; c++) {
+        any_nan |= x[c] != x[c];
+        m = x[c] > m ? x[c] : m;
+    }
+    return any_nan ? NAN : m;
+}
+
 CLONES static void xent_lse_loop(const float *x, float *lse, float *ta, float *tb,
                                  Py_ssize_t V, Py_ssize_t CH, Py_ssize_t r0, Py_ssize_t r1) {
     for (Py_ssize_t r = r0; r < r1; r++) {
@@ -923,10 +956,13 @@ CLONES static void xent_lse_loop(const float *x, float *lse, float *ta, float *t
         float m = -INFINITY, s = 0.0f;
         for (Py_ssize_t c0 = 0; c0 < V; c0 += CH) {
             Py_ssize_t n = V - c0 < CH ? V - c0 : CH;
-            float cm = n < CH ? -INFINITY : xr[c0];
-            for (Py_ssize_t c = 0; c < n; c++) {
-                float v = xr[c0 + c];
-                cm = (v > cm || v != v || cm != cm) ? (cm != cm ? cm : v) : cm;
+            float cm = chunk_max(xr + c0, n);
+            if (cm != cm || cm == 0.0f) {   /* a NaN, or a zero whose sign is the first's */
+                cm = n < CH ? -INFINITY : xr[c0];
+                for (Py_ssize_t c = 0; c < n; c++) {
+                    float v = xr[c0 + c];
+                    cm = (v > cm || v != v || cm != cm) ? (cm != cm ? cm : v) : cm;
+                }
             }
             float mn = (m != m || cm != cm) ? NAN : (cm > m ? cm : m);
             for (Py_ssize_t c = 0; c < n; c++) ta[c] = exp1(xr[c0 + c] - mn);

@@ -289,7 +289,8 @@ def test_compiled_swiglu_equals_torch(monkeypatch):
 def test_compiled_row_logsumexp_equals_torch(monkeypatch):
     """kernels.ops.xent's online logsumexp by the compiled rows against the torch code: a
     vocabulary that is not a multiple of the chunk (the -inf padding), a NaN logit, a row
-    of -inf, huge and tiny logits, a maximum that moves between chunks."""
+    of -inf, huge and tiny logits, a maximum that moves between chunks, chunks whose
+    maximum is a zero of either sign."""
     from kernels.ops.xent import CHUNK, row_lse_cpu, xent_forward_cpu
 
     g = torch.Generator().manual_seed(13)
@@ -299,6 +300,10 @@ def test_compiled_row_logsumexp_equals_torch(monkeypatch):
     x[2] = -float("inf")
     x[3, :10] = torch.tensor([3e38, -3e38, 1e-40, 88.0, 89.0, -104.0, 0.0, -0.0, 50.0, 60.0])
     x[4, -1] = 300.0                                     # the maximum in the padded chunk
+    x[6] = -x[6].abs() - 1.0                             # maxima of zero: the first's sign
+    x[6, 100], x[6, 200] = -0.0, 0.0
+    x[7] = -x[7].abs() - 1.0
+    x[7, 100], x[7, 200] = 0.0, -0.0
     got = row_lse_cpu(x)
     t = torch.randint(0, v, (9,), generator=g)
     loss = xent_forward_cpu(x[5:], t[5:])[0]
