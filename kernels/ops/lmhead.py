@@ -66,9 +66,10 @@ INT_COL_BLOCK = 4096  # output columns per block of the CPU integer route (int64
 # Below SHORT_K contraction steps the integer route's blocks are SHORT_BLOCKS (rows,
 # columns): each output element then costs fewer multiply-adds than the bytes of its level
 # products written and read again, and 512 x 2,048 blocks keep those in cache (measured on
-# the demo's head, K = 128: 22.9 -> 19.2 ms per forward; the same bits - blocks only
-# change where T is summed, never its integer value)
-SHORT_K, SHORT_BLOCKS = 1024, (512, 2048)
+# the demo's head, K = 128: 22.9 -> 19.2 ms per forward; at K = 256 - the weight gradient
+# of 256 tokens - they were 5% slower, so the line is there; the same bits either way:
+# blocks only change where T is summed, never its integer value)
+SHORT_K, SHORT_BLOCKS = 256, (512, 2048)
 # S = 3 on the CPU: T as one float64 GEMM of 14-bit heads plus one float32 GEMM of two slice
 # pairs (``_ozaki3_blocks``), the work of four float32 GEMMs of length K instead of six;
 # False runs the six slice products level by level (the same bits; kept for benchmarks).

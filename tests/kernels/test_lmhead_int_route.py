@@ -54,8 +54,9 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops,
                                               short):
     # small blocks and chunks: several row and column blocks, contraction chunks flushed;
     # 128 rows: one row block, where each b operand is built when used; the blocks of short
-    # contractions (every K here is below SHORT_K), or the long ones (SHORT_K = 0)
+    # contractions (every K here counted short), or the long ones (SHORT_K = 0)
     if short:
+        monkeypatch.setattr(lm, "SHORT_K", 1 << 30)
         monkeypatch.setattr(lm, "SHORT_BLOCKS", (row_block, 32))
     else:
         monkeypatch.setattr(lm, "SHORT_K", 0)
@@ -83,6 +84,7 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops,
 
 @pytest.mark.parametrize("fault", ["one element", "cancelling in a row"])
 def test_a_faulty_integer_gemm_is_caught_and_recomputed(route, monkeypatch, fault, loops):
+    monkeypatch.setattr(lm, "SHORT_K", 1 << 30)
     monkeypatch.setattr(lm, "SHORT_BLOCKS", (16, 32))
     h, w, dl = _case(seed=1)
     route("float")
