@@ -47,6 +47,9 @@ ROWS: dict[str, tuple[dict[str, str], list[str], str | None]] = {
     "threads-3": ({"OMP_NUM_THREADS": "3"}, ["--threads", "3"], None),
     "threads-7": ({"OMP_NUM_THREADS": "7"}, ["--threads", "7"], None),
     "mathc-off": ({"OPEN1B_MATHC": "0"}, [], None),
+    # the compiled loops' pieces on kernels.core.mathc's own thread pool instead of torch's
+    # OpenMP team (kernels/core/_pieces.h), three of them
+    "pool-3": ({"OPEN1B_MATHC_OMP": "0", "OMP_NUM_THREADS": "3"}, ["--threads", "3"], None),
     # the two exact integer GEMM routes (kernels.int8.gemm): the library's int8 GEMM (fast on
     # VNNI-class CPUs, checked) and float32 GEMMs of int8 values; auto picks one per CPU
     "int-gemm-int": ({"OPEN1B_INT_GEMM": "int"}, [], None),
