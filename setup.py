@@ -15,7 +15,7 @@
 Both loop extensions are built with -fopenmp where the compiler takes it (checked by a trial
 build): a loop's pieces then run at once on the OpenMP threads of the libgomp torch loads
 (kernels/core/_pieces.h says why); without it they run one after another, and
-kernels.core.mathc hands them to its own thread pool instead. OpenMP changes no value:
+kernels.core.pieces hands them to its own thread pool instead. OpenMP changes no value:
 every loop's result is the same whatever the cut.
 
 And one file at the root of site-packages, ``open1b_lmeval.pth``: the startup hook that makes

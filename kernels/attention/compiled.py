@@ -26,7 +26,7 @@ import torch
 
 from kernels.attention.tiles import (BLOCK_M, BLOCK_N, block_band, pad_rows, quantize_v,
                                      row_delta, softmax_scale)
-from kernels.core import mathc
+from kernels.core import mathc, pieces
 from kernels.core.workspace import scratch
 
 try:
@@ -70,7 +70,7 @@ def _fixed(x: torch.Tensor, block: int, columns: bool, hkv: int = 0) -> torch.Te
     shape = (g, n, b * hkv, block, d) if hkv else (b, h, n, block, d)
     out = torch.empty(shape, dtype=torch.float64)
     src, dst = _np(x.contiguous().view(torch.int16)), _np(out)
-    mathc.parallel(lambda a, z, p: _tilesc.fixed_planes(src, dst, b * h, s, n * block, d,
+    pieces.parallel(lambda a, z, p: _tilesc.fixed_planes(src, dst, b * h, s, n * block, d,
                                                         block if columns else 0, g, h, a, z, p),
                    b * h, grain=1)
     return out
@@ -106,13 +106,13 @@ def forward(q, k, v, window: int | None):
                                                                      torch.float32)
         args = (_np(s64), _np(u), _np(p8), _np(alpha), _np(t), _np(m), _np(l), bk, rows, nk,
                 n_kb * BLOCK_N, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
-        mathc.parallel(lambda a, z, p: _tilesc.fwd_rows(*args, a, z, p), bk * rows, grain=8)
+        pieces.parallel(lambda a, z, p: _tilesc.fwd_rows(*args, a, z, p), bk * rows, grain=8)
         ii = scratch("attn.pv", (bk, nk, rows, d), torch.float32)  # (bk, nk, rows, D), exact
         for i in range(bk):         # per KV head: v8f[i, band] is contiguous
             torch.matmul(p8[i], v8f[i, first:first + nk], out=ii[i])
         acc_args = (_np(ii), _np(alpha), _np(t), _np(m), _np(l), _np(out[qb]), _np(lse[qb]),
                     bk, rows, nk, d)
-        mathc.parallel(lambda a, z, p: _tilesc.fwd_acc(*acc_args, a, z, p), bk * rows, grain=8)
+        pieces.parallel(lambda a, z, p: _tilesc.fwd_acc(*acc_args, a, z, p), bk * rows, grain=8)
     out = out.reshape(n_qb, bk, g, BLOCK_M, d).movedim(2, 0)  # (G, n_qb, bk, BM, D)
     lse = lse.reshape(n_qb, bk, g, BLOCK_M, 1).movedim(2, 0)
     out = _ungroup_rows(out.to(torch.bfloat16), b, hkv, s)
@@ -156,18 +156,18 @@ def backward(q, k, v, o, lse, do, window: int | None):
                        for name in ("dsc", "pc"))
             args = (_np(s64), _np(dp64), _np(lse_b[h, qb]), _np(drow[h, qb]), _np(dsr),
                     _np(dsc), _np(pc), bk, nk, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
-            mathc.parallel(lambda a, z, p: _tilesc.bwd_tiles(*args, a, z, p), bk * nk, grain=1)
+            pieces.parallel(lambda a, z, p: _tilesc.bwd_tiles(*args, a, z, p), bk * nk, grain=1)
             prod = scratch("attn.dq", (bk, nk, BLOCK_M, d), torch.float64)  # the tiles
             for i in range(bk):     # per KV head: kc64[i, band] is contiguous (the batched
                 torch.matmul(dsr[i], kc64[i, first:first + nk], out=prod[i])  # form copied it)
             sum_args = (_np(prod), _np(acc_dq[h, qb]), bk, nk, BLOCK_M * d)
-            mathc.parallel(lambda a, z, p: _tilesc.tile_sum(*sum_args, a, z, p), bk, grain=1)
+            pieces.parallel(lambda a, z, p: _tilesc.tile_sum(*sum_args, a, z, p), bk, grain=1)
             for lhs, rhs, acc in ((dsc, qc64, acc_dk), (pc, doc64, acc_dv)):
                 prod = torch.matmul(lhs, rhs[h, qb], out=scratch(
                     "attn.dkv", (bk, nk * BLOCK_N, d), torch.float64))
                 add_args = (_np(prod), _np(acc), bk, nk * BLOCK_N * d, n_kb * BLOCK_N * d,
                             first * BLOCK_N * d)
-                mathc.parallel(lambda a, z, p: _tilesc.accumulate(*add_args, a, z, p), bk,
+                pieces.parallel(lambda a, z, p: _tilesc.accumulate(*add_args, a, z, p), bk,
                                grain=1)
     dq = _ungroup_rows((acc_dq * scale).to(torch.bfloat16), b, hkv, s)
     dk = (acc_dk * scale).to(torch.bfloat16).reshape(b, hkv, n_kb * BLOCK_N, d)[:, :, :s]

@@ -2,11 +2,11 @@
  *
  * Why OpenMP: torch's CPU operations run on the OpenMP threads of the libgomp torch loads,
  * and after each operation those threads spin for a while, waiting for the next one. A
- * loop handed to a thread pool of its own (Python's, as kernels.core.mathc did) then shares
+ * loop handed to a thread pool of its own (Python's, kernels.core.pieces' fallback) shares
  * the cores with those spinning threads: on a 2-core machine its second half waited on a
  * core that was busy spinning, and the demo step measured no faster with two pieces than
  * with one. Built with -fopenmp and linked against the same libgomp (one runtime per
- * process: kernels.core.mathc checks), the pieces run on torch's own threads - awake,
+ * process: kernels.core.pieces checks), the pieces run on torch's own threads - awake,
  * with nothing else to do.
  *
  * Every loop that uses this computes a result that does not depend on the cut (its units
@@ -16,7 +16,7 @@
  *
  * FOR_PIECES(lo, hi, pieces, body...) runs `body` once per non-empty piece with p_lo, p_hi
  * (its range) and piece (its index, 0 .. pieces - 1, for a piece's own scratch or partial
- * sums) in scope; [lo, hi) is cut as Python's kernels.core.mathc.parallel cuts it: pieces
+ * sums) in scope; [lo, hi) is cut as Python's kernels.core.pieces.parallel cuts it: pieces
  * of ceil((hi - lo) / pieces) units, the last one shorter. Call it without the GIL.
  */
 #ifndef OPEN1B_PIECES_H

@@ -11,21 +11,17 @@ fallback: where the extension was not compiled (no C compiler at install time), 
 code. tests/kernels/test_mathc.py checks bit equality with the torch code on every class
 of input.
 
-Large inputs are split into one contiguous piece per torch intra-op thread. Built with
-OpenMP (``team()``), a loop cuts its range itself and runs the pieces at once on the OpenMP
-threads torch's own operations run on (kernels/core/_pieces.h says why: a pool of our own
-shared the cores with torch's spinning threads, and on 2 cores gained nothing); otherwise
-each piece is one call of the loop on this module's thread pool (the C loop releases the
-GIL). Every loop's result is the same whatever the cut.
+Large inputs are split into one contiguous piece per torch intra-op thread
+(``kernels.core.pieces``: on torch's OpenMP threads where the extension was built with
+OpenMP, else on a thread pool). Every loop's result is the same whatever the cut.
 """
 from __future__ import annotations
 
-import functools
 import os
-import re
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from kernels.core.pieces import parallel, row_pieces
 
 try:
     from kernels.core import _mathc
@@ -33,7 +29,6 @@ except ImportError:  # pragma: no cover - the extension is optional
     _mathc = None
 
 PARALLEL_MIN = 1 << 18   # elements below which one thread is faster than a hand-off
-_POOL: ThreadPoolExecutor | None = None
 
 
 def available() -> bool:
@@ -41,30 +36,6 @@ def available() -> bool:
     the build whose loops take a piece count) and not disabled by OPEN1B_MATHC=0."""
     return (_mathc is not None and hasattr(_mathc, "openmp")
             and os.environ.get("OPEN1B_MATHC", "1") != "0")
-
-
-def team() -> bool:
-    """True when the loops' pieces run on torch's OpenMP threads: the extension was built
-    with OpenMP, torch's intra-op backend is OpenMP, the process holds one OpenMP runtime
-    (a second one would be a second set of threads competing with torch's for the cores),
-    and OPEN1B_MATHC_OMP is not 0 (the switch the benchmarks compare with)."""
-    return (available() and os.environ.get("OPEN1B_MATHC_OMP", "1") != "0"
-            and _one_openmp_runtime())
-
-
-@functools.lru_cache(maxsize=1)
-def _one_openmp_runtime() -> bool:
-    if not _mathc.openmp():
-        return False
-    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
-        return False
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            maps = f.read()
-    except OSError:                  # not Linux: no way to tell which runtimes are loaded
-        return False
-    found = set(re.findall(r"(/\S*/lib(?:gomp|iomp5|omp)[^/\s]*\.so[^/\s]*)$", maps, re.M))
-    return len({os.path.realpath(path) for path in found}) == 1
 
 
 def has(name: str) -> bool:
@@ -79,45 +50,6 @@ def flat(x: torch.Tensor):
     if not x.is_contiguous():
         raise ValueError("the compiled loops need contiguous tensors")
     return x.reshape(-1).numpy()
-
-
-def _pool(n: int) -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None or _POOL._max_workers < n:
-        _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="open1b-mathc")
-    return _POOL
-
-
-def _each(fn, items: list) -> None:
-    """``fn(item)`` for every item: the first on this thread, the others on the pool at the
-    same time (this thread works instead of waiting: one hand-off fewer per call)."""
-    if len(items) == 1:
-        fn(items[0])
-        return
-    futures = [_pool(len(items) - 1).submit(fn, item) for item in items[1:]]
-    try:
-        fn(items[0])
-    finally:
-        for fut in futures:
-            fut.result()
-
-
-def parallel(fn, n: int, grain: int = 64) -> None:
-    """``fn(lo, hi, pieces)`` over [0, n) in one contiguous piece per torch intra-op thread,
-    at least ``grain`` units a piece: with ``team()`` one call ``fn(0, n, pieces)`` (the loop
-    cuts the range itself), else one call ``fn(lo, hi, 1)`` per piece on this module's
-    pool. For loops whose units are independent (and release the GIL): the result does not
-    depend on the split."""
-    threads = min(torch.get_num_threads(), max(1, n // grain))
-    if threads <= 1:
-        fn(0, n, 1)
-        return
-    if team():
-        fn(0, n, threads)
-        return
-    step = -(-n // threads)
-    cuts = [(i, min(i + step, n)) for i in range(0, n, step)]
-    _each(lambda c: fn(*c, 1), cuts)
 
 
 def slice_rows(x: torch.Tensor, slices: int, out: torch.Tensor | None = None
@@ -263,26 +195,9 @@ def levels_round(accs: torch.Tensor, weights: list[float], rowf: torch.Tensor,
     w = torch.tensor(weights, dtype=torch.float64)
     args = (flat(accs), n, w.numpy(), flat(rowf.contiguous()), flat(colf.contiguous()),
             flat(out), flat(rows))
-    cols += _row_pieces(r, c, r // 16, lambda lo, hi, parts, p: _mathc.levels_round(
+    cols += row_pieces(r, c, r // 16, lambda lo, hi, parts, p: _mathc.levels_round(
         *args, parts, r, c, out.shape[1], c0, lo, hi, p))
     return True
-
-
-def _row_pieces(r: int, c: int, max_threads: int, fn) -> torch.Tensor:
-    """``fn(lo, hi, parts, pieces)`` over rows [0, r) in one piece per thread (at most
-    ``max_threads``), piece i adding its column sums into its own int64 row i of ``parts``
-    (pieces, C); returns the parts' total - integer sums, the same in any split. With
-    ``team()`` one call over all rows (the loop cuts them the same way), else one call per
-    piece on this module's pool."""
-    threads = max(1, min(torch.get_num_threads(), max_threads, r))
-    parts = torch.zeros((threads, c), dtype=torch.int64)
-    if threads == 1 or team():
-        fn(0, r, parts.reshape(-1).numpy(), threads)
-        return parts.sum(0)
-    step = -(-r // threads)
-    _each(lambda i: fn(min(r, i * step), min(r, (i + 1) * step), parts[i].numpy(), 1),
-          list(range(threads)))
-    return parts.sum(0)
 
 
 def int_sums(x: torch.Tensor, want_rows: bool = True, want_cols: bool = True):
@@ -302,7 +217,7 @@ def int_sums(x: torch.Tensor, want_rows: bool = True, want_cols: bool = True):
         parallel(lambda lo, hi, p: _mathc.int_sums(src, is_int8, rr, none, r, c, lo, hi, p), r,
                  grain=max(1, PARALLEL_MIN // max(c, 1)))
         return rows, None
-    cols = _row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, parts, p: _mathc.int_sums(
+    cols = row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, parts, p: _mathc.int_sums(
         src, is_int8, rr, parts, r, c, lo, hi, p))
     return (rows if want_rows else None), cols
 
@@ -385,7 +300,7 @@ def dequant(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
         return ()
     rows = torch.empty(r, dtype=torch.int64)
     rr = rows.numpy()
-    cols = _row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, parts, p: _mathc.dequant(
+    cols = row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, parts, p: _mathc.dequant(
         a, rsn, csn, o, bf, rr, parts, r, c, lo, hi, p))
     return rows, cols
 

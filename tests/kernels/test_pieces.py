@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from kernels.core import mathc
+from kernels.core import mathc, pieces
 
 pytestmark = pytest.mark.skipif(not mathc.available(), reason="compiled loops not built")
 
@@ -114,7 +114,7 @@ def test_the_team_is_torchs_openmp_runtime():
     from kernels.core import _mathc
 
     if not _mathc.openmp():
-        assert not mathc.team()
+        assert not pieces.team()
         return
     if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
         pytest.skip("torch's intra-op threads are not OpenMP threads in this build")
@@ -122,12 +122,12 @@ def test_the_team_is_torchs_openmp_runtime():
         runtimes = {os.path.realpath(p) for p in re.findall(
             r"(/\S*/lib(?:gomp|iomp5|omp)[^/\s]*\.so[^/\s]*)$", f.read(), re.M)}
     assert len(runtimes) == 1, runtimes
-    assert mathc.team()
+    assert pieces.team()
 
 
 def test_team_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("OPEN1B_MATHC_OMP", "0")
-    assert not mathc.team()
+    assert not pieces.team()
 
 
 def test_a_loop_takes_more_pieces_than_units_and_refuses_a_bad_count():
@@ -140,9 +140,9 @@ def test_a_loop_takes_more_pieces_than_units_and_refuses_a_bad_count():
     a = torch.randint(-128, 128, (5, 40), generator=g, dtype=torch.int64).to(torch.int8)
     v = torch.randint(-1000, 1000, (40,), generator=g, dtype=torch.int64)
     want = (a.to(torch.int64) * v).sum(1)
-    for pieces in (1, 2, 5, 64):
+    for count in (1, 2, 5, 64):
         out = torch.zeros(5, dtype=torch.int64)
-        _mathc.mv_int8(a.numpy().reshape(-1), v.numpy(), out.numpy(), 5, 40, False, 0, 5, pieces)
+        _mathc.mv_int8(a.numpy().reshape(-1), v.numpy(), out.numpy(), 5, 40, False, 0, 5, count)
         assert torch.equal(out, want)
     for bad in (0, -1, 1 << 20):
         out = torch.zeros(5, dtype=torch.int64)
