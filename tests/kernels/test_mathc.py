@@ -130,17 +130,20 @@ def test_compiled_integer_sums_equal_torch(dtype):
     assert mathc.int_sums(x.t()) is None              # not contiguous: the caller's torch sums
 
 
-def test_compiled_lmhead_level_loop_equals_torch():
+@pytest.mark.parametrize("n", [2, 3, 6])
+def test_compiled_lmhead_level_loop_equals_torch(n):
     """kernels.ops.lmhead's pass after the level GEMMs of one block (the weighted level sum
     T, its one rounding into the output's columns, the checks' row and column sums) against
-    the torch operations it replaces - int32 extremes, weights of S = 3, two contraction
-    chunks per level (six products), rows split among threads, sums added to what is
-    there."""
+    the torch operations it replaces - int32 extremes, the two levels of S = 2 and the
+    three of S = 3 (the loop's unrolled cases) and S = 3 with two contraction chunks per
+    level (six products: the general loop), rows split among threads, sums added to what
+    is there."""
     g = torch.Generator().manual_seed(4)
-    accs = torch.randint(-2**31, 2**31 - 1, (6, 37, 70), generator=g,
+    accs = torch.randint(-2**31, 2**31 - 1, (n, 37, 70), generator=g,
                          dtype=torch.int64).to(torch.int32)
     accs[0, 0], accs[1, 1] = 2**31 - 1, -2**31
-    weights = [float(1 << 14)] * 2 + [float(1 << 7)] * 2 + [1.0] * 2
+    weights = {2: [float(1 << 7), 1.0], 3: [float(1 << 14), float(1 << 7), 1.0],
+               6: [float(1 << 14)] * 2 + [float(1 << 7)] * 2 + [1.0] * 2}[n]
     rowf = torch.pow(2.0, torch.randint(-60, 60, (37,), generator=g).double())
     colf = torch.pow(2.0, torch.randint(-200, -100, (70,), generator=g).double())
     out = torch.zeros((37, 90))
