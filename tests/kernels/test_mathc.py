@@ -420,6 +420,33 @@ def test_compiled_integer_sums_alone_and_over_long_columns():
     assert mathc.int_sums(x, want_rows=False, want_cols=False) is None
 
 
+@pytest.mark.parametrize("bound", [2**15 - 1, 2**15])
+def test_compiled_int8_matrix_vector_product_in_int16_is_exact(bound):
+    """The guard's products when every |v| < 2^15 (one int16 product per element, int32
+    block sums): exact at the extremes - a = -128 and 127 against v = +-(2^15 - 1), every
+    row of -128 against a v of 2^15 - 1 (the largest block sum) - row-major and
+    transposed, lengths with a partial last block; at |v| = 2^15 the int32 halves run,
+    with the same values."""
+    g = torch.Generator().manual_seed(15)
+    for k in (1, 127, 128, 129, 1000):
+        a = torch.randint(-128, 128, (301, k), generator=g, dtype=torch.int64)
+        a[0] = -128
+        a[1] = 127
+        a = a.to(torch.int8)
+        v = torch.randint(-bound + 1, bound, (k,), generator=g, dtype=torch.int64)
+        v[0] = bound - 1 if bound == 2**15 - 1 else bound
+        if k > 1:
+            v[1] = -bound + 1
+        v[2::2] = bound - 1
+        want = (a.to(torch.int64) * v).sum(1)
+        assert torch.equal(mathc.mv_int8(a, v), want), k
+        at = a.t().contiguous().t()
+        assert torch.equal(mathc.mv_int8(at, v), want), k
+    top = torch.full((4, 1000), -128, dtype=torch.int8)
+    v = torch.full((1000,), 2**15 - 1, dtype=torch.int64)
+    assert torch.equal(mathc.mv_int8(top, v), torch.full((4,), -128 * (2**15 - 1) * 1000))
+
+
 def test_compiled_int8_matrix_vector_product_in_int32_blocks_is_exact():
     """The guard's products when every |v| < 2^31 (int32 halves summed in blocks of 128):
     exact int64 values at the extremes - a = -128 against v = +-(2^31 - 1) and -2^31 + 1,
