@@ -50,6 +50,7 @@ from kernels.int8.gemm import (SGEMM_K, bf16_operand, int_gemm_route, int_mm_unc
                                record_failure)
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from kernels.core.workspace import release, scratch
+from kernels.ops.slices import LevelSlices
 
 if HAVE_TRITON:
     import triton
@@ -160,8 +161,17 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     COL_BLOCK keep the float64 accumulators in cache. For S = 3 (``CPU_S3_TWO_GEMMS``) the
     six products become two GEMMs with the same T: see ``_ozaki3_blocks``."""
     _check(a, b, slices)
-    sa, ea = slice_rows_cpu(a, slices, "lmhead.slices_a")
-    sb, eb = slice_rows_cpu(b, slices, "lmhead.slices_b")
+    # the integer route takes the slices in the level-ready layout (``kernels.ops.slices``);
+    # the float routes (and a build without the compiled slicer) the planes
+    level_ready = (a.device.type == "cpu" and int_gemm_route() == "int" and a.numel()
+                   and b.numel())
+    la = LevelSlices.make(a, slices, "lmhead.slices_a", False) if level_ready else None
+    lb = LevelSlices.make(b, slices, "lmhead.slices_b", True) if la is not None else None
+    if la is not None and lb is not None:
+        (sa, ea), (sb, eb) = (la, la.exps), (lb, lb.exps)
+    else:
+        sa, ea = slice_rows_cpu(a, slices, "lmhead.slices_a")
+        sb, eb = slice_rows_cpu(b, slices, "lmhead.slices_b")
     r, k = a.shape
     c = b.shape[0]
     # zeroed up front: the output blocks below touch its pages in scattered rows, where
@@ -232,8 +242,11 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
     dt = _sum_dtype(3 * 3 * k, r, c)          # three levels' sums of up to 3 pairs each
     # column sums of each slice (K,): exact int64 sums (one compiled pass, or torch's
     # reduction), held exactly in dt
-    col_a = [col_sums(sa[i]).to(dt) for i in range(slices)]
-    col_b = [col_sums(sb[j]).to(dt) for j in range(slices)]
+    ready = isinstance(sa, LevelSlices) and isinstance(sb, LevelSlices)
+    col_a = [x.to(dt) for x in sa.col_sums()] if ready else [col_sums(sa[i]).to(dt)
+                                                              for i in range(slices)]
+    col_b = [x.to(dt) for x in sb.col_sums()] if ready else [col_sums(sb[j]).to(dt)
+                                                              for j in range(slices)]
     compiled = mathc.has("levels_round")
     rows_got = torch.zeros(r, dtype=torch.int64)
     cols_got = torch.zeros(c, dtype=torch.int64)
@@ -248,8 +261,16 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
 
     def b_operand(n: int, cs: slice) -> torch.Tensor:
         _, pairs, k0, k1 = products[n]
+        if ready and len(chunks) == 1:          # a view of the level-ready store: no copy
+            return sb.level(len(pairs), cs)
         return _level_operand(sb, [j for _, j in pairs], cs, k0, k1,
                               "lmhead.op_b" if once else f"lmhead.op_b{n}")
+
+    def a_operand(n: int, rs: slice) -> torch.Tensor:
+        _, pairs, k0, k1 = products[n]
+        if ready and len(chunks) == 1:
+            return sa.level(len(pairs), rs)
+        return _level_operand(sa, [i for i, _ in pairs], rs, k0, k1, "lmhead.op_a")
 
     for c0 in range(0, c, col_block):
         cs = slice(c0, c0 + col_block)
@@ -260,9 +281,9 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
             # every level's (and chunk's) product of this block, then T, its rounding and
             # the checks' sums in one pass (compiled) or by the torch code
             accs = scratch("lmhead.accs", (len(products), nr, nc), torch.int32)
-            for n_level, (lvl, pairs, k0, k1) in enumerate(products):
+            for n_level in range(len(products)):
                 bl = b_operand(n_level, cs) if once else b_lv[n_level]
-                al = _level_operand(sa, [i for i, _ in pairs], rs, k0, k1, "lmhead.op_a")
+                al = a_operand(n_level, rs)
                 if int_mm_unchecked(al, bl, out=accs[n_level]) is None:
                     return False                # a layout the library refuses: not a fault
             if compiled:
@@ -277,10 +298,13 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
             cols_got[cs] += u.sum(0)
             out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
     # every pair (i, j) of every level once: slice i of a meets the b slices j <= S + 1 - i
-    rows_want = sum(_mv(sa[i - 1], sum(col_b[j - 1] for j in range(1, slices + 2 - i)))
-                    for i in range(1, slices + 1))
-    cols_want = sum(_mv(sb[j - 1], sum(col_a[i - 1] for i in range(1, slices + 2 - j)))
-                    for j in range(1, slices + 1))
+    v_a = [sum(col_b[j - 1] for j in range(1, slices + 2 - i)) for i in range(1, slices + 1)]
+    v_b = [sum(col_a[i - 1] for i in range(1, slices + 2 - j)) for j in range(1, slices + 1)]
+    if ready:                                   # one product over each whole store
+        rows_want, cols_want = sa.mv(v_a), sb.mv(v_b)
+    else:
+        rows_want = sum(_mv(sa[i], v) for i, v in enumerate(v_a))
+        cols_want = sum(_mv(sb[j], v) for j, v in enumerate(v_b))
     if torch.equal(rows_got.to(dt), rows_want) and torch.equal(cols_got.to(dt), cols_want):
         return True
     record_failure(f"checksum failed on the LM head's slice products ({r}x{k}x{c})")
@@ -296,7 +320,7 @@ def _level_operand(s: torch.Tensor, which: list[int], rows: slice, k0: int, k1: 
     operand of up to 100 MB cost 5x the copy in page faults)."""
     parts = [s[i - 1][rows, k0:k1] for i in which]
     n, width = parts[0].shape[0], sum(p.shape[1] for p in parts)
-    if s.stride(-1) == 1:
+    if s[0].stride(-1) == 1:
         return torch.cat(parts, 1, out=scratch(name, (n, width), torch.int8))
     return torch.cat([p.t() for p in parts], 0,
                      out=scratch(name, (width, n), torch.int8)).t()

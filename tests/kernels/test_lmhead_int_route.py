@@ -50,11 +50,14 @@ def loops(request, monkeypatch):
 @pytest.mark.parametrize("slices", [2, 3])
 @pytest.mark.parametrize("row_block", [16, 128])
 @pytest.mark.parametrize("short", [True, False])
+@pytest.mark.parametrize("chunked", [True, False])
 def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops, row_block,
-                                              short):
-    # small blocks and chunks: several row and column blocks, contraction chunks flushed;
-    # 128 rows: one row block, where each b operand is built when used; the blocks of short
-    # contractions (every K here counted short), or the long ones (SHORT_K = 0)
+                                              short, chunked):
+    # small blocks and chunks: several row and column blocks, contraction chunks flushed
+    # (level operands copied chunk by chunk) or one chunk (level operands are views of the
+    # level-ready slices, kernels.ops.slices); 128 rows: one row block, where each b
+    # operand is built when used; the blocks of short contractions (every K here counted
+    # short), or the long ones (SHORT_K = 0)
     if short:
         monkeypatch.setattr(lm, "SHORT_K", 1 << 30)
         monkeypatch.setattr(lm, "SHORT_BLOCKS", (row_block, 32))
@@ -62,7 +65,8 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops,
         monkeypatch.setattr(lm, "SHORT_K", 0)
         monkeypatch.setattr(lm, "ROW_BLOCK", row_block)
         monkeypatch.setattr(lm, "INT_COL_BLOCK", 32)
-    monkeypatch.setattr(lm, "K_CHUNK", 64)
+    if chunked:
+        monkeypatch.setattr(lm, "K_CHUNK", 64)
     h, w, dl = _case()
     dl[5, 7] = float("nan")                         # a non-finite row and column of dlogits
     route("float")
@@ -76,7 +80,7 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops,
     route("int", counting)
     got = _run(h, w, dl, slices)
     # the level products ran on the integer GEMM (pairs concatenated: 1..S pairs x chunk)
-    assert {64 * p for p in range(1, slices + 1)} <= set(shapes)
+    assert {(64 if chunked else 300) * p for p in range(1, slices + 1)} <= set(shapes)
     assert gemm.int_gemm_status() | {"reason": ""} == gemm.int_gemm_status() | {
         "route": "int", "failures": 0, "reason": ""}
     assert _same(want, got)

@@ -1,0 +1,78 @@
+"""The LM head's level-ready slices (``kernels.ops.slices.LevelSlices``): the same int8 values
+and exponents as ``slice_rows_cpu``'s planes in every layout (row-major and transposed
+operands, ascending and descending order, bf16 and float32, 2 and 3 slices), level operands
+that are the slices side by side, the guard's sums over the whole store, and the library's
+int8 GEMM reading the views as it reads contiguous copies."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.core import mathc
+from kernels.int8 import gemm
+from kernels.int8.checksum import _mv, col_sums
+from kernels.ops.lmhead import slice_rows_cpu
+from kernels.ops.slices import LevelSlices
+
+pytestmark = pytest.mark.skipif(not mathc.has("SLICE_LAYOUTS"),
+                                reason="the compiled slicer is not built")
+
+
+def _operand(transposed: bool, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(37, 70, generator=g) * torch.exp(torch.randn(37, 70, generator=g) * 3)
+    x[4] = 0.0                                        # an all-zero row
+    x[5, :3] = torch.tensor([1e-39, -0.0, -3e38])     # subnormal, signed zero, huge
+    x = x.to(dtype)
+    return x.t().contiguous().t() if transposed else x  # a transposed view: sliced by columns
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("slices", [2, 3])
+def test_level_slices_are_the_planes_values_and_levels_are_views(transposed, descending,
+                                                                 dtype, slices):
+    x = _operand(transposed, dtype)
+    want, want_e = slice_rows_cpu(x, slices)
+    ls = LevelSlices.make(x, slices, f"test.slices.{transposed}{descending}", descending)
+    assert ls.by_cols == transposed and ls.shape == tuple(want.shape)
+    assert torch.equal(ls.exps, want_e)
+    for i in range(slices):
+        assert torch.equal(ls[i], want[i]), i
+    rows = slice(3, 30)
+    for count in range(1, slices + 1):
+        order = range(count - 1, -1, -1) if descending else range(count)
+        lvl = ls.level(count, rows)
+        assert lvl.data_ptr() >= ls.store.data_ptr()          # a view of the store
+        assert lvl.untyped_storage().data_ptr() == ls.store.untyped_storage().data_ptr()
+        assert torch.equal(lvl, torch.cat([want[i][rows] for i in order], 1)), count
+    sums = ls.col_sums()
+    for i in range(slices):
+        assert torch.equal(sums[i], col_sums(want[i].contiguous())), i
+    g = torch.Generator().manual_seed(3)
+    vs = [torch.randint(-2**40, 2**40, (70,), generator=g).to(torch.float64)
+          for _ in range(slices)]
+    vs[0][0] = 2.0 ** 45
+    ref = sum(_mv(want[i].contiguous(), v) for i, v in enumerate(vs))
+    assert torch.equal(ls.mv(vs), ref)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_the_int8_gemm_reads_level_views_as_contiguous_copies(transposed):
+    """The library reads a level view (a row stride of S K, or a transposed store with a
+    leading dimension of R) exactly as the contiguous copy the route made before. Only
+    where the route uses the library (its probe passed: exact integer sums)."""
+    if gemm.int_gemm_route() != "int":
+        pytest.skip("the integer GEMM route is not in use on this CPU")
+    a = LevelSlices.make(_operand(transposed, torch.bfloat16, 1), 3, "test.gemm.a", False)
+    b = LevelSlices.make(_operand(False, torch.bfloat16, 2)[:29], 3, "test.gemm.b", True)
+    for count in (1, 2, 3):
+        al, bl = a.level(count, slice(2, 35)), b.level(count, slice(0, 29))
+        try:
+            got = torch._int_mm(al, bl.t())
+        except RuntimeError:                      # the library refuses the shape: not here
+            pytest.skip("torch._int_mm unavailable for these shapes")
+        assert torch.equal(got, torch._int_mm(al.contiguous(), bl.contiguous().t()))
+        exact = (al.to(torch.int64) @ bl.to(torch.int64).t()).to(torch.int32)
+        assert torch.equal(got, exact)
