@@ -33,15 +33,33 @@ def _buffers() -> dict[str, torch.Tensor]:
     return bufs
 
 
+def _views() -> dict[str, tuple]:
+    views = getattr(_LOCAL, "views", None)
+    if views is None:
+        views = _LOCAL.views = {}
+    return views
+
+
 def scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A contiguous CPU tensor of ``shape``/``dtype`` with garbage contents (see module doc)."""
+    """A contiguous CPU tensor of ``shape``/``dtype`` with garbage contents (see module doc).
+
+    The view of the last call per name is kept and returned again for the same shape and
+    dtype (a step asks for the same few hundred views every time: three torch calls each
+    otherwise)."""
+    views = _views()
+    last = views.get(name)
+    if last is not None and last[0] == shape and last[1] is dtype:
+        return last[2]
     nbytes = math.prod(shape) * dtype.itemsize
     bufs = _buffers()
     buf = bufs.get(name)
     if buf is None or buf.numel() < nbytes:
         bufs.pop(name, None)  # free the old block before the new one is faulted in
+        views.pop(name, None)
         buf = bufs[name] = torch.empty(max(nbytes, 1), dtype=torch.uint8)
-    return buf[:nbytes].view(dtype).view(shape)
+    view = buf[:nbytes].view(dtype).view(shape)
+    views[name] = (tuple(shape), dtype, view)
+    return view
 
 
 def total_bytes() -> int:
@@ -52,6 +70,7 @@ def total_bytes() -> int:
 def release(prefix: str = "") -> None:
     """Drop this thread's scratch buffers whose names start with ``prefix`` (all by default;
     the next ``scratch`` call of a dropped name allocates afresh)."""
-    bufs = _buffers()
+    bufs, views = _buffers(), _views()
     for name in [n for n in bufs if n.startswith(prefix)]:
         del bufs[name]
+        views.pop(name, None)
