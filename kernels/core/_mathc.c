@@ -702,7 +702,15 @@ CLONES static void mv_int8_loop16(const int8_t *a, const int16_t *v16, int64_t *
     for (Py_ssize_t k0 = 0; k0 < K; k0 += MV_BLOCK) {
         Py_ssize_t k1 = k0 + MV_BLOCK < K ? k0 + MV_BLOCK : K;
         for (Py_ssize_t r = r0; r < r1; r++) tl[r - r0] = 0;
-        for (Py_ssize_t k = k0; k < k1; k++) {
+        Py_ssize_t k = k0;
+        for (; k + 4 <= k1; k += 4) {       /* four storage rows per pass over the sums */
+            const int8_t *x0 = a + k * R, *x1 = x0 + R, *x2 = x1 + R, *x3 = x2 + R;
+            int32_t w0 = v16[k], w1 = v16[k + 1], w2 = v16[k + 2], w3 = v16[k + 3];
+            for (Py_ssize_t r = r0; r < r1; r++)
+                tl[r - r0] += (int32_t)x0[r] * w0 + (int32_t)x1[r] * w1 +
+                              (int32_t)x2[r] * w2 + (int32_t)x3[r] * w3;
+        }
+        for (; k < k1; k++) {
             const int8_t *x = a + k * R;
             int32_t vk = v16[k];
             for (Py_ssize_t r = r0; r < r1; r++) tl[r - r0] += (int32_t)x[r] * vk;
