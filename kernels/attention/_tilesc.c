@@ -75,7 +75,7 @@ static inline double fixed_value(uint16_t bits, int32_t e) {
  * so the compiler vectorizes them; on x86-64 GCC also builds AVX2 and AVX-512 clones, the
  * same IEEE operations on wider registers (FMA stays off), picked at load time. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define CLONES
 #endif
