@@ -264,6 +264,7 @@ static inline void fwht_rows(float *y, Py_ssize_t C, Py_ssize_t base, Py_ssize_t
  * adds and subtracts (one instruction per 16, 8 or 4 lanes by the clone), so every element
  * meets the same operands in the same stage order as the scalar loop: the same bits. */
 typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
 
 #define BFLY(a, b) { v16f x_ = v[a], z_ = v[b]; v[a] = x_ + z_; v[b] = x_ - z_; }
 
@@ -1097,8 +1098,6 @@ static PyObject *py_swiglu(PyObject *self, PyObject *args) {
  * the largest value when no element is NaN - NaN when one is - and any zero maximum's sign
  * left to the caller's scalar loop, which alone fixes it (the first zero wins there).
  * Otherwise the maximum is order-free, so the same value. */
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
 
 static inline float chunk_max(const float *x, Py_ssize_t n) {
     v16f mx = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY,
@@ -1226,6 +1225,105 @@ CLONES static void rotq_finish(float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t
     }
 }
 
+/* The same tile for B = 256 in two register passes over whole 16-column vectors: pass 1
+ * fills 16 rows of a vector from the source (rotq_fill's conversions, the same operation
+ * per element) and runs the stages h = 1..8 (fwht16_vec's); pass 2 runs the stages
+ * h = 16..128 on a residue class of 16 rows, the scale (rotq_finish's multiply) and the
+ * store, then the class's column extremes (rotq_finish's, read back from L1): two sweeps
+ * over the tile instead of four. The extremes meet the rows in another order, which only
+ * the sign of a zero extreme can show (NaN-sticky maxima are otherwise order-free), and
+ * the caller takes max(|cmax|, |cmin|). (Written with scalar compares: GCC lowered vector
+ * comparisons of the vector extension to scalar code here.) Returns the first column the
+ * vectors did not cover (the caller runs rotq_fill, fwht_dim0_loop and rotq_finish on the
+ * rest). */
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+typedef int8_t v16i8 __attribute__((vector_size(16)));
+
+#define BFLY(a, b) { v16f x_ = v[a], z_ = v[b]; v[a] = x_ + z_; v[b] = x_ - z_; }
+static inline __attribute__((always_inline)) void stages16(v16f *v) {
+    BFLY(0, 1) BFLY(2, 3) BFLY(4, 5) BFLY(6, 7) BFLY(8, 9) BFLY(10, 11) BFLY(12, 13) BFLY(14, 15)
+    BFLY(0, 2) BFLY(1, 3) BFLY(4, 6) BFLY(5, 7) BFLY(8, 10) BFLY(9, 11) BFLY(12, 14) BFLY(13, 15)
+    BFLY(0, 4) BFLY(1, 5) BFLY(2, 6) BFLY(3, 7) BFLY(8, 12) BFLY(9, 13) BFLY(10, 14) BFLY(11, 15)
+    BFLY(0, 8) BFLY(1, 9) BFLY(2, 10) BFLY(3, 11) BFLY(4, 12) BFLY(5, 13) BFLY(6, 14) BFLY(7, 15)
+}
+#undef BFLY
+
+static inline __attribute__((always_inline)) void rotq_load(int kind, const void *src,
+                                                            const float *rs, Py_ssize_t P,
+                                                            const float *y, Py_ssize_t C,
+                                                            Py_ssize_t i, Py_ssize_t c,
+                                                            v16f *out) {
+    v16f f;
+    if (kind == 1) {
+        memcpy(&f, y + i * C + c, sizeof f);
+    } else if (i >= P) {
+        f = (v16f){0};
+    } else if (kind == 0) {
+        v16u16 h;
+        memcpy(&h, (const uint16_t *)src + i * C + c, sizeof h);
+        f = (v16f)(__builtin_convertvector(h, v16i) << 16);          /* widen_bf16 */
+    } else {
+        v16i8 b;
+        memcpy(&b, (const int8_t *)src + i * C + c, sizeof b);
+        f = __builtin_convertvector(__builtin_convertvector(b, v16i), v16f);  /* exact */
+        if (kind == 3) f = f * rs[i];                                  /* one rounding */
+    }
+    *out = f;
+}
+
+#define ROTQ_TILE(NAME, KIND)                                                             \
+    CLONES static Py_ssize_t NAME(const void *src, const float *rs, Py_ssize_t P, float *y,  \
+                                  Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t c0, \
+                                  Py_ssize_t c1, float scale, float *cmax, float *cmin) {    \
+        Py_ssize_t cv = c0 + (c1 - c0) / 16 * 16;                                          \
+        for (Py_ssize_t base = r0; base < r1; base += 256) {                               \
+            for (Py_ssize_t q = 0; q < 256; q += 16)                                       \
+                for (Py_ssize_t c = c0; c < cv; c += 16) {                                 \
+                    v16f v[16];                                                            \
+                    for (int t = 0; t < 16; t++)                                           \
+                        rotq_load(KIND, src, rs, P, y, C, base + q + t, c, &v[t]);         \
+                    stages16(v);                                                           \
+                    for (int t = 0; t < 16; t++)                                           \
+                        memcpy(y + (base + q + t) * C + c, &v[t], 64);                     \
+                }                                                                          \
+            for (Py_ssize_t j = 0; j < 16; j++)                                            \
+                for (Py_ssize_t c = c0; c < cv; c += 16) {                                 \
+                    v16f v[16];                                                            \
+                    for (int t = 0; t < 16; t++)                                           \
+                        memcpy(&v[t], y + (base + j + 16 * t) * C + c, 64);                \
+                    stages16(v);                                                           \
+                    for (int t = 0; t < 16; t++) {                                         \
+                        v[t] = v[t] * scale;                                               \
+                        memcpy(y + (base + j + 16 * t) * C + c, &v[t], 64);                \
+                    }                                                                      \
+                    for (int t = 0; t < 16; t++) {     /* rotq_finish's extremes, from L1 */ \
+                        const float *yr = y + (base + j + 16 * t) * C + c;                 \
+                        for (int l = 0; l < 16; l++) {                                     \
+                            cmax[c + l] = nan_max(cmax[c + l], yr[l]);                     \
+                            cmin[c + l] = nan_min(cmin[c + l], yr[l]);                     \
+                        }                                                                  \
+                    }                                                                      \
+                }                                                                          \
+        }                                                                                  \
+        return cv;                                                                         \
+    }
+ROTQ_TILE(rotq_tile_k0, 0)
+ROTQ_TILE(rotq_tile_k1, 1)
+ROTQ_TILE(rotq_tile_k2, 2)
+ROTQ_TILE(rotq_tile_k3, 3)
+
+static Py_ssize_t rotq_tile256(int kind, const void *src, const float *rs, Py_ssize_t P,
+                               float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1,
+                               Py_ssize_t c0, Py_ssize_t c1, float scale, float *cmax,
+                               float *cmin) {
+    switch (kind) {
+    case 0: return rotq_tile_k0(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
+    case 1: return rotq_tile_k1(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
+    case 2: return rotq_tile_k2(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
+    default: return rotq_tile_k3(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
+    }
+}
+
 static PyObject *py_rotq(PyObject *self, PyObject *args) {
     (void)self;
     int pieces = 1;
@@ -1249,9 +1347,16 @@ static PyObject *py_rotq(PyObject *self, PyObject *args) {
             Py_ssize_t j1 = j0 + tc < p_hi ? j0 + tc : p_hi;
             for (Py_ssize_t i0 = 0; i0 < R; i0 += tr) {
                 Py_ssize_t i1 = i0 + tr < R ? i0 + tr : R;
-                rotq_fill(kind, src.buf, kind == 3 ? rs.buf : NULL, P, y.buf, C, i0, i1, j0, j1);
-                fwht_dim0_loop(y.buf, C, i0, i1, B, j0, j1);
-                rotq_finish(y.buf, C, i0, i1, j0, j1, scale, cmax.buf, cmin.buf);
+                Py_ssize_t jt = j0;         /* the columns left to the scalar loops */
+                if (B == 256)
+                    jt = rotq_tile256(kind, src.buf, kind == 3 ? rs.buf : NULL, P, y.buf, C,
+                                      i0, i1, j0, j1, scale, cmax.buf, cmin.buf);
+                if (jt < j1) {
+                    rotq_fill(kind, src.buf, kind == 3 ? rs.buf : NULL, P, y.buf, C, i0, i1,
+                              jt, j1);
+                    fwht_dim0_loop(y.buf, C, i0, i1, B, jt, j1);
+                    rotq_finish(y.buf, C, i0, i1, jt, j1, scale, cmax.buf, cmin.buf);
+                }
             }
         }
         });
