@@ -43,6 +43,26 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_id() -> str:
+    """The CPU's family, model and stepping from /proc/cpuinfo: two VMs that both call
+    themselves "AMD EPYC" can be different generations (family 25 model 17 is Zen 4,
+    family 26 Zen 5), and their ratios differ."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("cpu family", "model", "stepping") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:
+                    break
+    except OSError:
+        return "unknown"
+    return ", ".join(f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping")
+                     if k in fields) or "unknown"
+
+
 def simd_flags() -> str:
     """The SIMD subset of /proc/cpuinfo's flags (avx*, fma, sse4*, f16c, *vnni, amx*), and
     whether AVX-512 is there: what a reader compares machines by."""
@@ -115,8 +135,9 @@ def report_head(script: str) -> list[str]:
     torch = sys.modules.get("torch")
     lib = f", torch {torch.__version__}" if torch else ""
     return [f"\n## {now:%Y-%m-%d %H:%M} UTC - `{' '.join([script] + sys.argv[1:])}`",
-            f"machine: {cpu_model()}, {cores()} usable cores{lib}; load average before "
-            f"{tuple(round(x, 2) for x in os.getloadavg())}"]
+            f"machine: {cpu_model()} ({cpu_id()}), {cores()} usable cores{lib}; load "
+            f"average before {tuple(round(x, 2) for x in os.getloadavg())}",
+            f"SIMD: {simd_flags()}"]
 
 
 def report_end(lines: list[str], out: str | None) -> None:
