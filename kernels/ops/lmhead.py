@@ -50,7 +50,7 @@ from kernels.int8.gemm import (SGEMM_K, bf16_operand, int_gemm_route, int_mm_unc
                                record_failure)
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from kernels.core.workspace import release, scratch
-from kernels.ops.slices import LevelSlices
+from kernels.ops.slices import LevelSlices, level_copy
 
 if HAVE_TRITON:
     import triton
@@ -263,14 +263,14 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
         _, pairs, k0, k1 = products[n]
         if ready and len(chunks) == 1:          # a view of the level-ready store: no copy
             return sb.level(len(pairs), cs)
-        return _level_operand(sb, [j for _, j in pairs], cs, k0, k1,
-                              "lmhead.op_b" if once else f"lmhead.op_b{n}")
+        return level_copy(sb, [j for _, j in pairs], cs, k0, k1,
+                          "lmhead.op_b" if once else f"lmhead.op_b{n}")
 
     def a_operand(n: int, rs: slice) -> torch.Tensor:
         _, pairs, k0, k1 = products[n]
         if ready and len(chunks) == 1:
             return sa.level(len(pairs), rs)
-        return _level_operand(sa, [i for i, _ in pairs], rs, k0, k1, "lmhead.op_a")
+        return level_copy(sa, [i for i, _ in pairs], rs, k0, k1, "lmhead.op_a")
 
     for c0 in range(0, c, col_block):
         cs = slice(c0, c0 + col_block)
@@ -309,21 +309,6 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
         return True
     record_failure(f"checksum failed on the LM head's slice products ({r}x{k}x{c})")
     return False
-
-
-def _level_operand(s: torch.Tensor, which: list[int], rows: slice, k0: int, k1: int,
-                   name: str) -> torch.Tensor:
-    """The slices ``s[i - 1][rows, k0:k1]`` (i in ``which``) side by side along K, (n, K_level)
-    - contiguous, or for transposed slices (``slice_rows_cpu`` of a transposed view) the
-    transposed view of a contiguous (K_level, n): either way a copy of contiguous rows, and
-    the int8 GEMM takes both layouts. Written into the scratch buffer ``name`` (a fresh
-    operand of up to 100 MB cost 5x the copy in page faults)."""
-    parts = [s[i - 1][rows, k0:k1] for i in which]
-    n, width = parts[0].shape[0], sum(p.shape[1] for p in parts)
-    if s[0].stride(-1) == 1:
-        return torch.cat(parts, 1, out=scratch(name, (n, width), torch.int8))
-    return torch.cat([p.t() for p in parts], 0,
-                     out=scratch(name, (width, n), torch.int8)).t()
 
 
 def _ozaki3_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor,

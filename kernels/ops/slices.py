@@ -17,9 +17,11 @@ the levels want them:
   the last L - 1 positions, again one view.
 
 The same int8 values as ``slice_rows_cpu`` (only where they are written changes), so the
-same products and bits. The exactness guard's sums run over the whole store at once: the
-column sums of every slice in one pass, and ``sum_i slice_i @ v_i`` as one matrix-vector
-product of the store with the v_i side by side.
+same products and bits. A contraction cut into several chunks (K > ``lmhead.K_CHUNK``)
+still copies each chunk's level operand (``level_copy``), from these slices or from the
+planes. The exactness guard's sums run over the whole store at once: the column sums of
+every slice in one pass, and ``sum_i slice_i @ v_i`` as one matrix-vector product of the
+store with the v_i side by side.
 """
 from __future__ import annotations
 
@@ -88,3 +90,18 @@ class LevelSlices:
         s, k = n, self.planes[0].shape[1]
         flat = self.store.view(s * k, -1).t() if self.by_cols else self.store.view(-1, s * k)
         return _mv(flat, v)
+
+
+def level_copy(s, which: list[int], rows: slice, k0: int, k1: int, name: str) -> torch.Tensor:
+    """The slices ``s[i - 1][rows, k0:k1]`` (i in ``which``; ``s`` the planes of
+    ``slice_rows_cpu`` or a ``LevelSlices``) side by side along K, (n, K_level) - contiguous,
+    or for transposed slices (of a transposed view) the transposed view of a contiguous
+    (K_level, n): either way a copy of contiguous rows, and the int8 GEMM takes both
+    layouts. Written into the scratch buffer ``name`` (a fresh operand of up to 100 MB cost
+    5x the copy in page faults)."""
+    parts = [s[i - 1][rows, k0:k1] for i in which]
+    n, width = parts[0].shape[0], sum(p.shape[1] for p in parts)
+    if s[0].stride(-1) == 1:
+        return torch.cat(parts, 1, out=scratch(name, (n, width), torch.int8))
+    return torch.cat([p.t() for p in parts], 0,
+                     out=scratch(name, (width, n), torch.int8)).t()
