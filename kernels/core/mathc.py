@@ -383,6 +383,26 @@ def rms_bwd(dy: torch.Tensor, x: torch.Tensor, gain: torch.Tensor | None, rstd: 
     return dx
 
 
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float
+         ) -> torch.Tensor | None:
+    """``kernels.ops.rope._rotate_cpu`` for bf16 x (..., T, H, D) with the float32 tables
+    (T, D/2) by the compiled rows - the same float32 operations in the same order - or None
+    when the loop is unavailable or a dtype or sign does not fit."""
+    if (not has("rope") or x.device.type != "cpu" or x.dtype != torch.bfloat16
+            or cos.dtype != torch.float32 or sin.dtype != torch.float32
+            or sign not in (1.0, -1.0)):
+        return None
+    t, h, d = x.shape[-3:]
+    xc = x.contiguous()
+    r = xc.numel() // max(d, 1)
+    out = torch.empty_like(xc)
+    args = (flat(xc.view(torch.int16)), flat(cos.contiguous()), flat(sin.contiguous()),
+            float(sign), flat(out.view(torch.int16)), r, t, h, d // 2)
+    parallel(lambda lo, hi, p: _mathc.rope(*args, lo, hi, p), r,
+             grain=max(1, PARALLEL_MIN // 4 // max(d, 1)))
+    return out
+
+
 def swiglu(h: torch.Tensor, dy: torch.Tensor | None = None) -> torch.Tensor | None:
     """``kernels.ops.swiglu``'s CPU forward (dy None: y (..., F)) or backward (dh (..., 2F))
     for bf16 h (..., 2F) and dy (..., F) by the compiled rows - the same float32 operations

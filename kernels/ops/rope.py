@@ -21,9 +21,11 @@ a - (-b) = a + b are exact). Subnormals IEEE; NaN/inf propagate through the prod
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from kernels.core import mathfn
+from kernels.core import mathc, mathfn
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
 from kernels.core.reduce import f32, next_pow2
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
@@ -63,9 +65,20 @@ def tables(t: int, d: int, theta: float = THETA) -> tuple[torch.Tensor, torch.Te
     return mathfn.sincos(angle)[::-1]
 
 
+@functools.lru_cache(maxsize=8)
+def _tables_cached(t: int, d: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tables`` kept per (T, D, theta) for the CPU rotation, which only reads them: a step
+    rotates q and k in every layer, forward and backward, with the same tables (their
+    software sincos cost ~5 ms of a demo step)."""
+    return tables(t, d, theta)
+
+
 def _rotate_cpu(x: torch.Tensor, theta: float, sign: float) -> torch.Tensor:
     t, h, d = _check(x)
-    cos, sin = tables(t, d, theta)
+    cos, sin = _tables_cached(t, d, float(theta))
+    fast = mathc.rope(x, cos, sin, sign) if x.numel() else None
+    if fast is not None:           # the compiled rows: the same operations in the same order
+        return fast
     cos, sin = cos[:, None, :], sin[:, None, :] * sign  # (T, 1, D/2) broadcast over heads
     step = max(1, mathfn.CPU_CHUNK // (h * d))  # token blocks: temporaries stay in cache
     out = torch.empty_like(x)

@@ -92,3 +92,29 @@ def test_token_blocking_is_bit_identical():
     x1, x2 = xf[..., :64], xf[..., 64:]
     want = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1).to(torch.bfloat16)
     assert torch.equal(rope.rope_fwd(x).view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.parametrize("shape", [(2, 37, 3, 128), (5, 1, 6), (3, 2, 7, 4, 10)])
+def test_compiled_rotation_equals_the_torch_code(shape, monkeypatch):
+    """kernels.core.mathc.rope (the C rows) against _rotate_cpu's torch operations
+    (OPEN1B_MATHC=0), forward and backward sign, bf16 inputs over the whole range: normal,
+    subnormal, zero of both signs, huge (products overflow to inf), inf and NaN (the NaN
+    positions must agree; their payload is outside the contract)."""
+    from kernels.core import mathc
+    if not mathc.has("rope"):
+        pytest.skip("the compiled loops are not built")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(*shape, generator=g) * torch.exp(torch.randn(*shape, generator=g) * 6)
+    flat = x.reshape(-1)
+    flat[:6] = torch.tensor([1e-39, -0.0, 0.0, 3e38, float("inf"), float("nan")])
+    x = x.to(torch.bfloat16)
+    for fn in (rope.rope_fwd, rope.rope_bwd):
+        with force("cpu"):
+            got = fn(x)
+        monkeypatch.setenv("OPEN1B_MATHC", "0")
+        with force("cpu"):
+            want = fn(x)
+        monkeypatch.delenv("OPEN1B_MATHC")
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan)
+        assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
