@@ -267,17 +267,21 @@ typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 
 #define BFLY(a, b) { v16f x_ = v[a], z_ = v[b]; v[a] = x_ + z_; v[b] = x_ - z_; }
-
-static inline __attribute__((always_inline)) void fwht16_vec(float *p, Py_ssize_t s) {
-    v16f v[16];
-    for (int i = 0; i < 16; i++) memcpy(&v[i], p + i * s, sizeof(v16f));
+/* The butterfly stages h = 1, 2, 4, 8 of 16 rows held in registers (fwht_rows' order). */
+static inline __attribute__((always_inline)) void stages16(v16f *v) {
     BFLY(0, 1) BFLY(2, 3) BFLY(4, 5) BFLY(6, 7) BFLY(8, 9) BFLY(10, 11) BFLY(12, 13) BFLY(14, 15)
     BFLY(0, 2) BFLY(1, 3) BFLY(4, 6) BFLY(5, 7) BFLY(8, 10) BFLY(9, 11) BFLY(12, 14) BFLY(13, 15)
     BFLY(0, 4) BFLY(1, 5) BFLY(2, 6) BFLY(3, 7) BFLY(8, 12) BFLY(9, 13) BFLY(10, 14) BFLY(11, 15)
     BFLY(0, 8) BFLY(1, 9) BFLY(2, 10) BFLY(3, 11) BFLY(4, 12) BFLY(5, 13) BFLY(6, 14) BFLY(7, 15)
-    for (int i = 0; i < 16; i++) memcpy(p + i * s, &v[i], sizeof(v16f));
 }
 #undef BFLY
+
+static inline __attribute__((always_inline)) void fwht16_vec(float *p, Py_ssize_t s) {
+    v16f v[16];
+    for (int i = 0; i < 16; i++) memcpy(&v[i], p + i * s, sizeof(v16f));
+    stages16(v);
+    for (int i = 0; i < 16; i++) memcpy(p + i * s, &v[i], sizeof(v16f));
+}
 
 /* fwht_rows for n = 16 rows (stride `stride` rows): whole 16-column vectors in registers,
  * the columns left over by the scalar loop. */
@@ -1285,14 +1289,6 @@ CLONES static void rotq_finish(float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t
 typedef uint16_t v16u16 __attribute__((vector_size(32)));
 typedef int8_t v16i8 __attribute__((vector_size(16)));
 
-#define BFLY(a, b) { v16f x_ = v[a], z_ = v[b]; v[a] = x_ + z_; v[b] = x_ - z_; }
-static inline __attribute__((always_inline)) void stages16(v16f *v) {
-    BFLY(0, 1) BFLY(2, 3) BFLY(4, 5) BFLY(6, 7) BFLY(8, 9) BFLY(10, 11) BFLY(12, 13) BFLY(14, 15)
-    BFLY(0, 2) BFLY(1, 3) BFLY(4, 6) BFLY(5, 7) BFLY(8, 10) BFLY(9, 11) BFLY(12, 14) BFLY(13, 15)
-    BFLY(0, 4) BFLY(1, 5) BFLY(2, 6) BFLY(3, 7) BFLY(8, 12) BFLY(9, 13) BFLY(10, 14) BFLY(11, 15)
-    BFLY(0, 8) BFLY(1, 9) BFLY(2, 10) BFLY(3, 11) BFLY(4, 12) BFLY(5, 13) BFLY(6, 14) BFLY(7, 15)
-}
-#undef BFLY
 
 static inline __attribute__((always_inline)) void rotq_load(int kind, const void *src,
                                                             const float *rs, Py_ssize_t P,

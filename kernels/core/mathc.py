@@ -52,66 +52,6 @@ def flat(x: torch.Tensor):
     return x.reshape(-1).numpy()
 
 
-def slice_rows(x: torch.Tensor, slices: int, out: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``kernels.ops.lmhead.slice_rows_cpu`` by the compiled loop (integer operations only, so
-    the same result), or None when the loop is unavailable.
-
-    A transposed view of a row-major matrix (a weight seen as ``w.t()``) is sliced in its
-    storage's layout, one exponent per storage column, and the slices come back as the
-    matching transposed views - no transposed copy of the operand or of its slices. ``out``:
-    a contiguous int8 buffer of ``slices * x.numel()`` elements to write the slices into
-    (reused memory: no page faults), else a new tensor."""
-    if not has("slice_planes") or x.device.type != "cpu" or x.dtype not in (torch.float32,
-                                                                           torch.bfloat16):
-        return None
-    by_cols = x.dim() == 2 and not x.is_contiguous() and x.t().is_contiguous()
-    src = x.t() if by_cols else x.contiguous()
-    r, k = src.shape
-    bits = src.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
-    if out is None:
-        out = torch.empty((slices, r, k), dtype=torch.int8)
-    elif out.dtype != torch.int8 or not out.is_contiguous() or out.numel() != slices * r * k:
-        raise ValueError(f"slice_rows: out must be contiguous int8 with {slices * r * k} "
-                         f"elements, got {out.dtype} {tuple(out.shape)}")
-    out = out.view(slices, r, k)
-    n = k if by_cols else r
-    exps = torch.empty((n,), dtype=torch.int32)
-    a, o, e = bits.reshape(-1).numpy(), out.reshape(-1).numpy(), exps.numpy()
-    parallel(lambda lo, hi, p: _mathc.slice_planes(a, x.dtype == torch.bfloat16, r, k, slices,
-                                                   by_cols, o, e, lo, hi, p),
-             n, grain=64 if by_cols else 1)
-    return (out.transpose(1, 2) if by_cols else out), exps
-
-
-def slice_store(x: torch.Tensor, slices: int, out: torch.Tensor, descending: bool
-                ) -> tuple[torch.Tensor, torch.Tensor, bool] | None:
-    """``slice_rows``'s slices stored so that the slices of a level sit side by side along
-    the contraction (``kernels.ops.lmhead.LevelSlices``): a row-major ``x`` (R, K) into
-    (R, S, K) - each row's slices interleaved - and a transposed view into the planes
-    (S, K, R) of its storage; ``descending``: slice S first. Returns (that storage view of
-    ``out``, the exponents, whether ``x`` was sliced by storage columns), or None when the
-    loop is unavailable (or built before it took a layout)."""
-    if (not has("SLICE_LAYOUTS") or x.device.type != "cpu"
-            or x.dtype not in (torch.float32, torch.bfloat16)):
-        return None
-    by_cols = x.dim() == 2 and not x.is_contiguous() and x.t().is_contiguous()
-    src = x.t() if by_cols else x.contiguous()
-    r, k = src.shape
-    if out.dtype != torch.int8 or not out.is_contiguous() or out.numel() != slices * r * k:
-        raise ValueError(f"slice_store: out must be contiguous int8 with {slices * r * k} "
-                         f"elements, got {out.dtype} {tuple(out.shape)}")
-    bits = src.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
-    n = k if by_cols else r
-    exps = torch.empty((n,), dtype=torch.int32)
-    layout = (0 if by_cols else 1) | (2 if descending else 0)
-    a, o, e = bits.reshape(-1).numpy(), out.reshape(-1).numpy(), exps.numpy()
-    parallel(lambda lo, hi, p: _mathc.slice_planes(a, x.dtype == torch.bfloat16, r, k, slices,
-                                                   by_cols, o, e, lo, hi, p, layout),
-             n, grain=64 if by_cols else 1)
-    return (out.view(slices, r, k) if by_cols else out.view(r, slices, k)), exps, by_cols
-
-
 def philox_words(seed: int, stream: int, offset: int, n: int) -> torch.Tensor | None:
     """``kernels.ops.philox.random_words_cpu`` by the compiled loop (integer arithmetic
     only: the same words), or None when the loop is unavailable."""

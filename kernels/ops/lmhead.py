@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.core import mathc
+from kernels.core import mathc, slicer
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from kernels.int8.checksum import _mv, _sum_dtype, col_sums
 from kernels.int8.gemm import (SGEMM_K, bf16_operand, int_gemm_route, int_mm_unchecked,
@@ -100,7 +100,7 @@ def slice_rows_cpu(x: torch.Tensor, slices: int = SLICES, out_name: str | None =
     a weight's 0.8 GB of slices cost more in page faults than in slicing) - for a caller
     that drops them before it returns (``ozaki_mm_cpu``)."""
     out = scratch(out_name, (slices * x.numel(),), torch.int8) if out_name else None
-    fast = mathc.slice_rows(x, slices, out)
+    fast = slicer.slice_rows(x, slices, out)
     if fast is not None:
         return fast
     r, k = x.shape

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.core import mathc
+from kernels.core import slicer
 from kernels.core.workspace import scratch
 from kernels.int8.checksum import _mv, col_sums
 
@@ -47,7 +47,7 @@ class LevelSlices:
     def make(cls, x: torch.Tensor, slices: int, name: str, descending: bool
              ) -> LevelSlices | None:
         out = scratch(name, (slices * x.numel(),), torch.int8)
-        got = mathc.slice_store(x, slices, out, descending)
+        got = slicer.slice_store(x, slices, out, descending)
         return None if got is None else cls(got[0], got[1], got[2], descending)
 
     @property

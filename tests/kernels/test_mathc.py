@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.core import mathc, mathfn
+from kernels.core import mathc, mathfn, slicer
 
 pytest.importorskip("kernels.core._mathc", reason="the optional extension was not compiled")
 
@@ -55,14 +55,14 @@ def test_compiled_slicer_equals_the_torch_slicer(dtype, slices, monkeypatch):
     x[3, 4], x[5, :] = float("inf"), 0.0                 # a non-finite row, a zero row
     x[7, 9] = 1e-40                                      # a subnormal
     x = x.to(dtype)
-    got = mathc.slice_rows(x, slices)
+    got = slicer.slice_rows(x, slices)
     monkeypatch.setenv("OPEN1B_MATHC", "0")
     want = lmhead.slice_rows_cpu(x, slices)
     assert got is not None and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     monkeypatch.setenv("OPEN1B_MATHC", "1")
-    t = mathc.slice_rows(x.t(), slices)                  # a transposed view: same as its copy
-    assert torch.equal(t[0], mathc.slice_rows(x.t().contiguous(), slices)[0])
-    assert torch.equal(t[1], mathc.slice_rows(x.t().contiguous(), slices)[1])
+    t = slicer.slice_rows(x.t(), slices)                  # a transposed view: same as its copy
+    assert torch.equal(t[0], slicer.slice_rows(x.t().contiguous(), slices)[0])
+    assert torch.equal(t[1], slicer.slice_rows(x.t().contiguous(), slices)[1])
     assert t[0].stride(-1) != 1                           # sliced in the storage's layout
     monkeypatch.setenv("OPEN1B_MATHC", "0")
     want_t = lmhead.slice_rows_cpu(x.t(), slices)         # the torch slicer of the view
@@ -72,11 +72,11 @@ def test_compiled_slicer_equals_the_torch_slicer(dtype, slices, monkeypatch):
 def test_compiled_slicer_writes_into_a_given_buffer():
     x = torch.randn(40, 70).to(torch.bfloat16)
     buf = torch.full((3 * 40 * 70,), 99, dtype=torch.int8)
-    got = mathc.slice_rows(x.t(), 3, buf)
+    got = slicer.slice_rows(x.t(), 3, buf)
     assert got is not None and got[0].data_ptr() == buf.data_ptr()
-    assert torch.equal(got[0], mathc.slice_rows(x.t(), 3)[0])
+    assert torch.equal(got[0], slicer.slice_rows(x.t(), 3)[0])
     with pytest.raises(ValueError, match="out must be contiguous int8 with 8400 elements"):
-        mathc.slice_rows(x, 3, torch.empty(100, dtype=torch.int8))
+        slicer.slice_rows(x, 3, torch.empty(100, dtype=torch.int8))
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
@@ -420,6 +420,29 @@ def test_compiled_integer_sums_alone_and_over_long_columns():
     assert mathc.int_sums(x, want_rows=False, want_cols=False) is None
 
 
+def _check_mv_extremes(seed: int, lo: int, hi: int, first: int, second: int,
+                       every_other: int | None = None) -> None:
+    """mv_int8 against exact int64 sums, row-major and transposed, for lengths with a partial
+    last block of 128: rows of -128 and of 127, v drawn from [lo, hi) with v[0] = first,
+    v[1] = second and (when given) every other entry from v[2] = every_other."""
+    g = torch.Generator().manual_seed(seed)
+    for k in (1, 127, 128, 129, 1000):
+        a = torch.randint(-128, 128, (301, k), generator=g, dtype=torch.int64)
+        a[0] = -128
+        a[1] = 127
+        a = a.to(torch.int8)
+        v = torch.randint(lo, hi, (k,), generator=g, dtype=torch.int64)
+        v[0] = first
+        if k > 1:
+            v[1] = second
+        if every_other is not None:
+            v[2::2] = every_other
+        want = (a.to(torch.int64) * v).sum(1)
+        assert torch.equal(mathc.mv_int8(a, v), want), k
+        at = a.t().contiguous().t()
+        assert torch.equal(mathc.mv_int8(at, v), want), k
+
+
 @pytest.mark.parametrize("bound", [2**15 - 1, 2**15])
 def test_compiled_int8_matrix_vector_product_in_int16_is_exact(bound):
     """The guard's products when every |v| < 2^15 (one int16 product per element, int32
@@ -427,21 +450,8 @@ def test_compiled_int8_matrix_vector_product_in_int16_is_exact(bound):
     row of -128 against a v of 2^15 - 1 (the largest block sum) - row-major and
     transposed, lengths with a partial last block; at |v| = 2^15 the int32 halves run,
     with the same values."""
-    g = torch.Generator().manual_seed(15)
-    for k in (1, 127, 128, 129, 1000):
-        a = torch.randint(-128, 128, (301, k), generator=g, dtype=torch.int64)
-        a[0] = -128
-        a[1] = 127
-        a = a.to(torch.int8)
-        v = torch.randint(-bound + 1, bound, (k,), generator=g, dtype=torch.int64)
-        v[0] = bound - 1 if bound == 2**15 - 1 else bound
-        if k > 1:
-            v[1] = -bound + 1
-        v[2::2] = bound - 1
-        want = (a.to(torch.int64) * v).sum(1)
-        assert torch.equal(mathc.mv_int8(a, v), want), k
-        at = a.t().contiguous().t()
-        assert torch.equal(mathc.mv_int8(at, v), want), k
+    _check_mv_extremes(15, -bound + 1, bound, bound - 1 if bound == 2**15 - 1 else bound,
+                       -bound + 1, bound - 1)
     top = torch.full((4, 1000), -128, dtype=torch.int8)
     v = torch.full((1000,), 2**15 - 1, dtype=torch.int64)
     assert torch.equal(mathc.mv_int8(top, v), torch.full((4,), -128 * (2**15 - 1) * 1000))
@@ -451,17 +461,4 @@ def test_compiled_int8_matrix_vector_product_in_int32_blocks_is_exact():
     """The guard's products when every |v| < 2^31 (int32 halves summed in blocks of 128):
     exact int64 values at the extremes - a = -128 against v = +-(2^31 - 1) and -2^31 + 1,
     lengths with a partial last block - row-major and transposed, split into pieces."""
-    g = torch.Generator().manual_seed(14)
-    for k in (1, 127, 128, 129, 1000):
-        a = torch.randint(-128, 128, (301, k), generator=g, dtype=torch.int64)
-        a[0] = -128
-        a[1] = 127
-        a = a.to(torch.int8)
-        v = torch.randint(-2**31 + 1, 2**31, (k,), generator=g, dtype=torch.int64)
-        v[0] = 2**31 - 1
-        if k > 1:
-            v[1] = -2**31 + 1
-        want = (a.to(torch.int64) * v).sum(1)
-        assert torch.equal(mathc.mv_int8(a, v), want), k
-        at = a.t().contiguous().t()
-        assert torch.equal(mathc.mv_int8(at, v), want), k
+    _check_mv_extremes(14, -2**31 + 1, 2**31, 2**31 - 1, -2**31 + 1)
