@@ -45,7 +45,7 @@ import torch
 
 from kernels.core import mathc, slicer
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
-from kernels.int8.checksum import _mv, _sum_dtype, col_sums
+from kernels.int8.checksum import _sum_dtype
 from kernels.int8.gemm import (SGEMM_K, bf16_operand, int_gemm_route, int_mm_unchecked,
                                record_failure)
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
@@ -141,6 +141,14 @@ def combine_cpu(t: torch.Tensor, ea: torch.Tensor, eb: torch.Tensor,
     return torch.where(bad, torch.full_like(y, float("nan")), y)
 
 
+def _level_slices(x: torch.Tensor, slices: int, name: str, descending: bool) -> LevelSlices:
+    """``x``'s slices in the level-ready layout: by the compiled slicer, or (without it) the
+    torch slicer's planes arranged so - the same values either way."""
+    got = LevelSlices.make(x, slices, name, descending)
+    return got if got is not None else LevelSlices.from_planes(*slice_rows_cpu(x, slices),
+                                                               name, descending)
+
+
 def _levels(slices: int) -> list[tuple[int, list[tuple[int, int]]]]:
     """(level L, its slice pairs (i, j) with i + j = L) for L = 2 .. S + 1."""
     return [(lvl, [(i, lvl - i) for i in range(1, lvl) if i <= slices and lvl - i <= slices])
@@ -161,14 +169,13 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     COL_BLOCK keep the float64 accumulators in cache. For S = 3 (``CPU_S3_TWO_GEMMS``) the
     six products become two GEMMs with the same T: see ``_ozaki3_blocks``."""
     _check(a, b, slices)
-    # the integer route takes the slices in the level-ready layout (``kernels.ops.slices``);
-    # the float routes (and a build without the compiled slicer) the planes
-    level_ready = (a.device.type == "cpu" and int_gemm_route() == "int" and a.numel()
-                   and b.numel())
-    la = LevelSlices.make(a, slices, "lmhead.slices_a", False) if level_ready else None
-    lb = LevelSlices.make(b, slices, "lmhead.slices_b", True) if la is not None else None
-    if la is not None and lb is not None:
-        (sa, ea), (sb, eb) = (la, la.exps), (lb, lb.exps)
+    # the integer route takes the slices in the level-ready layout (``kernels.ops.slices``),
+    # the float routes the planes
+    int_route = a.device.type == "cpu" and int_gemm_route() == "int"
+    if int_route and a.numel() and b.numel():
+        sa, sb = (_level_slices(a, slices, "lmhead.slices_a", False),
+                  _level_slices(b, slices, "lmhead.slices_b", True))
+        ea, eb = sa.exps, sb.exps
     else:
         sa, ea = slice_rows_cpu(a, slices, "lmhead.slices_a")
         sb, eb = slice_rows_cpu(b, slices, "lmhead.slices_b")
@@ -184,8 +191,7 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     bias = exp_bias(slices)
     rowf = _pow2_f64(ea)                                 # 2^Ea, exact
     colf = _pow2_f64(eb - bias)                          # 2^(Eb - bias), exact
-    if (out.device.type == "cpu" and int_gemm_route() == "int"
-            and _ozaki_int_blocks(sa, sb, rowf, colf, out, slices)):
+    if int_route and _ozaki_int_blocks(sa, sb, rowf, colf, out, slices):
         bad_r, bad_c = ea == 255, eb == 255
         if bool(bad_r.any()) or bool(bad_c.any()):
             out[bad_r[:, None] | bad_c[None, :]] = float("nan")
@@ -219,7 +225,7 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     return out
 
 
-def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
+def _ozaki_int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor,
                       colf: torch.Tensor, out: torch.Tensor, slices: int) -> bool:
     """T of step 2 by the library's int8 GEMM (``kernels.int8.gemm``'s "int" route, picked
     on CPUs with an int8 dot-product instruction, where it runs 6-9x a float32 GEMM): per
@@ -242,11 +248,8 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
     dt = _sum_dtype(3 * 3 * k, r, c)          # three levels' sums of up to 3 pairs each
     # column sums of each slice (K,): exact int64 sums (one compiled pass, or torch's
     # reduction), held exactly in dt
-    ready = isinstance(sa, LevelSlices) and isinstance(sb, LevelSlices)
-    col_a = [x.to(dt) for x in sa.col_sums()] if ready else [col_sums(sa[i]).to(dt)
-                                                              for i in range(slices)]
-    col_b = [x.to(dt) for x in sb.col_sums()] if ready else [col_sums(sb[j]).to(dt)
-                                                              for j in range(slices)]
+    col_a = [x.to(dt) for x in sa.col_sums()]
+    col_b = [x.to(dt) for x in sb.col_sums()]
     compiled = mathc.has("levels_round")
     rows_got = torch.zeros(r, dtype=torch.int64)
     cols_got = torch.zeros(c, dtype=torch.int64)
@@ -261,14 +264,14 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
 
     def b_operand(n: int, cs: slice) -> torch.Tensor:
         _, pairs, k0, k1 = products[n]
-        if ready and len(chunks) == 1:          # a view of the level-ready store: no copy
+        if len(chunks) == 1:                    # a view of the level-ready store: no copy
             return sb.level(len(pairs), cs)
         return level_copy(sb, [j for _, j in pairs], cs, k0, k1,
                           "lmhead.op_b" if once else f"lmhead.op_b{n}")
 
     def a_operand(n: int, rs: slice) -> torch.Tensor:
         _, pairs, k0, k1 = products[n]
-        if ready and len(chunks) == 1:
+        if len(chunks) == 1:
             return sa.level(len(pairs), rs)
         return level_copy(sa, [i for i, _ in pairs], rs, k0, k1, "lmhead.op_a")
 
@@ -300,11 +303,7 @@ def _ozaki_int_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor,
     # every pair (i, j) of every level once: slice i of a meets the b slices j <= S + 1 - i
     v_a = [sum(col_b[j - 1] for j in range(1, slices + 2 - i)) for i in range(1, slices + 1)]
     v_b = [sum(col_a[i - 1] for i in range(1, slices + 2 - j)) for j in range(1, slices + 1)]
-    if ready:                                   # one product over each whole store
-        rows_want, cols_want = sa.mv(v_a), sb.mv(v_b)
-    else:
-        rows_want = sum(_mv(sa[i], v) for i, v in enumerate(v_a))
-        cols_want = sum(_mv(sb[j], v) for j, v in enumerate(v_b))
+    rows_want, cols_want = sa.mv(v_a), sb.mv(v_b)      # one product over each whole store
     if torch.equal(rows_got.to(dt), rows_want) and torch.equal(cols_got.to(dt), cols_want):
         return True
     record_failure(f"checksum failed on the LM head's slice products ({r}x{k}x{c})")

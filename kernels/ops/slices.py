@@ -17,11 +17,12 @@ the levels want them:
   the last L - 1 positions, again one view.
 
 The same int8 values as ``slice_rows_cpu`` (only where they are written changes), so the
-same products and bits. A contraction cut into several chunks (K > ``lmhead.K_CHUNK``)
-still copies each chunk's level operand (``level_copy``), from these slices or from the
-planes. The exactness guard's sums run over the whole store at once: the column sums of
-every slice in one pass, and ``sum_i slice_i @ v_i`` as one matrix-vector product of the
-store with the v_i side by side.
+same products and bits; without the compiled slicer, ``from_planes`` arranges the torch
+slicer's planes the same way. A contraction cut into several chunks (K > ``K_CHUNK``)
+still copies each chunk's level operand (``level_copy``). The exactness guard's sums run
+over the whole store at once: the column sums of every slice in one pass, and
+``sum_i slice_i @ v_i`` as one matrix-vector product of the store with the v_i side by
+side.
 """
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ from kernels.int8.checksum import _mv, col_sums
 
 class LevelSlices:
     """The S slices of ``x`` (R, K) in the level-ready layout (module docstring), the
-    exponents in ``exps``; ``planes[i]`` is slice i + 1 as an (R, K) view. None from
-    ``make`` when the compiled slicer is unavailable."""
+    exponents in ``exps``; ``planes[i]`` is slice i + 1 as an (R, K) view. ``make`` slices
+    by the compiled loop (None when it is unavailable); ``from_planes`` arranges the torch
+    slicer's planes (a copy: the fallback)."""
 
     def __init__(self, store: torch.Tensor, exps: torch.Tensor, by_cols: bool,
                  descending: bool) -> None:
@@ -49,6 +51,17 @@ class LevelSlices:
         out = scratch(name, (slices * x.numel(),), torch.int8)
         got = slicer.slice_store(x, slices, out, descending)
         return None if got is None else cls(got[0], got[1], got[2], descending)
+
+    @classmethod
+    def from_planes(cls, planes: torch.Tensor, exps: torch.Tensor, name: str,
+                    descending: bool) -> LevelSlices:
+        """The planes (S, R, K) of ``slice_rows_cpu`` copied into the row-interleaved
+        layout (R, S, K): the same values."""
+        s, r, k = planes.shape
+        store = scratch(name, (r, s, k), torch.int8)
+        for i in range(s):
+            store[:, s - 1 - i if descending else i] = planes[i]
+        return cls(store, exps, False, descending)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -93,8 +106,8 @@ class LevelSlices:
 
 
 def level_copy(s, which: list[int], rows: slice, k0: int, k1: int, name: str) -> torch.Tensor:
-    """The slices ``s[i - 1][rows, k0:k1]`` (i in ``which``; ``s`` the planes of
-    ``slice_rows_cpu`` or a ``LevelSlices``) side by side along K, (n, K_level) - contiguous,
+    """The slices ``s[i - 1][rows, k0:k1]`` (i in ``which``, ``s`` a ``LevelSlices``) side by
+    side along K, (n, K_level) - contiguous,
     or for transposed slices (of a transposed view) the transposed view of a contiguous
     (K_level, n): either way a copy of contiguous rows, and the int8 GEMM takes both
     layouts. Written into the scratch buffer ``name`` (a fresh operand of up to 100 MB cost

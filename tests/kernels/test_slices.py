@@ -76,3 +76,28 @@ def test_the_int8_gemm_reads_level_views_as_contiguous_copies(transposed):
         assert torch.equal(got, torch._int_mm(al.contiguous(), bl.contiguous().t()))
         exact = (al.to(torch.int64) @ bl.to(torch.int64).t()).to(torch.int32)
         assert torch.equal(got, exact)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("descending", [False, True])
+def test_planes_arranged_without_the_compiled_slicer_give_the_same_levels(transposed,
+                                                                          descending,
+                                                                          monkeypatch):
+    """The fallback (``from_planes``: the torch slicer's planes copied into the
+    row-interleaved layout) holds the compiled store's values: the same planes, level
+    operands, column sums and guard product."""
+    x = _operand(transposed, torch.bfloat16, 4)
+    fast = LevelSlices.make(x, 3, "test.planes.fast", descending)
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    planes, exps = slice_rows_cpu(x, 3)
+    slow = LevelSlices.from_planes(planes, exps, "test.planes.slow", descending)
+    assert not slow.by_cols and torch.equal(slow.exps, fast.exps)
+    for i in range(3):
+        assert torch.equal(slow[i], fast[i]), i
+    rows = slice(1, 33)
+    for count in (1, 2, 3):
+        assert torch.equal(slow.level(count, rows), fast.level(count, rows)), count
+    for a, b in zip(slow.col_sums(), fast.col_sums()):
+        assert torch.equal(a, b)
+    vs = [torch.arange(70, dtype=torch.float64) * (i + 1) for i in range(3)]
+    assert torch.equal(slow.mv(vs), fast.mv(vs))
