@@ -40,8 +40,17 @@ static inline float widen_bf16(uint16_t v) { return from_bits((uint32_t)v << 16)
  * rest takes the AVX2 clone. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+/* Loops that compare whole vectors of GCC's vector extension get a plain x86-64-v4 copy
+ * chosen at run time: GCC lowers such comparisons before target_clones copies a function,
+ * so in a clone they became one scalar compare per lane (an all-vector loop, rebuilt with
+ * target("arch=x86-64-v4"), compiles to mask compares and blends). */
+#define HAVE_V4 1
+#define V4 __attribute__((target("arch=x86-64-v4")))
+static int v4_ok;                       /* set once when the module loads (PyInit__mathc) */
+static int have_v4(void) { return v4_ok; }
 #else
 #define CLONES
+#define HAVE_V4 0
 #endif
 
 #define UNARY(NAME, FN)                                                                  \
@@ -1238,6 +1247,13 @@ static PyObject *py_xent_lse(PyObject *self, PyObject *args) {
  *   kind 3 - int8 (P, C) times a row scale: y[i, j] = (float)s[i, j] * rs[i] (one rounding). */
 static inline float nan_max(float a, float b) { return (a != a || b != b) ? NAN : (b > a ? b : a); }
 static inline float nan_min(float a, float b) { return (a != a || b != b) ? NAN : (b < a ? b : a); }
+#define NAN_BITS 0x7fc00000  /* the float bits of NAN (GCC: __builtin_nanf(""), quiet, +) */
+/* nan_max (OP >) or nan_min (OP <) of every lane of ACC and V into ACC: NaN's bits where
+ * either is NaN, else V where V OP ACC, else ACC - the scalar functions lane by lane. */
+#define VNAN_EXT(ACC, V, OP) {                                                            \
+        v16i bad_ = ((ACC) != (ACC)) | ((V) != (V)), take_ = (V) OP (ACC);                \
+        v16i m_ = ((v16i)(V) & take_) | ((v16i)(ACC) & ~take_);                           \
+        (ACC) = (v16f)((m_ & ~bad_) | (((v16i){0} + NAN_BITS) & bad_)); }
 
 CLONES static void rotq_fill(int kind, const void *src, const float *rs, Py_ssize_t P,
                              float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1,
@@ -1313,8 +1329,8 @@ static inline __attribute__((always_inline)) void rotq_load(int kind, const void
     *out = f;
 }
 
-#define ROTQ_TILE(NAME, KIND)                                                             \
-    CLONES static Py_ssize_t NAME(const void *src, const float *rs, Py_ssize_t P, float *y,  \
+#define ROTQ_TILE(NAME, KIND, ATTR, VEXT)                                                 \
+    ATTR static Py_ssize_t NAME(const void *src, const float *rs, Py_ssize_t P, float *y,    \
                                   Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t c0, \
                                   Py_ssize_t c1, float scale, float *cmax, float *cmin) {    \
         Py_ssize_t cv = c0 + (c1 - c0) / 16 * 16;                                          \
@@ -1338,6 +1354,17 @@ static inline __attribute__((always_inline)) void rotq_load(int kind, const void
                         v[t] = v[t] * scale;                                               \
                         memcpy(y + (base + j + 16 * t) * C + c, &v[t], 64);                \
                     }                                                                      \
+                    if (VEXT) {                  /* the extremes lane by lane, in registers */ \
+                        v16f mx, mn;                                                       \
+                        memcpy(&mx, cmax + c, 64);                                         \
+                        memcpy(&mn, cmin + c, 64);                                         \
+                        for (int t = 0; t < 16; t++) {                                     \
+                            VNAN_EXT(mx, v[t], >);                                         \
+                            VNAN_EXT(mn, v[t], <);                                         \
+                        }                                                                  \
+                        memcpy(cmax + c, &mx, 64);                                         \
+                        memcpy(cmin + c, &mn, 64);                                         \
+                    } else                                                                 \
                     for (int t = 0; t < 16; t++) {     /* rotq_finish's extremes, from L1 */ \
                         const float *yr = y + (base + j + 16 * t) * C + c;                 \
                         for (int l = 0; l < 16; l++) {                                     \
@@ -1349,15 +1376,29 @@ static inline __attribute__((always_inline)) void rotq_load(int kind, const void
         }                                                                                  \
         return cv;                                                                         \
     }
-ROTQ_TILE(rotq_tile_k0, 0)
-ROTQ_TILE(rotq_tile_k1, 1)
-ROTQ_TILE(rotq_tile_k2, 2)
-ROTQ_TILE(rotq_tile_k3, 3)
+ROTQ_TILE(rotq_tile_k0, 0, CLONES, 0)
+ROTQ_TILE(rotq_tile_k1, 1, CLONES, 0)
+ROTQ_TILE(rotq_tile_k2, 2, CLONES, 0)
+ROTQ_TILE(rotq_tile_k3, 3, CLONES, 0)
+#if HAVE_V4
+ROTQ_TILE(rotq_tile_v4_k0, 0, V4, 1)
+ROTQ_TILE(rotq_tile_v4_k1, 1, V4, 1)
+ROTQ_TILE(rotq_tile_v4_k2, 2, V4, 1)
+ROTQ_TILE(rotq_tile_v4_k3, 3, V4, 1)
+#endif
 
 static Py_ssize_t rotq_tile256(int kind, const void *src, const float *rs, Py_ssize_t P,
                                float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1,
                                Py_ssize_t c0, Py_ssize_t c1, float scale, float *cmax,
                                float *cmin) {
+#if HAVE_V4
+    if (have_v4()) switch (kind) {
+    case 0: return rotq_tile_v4_k0(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
+    case 1: return rotq_tile_v4_k1(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
+    case 2: return rotq_tile_v4_k2(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
+    default: return rotq_tile_v4_k3(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
+    }
+#endif
     switch (kind) {
     case 0: return rotq_tile_k0(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
     case 1: return rotq_tile_k1(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
@@ -1752,6 +1793,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_mathc",
 
 PyMODINIT_FUNC PyInit__mathc(void) {
     PyObject *m = PyModule_Create(&module);
+#if HAVE_V4
+    __builtin_cpu_init();
+    v4_ok = __builtin_cpu_supports("x86-64-v4") != 0;
+#endif
     /* slice_planes takes a layout (kernels.core.mathc.slice_store checks for this mark, so
        a stale build without it keeps the planes) */
     if (m && PyModule_AddIntConstant(m, "SLICE_LAYOUTS", 1) < 0) {

@@ -111,3 +111,25 @@ def test_a_faulty_integer_gemm_is_caught_and_recomputed(route, monkeypatch, faul
     assert _same(want, got)
     st = gemm.int_gemm_status()
     assert st["route"] == "float" and st["failures"] == 1
+
+
+@pytest.mark.parametrize("slices", [2, 3])
+def test_a_narrow_weight_gradient_runs_swapped_with_the_same_bits(route, monkeypatch, slices,
+                                                                  loops):
+    # d_model 24 < the vocabulary's 90 rows: the weight gradient dlogits^T h (a transposed
+    # view, 24 output columns) runs as (h^T dlogits)^T on the integer route (NARROW_C)
+    monkeypatch.setattr(lm, "SHORT_BLOCKS", (16, 32))
+    h, w, dl = _case(k=24)
+    dl[5, 7] = float("nan")                         # its column is a NaN row of the swap
+    route("float")
+    want = _run(h, w, dl, slices)
+    route("int", exact_mm)
+    swapped = []
+    real = lm._narrow_transposed
+    monkeypatch.setattr(lm, "_narrow_transposed",
+                        lambda a, b: swapped.append(real(a, b)) or swapped[-1])
+    got = _run(h, w, dl, slices)
+    assert swapped.count(True) == 1                 # the weight gradient only, once
+    assert _same(want, got)
+    monkeypatch.setattr(lm, "NARROW_C", 0)          # the unswapped orientation: same bits
+    assert _same(want, _run(h, w, dl, slices))

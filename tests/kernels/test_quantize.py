@@ -118,3 +118,37 @@ def test_linear_int8_keeps_exporting_the_quantizers():
                  "row_absmax_step_cpu", "ste", "ste_cpu", "Q_MAX", "RND", "INV_127",
                  "HADAMARD_BLOCK"):
         assert getattr(linear_int8, name) is getattr(quantize, name), name
+
+
+@pytest.mark.parametrize("kind", [0, 2, 3])
+def test_rotated_column_extremes_are_the_definitions(kind):
+    """The compiled rotation's column maxima and minima (kept in registers, lane by lane,
+    where the CPU has x86-64-v4) against the definition - NaN wherever a column holds one,
+    else the largest / smallest rotated value - over whole 16-column vectors and the scalar
+    columns after them, with NaN and infinities. (Which zero a column of zeros keeps
+    depends on the order rows are met; the caller takes max(|max|, |min|).)"""
+    from kernels.core import mathc
+    if not mathc.has("rotq"):
+        pytest.skip("the compiled loops are not built")
+    g = torch.Generator().manual_seed(5)
+    p, c = 300, 37                                  # two vectors of columns and 5 more
+    if kind == 0:
+        src = (torch.randn(p, c, generator=g) * 3).to(torch.bfloat16)
+        src[17, 2] = float("nan")
+        src[200, 20] = float("nan")                 # a NaN in the second row block only
+        src[3, 9] = float("inf")                    # +-inf down its block: extremes inf
+        src[290, 33] = float("nan")                 # a scalar column
+        src[:, 5] = -0.0
+    else:
+        src = torch.randint(-127, 128, (p, c), dtype=torch.int8, generator=g)
+        src[:, 5] = 0
+    rs = torch.rand(p, generator=g) if kind == 3 else None
+    y = torch.empty(512, c)
+    cmax, cmin = torch.full((c,), -float("inf")), torch.full((c,), float("inf"))
+    assert mathc.rotate_cols(kind, src, rs, p, y, 256, 0.0625, cmax, cmin, 256, 64)
+    nan = y.isnan().any(0)
+    assert nan.tolist() == [kind == 0 and j in (2, 20, 33) for j in range(c)]
+    assert kind != 0 or (cmax[9] == float("inf") and cmin[9] == -float("inf"))
+    assert torch.equal(cmax.isnan(), nan) and torch.equal(cmin.isnan(), nan)
+    ok = ~nan
+    assert torch.equal(cmax[ok], y[:, ok].amax(0)) and torch.equal(cmin[ok], y[:, ok].amin(0))
