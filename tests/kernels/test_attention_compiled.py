@@ -33,7 +33,10 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("case", CASES + MORE_CASES)
-def test_compiled_matches_reference(case, kind):
+@pytest.mark.parametrize("batch_band", [compiled.BATCH_BAND, 0])
+def test_compiled_matches_reference(case, kind, batch_band, monkeypatch):
+    # the band's tile products batched over the KV heads (small bands) or per KV head (0)
+    monkeypatch.setattr(compiled, "BATCH_BAND", batch_band)
     q, k, v, do, window = _inputs(case, seed=11, kind=kind)
     out, lse = forward_reference(q, k, v, window)
     _assert_same(compiled.forward(q, k, v, window), (out, lse))
