@@ -192,9 +192,12 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
         sb, eb = slice_rows_cpu(b, slices, "lmhead.slices_b")
     r, k = a.shape
     c = b.shape[0]
-    # zeroed up front: the output blocks below touch its pages in scattered rows, where
-    # first-touch page faults cost ~3x a sequential zeroing (measured: a 2 GB output)
-    out = torch.zeros((r, c), dtype=torch.float32)
+    # not zeroed: every path below writes every block (a failed integer route's float
+    # recomputation included). Zeroing had been kept against scattered first-touch page
+    # faults; measured on the Zen 4 host, A/B in one process: with freed memory kept
+    # (open1b_train.allocator) the zeroing was 3.5 of the demo head's 29 ms forward, with
+    # fresh pages and at a 1,024 x 32,768 block neither way was faster
+    out = torch.empty((r, c), dtype=torch.float32)
     if not (r and c):
         return out
     if not k:
