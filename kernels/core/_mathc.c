@@ -1407,6 +1407,25 @@ static Py_ssize_t rotq_tile256(int kind, const void *src, const float *rs, Py_ss
     }
 }
 
+/* v4([on]): whether the plain x86-64-v4 copies run (False where the CPU or the build has
+ * none); with an argument, switch them off (0) or back on where available (1), so that a
+ * test on an AVX-512 machine also runs the copies every other CPU takes. */
+static PyObject *py_v4(PyObject *self, PyObject *args) {
+    (void)self;
+    int on = -1;
+    if (!PyArg_ParseTuple(args, "|i", &on)) return NULL;
+#if HAVE_V4
+    if (on >= 0) {
+        __builtin_cpu_init();
+        v4_ok = on && __builtin_cpu_supports("x86-64-v4");
+    }
+    return PyBool_FromLong(v4_ok);
+#else
+    (void)on;
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyObject *py_rotq(PyObject *self, PyObject *args) {
     (void)self;
     int pieces = 1;
@@ -1758,6 +1777,8 @@ static PyMethodDef methods[] = {
      "non-empty)."},
     {"xent_lse", py_xent_lse, METH_VARARGS,
      "xent_lse(x, lse, R, V, CH, r0, r1): kernels.ops.xent's row logsumexp (float32 rows)."},
+    {"v4", py_v4, METH_VARARGS,
+     "v4([on]): whether the x86-64-v4 copies run; on=0/1 switches them off/back on"},
     {"rotq", py_rotq, METH_VARARGS,
      "rotq(kind, src, rs, P, y, R, C, B, scale, cmax, cmin, tr, tc, c0, c1): kernels.int8."
      "quantize's fill, rotation, scale and column extremes of columns [c0, c1)."},

@@ -84,8 +84,27 @@ def test_dim0_layout_gives_the_same_bits():
     assert torch.equal(qt.t(), q) and torch.equal(bits(st), bits(s))
 
 
+@pytest.fixture(params=["v4", "clones"])
+def copies(request):
+    """The compiled rotation's plain x86-64-v4 copy (where this CPU has one) and the
+    target_clones copies every other CPU runs: both are tested on an AVX-512 machine."""
+    from kernels.core import mathc
+    lib = mathc._mathc
+    if lib is None or not hasattr(lib, "v4"):
+        yield request.param
+        return
+    before = lib.v4()
+    if request.param == "v4" and not lib.v4(1):
+        lib.v4(before)
+        pytest.skip("this CPU has no x86-64-v4 copy")
+    if request.param == "clones":
+        lib.v4(0)
+    yield request.param
+    lib.v4(before)
+
+
 @pytest.mark.parametrize("compiled", [True, False])
-def test_rotate_quantize_cols_gives_the_definitions_bits(compiled, monkeypatch):
+def test_rotate_quantize_cols_gives_the_definitions_bits(compiled, monkeypatch, copies):
     """The backward's rotate-then-quantize from its sources (a bf16 matrix, a transposed
     bf16 view, int8 codes, int8 codes times a row scale) against ``rotate_quantize`` of the
     matrix it stands for, by the compiled pass and by the torch steps (OPEN1B_MATHC=0), in
@@ -121,7 +140,7 @@ def test_linear_int8_keeps_exporting_the_quantizers():
 
 
 @pytest.mark.parametrize("kind", [0, 2, 3])
-def test_rotated_column_extremes_are_the_definitions(kind):
+def test_rotated_column_extremes_are_the_definitions(kind, copies):
     """The compiled rotation's column maxima and minima (kept in registers, lane by lane,
     where the CPU has x86-64-v4) against the definition - NaN wherever a column holds one,
     else the largest / smallest rotated value - over whole 16-column vectors and the scalar
