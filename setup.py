@@ -7,7 +7,9 @@
   Its flags keep every float operation a separate IEEE float32 operation: no fused
   multiply-add contraction, no value-changing optimization; -fno-trapping-math only lets
   the compiler vectorize the selects (no program here reads floating-point exception
-  flags), it changes no value.
+  flags), it changes no value; -fno-math-errno lets it vectorize the correctly rounded
+  square root (AdamW's update ran one element at a time around the libm call kept for
+  errno, which nothing here reads), also without changing a value.
 * ``kernels.attention._tilesc`` (kernels/attention/_tilesc.c): attention's CPU tile loops
   (softmax, quantization, p/ds, ordered tile sums) between torch's exact products; the same
   flags and the same bits; without it the torch code of kernels/attention runs.
@@ -94,7 +96,7 @@ LICENSE = ({"license_expression": "Apache-2.0"} if int(setuptools.__version__.sp
 
 # Both float extensions: every float operation a separate IEEE operation (see above).
 EXACT_FLOAT_FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math",
-                     "-fno-trapping-math"]
+                     "-fno-trapping-math", "-fno-math-errno"]
 MATHFN_H = "kernels/core/_mathfn.h"
 PIECES_H = "kernels/core/_pieces.h"
 
