@@ -21,6 +21,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <math.h>
+#include <float.h>
 #include <string.h>
 #include <stdlib.h>
 
@@ -1590,6 +1591,39 @@ static PyObject *py_quant(PyObject *self, PyObject *args) {
     return finish(bufs, 3, ok, "quant: inconsistent shapes or row range");
 }
 
+/* kernels.int8.quantize.rotate_quantize_cols_cpu's steps from the rotation's column
+ * extremes, the torch code's operations: step = fp32(|max(cmax, -cmin)| * INV_127) (the
+ * maximum NaN-sticky; a zero's sign is lost to the abs), div = step, or 1 where step == 0
+ * (safe_step); returns whether a step is subnormal (0 < step < FLT_MIN: the codes then
+ * clamp). Work of a few thousand floats: no pieces. */
+static PyObject *py_rot_steps(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer cmax, cmin, step, div;
+    float inv127;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*f", &cmax, &cmin, &step, &div, &inv127)) return NULL;
+    Py_ssize_t n = cmax.len / 4;
+    int ok = cmax.len % 4 == 0 && cmin.len == cmax.len && step.len == cmax.len &&
+             div.len == cmax.len;
+    int sub = 0;
+    if (ok) {
+        const float *hi = cmax.buf, *lo = cmin.buf;
+        float *st = step.buf, *dv = div.buf;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            float a = hi[j], b = -lo[j];
+            float m = (a != a || b != b) ? NAN : (b > a ? b : a);
+            float s = fabsf(m) * inv127;
+            st[j] = s;
+            dv[j] = s == 0.0f ? 1.0f : s;
+            sub |= s > 0.0f && s < FLT_MIN;
+        }
+    }
+    Py_buffer *bufs[] = {&cmax, &cmin, &step, &div};
+    PyObject *r = finish(bufs, 4, ok, "rot_steps: inconsistent sizes");
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    return PyBool_FromLong(sub);
+}
+
 static PyObject *py_codes(PyObject *self, PyObject *args) {
     (void)self;
     int pieces = 1;
@@ -1787,6 +1821,8 @@ static PyMethodDef methods[] = {
      "transposed, zero rows from P."},
     {"quant", py_quant, METH_VARARGS,
      "quant(x, x_bf16, div, out, R, C, r0, r1): kernels.int8.quantize.quantize_cpu's rows."},
+    {"rot_steps", py_rot_steps, METH_VARARGS,
+     "rot_steps(cmax, cmin, step, div, inv127) -> subnormal: the rotation's steps, divisors"},
     {"codes", py_codes, METH_VARARGS,
      "codes(y, div, clamp, out, transposed, R, C, r0, r1): its int8 codes of rows [r0, r1)."},
     {"bf16_rne", py_bf16_rne, METH_VARARGS, "bf16_rne(src, dst): float32 -> bf16 bits (RNE)."},

@@ -135,6 +135,18 @@ def quantize(x: torch.Tensor, div: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
+def rotation_steps(cmax: torch.Tensor, cmin: torch.Tensor, inv127: float):
+    """``kernels.int8.quantize.rotate_quantize_cols_cpu``'s (step, divisor, subnormal) from
+    the rotation's column extremes by the compiled loop - step = |max(cmax, -cmin)| *
+    inv127, the divisor 1 where step == 0, whether a step is subnormal: the torch code's
+    operations - or None when the loop is unavailable."""
+    if not has("rot_steps"):
+        return None
+    step, div = torch.empty_like(cmax), torch.empty_like(cmax)
+    sub = _mathc.rot_steps(flat(cmax), flat(cmin), flat(step), flat(div), inv127)
+    return step, div, sub
+
+
 def int8_codes(y: torch.Tensor, div: torch.Tensor, clamp: bool, out: torch.Tensor,
                transposed: bool) -> bool:
     """int8 ``rne(clamp(y / div[col]))`` of float32 (R, C) ``y`` into ``out`` ((R, C), or

@@ -185,10 +185,13 @@ def rotate_quantize_cols_cpu(s: torch.Tensor, name: str, row_scale: torch.Tensor
     if kind is not None and mathc.rotate_cols(kind, src, row_scale, k, y, HADAMARD_BLOCK,
                                               2.0 ** -(log // 2), cmax, cmin, HADAMARD_BLOCK,
                                               STRIP):
-        step = torch.maximum(cmax, cmin.neg_()).abs_().mul_(INV_127)   # as below
-        clamp = bool(((step > 0) & (step < FLT_MIN)).any())
+        got = mathc.rotation_steps(cmax, cmin, INV_127)   # the operations below, one call
+        if got is None:
+            step = torch.maximum(cmax, cmin.neg_()).abs_().mul_(INV_127)   # as below
+            got = step, safe_step(step), bool(((step > 0) & (step < FLT_MIN)).any())
+        step, div, clamp = got
         codes = scratch(name, (r, kp) if transposed else (kp, r), torch.int8)
-        if mathc.int8_codes(y, safe_step(step), clamp, codes, transposed):
+        if mathc.int8_codes(y, div, clamp, codes, transposed):
             return codes, step
     # the torch steps: y filled (w_hat tile by tile), then rotate_quantize_dim0_cpu
     fill = None

@@ -171,3 +171,35 @@ def test_rotated_column_extremes_are_the_definitions(kind, copies):
     assert torch.equal(cmax.isnan(), nan) and torch.equal(cmin.isnan(), nan)
     ok = ~nan
     assert torch.equal(cmax[ok], y[:, ok].amax(0)) and torch.equal(cmin[ok], y[:, ok].amin(0))
+
+
+def test_rotation_steps_are_the_torch_operations():
+    """The compiled steps of the rotated columns (one call) against the torch operations
+    they replace: zero columns (divisor 1), subnormal steps (the clamp flag), signed zeros,
+    infinities, and NaN extremes."""
+    from kernels.core import mathc
+    if mathc.rotation_steps(torch.zeros(1), torch.zeros(1), quantize.INV_127) is None:
+        pytest.skip("the compiled loops are not built")
+    g = torch.Generator().manual_seed(8)
+    cmax = torch.randn(40, generator=g) * 3
+    cmin = -torch.rand(40, generator=g) * 5
+    cmax[0], cmin[0] = 0.0, 0.0                 # an all-zero column: step 0, divisor 1
+    cmax[1], cmin[1] = -0.0, -0.0
+    cmax[2], cmin[2] = 1e-40, -3e-40            # a subnormal step
+    cmax[3], cmin[3] = float("inf"), -1.0
+    cmax[4], cmin[4] = float("nan"), -1.0
+    cmax[5], cmin[5] = 2.0, float("nan")
+    cmax[6], cmin[6] = -2.0, -7.0               # all negative: |min| wins
+    subs = []
+    for lo, hi in ((cmin, cmax), (cmin[6:], cmax[6:])):   # with and without the subnormal
+        want = torch.maximum(hi, lo.neg()).abs_().mul_(quantize.INV_127)
+        step, div, sub = mathc.rotation_steps(hi, lo, quantize.INV_127)
+        assert torch.equal(step.isnan(), want.isnan())
+        ok = ~want.isnan()
+        assert torch.equal(bits(step[ok]), bits(want[ok]))
+        assert torch.equal(bits(div[ok]), bits(quantize.safe_step(want)[ok]))
+        subs.append(sub)
+        assert sub == bool(((want > 0) & (want < quantize.FLT_MIN)).any())
+    assert subs == [True, False]
+    step, div, _ = mathc.rotation_steps(cmax[:2], cmin[:2], quantize.INV_127)
+    assert step.tolist() == [0.0, 0.0] and div.tolist() == [1.0, 1.0]
