@@ -1738,6 +1738,39 @@ static PyObject *py_adamw(PyObject *self, PyObject *args) {
     return finish(bufs, 4, ok, "adamw: inconsistent sizes or range");
 }
 
+/* kernels.core.reduce's pairwise tree along the last dim of a contiguous float32 (R, N)
+ * matrix, rows [r0, r1) into out (R,): each row zero-padded to P = next_pow2(N) and summed
+ * by tree_row - the definition's adds in its order (adjacent pairs, level by level). */
+static PyObject *py_tree_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer x, out;
+    Py_ssize_t R, N, r0, r1;
+    int pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnn|i", &x, &out, &R, &N, &r0, &r1, &pieces))
+        return NULL;
+    Py_ssize_t P = 1;
+    while (P < N) P *= 2;
+    int ok = R >= 0 && N >= 1 && N <= (1 << 24) && x.len == R * N * 4 && out.len == R * 4 &&
+             0 <= r0 && r0 <= r1 && r1 <= R;
+    ok = ok && PIECES_OK(pieces);
+    float *scratch = NULL;
+    if (ok && !(scratch = malloc(sizeof(float) * 2 * P * pieces))) ok = 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(r0, r1, pieces, {
+            float *ta = scratch + 2 * P * piece, *tb = ta + P;
+            for (Py_ssize_t r = p_lo; r < p_hi; r++) {
+                memcpy(ta, (const float *)x.buf + r * N, sizeof(float) * N);
+                ((float *)out.buf)[r] = tree_row(ta, tb, N, P);
+            }
+        });
+        Py_END_ALLOW_THREADS
+    }
+    free(scratch);
+    Py_buffer *bufs[] = {&x, &out};
+    return finish(bufs, 2, ok, "tree_rows: inconsistent shapes or row range");
+}
+
 /* kernels.core.reduce's pairwise tree over one float32 vector x (n values), blocked: the
  * sums of the aligned blocks [lo, hi) of B values (a power of two; the last real block and
  * any block past n padded with +0.0, as the definition pads to P = next_pow2(n)) into
@@ -1821,6 +1854,8 @@ static PyMethodDef methods[] = {
      "transposed, zero rows from P."},
     {"quant", py_quant, METH_VARARGS,
      "quant(x, x_bf16, div, out, R, C, r0, r1): kernels.int8.quantize.quantize_cpu's rows."},
+    {"tree_rows", py_tree_rows, METH_VARARGS,
+     "tree_rows(x, out, R, N, r0, r1): kernels.core.reduce's tree along each row"},
     {"rot_steps", py_rot_steps, METH_VARARGS,
      "rot_steps(cmax, cmin, step, div, inv127) -> subnormal: the rotation's steps, divisors"},
     {"codes", py_codes, METH_VARARGS,

@@ -436,6 +436,22 @@ def adamw(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Ten
 TREE_BLOCK = 4096  # values per block of the compiled tree sum (16 KB: in L1 through its levels)
 
 
+def tree_rows(x: torch.Tensor) -> torch.Tensor | None:
+    """``kernels.core.reduce.tree_sum_cpu(x, -1)`` of a contiguous float32 (R, N) CPU matrix
+    (N >= 1) by the compiled rows - each row zero-padded to the next power of two and summed
+    by the same adds in the same order - as (R,); None when the loop is unavailable or
+    ``x`` does not fit (the caller sums with torch)."""
+    if (not has("tree_rows") or x.device.type != "cpu" or x.dtype != torch.float32
+            or x.dim() != 2 or not x.is_contiguous() or x.shape[1] < 1):
+        return None
+    r, n = x.shape
+    out = torch.empty(r, dtype=torch.float32)
+    src, dst = flat(x), flat(out)
+    parallel(lambda lo, hi, p: _mathc.tree_rows(src, dst, r, n, lo, hi, p), r,
+             grain=max(1, PARALLEL_MIN // n))
+    return out
+
+
 def tree_sum_1d(x: torch.Tensor) -> torch.Tensor | None:
     """``kernels.core.reduce.tree_sum_cpu`` of a contiguous float32 CPU vector of at least
     TREE_BLOCK values by the compiled blocks (the tree's first levels inside each aligned

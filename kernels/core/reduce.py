@@ -72,6 +72,10 @@ def tree_sum_cpu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         fast = mathc.tree_sum_1d(x)        # compiled blocks, the same adds in the same order
         if fast is not None:
             return fast
+    elif dim == x.dim() - 1 and x.is_contiguous() and x.shape[-1] and x.numel():
+        fast = mathc.tree_rows(x.reshape(-1, x.shape[-1]))     # compiled rows, the same adds
+        if fast is not None:
+            return fast.reshape(x.shape[:-1])
     # Along dim 0 of a contiguous tensor every level's operands are whole contiguous
     # slices; elsewhere the summed dim goes last, where they are stride-2 gathers.
     axis = 0 if dim == 0 and x.dim() >= 2 and x.is_contiguous() else -1

@@ -31,6 +31,35 @@ def test_cpu_tree_matches_the_definition():
     assert reduce.tree_sum_cpu(torch.tensor([-0.0, -0.0, -0.0]), 0).view(torch.int32).item() == 0
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_row_trees_match_the_definition(compiled, monkeypatch):
+    """Trees along the last dim of a contiguous matrix (the compiled rows, or the torch
+    levels with OPEN1B_MATHC=0) against the definition row by row: widths that are and are
+    not powers of two, one column, signed zeros (the +0 padding turns -0 + -0 + -0 into +0),
+    infinities, NaN, subnormals, a 3-D tensor."""
+    from kernels.core import mathc
+    if compiled and not mathc.has("tree_rows"):
+        pytest.skip("the compiled loops are not built")
+    if not compiled:
+        monkeypatch.setenv("OPEN1B_MATHC", "0")
+    g = torch.Generator().manual_seed(6)
+    for n in (1, 3, 8, 100, 384, 1000):
+        x = torch.randn(9, n, generator=g) * torch.exp(torch.randn(9, n, generator=g) * 5)
+        x[1] = -0.0
+        x[2, 0] = float("inf")
+        x[3, -1] = float("nan")
+        x[4] = 1e-42
+        x[5, ::2] = float("-inf")
+        got = reduce.tree_sum_cpu(x, -1)
+        for r in range(9):
+            want = naive_tree(x[r].tolist())
+            assert torch.equal(got[r:r + 1].view(torch.int32), want.view(1).view(torch.int32)) \
+                or (want.isnan() and got[r].isnan()), (n, r)
+    y = torch.randn(2, 3, 37, generator=g)
+    assert torch.equal(reduce.tree_sum_cpu(y, -1), torch.stack(
+        [torch.stack([naive_tree(y[i, j].tolist()) for j in range(3)]) for i in range(2)]))
+
+
 def test_tree_is_blockable():
     # First log2(B) levels over aligned blocks, then the tree over block partials.
     g = torch.Generator().manual_seed(4)
