@@ -52,6 +52,7 @@ from kernels.attention.forward import attention_forward
 from kernels.attention.backward import attention_backward
 from kernels.ops.embedding import embedding_bwd, embedding_fwd
 from kernels.int8.linear import linear_int8_backward, linear_int8_forward, linear_int8_forward_cpu
+from kernels.core import mathc
 from kernels.core.backend import use_triton
 from kernels.ops.lmhead import lmhead_backward, lmhead_forward, ozaki_mm
 from kernels.core.reduce import reciprocal_f32, tree_sum
@@ -70,7 +71,11 @@ HEAD_COLS = 16_384      # vocabulary rows per block of the lean plan's LM-head w
 
 
 def add_bf16(*xs: torch.Tensor) -> torch.Tensor:
-    """bf16(((fp32(a) + fp32(b)) + fp32(c))...): exact widening, IEEE adds, one rounding."""
+    """bf16(((fp32(a) + fp32(b)) + fp32(c))...): exact widening, IEEE adds, one rounding
+    (by kernels.core.mathc's compiled loop for two or three CPU operands: the same ops)."""
+    fast = mathc.add_bf16(xs)
+    if fast is not None:
+        return fast
     acc = xs[0].to(F32)
     for x in xs[1:]:
         acc = acc + x.to(F32)

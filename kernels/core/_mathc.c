@@ -1664,6 +1664,40 @@ static PyObject *py_bf16_rne(PyObject *self, PyObject *args) {
     return finish(bufs, 2, ok, "bf16_rne: need float32 src and bf16 dst of one length");
 }
 
+/* open1b_train.model.add_bf16 on elements [lo, hi): bf16((fp32(a) + fp32(b)) [+ fp32(c)]),
+ * the exact widenings, the IEEE float32 adds in order and one rounding (bf16_rne1: torch's
+ * conversion). c may be NULL (two operands). */
+CLONES static void add_bf16_loop(const uint16_t *a, const uint16_t *b, const uint16_t *c,
+                                 uint16_t *out, Py_ssize_t lo, Py_ssize_t hi) {
+    if (c)
+        for (Py_ssize_t i = lo; i < hi; i++)
+            out[i] = bf16_rne1((widen_bf16(a[i]) + widen_bf16(b[i])) + widen_bf16(c[i]));
+    else
+        for (Py_ssize_t i = lo; i < hi; i++)
+            out[i] = bf16_rne1(widen_bf16(a[i]) + widen_bf16(b[i]));
+}
+
+static PyObject *py_add_bf16(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer a, b, c, out;
+    Py_ssize_t lo, hi;
+    int pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*nn|i", &a, &b, &c, &out, &lo, &hi, &pieces))
+        return NULL;
+    Py_ssize_t n = a.len / 2;
+    int ok = a.len % 2 == 0 && b.len == a.len && (c.len == 0 || c.len == a.len) &&
+             out.len == a.len && 0 <= lo && lo <= hi && hi <= n;
+    ok = ok && PIECES_OK(pieces);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(lo, hi, pieces, add_bf16_loop(a.buf, b.buf, c.len ? c.buf : NULL, out.buf,
+                                                 p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+    Py_buffer *bufs[] = {&a, &b, &c, &out};
+    return finish(bufs, 4, ok, "add_bf16: need bf16 operands and output of one length");
+}
+
 static PyObject *py_ste(PyObject *self, PyObject *args) {
     (void)self;
     int pieces = 1;
@@ -1861,6 +1895,8 @@ static PyMethodDef methods[] = {
     {"codes", py_codes, METH_VARARGS,
      "codes(y, div, clamp, out, transposed, R, C, r0, r1): its int8 codes of rows [r0, r1)."},
     {"bf16_rne", py_bf16_rne, METH_VARARGS, "bf16_rne(src, dst): float32 -> bf16 bits (RNE)."},
+    {"add_bf16", py_add_bf16, METH_VARARGS,
+     "add_bf16(a, b, c, out, lo, hi): bf16((fp32(a) + fp32(b)) [+ fp32(c)]), bf16 bits"},
     {"ste", py_ste, METH_VARARGS,
      "ste(g, x, x_bf16, div, per_row, dx, term, R, C, r0, r1): the quantizer's STE."},
     {"mv_int8", py_mv_int8, METH_VARARGS,

@@ -389,6 +389,24 @@ def bf16_rne(x: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
+def add_bf16(xs) -> torch.Tensor | None:
+    """bf16(((fp32(a) + fp32(b)) [+ fp32(c)])) of two or three bf16 CPU tensors of one shape
+    by the compiled loop - the exact widenings, the float32 adds in order, one rounding to
+    nearest even - or None when unavailable (the caller runs the torch code)."""
+    if (not has("add_bf16") or len(xs) not in (2, 3)
+            or any(x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.shape != xs[0].shape
+                   for x in xs)):
+        return None
+    bits = [flat(x.contiguous().view(torch.int16)) for x in xs]
+    if len(bits) == 2:
+        bits.append(torch.empty(0, dtype=torch.int16).numpy())
+    out = torch.empty(xs[0].shape, dtype=torch.bfloat16)
+    o = flat(out.view(torch.int16))
+    parallel(lambda lo, hi, p: _mathc.add_bf16(*bits, o, lo, hi, p), o.shape[0],
+             grain=PARALLEL_MIN)
+    return out
+
+
 def ste(g: torch.Tensor, x: torch.Tensor, div: torch.Tensor, want_term: bool):
     """``kernels.int8.quantize.ste_cpu`` with bf16 dx by the compiled loop - the same float32
     operations (division, comparisons, clamp, round half to even, subtraction, product) -

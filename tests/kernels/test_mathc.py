@@ -462,3 +462,34 @@ def test_compiled_int8_matrix_vector_product_in_int32_blocks_is_exact():
     exact int64 values at the extremes - a = -128 against v = +-(2^31 - 1) and -2^31 + 1,
     lengths with a partial last block - row-major and transposed, split into pieces."""
     _check_mv_extremes(14, -2**31 + 1, 2**31, 2**31 - 1, -2**31 + 1)
+
+
+@pytest.mark.parametrize("n_ops", [2, 3])
+def test_compiled_bf16_add_equals_the_torch_code(n_ops, monkeypatch):
+    """open1b_train.model.add_bf16 (the residual adds) by the compiled loop against its torch
+    code: rounding ties both ways, subnormal sums, overflow to inf, inf - inf, signed zeros
+    (-0 + -0 = -0, -0 + +0 = +0), NaN positions; and the model's function takes it."""
+    from open1b_train import model
+    if not mathc.has("add_bf16"):
+        pytest.skip("the compiled loops are not built")
+    g = torch.Generator().manual_seed(12)
+    xs = [(torch.randn(3, 1000, generator=g) * torch.exp(torch.randn(3, 1000, generator=g) * 4))
+          .to(torch.bfloat16) for _ in range(n_ops)]
+    specials = [(1.0, 2.0 ** -8), (1.0, 3 * 2.0 ** -9), (1e-39, 1e-39), (3e38, 3e38),
+                (float("inf"), float("-inf")), (-0.0, -0.0), (-0.0, 0.0), (float("nan"), 1.0),
+                (-1e-40, 1e-40), (1.0 + 2.0 ** -7, 2.0 ** -8)]
+    for i, (a, b) in enumerate(specials):
+        xs[0][0, i], xs[1][0, i] = a, b
+        if n_ops == 3:
+            xs[2][0, i] = 0.0 if i != 5 else -0.0
+    want = xs[0].float()
+    for x in xs[1:]:
+        want = want + x.float()
+    want = want.to(torch.bfloat16)
+    got = mathc.add_bf16(xs)
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    assert torch.equal(model.add_bf16(*xs)[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    assert torch.equal(model.add_bf16(*xs)[~nan].view(torch.int16), want[~nan].view(torch.int16))
