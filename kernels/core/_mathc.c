@@ -48,7 +48,6 @@ static inline float widen_bf16(uint16_t v) { return from_bits((uint32_t)v << 16)
 #define HAVE_V4 1
 #define V4 __attribute__((target("arch=x86-64-v4")))
 static int v4_ok;                       /* set once when the module loads (PyInit__mathc) */
-static int have_v4(void) { return v4_ok; }
 #else
 #define CLONES
 #define HAVE_V4 0
@@ -916,6 +915,13 @@ static PyObject *py_dequant(PyObject *self, PyObject *args) {
  * tree (zero-padded to P = the next power of two >= D, adjacent pairs level by level) in the
  * caller's scratch rows `ta`, `tb` (P floats each). x is bf16 bits; gain (D float32) or NULL.
  * Forward: ss = tree(x * x), rstd = 1 / sqrt_rn(ss * rd + eps), y = bf16(x * rstd [* g]). */
+/* The smallest power of two >= n (1 for n <= 1): the tree's padded length. */
+static inline Py_ssize_t pow2_ceil(Py_ssize_t n) {
+    Py_ssize_t P = 1;
+    while (P < n) P *= 2;
+    return P;
+}
+
 static inline float tree_row(float *ta, float *tb, Py_ssize_t n, Py_ssize_t P) {
     for (Py_ssize_t i = n; i < P; i++) ta[i] = 0.0f;
     for (Py_ssize_t len = P / 2; len >= 1; len /= 2) {
@@ -996,8 +1002,7 @@ static PyObject *py_rms_fwd(PyObject *self, PyObject *args) {
              rstd.len == R * 4;
     ok = ok && PIECES_OK(pieces);
     float *ta = NULL;
-    Py_ssize_t P = 1;
-    while (P < D) P *= 2;
+    Py_ssize_t P = pow2_ceil(D);
     if (ok && !(ta = malloc(sizeof(float) * 2 * P * pieces))) {
         ok = 0;
     }
@@ -1029,8 +1034,7 @@ static PyObject *py_rms_bwd(PyObject *self, PyObject *args) {
              dx.len == R * D * 2 && (prod.len == R * D * 4 || prod.len == 0);
     ok = ok && PIECES_OK(pieces);
     float *ta = NULL;
-    Py_ssize_t P = 1;
-    while (P < D) P *= 2;
+    Py_ssize_t P = pow2_ceil(D);
     if (ok && !(ta = malloc(sizeof(float) * 2 * P * pieces))) {
         ok = 0;
     }
@@ -1393,7 +1397,7 @@ static Py_ssize_t rotq_tile256(int kind, const void *src, const float *rs, Py_ss
                                Py_ssize_t c0, Py_ssize_t c1, float scale, float *cmax,
                                float *cmin) {
 #if HAVE_V4
-    if (have_v4()) switch (kind) {
+    if (v4_ok) switch (kind) {
     case 0: return rotq_tile_v4_k0(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
     case 1: return rotq_tile_v4_k1(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
     case 2: return rotq_tile_v4_k2(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
@@ -1782,8 +1786,7 @@ static PyObject *py_tree_rows(PyObject *self, PyObject *args) {
     int pieces = 1;
     if (!PyArg_ParseTuple(args, "y*w*nnnn|i", &x, &out, &R, &N, &r0, &r1, &pieces))
         return NULL;
-    Py_ssize_t P = 1;
-    while (P < N) P *= 2;
+    Py_ssize_t P = pow2_ceil(N);
     int ok = R >= 0 && N >= 1 && N <= (1 << 24) && x.len == R * N * 4 && out.len == R * 4 &&
              0 <= r0 && r0 <= r1 && r1 <= R;
     ok = ok && PIECES_OK(pieces);
@@ -1817,8 +1820,7 @@ static PyObject *py_tree_blocks(PyObject *self, PyObject *args) {
     int pieces = 1;
     if (!PyArg_ParseTuple(args, "y*w*nnnn|i", &x, &partials, &n, &B, &lo, &hi, &pieces))
         return NULL;
-    Py_ssize_t P = 1;
-    while (P < n) P *= 2;
+    Py_ssize_t P = pow2_ceil(n);
     int ok = n > 0 && B >= 2 && B <= (1 << 20) && (B & (B - 1)) == 0 && B <= P &&
              x.len == n * 4 && partials.len == (P / B) * 4 && 0 <= lo && lo <= hi &&
              hi <= P / B;
