@@ -43,14 +43,14 @@ from __future__ import annotations
 
 import torch
 
-from kernels.core import mathc, slicer
+from kernels.core import slicer
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
-from kernels.int8.checksum import _sum_dtype
-from kernels.int8.gemm import (SGEMM_K, bf16_operand, int_gemm_route, int_mm_unchecked,
-                               record_failure)
+from kernels.int8.gemm import SGEMM_K, bf16_operand, int_gemm_route
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from kernels.core.workspace import release, scratch
-from kernels.ops.slices import LevelSlices, level_copy
+from kernels.ops import products
+from kernels.ops.products import K_CHUNK
+from kernels.ops.slices import LevelSlices
 
 if HAVE_TRITON:
     import triton
@@ -59,18 +59,9 @@ if HAVE_TRITON:
     from kernels.int8.gemm import grouped_tile
 
 SLICES = 3  # default int8 slices per operand (2 is the faster, less accurate option)
-K_CHUNK = 32_768  # int32 level accumulators flushed into int64 this often
 MAX_K = 11_000_000  # K * 3 * 127^2 * (2^14 + 2^7 + 1) < 2^53: T exact in float64
 CPU_SLICE_ELEMS = 1 << 22  # elements per row block of the CPU slicer (bounds temporaries)
-ROW_BLOCK, COL_BLOCK = 1024, 512
-INT_COL_BLOCK = 4096  # output columns per block of the CPU integer route (int64 T: 32 MB)
-# Below SHORT_K contraction steps the integer route's blocks are SHORT_BLOCKS (rows,
-# columns): each output element then costs fewer multiply-adds than the bytes of its level
-# products written and read again, and 512 x 2,048 blocks keep those in cache (measured on
-# the demo's head, K = 128: 22.9 -> 19.2 ms per forward; at K = 256 - the weight gradient
-# of 256 tokens - they were 5% slower, so the line is there; the same bits either way:
-# blocks only change where T is summed, never its integer value)
-SHORT_K, SHORT_BLOCKS = 256, (512, 2048)
+ROW_BLOCK, COL_BLOCK = 1024, 512  # output blocks of the CPU float routes
 # S = 3 on the CPU: T as one float64 GEMM of 14-bit heads plus one float32 GEMM of two slice
 # pairs (``_ozaki3_blocks``), the work of four float32 GEMMs of length K instead of six;
 # False runs the six slice products level by level (the same bits; kept for benchmarks).
@@ -158,12 +149,6 @@ def _level_slices(x: torch.Tensor, slices: int, name: str, descending: bool) -> 
                                                                name, descending)
 
 
-def _levels(slices: int) -> list[tuple[int, list[tuple[int, int]]]]:
-    """(level L, its slice pairs (i, j) with i + j = L) for L = 2 .. S + 1."""
-    return [(lvl, [(i, lvl - i) for i in range(1, lvl) if i <= slices and lvl - i <= slices])
-            for lvl in range(2, slices + 2)]
-
-
 def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torch.Tensor:
     """CPU reference of ``ozaki_mm``: T of step 2 computed exactly, then ``combine_cpu``'s
     rounding, blocked so the temporaries stay small.
@@ -205,7 +190,7 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     bias = exp_bias(slices)
     rowf = _pow2_f64(ea)                                 # 2^Ea, exact
     colf = _pow2_f64(eb - bias)                          # 2^(Eb - bias), exact
-    if int_route and _ozaki_int_blocks(sa, sb, rowf, colf, out, slices):
+    if int_route and products.int_blocks(sa, sb, rowf, colf, out, slices):
         bad_r, bad_c = ea == 255, eb == 255
         if bool(bad_r.any()) or bool(bad_c.any()):
             out[bad_r[:, None] | bad_c[None, :]] = float("nan")
@@ -216,7 +201,7 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
         if bool(bad_r.any()) or bool(bad_c.any()):
             out[bad_r[:, None] | bad_c[None, :]] = float("nan")
         return out
-    levels = _levels(slices)
+    levels = products.levels(slices)
     for r0 in range(0, r, ROW_BLOCK):
         a_lv = [torch.cat([sa[i - 1][r0:r0 + ROW_BLOCK] for i, _ in pairs], 1).to(torch.float32)
                 for _, pairs in levels]
@@ -245,91 +230,6 @@ def _narrow_transposed(a: torch.Tensor, b: torch.Tensor) -> bool:
     swapped call never swaps back)."""
     c, r = b.shape[0], a.shape[0]
     return a.stride(0) == 1 and a.shape[1] > 1 and c <= NARROW_C and c < r
-
-
-def _ozaki_int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor,
-                      colf: torch.Tensor, out: torch.Tensor, slices: int) -> bool:
-    """T of step 2 by the library's int8 GEMM (``kernels.int8.gemm``'s "int" route, picked
-    on CPUs with an int8 dot-product instruction, where it runs 6-9x a float32 GEMM): per
-    level, its slice pairs concatenated along K are one int8 GEMM in contraction chunks of
-    K_CHUNK (p * K_CHUNK * 127^2 < 2^31 for a level's p <= 3 pairs: int32 never overflows),
-    added into an int64 T with the level's weight 2^(7(S + 1 - L)) - step 2 literally, exact
-    integers, so T and the rounding after it are the float path's bits.
-
-    Checked as every integer-route result is, but once per call instead of per block: the
-    row and column sums of all level products together, accumulated over the output blocks,
-    against ``sum_i a_i @ colsum(sum of the b_j paired with a_i)`` and the same for the
-    columns - S exact matrix-vector products per operand (O((R + C) K S)) against the GEMMs'
-    O(R C K S (S + 1) / 2). On a mismatch the failure is counted, the process switches to
-    the float route and False is returned: the caller recomputes ``out``.
-    """
-    r, c = out.shape
-    k = sa.shape[2]
-    levels = _levels(slices)
-    chunks = [(k0, min(k, k0 + K_CHUNK)) for k0 in range(0, k, K_CHUNK)]
-    dt = _sum_dtype(3 * 3 * k, r, c)          # three levels' sums of up to 3 pairs each
-    # column sums of each slice (K,): exact int64 sums (one compiled pass, or torch's
-    # reduction), held exactly in dt
-    col_a = [x.to(dt) for x in sa.col_sums()]
-    col_b = [x.to(dt) for x in sb.col_sums()]
-    compiled = mathc.has("levels_round")
-    rows_got = torch.zeros(r, dtype=torch.int64)
-    cols_got = torch.zeros(c, dtype=torch.int64)
-    products = [(lvl, pairs, k0, k1) for lvl, pairs in levels for k0, k1 in chunks]
-    # float64 holds every value here exactly (integers below 2^53: T by MAX_K, the level
-    # sums below 3 * 2^31), so no operation below rounds
-    weights = [float(1 << (7 * (slices + 1 - lvl))) for lvl, *_ in products]
-    # with one row block each b operand is used once: built when used, into one buffer
-    # (all of them at once are twice the slices: 1.6 GB for the head weight's transpose)
-    row_block, col_block = SHORT_BLOCKS if k < SHORT_K else (ROW_BLOCK, INT_COL_BLOCK)
-    once = r <= row_block
-
-    def b_operand(n: int, cs: slice) -> torch.Tensor:
-        _, pairs, k0, k1 = products[n]
-        if len(chunks) == 1:                    # a view of the level-ready store: no copy
-            return sb.level(len(pairs), cs)
-        return level_copy(sb, [j for _, j in pairs], cs, k0, k1,
-                          "lmhead.op_b" if once else f"lmhead.op_b{n}")
-
-    def a_operand(n: int, rs: slice) -> torch.Tensor:
-        _, pairs, k0, k1 = products[n]
-        if len(chunks) == 1:
-            return sa.level(len(pairs), rs)
-        return level_copy(sa, [i for i, _ in pairs], rs, k0, k1, "lmhead.op_a")
-
-    for c0 in range(0, c, col_block):
-        cs = slice(c0, c0 + col_block)
-        b_lv = None if once else [b_operand(n, cs) for n in range(len(products))]
-        for r0 in range(0, r, row_block):
-            rs = slice(r0, r0 + row_block)
-            nr, nc = min(r, r0 + row_block) - r0, min(c, c0 + col_block) - c0
-            # every level's (and chunk's) product of this block, then T, its rounding and
-            # the checks' sums in one pass (compiled) or by the torch code
-            accs = scratch("lmhead.accs", (len(products), nr, nc), torch.int32)
-            for n_level in range(len(products)):
-                bl = b_operand(n_level, cs) if once else b_lv[n_level]
-                al = a_operand(n_level, rs)
-                if int_mm_unchecked(al, bl, out=accs[n_level]) is None:
-                    return False                # a layout the library refuses: not a fault
-            if compiled:
-                mathc.levels_round(accs, weights, rowf[rs], colf[cs], out[rs], c0,
-                                   rows_got[rs], cols_got[cs])
-                continue
-            u = accs.sum(0, dtype=torch.int64)            # the plain sum: the checks' sums
-            t = accs[0].to(torch.float64) * weights[0]
-            for acc, weight in zip(accs[1:], weights[1:]):
-                t.add_(acc, alpha=weight)
-            rows_got[rs] += u.sum(1)
-            cols_got[cs] += u.sum(0)
-            out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
-    # every pair (i, j) of every level once: slice i of a meets the b slices j <= S + 1 - i
-    v_a = [sum(col_b[j - 1] for j in range(1, slices + 2 - i)) for i in range(1, slices + 1)]
-    v_b = [sum(col_a[i - 1] for i in range(1, slices + 2 - j)) for j in range(1, slices + 1)]
-    rows_want, cols_want = sa.mv(v_a), sb.mv(v_b)      # one product over each whole store
-    if torch.equal(rows_got.to(dt), rows_want) and torch.equal(cols_got.to(dt), cols_want):
-        return True
-    record_failure(f"checksum failed on the LM head's slice products ({r}x{k}x{c})")
-    return False
 
 
 def _ozaki3_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor,

@@ -1,4 +1,4 @@
-"""The LM head's CPU integer route (``kernels.ops.lmhead._ozaki_int_blocks``): the library's
+"""The LM head's CPU integer route (``kernels.ops.products``): the library's
 int8 GEMM per slice level, checked once per product by exact row and column sums. It must
 give the float path's bits (both slice counts, chunked contractions, several output blocks,
 non-finite rows), and a faulty integer GEMM - a wrong element, or two that cancel in their
@@ -11,6 +11,7 @@ import torch
 from kernels.core import backend, mathc
 from kernels.int8 import gemm
 from kernels.ops import lmhead as lm
+from kernels.ops import products as pr
 from kernels.ops.lmhead import lmhead_backward, lmhead_forward
 
 
@@ -59,14 +60,14 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops,
     # operand is built when used; the blocks of short contractions (every K here counted
     # short), or the long ones (SHORT_K = 0)
     if short:
-        monkeypatch.setattr(lm, "SHORT_K", 1 << 30)
-        monkeypatch.setattr(lm, "SHORT_BLOCKS", (row_block, 32))
+        monkeypatch.setattr(pr, "SHORT_K", 1 << 30)
+        monkeypatch.setattr(pr, "SHORT_BLOCKS", (row_block, 32))
     else:
-        monkeypatch.setattr(lm, "SHORT_K", 0)
-        monkeypatch.setattr(lm, "ROW_BLOCK", row_block)
-        monkeypatch.setattr(lm, "INT_COL_BLOCK", 32)
+        monkeypatch.setattr(pr, "SHORT_K", 0)
+        monkeypatch.setattr(pr, "INT_ROW_BLOCK", row_block)
+        monkeypatch.setattr(pr, "INT_COL_BLOCK", 32)
     if chunked:
-        monkeypatch.setattr(lm, "K_CHUNK", 64)
+        monkeypatch.setattr(pr, "K_CHUNK", 64)
     h, w, dl = _case()
     dl[5, 7] = float("nan")                         # a non-finite row and column of dlogits
     route("float")
@@ -79,8 +80,9 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops,
 
     route("int", counting)
     got = _run(h, w, dl, slices)
-    # the level products ran on the integer GEMM (pairs concatenated: 1..S pairs x chunk)
-    assert {(64 if chunked else 300) * p for p in range(1, slices + 1)} <= set(shapes)
+    # the level products ran on the integer GEMM (pairs concatenated: 1..S pairs x chunk;
+    # 300 columns in 64-column chunks are five of 60: no short tail)
+    assert {(60 if chunked else 300) * p for p in range(1, slices + 1)} <= set(shapes)
     assert gemm.int_gemm_status() | {"reason": ""} == gemm.int_gemm_status() | {
         "route": "int", "failures": 0, "reason": ""}
     assert _same(want, got)
@@ -88,8 +90,8 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops,
 
 @pytest.mark.parametrize("fault", ["one element", "cancelling in a row"])
 def test_a_faulty_integer_gemm_is_caught_and_recomputed(route, monkeypatch, fault, loops):
-    monkeypatch.setattr(lm, "SHORT_K", 1 << 30)
-    monkeypatch.setattr(lm, "SHORT_BLOCKS", (16, 32))
+    monkeypatch.setattr(pr, "SHORT_K", 1 << 30)
+    monkeypatch.setattr(pr, "SHORT_BLOCKS", (16, 32))
     h, w, dl = _case(seed=1)
     route("float")
     want = _run(h, w, dl, 3)
@@ -118,7 +120,7 @@ def test_a_narrow_weight_gradient_runs_swapped_with_the_same_bits(route, monkeyp
                                                                   loops):
     # d_model 24 < the vocabulary's 90 rows: the weight gradient dlogits^T h (a transposed
     # view, 24 output columns) runs as (h^T dlogits)^T on the integer route (NARROW_C)
-    monkeypatch.setattr(lm, "SHORT_BLOCKS", (16, 32))
+    monkeypatch.setattr(pr, "SHORT_BLOCKS", (16, 32))
     h, w, dl = _case(k=24)
     dl[5, 7] = float("nan")                         # its column is a NaN row of the swap
     route("float")

@@ -1,0 +1,218 @@
+"""The integer route's compacted slices (``kernels.ops.products``): a slice of ``a`` that is
+zero in most contraction columns of a row block runs its pairs over only its nonzero
+columns. The logits gradient's top slice is the case (at most ~512 nonzeros per row, by the
+softmax's sums): the route must give the float path's bits with compaction on and off, in
+every layout and blocking, and a compaction that loses a nonzero column must be caught by
+the exactness guard, counted and recomputed - never a silently different T."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.core import backend, mathc
+from kernels.int8 import gemm
+from kernels.ops import lmhead as lm
+from kernels.ops import products as pr
+from kernels.ops.lmhead import _level_slices, lmhead_backward, lmhead_forward, ozaki_mm
+
+
+def exact_mm(a, b_t):
+    return gemm._exact_ref(a, b_t.t()).to(torch.int32)
+
+
+def _dlogits(m, v, seed, peaked=False):
+    """softmax(logits) - onehot(targets), over m rows: the loss's gradient (times 1/m)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(m, v, generator=g) * (4.0 if peaked else 1.0)
+    targets = torch.randint(0, v, (m,), generator=g)
+    d = torch.softmax(logits, 1)
+    d[torch.arange(m), targets] -= 1.0
+    return d / m
+
+
+def _case(m=70, k=40, v=300, seed=0, peaked=False):
+    g = torch.Generator().manual_seed(seed + 100)
+    h = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    w = (torch.randn(v, k, generator=g) * 0.02).to(torch.bfloat16)
+    return h, w, _dlogits(m, v, seed, peaked)
+
+
+def _run(h, w, dl):
+    with backend.force("cpu"):
+        return (lmhead_forward(h, w), *lmhead_backward(dl, h, w))
+
+
+def _same(xs, ys):
+    return all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(xs, ys))
+
+
+@pytest.fixture(params=["compiled", "torch"])
+def loops(request, monkeypatch):
+    if request.param == "torch":
+        monkeypatch.setenv("OPEN1B_MATHC", "0")
+    elif not mathc.available():
+        pytest.skip("the compiled loops are not built")
+    return request.param
+
+
+def _completed(monkeypatch) -> list[bool]:
+    """Each integer-route product's outcome: True where it finished on the integer GEMM
+    (False would mean a refused layout or a failed check: the float path's bits again, so
+    equal bits alone do not show that the compacted route ran)."""
+    got: list[bool] = []
+    real = pr.int_blocks
+    monkeypatch.setattr(pr, "int_blocks", lambda *a: got.append(real(*a)) or got[-1])
+    return got
+
+
+def _counting(widths):
+    def mm(a, b_t):
+        widths.append(a.shape[1])
+        return exact_mm(a, b_t)
+    return mm
+
+
+def test_the_logits_gradients_top_slice_is_sparse():
+    # the bound of the module docstring: slice 1 of a dlogits row is nonzero only within
+    # 2^-8 of its scale, at most ~512 elements (here the target and the few probabilities
+    # above 2^-8 of the row's scale); a block's union is a small share of the columns
+    dl = _dlogits(64, 2000, seed=3)
+    sa = _level_slices(dl, 3, "test.sa", False)
+    cols = pr.nonzero_cols(sa, 1, slice(0, 64))
+    want = torch.nonzero((sa[0] != 0).any(0)).flatten()
+    assert torch.equal(cols, want) and 64 <= cols.numel() <= 0.1 * 2000
+    assert set(pr.compacted(sa, slice(0, 64), 3)) == {1}       # slice 2 is dense
+    assert int((sa[0] != 0).sum(1).max()) <= 512
+
+
+@pytest.mark.parametrize("row_block", [16, 1024])
+@pytest.mark.parametrize("chunked", [True, False])
+@pytest.mark.parametrize("peaked", [True, False])
+def test_compaction_gives_the_float_paths_bits(route, monkeypatch, loops, row_block, chunked,
+                                               peaked):
+    # several row blocks (each b operand kept for its column block, compaction differing per
+    # block) or one; the contraction in chunks (compacted columns too) or whole; peaked
+    # logits make more than the target nonzero in slice 1
+    monkeypatch.setattr(pr, "SHORT_K", 0)
+    monkeypatch.setattr(pr, "INT_ROW_BLOCK", row_block)
+    monkeypatch.setattr(pr, "INT_COL_BLOCK", 32)
+    if chunked:
+        monkeypatch.setattr(pr, "K_CHUNK", 16)
+    h, w, dl = _case(v=4000, peaked=peaked)
+    route("float")
+    want = _run(h, w, dl)
+    seen: list[int] = []
+    real = pr.compacted
+    monkeypatch.setattr(pr, "compacted", lambda sa, rows, s: seen.append(
+        sum(c.numel() for c in real(sa, rows, s).values())) or real(sa, rows, s))
+    widths: list[int] = []
+    route("int", _counting(widths))
+    done = _completed(monkeypatch)
+    got = _run(h, w, dl)
+    assert gemm.int_gemm_status()["route"] == "int" and gemm.int_gemm_status()["failures"] == 0
+    assert _same(want, got) and done == [True] * 3
+    # dh's top slice ran compacted (in every row block), on operands of >= 2 columns
+    assert sum(1 for n in seen if n) >= -(-70 // row_block) and min(widths) >= 2
+    monkeypatch.setattr(pr, "COMPACT_MAX", -1.0)                 # never compact: same bits
+    assert _same(want, _run(h, w, dl))
+
+
+def test_a_transposed_operand_compacts_with_the_same_bits(route, monkeypatch, loops):
+    # the weight gradient's a = dlogits^T (a transposed view) with one large entry per
+    # vocabulary column: its top slice is sparse along the tokens, gathered from the
+    # transposed store (NARROW_C = 0: not swapped to the other side)
+    monkeypatch.setattr(lm, "NARROW_C", 0)
+    monkeypatch.setattr(pr, "SHORT_K", 0)
+    monkeypatch.setattr(pr, "INT_ROW_BLOCK", 64)
+    g = torch.Generator().manual_seed(5)
+    m, v, d = 200, 96, 24
+    dl = torch.randn(m, v, generator=g) * 1e-4
+    dl[torch.randint(0, 7, (v,), generator=g), torch.arange(v)] = 1.0
+    h = torch.randn(m, d, generator=g).to(torch.bfloat16)
+    route("float")
+    with backend.force("cpu"):
+        want = ozaki_mm(dl.t(), h.t())
+        widths: list[int] = []
+        route("int", _counting(widths))
+        done = _completed(monkeypatch)
+        got = ozaki_mm(dl.t(), h.t())
+    assert done == [True]
+    assert torch.equal(want.view(torch.int32), got.view(torch.int32))
+    assert 2 <= min(widths) <= 7 and gemm.int_gemm_status()["failures"] == 0
+
+
+def test_an_all_zero_or_single_column_slice_is_padded(route, monkeypatch, loops):
+    # a block whose slice 1 is zero everywhere or in all but one column: the library's GEMM
+    # needs K >= 2, so the union is padded with zero columns - the same T
+    monkeypatch.setattr(pr, "SHORT_K", 0)
+    monkeypatch.setattr(pr, "INT_ROW_BLOCK", 8)
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(16, 50, generator=g) * 1e-3
+    a[:8, 0] = 1.0                      # rows 0-7: slice 1 only in column 0
+    a[8:] = torch.randn(8, 50, generator=g) * 1e-3
+    a[8:, 3] = 1.0                      # rows 8-15: one column too
+    a[12, 3] = 0.0                      # a row without its large entry: slice 1 all zero
+    b = torch.randn(20, 50, generator=g)
+    sa = _level_slices(a, 3, "test.sa", False)
+    assert torch.equal(pr.compacted(sa, slice(0, 8), 3)[1], torch.tensor([0, 1]))
+    route("float")
+    with backend.force("cpu"):
+        want = ozaki_mm(a, b)
+        route("int", exact_mm)
+        done = _completed(monkeypatch)
+        got = ozaki_mm(a, b)
+    assert torch.equal(want.view(torch.int32), got.view(torch.int32)) and done == [True]
+
+
+def test_contraction_chunks_never_leave_a_one_column_tail(route, monkeypatch):
+    # a one-column chunk is a shape the library's GEMM refuses, which sent the whole
+    # product to the float route (K = K_CHUNK + 1, e.g. a 32,769-entry vocabulary)
+    monkeypatch.setattr(pr, "K_CHUNK", 16)
+    for k in (1, 2, 15, 16, 17, 33, 300):
+        got = pr.chunks(k)
+        assert got[0][0] == 0 and got[-1][1] == k
+        assert all(a[1] == b[0] for a, b in zip(got, got[1:]))
+        assert all(min(2, k) <= k1 - k0 <= 16 for k0, k1 in got)
+    monkeypatch.setattr(pr, "SHORT_K", 0)
+    g = torch.Generator().manual_seed(8)
+    a, b = torch.randn(20, 17, generator=g), torch.randn(9, 17, generator=g)
+    route("float")
+    with backend.force("cpu"):
+        want = ozaki_mm(a, b)
+        route("int", exact_mm)
+        done = _completed(monkeypatch)
+        got = ozaki_mm(a, b)
+    assert torch.equal(want.view(torch.int32), got.view(torch.int32)) and done == [True]
+
+
+def test_a_compaction_that_loses_a_column_is_caught(route, monkeypatch, loops):
+    # the fault this guards against: a union missing a nonzero column gives a T short of
+    # that column's terms; the row and column sums of the products no longer match the
+    # slices', so the failure is counted and the float path recomputes the same bits
+    monkeypatch.setattr(pr, "SHORT_K", 0)
+    h, w, dl = _case(seed=2, v=2000)
+    route("float")
+    want = _run(h, w, dl)
+    sa = _level_slices(dl, 3, "test.sa", False)
+    assert 1 in pr.compacted(sa, slice(0, 70), 3)                # dh's slice 1 compacts
+    real = pr.nonzero_cols
+    monkeypatch.setattr(pr, "nonzero_cols", lambda sa, i, rows: real(sa, i, rows)[:-1])
+    route("int", exact_mm)
+    with pytest.warns(RuntimeWarning, match="checksum failed on the LM head.s slice products"):
+        got = _run(h, w, dl)
+    assert _same(want, got)
+    st = gemm.int_gemm_status()
+    assert st["route"] == "float" and st["failures"] == 1
+
+
+def test_the_real_library_gemm_compacts_with_the_same_bits(route, monkeypatch):
+    # the library's own int8 GEMM (forced: its probe decides) on the gathered operands
+    monkeypatch.setattr(pr, "SHORT_K", 0)
+    h, w, dl = _case(m=300, k=64, v=2000)
+    route("float")
+    want = _run(h, w, dl)
+    route("int")
+    done = _completed(monkeypatch)
+    got = _run(h, w, dl)
+    assert gemm.int_gemm_status()["failures"] == 0 and done == [True] * 3
+    assert _same(want, got)
