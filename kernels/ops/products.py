@@ -11,13 +11,14 @@ the contraction that holds every nonzero term gives the same T. Two groupings ar
 - **Compacted slices.** A slice of ``a`` that is zero in most contraction columns of a row
   block runs its pairs over only the columns where some row of the block has a nonzero:
   a gathered (rows, K') operand against the same columns of each b_j. The logits gradient
-  is the case this is for: a row of dlogits = p - onehot(target) (times 1/M) has its
-  largest magnitude at least 1 - p_target, and its magnitudes sum to 2 (1 - p_target), so
-  at most 2 * 256 of its elements lie within 2^-8 of the row's scale - the only ones whose
-  top slice can be nonzero (step 1: slice 1 holds the bits 2^-7 .. 2^-1 of the scale). At
-  any point of training, slice 1 of a dlogits row has at most ~512 nonzeros among the
-  vocabulary's columns (measured on the demo: 1 per row, 967 columns for a block of 1,024
-  rows of 8,192), so dh = dlogits W runs three of its six slice products over ~1% of K.
+  is the case this is for. Slice 1 of an element is nonzero only when its exponent is
+  within 6 of the row's largest (step 1), so only for magnitudes above 2^-7 of the row's
+  largest. A row of dlogits = p - onehot(target) (times 1/M) has its largest magnitude at
+  least 1 - p_target and its magnitudes sum to 2 (1 - p_target) (the z-loss adds a small
+  multiple of p), so at most 2 * 128 = 256 of its elements can have a nonzero slice 1 - at
+  any point of training, among the vocabulary's 128,256 columns (measured on the demo at
+  initialization: 1 per row, 961-967 columns for a block of 1,024 rows of 8,192). So dh =
+  dlogits W runs the pairs of slice 1 - three of six for S = 3 - over ~1% of K.
   Slices are tried in order and the first one not sparse enough (more than COMPACT_MAX of
   K in the union) stops the search: lower slices are denser in every distribution seen.
 
@@ -58,7 +59,7 @@ def levels(slices: int) -> list[tuple[int, list[tuple[int, int]]]]:
             for lvl in range(2, slices + 2)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Product:
     """One int8 GEMM of a block: ``a``'s slices side by side along K against ``b``'s paired
     ones, over the contraction range [k0, k1) or (compacted) the columns ``cols``."""
