@@ -143,7 +143,7 @@ def inside(args) -> dict:
         b = bisect(args.bisect, args.bisect_until)
         res["bisect"] = {"step": b["step"], "finding": b["finding"], "operator": b["operator"],
                          "vouched": b["vouched"]}
-    from kernels.int8.gemm import int_gemm_status
+    from kernels.int8.route import int_gemm_status
     res["machine"]["int_gemm"] = int_gemm_status()   # after the work: route and failures
     res["seconds"] = round(time.perf_counter() - t0, 1)
     return res

@@ -3,11 +3,11 @@
     python -m benchmarks.kernels.int_gemm [--repeats 3] [--out FILE]
 
 Routes: ``torch._int_mm`` (the library's integer GEMM: oneDNN on x86), the project's float
-route (``kernels.int8.gemm._float_int_mm``: float32 GEMMs of int8 values in contraction
+route (``kernels.int8.route._float_int_mm``: float32 GEMMs of int8 values in contraction
 chunks of 1,024, exact by construction), and, as anchors, a float32 and a float64 GEMM of
 the same shape (what a user would otherwise run). Also checks that ``torch._int_mm``
 equals the exact result on these operands and runs the exactness probe
-(``kernels.int8.gemm.probe_int_mm``). Median of ``--repeats`` after one warm-up, the sides
+(``kernels.int8.route.probe_int_mm``). Median of ``--repeats`` after one warm-up, the sides
 alternating; ratio = float32 GEMM time / route time (> 1: faster than float32).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import click
 import torch
 
 from benchmarks.machine import LoadLog, describe
-from kernels.int8 import gemm
+from kernels.int8 import route
 
 SHAPES = ((4096, 2048, 2048), (4096, 2048, 512), (4096, 5632, 2048))
 
@@ -32,8 +32,8 @@ def main(repeats, out):
     load = LoadLog()
     lines = [f"\n## {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC - "
              f"`python -m benchmarks.kernels.int_gemm {' '.join(sys.argv[1:])}`",
-             f"\nMachine: {describe()}; {gemm.platform_name()}. Probe of torch._int_mm: "
-             f"{gemm.probe_int_mm() or 'exact on every worst case'}.\n",
+             f"\nMachine: {describe()}; {route.platform_name()}. Probe of torch._int_mm: "
+             f"{route.probe_int_mm() or 'exact on every worst case'}.\n",
              "| M x K x N | _int_mm exact | _int_mm s | float route s | fp32 GEMM s | "
              "fp64 GEMM s | fp32 / _int_mm | fp32 / float route |",
              "|---|---|---|---|---|---|---|---|"]
@@ -43,7 +43,7 @@ def main(repeats, out):
         af, bf = a.float(), b.float()
         ad, bd = a.double(), b.double()
         sides = {"int": lambda: torch._int_mm(a, b.t()),
-                 "float": lambda: gemm._float_int_mm(a, b, None),
+                 "float": lambda: route._float_int_mm(a, b, None),
                  "f32": lambda: torch.mm(af, bf.t()), "f64": lambda: torch.mm(ad, bd.t())}
         exact = torch.equal(sides["int"](), sides["float"]())
         t = {s: [] for s in sides}

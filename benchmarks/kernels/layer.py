@@ -152,7 +152,7 @@ def main(seq, repeats, windows, profile, threads, out):
 
 
 def _flags() -> str:
-    from kernels.int8.gemm import cpu_flags
+    from kernels.int8.route import cpu_flags
     f = cpu_flags()
     keep = sorted(x for x in f if x.startswith(("avx", "amx", "fma")) or "vnni" in x)
     return " ".join(keep) + f"; torch CPU capability {torch.backends.cpu.get_cpu_capability()}"

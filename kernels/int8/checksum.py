@@ -83,7 +83,7 @@ class SlabCheck:
     O((M + N) K): each slab's row sums against ``a_i @ colsum(b)`` (colsum(b) once), and
     the columns once over all slabs: ``sum_i colsum(acc_i) == b @ sum_i colsum(a_i)``
     (``columns_ok``, O(N K) once). A caller that gets False from ``columns_ok`` records the
-    failure (``gemm.record_failure``) and recomputes every slab on the float route."""
+    failure (``route.record_failure``) and recomputes every slab on the float route."""
 
     def __init__(self, b: torch.Tensor, m_total: int) -> None:
         self.b, self.dt = b, _sum_dtype(b.shape[1], m_total, b.shape[0])

@@ -54,8 +54,8 @@ import torch
 
 from kernels.core.backend import use_triton
 from kernels.int8.checksum import SlabCheck
-from kernels.int8.gemm import (MAX_K, exact_dequant_cpu, int_gemm_route, int8_mm, int8_mm_cpu,
-                               record_failure)
+from kernels.int8.gemm import MAX_K, exact_dequant_cpu, int8_mm, int8_mm_cpu
+from kernels.int8.route import int_gemm_route, record_failure
 # The quantizers live in kernels/int8/quantize.py; re-exported so that callers keep importing
 # them from the op that uses them.
 from kernels.int8.quantize import (BLOCK_K, BLOCK_R, FLT_MIN, HADAMARD_BLOCK, INV_127,  # noqa: F401

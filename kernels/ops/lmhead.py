@@ -45,7 +45,8 @@ import torch
 
 from kernels.core import slicer
 from kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
-from kernels.int8.gemm import SGEMM_K, bf16_operand, int_gemm_route
+from kernels.int8.gemm import bf16_operand
+from kernels.int8.route import SGEMM_K, int_gemm_route
 from kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from kernels.core.workspace import release, scratch
 from kernels.ops import products

@@ -34,7 +34,7 @@ import torch
 from kernels.core import mathc
 from kernels.core.workspace import scratch
 from kernels.int8.checksum import _sum_dtype
-from kernels.int8.gemm import int_mm_unchecked, record_failure
+from kernels.int8.route import int_mm_unchecked, record_failure
 from kernels.ops.slices import LevelSlices, level_copy
 
 K_CHUNK = 32_768  # int32 level accumulators flushed into int64 this often
@@ -138,7 +138,7 @@ def operand(s: LevelSlices, which: tuple[int, ...], rows: slice, p: Product, who
 
 def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch.Tensor,
                out: torch.Tensor, slices: int) -> bool:
-    """T of step 2 by the library's int8 GEMM (``kernels.int8.gemm``'s "int" route, picked
+    """T of step 2 by the library's int8 GEMM (``kernels.int8.route``'s "int" route, picked
     on CPUs with an int8 dot-product instruction, where it runs 6-9x a float32 GEMM), per
     output block the products of ``block_products``, added into an exact float64 T with
     their weights and rounded once into ``out`` (``fp32(T * rowf[r] * colf[c])``) - exact

@@ -125,7 +125,7 @@ def run_selftest(steps: int = expected_mod.STEPS, interpreter: bool = False,
                     report["checks"].append(replay_prefix(b, mix, tmp, steps, exp))
     # after the work: the integer GEMM route may have switched (a failed checksum) and the
     # count of failed results is only known now
-    from kernels.int8.gemm import int_gemm_status
+    from kernels.int8.route import int_gemm_status
     report["machine"]["int_gemm"] = int_gemm_status()
     report["ok"] = all(c["verdict"] == "MATCH" for c in report["checks"])
     report["verdict"] = "MATCH" if report["ok"] else "MISMATCH"

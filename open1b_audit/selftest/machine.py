@@ -39,7 +39,7 @@ def describe() -> dict[str, Any]:
     from kernels.attention import compiled as attention_loops
     from kernels.core import ieee, mathc
     from kernels.core.backend import HAVE_TRITON
-    from kernels.int8.gemm import int_gemm_status
+    from kernels.int8.route import int_gemm_status
 
     cap = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
     triton = None

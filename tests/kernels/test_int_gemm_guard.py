@@ -1,4 +1,4 @@
-"""The exactness guard of the CPU integer GEMM route (kernels/int8/gemm.py).
+"""The exactness guard of the CPU integer GEMM route (kernels/int8/route.py).
 
 A platform whose int8 GEMM is not exact - here emulated: oneDNN's AVX2 s8 x s8 scheme
 without VNNI, a shifted to u8 and vpmaddubsw's saturating int16 pair sums - must be caught
@@ -15,6 +15,7 @@ import torch
 
 from kernels.core.backend import force
 from kernels.int8 import checksum, gemm
+from kernels.int8 import route as gemm_route
 from kernels.int8.linear import linear_int8_backward, linear_int8_forward
 
 
@@ -52,14 +53,14 @@ def test_the_emulation_is_wrong_where_real_hardware_would_be():
 
 
 def test_probe_passes_an_exact_gemm_and_names_the_failing_case():
-    assert gemm.probe_int_mm(lambda a, bt: gemm._exact_ref(a, bt.t()).to(torch.int32)) is None
-    bad = gemm.probe_int_mm(saturating_int_mm)
+    assert gemm_route.probe_int_mm(lambda a, bt: gemm_route._exact_ref(a, bt.t()).to(torch.int32)) is None
+    bad = gemm_route.probe_int_mm(saturating_int_mm)
     assert bad is not None and "127" in bad and "exact" in bad
 
 
 def test_probe_on_this_platform_is_exact_or_refused():
     # whatever the library does here, the guard's verdict is a decision, never a wrong result
-    verdict = gemm.probe_int_mm()
+    verdict = gemm_route.probe_int_mm()
     assert verdict is None or isinstance(verdict, str)
 
 
@@ -67,25 +68,25 @@ def test_faulty_platform_falls_back_at_start_up_with_exact_results(route):
     route("int", saturating_int_mm)
     a, b = _operands()
     with pytest.warns(RuntimeWarning, match="not exact on .*probe failed - all 127 x all 127"):
-        got = gemm.exact_int_mm_cpu(a, b)
-    assert gemm.int_gemm_status()["route"] == "float"
-    assert torch.equal(got.long(), gemm._exact_ref(a, b))
+        got = gemm_route.exact_int_mm_cpu(a, b)
+    assert gemm_route.int_gemm_status()["route"] == "float"
+    assert torch.equal(got.long(), gemm_route._exact_ref(a, b))
 
 
 def test_a_fault_the_probe_misses_is_caught_by_the_checksum(route):
     def faulty_on_large(a, bt):           # exact on the probe's shapes, one wrong element on
-        out = gemm._exact_ref(a, bt.t()).to(torch.int32)     # the larger ones
+        out = gemm_route._exact_ref(a, bt.t()).to(torch.int32)     # the larger ones
         if a.shape[0] >= 40:
             out[3, 5] += 1
         return out
 
     route("int", faulty_on_large)
     a, b = _operands(m=48)
-    assert gemm.int_gemm_route() == "int"                    # the probe passed
+    assert gemm_route.int_gemm_route() == "int"                    # the probe passed
     with pytest.warns(RuntimeWarning, match="checksum failed on a 48x2100x29 GEMM"):
-        got = gemm.exact_int_mm_cpu(a, b)
-    assert torch.equal(got.long(), gemm._exact_ref(a, b))
-    assert gemm.int_gemm_status() | {"reason": ""} == gemm.int_gemm_status() | {
+        got = gemm_route.exact_int_mm_cpu(a, b)
+    assert torch.equal(got.long(), gemm_route._exact_ref(a, b))
+    assert gemm_route.int_gemm_status() | {"reason": ""} == gemm_route.int_gemm_status() | {
         "route": "float", "failures": 1, "reason": ""}
 
 
@@ -100,7 +101,7 @@ def test_a_fault_is_caught_in_the_fused_dequantization(route, fault):
     want = gemm.int8_mm_cpu(a, b, rs, cs, torch.bfloat16)
 
     def faulty_on_large(a, bt):
-        out = gemm._exact_ref(a, bt.t()).to(torch.int32)
+        out = gemm_route._exact_ref(a, bt.t()).to(torch.int32)
         if a.shape[0] >= 40:
             out[3, 5] += 1
             if fault == "cancelling in a row":
@@ -108,12 +109,12 @@ def test_a_fault_is_caught_in_the_fused_dequantization(route, fault):
         return out
 
     route("int", faulty_on_large)
-    assert gemm.int_gemm_route() == "int"
+    assert gemm_route.int_gemm_route() == "int"
     with pytest.warns(RuntimeWarning, match="checksum failed on a 48x2100x29 GEMM"):
         got = gemm.int8_mm_cpu(a, b, rs, cs, torch.bfloat16)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
-    assert gemm.int_gemm_status()["route"] == "float"
-    assert gemm.int_gemm_status()["failures"] == 1
+    assert gemm_route.int_gemm_status()["route"] == "float"
+    assert gemm_route.int_gemm_status()["failures"] == 1
 
 
 def test_routes_give_the_same_bits_through_the_linear(route):
@@ -123,13 +124,13 @@ def test_routes_give_the_same_bits_through_the_linear(route):
     dy = (torch.randn(70, 90, generator=g) * 1e-3).to(torch.bfloat16)
     s = torch.tensor([4.0 / 127])
     outs = {}
-    exact = lambda a, bt: gemm._exact_ref(a, bt.t()).to(torch.int32)  # noqa: E731
+    exact = lambda a, bt: gemm_route._exact_ref(a, bt.t()).to(torch.int32)  # noqa: E731
     for which, mm in (("float", None), ("int", exact)):
         route(which, mm)
         with force("cpu"), warnings.catch_warnings():
             warnings.simplefilter("error")
             outs[which] = (linear_int8_forward(x, w, s), *linear_int8_backward(dy, x, w, s))
-        assert gemm.int_gemm_route() == which
+        assert gemm_route.int_gemm_route() == which
     for f, i in zip(outs["float"], outs["int"]):
         assert torch.equal(f.view(-1).view(torch.int16 if f.dtype == torch.bfloat16
                                            else torch.int32),
@@ -140,7 +141,7 @@ def test_routes_give_the_same_bits_through_the_linear(route):
 def test_unknown_route_is_refused(route):
     route("fast")
     with pytest.raises(ValueError, match="auto, int or float"):
-        gemm.int_gemm_route()
+        gemm_route.int_gemm_route()
 
 
 def _dw_case(seed=5):
@@ -165,17 +166,17 @@ def test_weight_gradient_slabs_catch_a_row_fault(route, monkeypatch):
     calls = []
 
     def faulty_second_slab(a, bt):                           # one wrong element, slab 2
-        out = gemm._exact_ref(a, bt.t()).to(torch.int32)
+        out = gemm_route._exact_ref(a, bt.t()).to(torch.int32)
         calls.extend([a.shape] if a.shape[1] == 512 else [])   # not the probe's calls
         if len(calls) == 2 and a.shape[1] == 512:
             out[4, 7] += 3
         return out
 
     route("int", faulty_second_slab)
-    assert gemm.int_gemm_route() == "int"
+    assert gemm_route.int_gemm_route() == "int"
     with pytest.warns(RuntimeWarning, match="checksum failed on a 16x512x300 GEMM"):
         got = _dw(qa, qb, sa, sb, monkeypatch)
-    assert torch.equal(got, want) and gemm.int_gemm_status()["failures"] == 1
+    assert torch.equal(got, want) and gemm_route.int_gemm_status()["failures"] == 1
 
 
 def test_weight_gradient_slabs_catch_a_fault_the_row_sums_cannot_see(route, monkeypatch):
@@ -187,7 +188,7 @@ def test_weight_gradient_slabs_catch_a_fault_the_row_sums_cannot_see(route, monk
     calls = []
 
     def compensating(a, bt):
-        out = gemm._exact_ref(a, bt.t()).to(torch.int32)
+        out = gemm_route._exact_ref(a, bt.t()).to(torch.int32)
         calls.extend([a.shape] if a.shape[1] == 512 else [])   # not the probe's calls
         if len(calls) == 3 and a.shape[1] == 512:
             out[1, 10] += 5
@@ -195,12 +196,12 @@ def test_weight_gradient_slabs_catch_a_fault_the_row_sums_cannot_see(route, monk
         return out
 
     route("int", compensating)
-    assert gemm.int_gemm_route() == "int"
+    assert gemm_route.int_gemm_route() == "int"
     with pytest.warns(RuntimeWarning, match="column checksum failed over the slabs of a "
                                             "300x512 weight gradient"):
         got = _dw(qa, qb, sa, sb, monkeypatch)
     assert torch.equal(got, want)
-    assert gemm.int_gemm_status()["route"] == "float" and gemm.int_gemm_status()["failures"] == 1
+    assert gemm_route.int_gemm_status()["route"] == "float" and gemm_route.int_gemm_status()["failures"] == 1
 
 
 def test_checksum_sums_are_exact_in_their_dtype():
@@ -217,7 +218,7 @@ def test_a_contraction_of_one_takes_the_float_route_without_a_failure(route):
     # torch 2.13's CPU _int_mm returns uninitialized memory for K = 1, N >= 2 (degenerate
     # strides of the (1, N) operand): such GEMMs never reach the library
     def garbage_for_k1(a, b_t):
-        out = gemm._exact_ref(a, b_t.t()).to(torch.int32)
+        out = gemm_route._exact_ref(a, b_t.t()).to(torch.int32)
         if a.shape[1] == 1:
             out += 12345
         return out
@@ -226,7 +227,7 @@ def test_a_contraction_of_one_takes_the_float_route_without_a_failure(route):
     a, b = _operands(m=3, k=1, n=5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = gemm.exact_int_mm_cpu(a, b)
-        assert gemm.int_mm_unchecked(a, b) is None
-    assert torch.equal(got.long(), gemm._exact_ref(a, b))
-    assert gemm.int_gemm_status()["route"] == "int" and gemm.int_gemm_status()["failures"] == 0
+        got = gemm_route.exact_int_mm_cpu(a, b)
+        assert gemm_route.int_mm_unchecked(a, b) is None
+    assert torch.equal(got.long(), gemm_route._exact_ref(a, b))
+    assert gemm_route.int_gemm_status()["route"] == "int" and gemm_route.int_gemm_status()["failures"] == 0

@@ -18,7 +18,8 @@ import torch
 from kernels.core import workspace
 from kernels.core.backend import force
 from kernels.int8.hadamard import hadamard_cpu, hadamard_dim0_cpu_
-from kernels.int8.gemm import bf16_rne, exact_int_mm_cpu
+from kernels.int8.gemm import bf16_rne
+from kernels.int8.route import exact_int_mm_cpu
 from kernels.int8.linear import (INV_127, Q_MAX, RND, TWO_OVER_SQRT127, linear_int8_backward,
                                  linear_int8_forward)
 from kernels.core.reduce import tree_sum_cpu

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from kernels.core import backend, mathc
-from kernels.int8 import gemm
+from kernels.int8 import route as gemm_route
 from kernels.ops import lmhead as lm
 from kernels.ops import products as pr
 from kernels.ops.lmhead import lmhead_backward, lmhead_forward
 
 
 def exact_mm(a, b_t):
-    return gemm._exact_ref(a, b_t.t()).to(torch.int32)
+    return gemm_route._exact_ref(a, b_t.t()).to(torch.int32)
 
 
 def _case(m=40, k=300, v=90, seed=0):
@@ -83,7 +83,7 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops,
     # the level products ran on the integer GEMM (pairs concatenated: 1..S pairs x chunk;
     # 300 columns in 64-column chunks are five of 60: no short tail)
     assert {(60 if chunked else 300) * p for p in range(1, slices + 1)} <= set(shapes)
-    assert gemm.int_gemm_status() | {"reason": ""} == gemm.int_gemm_status() | {
+    assert gemm_route.int_gemm_status() | {"reason": ""} == gemm_route.int_gemm_status() | {
         "route": "int", "failures": 0, "reason": ""}
     assert _same(want, got)
 
@@ -111,7 +111,7 @@ def test_a_faulty_integer_gemm_is_caught_and_recomputed(route, monkeypatch, faul
     with pytest.warns(RuntimeWarning, match="checksum failed on the LM head.s slice products"):
         got = _run(h, w, dl, 3)
     assert _same(want, got)
-    st = gemm.int_gemm_status()
+    st = gemm_route.int_gemm_status()
     assert st["route"] == "float" and st["failures"] == 1
 
 

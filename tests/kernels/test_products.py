@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from kernels.core import backend, mathc
-from kernels.int8 import gemm
+from kernels.int8 import route as gemm_route
 from kernels.ops import lmhead as lm
 from kernels.ops import products as pr
 from kernels.ops.lmhead import _level_slices, lmhead_backward, lmhead_forward, ozaki_mm
 
 
 def exact_mm(a, b_t):
-    return gemm._exact_ref(a, b_t.t()).to(torch.int32)
+    return gemm_route._exact_ref(a, b_t.t()).to(torch.int32)
 
 
 def _dlogits(m, v, seed, peaked=False):
@@ -109,7 +109,7 @@ def test_compaction_gives_the_float_paths_bits(route, monkeypatch, loops, row_bl
     route("int", _counting(widths))
     done = _completed(monkeypatch)
     got = _run(h, w, dl)
-    assert gemm.int_gemm_status()["route"] == "int" and gemm.int_gemm_status()["failures"] == 0
+    assert gemm_route.int_gemm_status()["route"] == "int" and gemm_route.int_gemm_status()["failures"] == 0
     assert _same(want, got) and done == [True] * 3
     # dh's top slice ran compacted (in every row block), on operands of >= 2 columns
     assert sum(1 for n in seen if n) >= -(-70 // row_block) and min(widths) >= 2
@@ -138,7 +138,7 @@ def test_a_transposed_operand_compacts_with_the_same_bits(route, monkeypatch, lo
         got = ozaki_mm(dl.t(), h.t())
     assert done == [True]
     assert torch.equal(want.view(torch.int32), got.view(torch.int32))
-    assert 2 <= min(widths) <= 7 and gemm.int_gemm_status()["failures"] == 0
+    assert 2 <= min(widths) <= 7 and gemm_route.int_gemm_status()["failures"] == 0
 
 
 def test_an_all_zero_or_single_column_slice_is_padded(route, monkeypatch, loops):
@@ -201,7 +201,7 @@ def test_a_compaction_that_loses_a_column_is_caught(route, monkeypatch, loops):
     with pytest.warns(RuntimeWarning, match="checksum failed on the LM head.s slice products"):
         got = _run(h, w, dl)
     assert _same(want, got)
-    st = gemm.int_gemm_status()
+    st = gemm_route.int_gemm_status()
     assert st["route"] == "float" and st["failures"] == 1
 
 
@@ -214,5 +214,5 @@ def test_the_real_library_gemm_compacts_with_the_same_bits(route, monkeypatch):
     route("int")
     done = _completed(monkeypatch)
     got = _run(h, w, dl)
-    assert gemm.int_gemm_status()["failures"] == 0 and done == [True] * 3
+    assert gemm_route.int_gemm_status()["failures"] == 0 and done == [True] * 3
     assert _same(want, got)

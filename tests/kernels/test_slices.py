@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernels.core import mathc
-from kernels.int8 import gemm
+from kernels.int8 import route as gemm_route
 from kernels.int8.checksum import _mv, col_sums
 from kernels.ops.lmhead import slice_rows_cpu
 from kernels.ops.slices import LevelSlices
@@ -63,7 +63,7 @@ def test_the_int8_gemm_reads_level_views_as_contiguous_copies(transposed):
     """The library reads a level view (a row stride of S K, or a transposed store with a
     leading dimension of R) exactly as the contiguous copy the route made before. Only
     where the route uses the library (its probe passed: exact integer sums)."""
-    if gemm.int_gemm_route() != "int":
+    if gemm_route.int_gemm_route() != "int":
         pytest.skip("the integer GEMM route is not in use on this CPU")
     a = LevelSlices.make(_operand(transposed, torch.bfloat16, 1), 3, "test.gemm.a", False)
     b = LevelSlices.make(_operand(False, torch.bfloat16, 2)[:29], 3, "test.gemm.b", True)
