@@ -2,7 +2,8 @@
 
 * ``open1b_data.ingest.tokenizer._bpe`` (open1b_data/ingest/tokenizer/_bpe.c): the build's
   fast encoder; without it ``FastEncoder`` uses tiktoken alone.
-* ``kernels.core._mathc`` (kernels/core/_mathc.c): compiled loops of ``kernels.core.mathfn``'s exp and log
+* ``open1b_kernels.core._mathc`` (open1b_kernels/core/_mathc.c): compiled loops of
+  ``open1b_kernels.core.mathfn``'s exp and log
   for the CPU reference, the same bits as its torch code; without it the torch code runs.
   Its flags keep every float operation a separate IEEE float32 operation: no fused
   multiply-add contraction, no value-changing optimization; -fno-trapping-math only lets
@@ -10,14 +11,14 @@
   flags), it changes no value; -fno-math-errno lets it vectorize the correctly rounded
   square root (AdamW's update ran one element at a time around the libm call kept for
   errno, which nothing here reads), also without changing a value.
-* ``kernels.attention._tilesc`` (kernels/attention/_tilesc.c): attention's CPU tile loops
+* ``open1b_kernels.attention._tilesc`` (open1b_kernels/attention/_tilesc.c): attention's CPU tile loops
   (softmax, quantization, p/ds, ordered tile sums) between torch's exact products; the same
-  flags and the same bits; without it the torch code of kernels/attention runs.
+  flags and the same bits; without it the torch code of open1b_kernels/attention runs.
 
 Both loop extensions are built with -fopenmp where the compiler takes it (checked by a trial
 build): a loop's pieces then run at once on the OpenMP threads of the libgomp torch loads
-(kernels/core/_pieces.h says why); without it they run one after another, and
-kernels.core.pieces hands them to its own thread pool instead. OpenMP changes no value:
+(open1b_kernels/core/_pieces.h says why); without it they run one after another, and
+open1b_kernels.core.pieces hands them to its own thread pool instead. OpenMP changes no value:
 every loop's result is the same whatever the cut.
 
 And one file at the root of site-packages, ``open1b_lmeval.pth``: the startup hook that makes
@@ -85,7 +86,7 @@ class BuildExtWithOpenMP(build_ext):
         return True
 
 
-OPENMP = ("kernels.core._mathc", "kernels.attention._tilesc")
+OPENMP = ("open1b_kernels.core._mathc", "open1b_kernels.attention._tilesc")
 
 # The license in the form the running setuptools reads without a deprecation notice (pip
 # prints one box per build step for the old form): an SPDX expression from setuptools 77
@@ -97,8 +98,8 @@ LICENSE = ({"license_expression": "Apache-2.0"} if int(setuptools.__version__.sp
 # Both float extensions: every float operation a separate IEEE operation (see above).
 EXACT_FLOAT_FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math",
                      "-fno-trapping-math", "-fno-math-errno"]
-MATHFN_H = "kernels/core/_mathfn.h"
-PIECES_H = "kernels/core/_pieces.h"
+MATHFN_H = "open1b_kernels/core/_mathfn.h"
+PIECES_H = "open1b_kernels/core/_pieces.h"
 
 setup(**LICENSE, cmdclass={"build_py": BuildPyWithPth,
                                    "build_ext": BuildExtWithOpenMP}, ext_modules=[
@@ -106,9 +107,9 @@ setup(**LICENSE, cmdclass={"build_py": BuildPyWithPth,
               depends=[f"open1b_data/ingest/tokenizer/_bpe_{h}.h" for h in
                        ("split", "table", "merge", "unicode")],
               extra_compile_args=["-O3", "-std=c11"], optional=True),
-    Extension("kernels.core._mathc", ["kernels/core/_mathc.c"], depends=[MATHFN_H, PIECES_H],
+    Extension("open1b_kernels.core._mathc", ["open1b_kernels/core/_mathc.c"], depends=[MATHFN_H, PIECES_H],
               extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
-    Extension("kernels.attention._tilesc", ["kernels/attention/_tilesc.c"],
+    Extension("open1b_kernels.attention._tilesc", ["open1b_kernels/attention/_tilesc.c"],
               depends=[MATHFN_H, PIECES_H],
               extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
 ])

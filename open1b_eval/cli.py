@@ -18,7 +18,7 @@ _fail = fail
 
 
 def _force(backend: str):
-    from kernels.core import backend as kb
+    from open1b_kernels.core import backend as kb
 
     return kb.force(None if backend == "auto" else backend)   # auto: by device
 

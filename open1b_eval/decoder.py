@@ -15,7 +15,7 @@ What is equal, bit for bit (tests/eval/test_decoder.py):
   in between) gives the logits of row p of ``forward`` of the sequence 0 .. p: every op is
   per token row (embedding, RMSNorm, W8A8 linears with per-tensor activation steps and
   weight steps re-pinned from the weights, SwiGLU, the exact LM head) except RoPE and
-  attention, whose decoding forms (``kernels.ops.rope_at``, ``kernels.attention.decode``)
+  attention, whose decoding forms (``open1b_kernels.ops.rope_at``, ``open1b_kernels.attention.decode``)
   replay the full-sequence arithmetic for that row;
 * so a sequence's logits do not depend on the batch it is decoded in, on the thread
   count, or on the backend (CPU reference or Triton).
@@ -29,18 +29,18 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.attention.forward import attention_forward
-from kernels.attention.decode import attention_decode
-from kernels.core.backend import use_triton
-from kernels.ops.embedding import embedding_fwd
-from kernels.int8.gemm import int8_mm, int8_mm_cpu
-from kernels.int8.linear import weight_codes_cpu, weight_step
-from kernels.ops.lmhead import lmhead_forward
-from kernels.int8.quantize import quantize, quantize_cpu
-from kernels.ops.rmsnorm import rmsnorm_fwd
-from kernels.ops.rope import MAX_T, rope_fwd
-from kernels.ops.rope_at import rope_at
-from kernels.ops.swiglu import swiglu_fwd
+from open1b_kernels.attention.forward import attention_forward
+from open1b_kernels.attention.decode import attention_decode
+from open1b_kernels.core.backend import use_triton
+from open1b_kernels.ops.embedding import embedding_fwd
+from open1b_kernels.int8.gemm import int8_mm, int8_mm_cpu
+from open1b_kernels.int8.linear import weight_codes_cpu, weight_step
+from open1b_kernels.ops.lmhead import lmhead_forward
+from open1b_kernels.int8.quantize import quantize, quantize_cpu
+from open1b_kernels.ops.rmsnorm import rmsnorm_fwd
+from open1b_kernels.ops.rope import MAX_T, rope_fwd
+from open1b_kernels.ops.rope_at import rope_at
+from open1b_kernels.ops.swiglu import swiglu_fwd
 from open1b_train.config import ModelConfig
 from open1b_train.model import add_bf16
 from open1b_train.params import ATTN, MLP

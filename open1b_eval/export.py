@@ -6,7 +6,7 @@ layers, the separator as ``eos_token_id``, and ``open1b_source``: run, step, run
 the mix's ``tokenizer/`` files. Tensors: every parameter of the checkpoint under its
 ``open1b_eval.hf`` name in its own dtype (bf16 weights and gains, float32 LSQ activation
 steps as ``act_step``), plus each linear's float32 ``weight_scale`` = the runtime's
-per-output-channel weight step re-pinned from the weight (``kernels.int8.linear
+per-output-channel weight step re-pinned from the weight (``open1b_kernels.int8.linear
 .weight_step``, CPU reference: the same bits as training uses).
 Load with ``import open1b_eval.hf`` then ``AutoModelForCausalLM.from_pretrained(OUT)``.
 """
@@ -17,8 +17,8 @@ import shutil
 
 import torch
 
-from kernels.core import backend
-from kernels.int8.linear import weight_step
+from open1b_kernels.core import backend
+from open1b_kernels.int8.linear import weight_step
 from open1b_eval.trained import Trained
 from open1b_train.params import ATTN, MLP
 

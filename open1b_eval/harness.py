@@ -33,8 +33,8 @@ import lm_eval.models  # noqa: F401  (lm-eval's own models first: see ``register
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from kernels.core import backend as kbackend
-from kernels.ops.rope import MAX_T
+from open1b_kernels.core import backend as kbackend
+from open1b_kernels.ops.rope import MAX_T
 from open1b_eval.decoder import Decoder
 from open1b_eval.generate import generate
 from open1b_eval.scoring import token_logprobs

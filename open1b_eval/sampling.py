@@ -7,14 +7,14 @@ the prefix token included), a temperature T >= 0 and a seed in [0, 2^64).
 * T > 0 (sampling), every step exact or one IEEE float32 operation:
   1. ``s = z * r`` with ``r = fp32(1 / T)`` (the division in binary64 on the host, rounded
      once to float32; a multiply, never a division on the device);
-  2. ``e = mathfn.exp(s - max(s))`` - the runtime's own exp (``kernels.core.mathfn``; same bits
+  2. ``e = mathfn.exp(s - max(s))`` - the runtime's own exp (``open1b_kernels.core.mathfn``; same bits
      on the CPU and in Triton), so e lies in (0, 1] and the largest is 1;
   3. integer weights ``w = trunc(e * 2^40)`` (int64; the power-of-two multiply is exact),
      prefix sums ``c`` (exact integers, so their order is immaterial) and ``W = c[V-1]``;
      a token whose probability is below 2^-40 of the most likely one gets weight 0 and is
      never drawn;
   4. the 32-bit Philox word ``u`` at (seed, stream ``SAMPLE_STREAM``, ``position``)
-     (``kernels.ops.philox.random_words``), target ``t = floor(W * u / 2^32)`` (exact integer
+     (``open1b_kernels.ops.philox.random_words``), target ``t = floor(W * u / 2^32)`` (exact integer
      arithmetic), and the token is the smallest i with ``c[i] > t`` (inverse CDF).
 So the token depends only on (logits bits, T, seed, position): not on the batch, the
 machine or the backend.
@@ -26,8 +26,8 @@ import hashlib
 import numpy as np
 import torch
 
-from kernels.core import mathfn
-from kernels.ops.philox import random_words
+from open1b_kernels.core import mathfn
+from open1b_kernels.ops.philox import random_words
 
 SAMPLE_STREAM = int.from_bytes(hashlib.sha256(b"open1b-generate").digest()[:4], "little")
 WEIGHT_BITS = 40

@@ -8,7 +8,7 @@ from the Open-1B base with ``dataclasses.replace``:
   vocabulary 128,256, sliding window 512 with full causal attention on the layers listed by
   ``ModelConfig.full_layers`` (every 5th layer and the last: indices 4, 9, 14, 19, 23).
 * ``demo`` - small enough to train on the demo mix on 2 CPU cores at a useful speed. Its
-  LM head uses 2 int8 slices (``kernels.ops.lmhead``: 3 exact int8 GEMMs per product instead of
+  LM head uses 2 int8 slices (``open1b_kernels.ops.lmhead``: 3 exact int8 GEMMs per product instead of
   6, accurate to ~5e-4 relative, about what bf16 logits cost) because at vocabulary 8,192
   and width 256 the LM head is most of a CPU step's work.
 * ``micro`` - a few thousand parameters per matrix, for tests under the Triton interpreter.

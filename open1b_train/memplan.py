@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.ops.lmhead import K_CHUNK
+from open1b_kernels.ops.lmhead import K_CHUNK
 from open1b_train import statehash
 from open1b_train.config import TrainConfig
 from open1b_train.diskflat import CHUNK, DiskFlat, clear_stale, scratch_dir
@@ -119,7 +119,7 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str, kept: int = 0) -> int:
     dp_replicate > 1 (log2 R + 1). lean adds every layer's input, the largest parameter's
     gradient in flight, and the largest of its three phases' working sets - they do not
     overlap, since the model frees the layers' reused scratch before the head and the head
-    its own after each part (``kernels.core.workspace.release``): the layers (one layer's
+    its own after each part (``open1b_kernels.core.workspace.release``): the layers (one layer's
     activations, attention's and the linears' working sets), the LM head (the logits
     buffer, the head weight's int8 slices, one token block of dlogits' slices with its
     level operands and products) and the update (the moments' chunks); ``kept`` layers'
@@ -138,7 +138,7 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str, kept: int = 0) -> int:
     layer = tokens * per_token + weight_codes
     # attention's backward at work: its float64 fixed-point planes (four query-side, one
     # more while regrouped, three key-side) and the compiled loops' per-block scratch
-    # (kernels.attention.compiled: scores, P, P V, tile operands; kept between calls)
+    # (open1b_kernels.attention.compiled: scores, P, P V, tile operands; kept between calls)
     attention = tokens * (8 * (5 * hq + 3 * hkv) + m.n_heads * (768 + 4 * m.head_dim)
                           + m.n_kv_heads * (2560 + 16 * m.head_dim))
     # the W8A8 linears' reused buffers (kept between calls, sized by the widest): the
@@ -217,7 +217,7 @@ def flat_digest(layout: Layout, flat) -> str:
     the latter read in chunks (each parameter starts at a 16 KiB hash-chunk boundary)."""
     if not on_disk(flat):
         return statehash.tensors_digest(layout.views(flat))
-    from kernels.hashing.sha256 import streamed_root
+    from open1b_kernels.hashing.sha256 import streamed_root
 
     rts = {}
     for s in layout.slots:

@@ -16,7 +16,7 @@ and embedding gradients come out of the kernels in float32 (autograd would round
 the bf16 parameter dtype); where one activation feeds several branches its gradients add
 as ``bf16(fp32(a) + fp32(b) [+ fp32(c)])`` left to right in the order written below (q, k,
 v for the attention input; branch then residual elsewhere). The same code runs the CPU
-reference or the Triton kernels (``kernels.core.backend``), so the two give the same bits.
+reference or the Triton kernels (``open1b_kernels.core.backend``), so the two give the same bits.
 The LM head's input gradient (fp32 from the exact GEMM) is rounded once to bf16.
 
 ``layer_forward`` / ``layer_backward`` are one layer's part of it (what the block benchmark
@@ -35,7 +35,7 @@ activations are held as the resident plan holds them (the plan keeps as many as 
 memory allows: each kept layer saves one layer forward); the LM head and the loss run over
 blocks of HEAD_ROWS tokens into one (M, V) float32 buffer that the loss's backward then overwrites
 with dlogits block by block (the logits, the loss rows and dlogits are row by row, so blocks
-cannot change a bit: ``kernels.ops.lmhead``'s rows are sliced per row, ``xent`` takes the
+cannot change a bit: ``open1b_kernels.ops.lmhead``'s rows are sliced per row, ``xent`` takes the
 mean's row count); the head's weight gradient runs over blocks of HEAD_COLS vocabulary
 rows (each of its rows is one column of dlogits sliced over all tokens, so blocks of rows
 cannot change a bit either, and only a block of dlogits^T is copied and sliced at once).
@@ -48,19 +48,19 @@ from collections.abc import Callable, MutableMapping
 
 import torch
 
-from kernels.attention.forward import attention_forward
-from kernels.attention.backward import attention_backward
-from kernels.ops.embedding import embedding_bwd, embedding_fwd
-from kernels.int8.linear import linear_int8_backward, linear_int8_forward, linear_int8_forward_cpu
-from kernels.core import mathc
-from kernels.core.backend import use_triton
-from kernels.ops.lmhead import lmhead_backward, lmhead_forward, ozaki_mm
-from kernels.core.reduce import reciprocal_f32, tree_sum
-from kernels.core.workspace import release
-from kernels.ops.rmsnorm import rmsnorm_bwd, rmsnorm_fwd
-from kernels.ops.rope import rope_bwd, rope_fwd
-from kernels.ops.swiglu import swiglu_bwd, swiglu_fwd
-from kernels.ops.xent import Z_LOSS, xent_backward, xent_forward
+from open1b_kernels.attention.forward import attention_forward
+from open1b_kernels.attention.backward import attention_backward
+from open1b_kernels.ops.embedding import embedding_bwd, embedding_fwd
+from open1b_kernels.int8.linear import linear_int8_backward, linear_int8_forward, linear_int8_forward_cpu
+from open1b_kernels.core import mathc
+from open1b_kernels.core.backend import use_triton
+from open1b_kernels.ops.lmhead import lmhead_backward, lmhead_forward, ozaki_mm
+from open1b_kernels.core.reduce import reciprocal_f32, tree_sum
+from open1b_kernels.core.workspace import release
+from open1b_kernels.ops.rmsnorm import rmsnorm_bwd, rmsnorm_fwd
+from open1b_kernels.ops.rope import rope_bwd, rope_fwd
+from open1b_kernels.ops.swiglu import swiglu_bwd, swiglu_fwd
+from open1b_kernels.ops.xent import Z_LOSS, xent_backward, xent_forward
 from open1b_train.config import ModelConfig
 
 Trace = Callable[[str, torch.Tensor], None] | None
@@ -72,7 +72,7 @@ HEAD_COLS = 16_384      # vocabulary rows per block of the lean plan's LM-head w
 
 def add_bf16(*xs: torch.Tensor) -> torch.Tensor:
     """bf16(((fp32(a) + fp32(b)) + fp32(c))...): exact widening, IEEE adds, one rounding
-    (by kernels.core.mathc's compiled loop for two or three CPU operands: the same ops)."""
+    (by open1b_kernels.core.mathc's compiled loop for two or three CPU operands: the same ops)."""
     fast = mathc.add_bf16(xs)
     if fast is not None:
         return fast
@@ -214,7 +214,7 @@ def layer_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], i: int, dx: tor
 
 def sequence_losses(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
                     batch: int) -> torch.Tensor:
-    """Each sequence's loss: the cross-entropy + z-loss rows of ``kernels.ops.xent`` (same
+    """Each sequence's loss: the cross-entropy + z-loss rows of ``open1b_kernels.ops.xent`` (same
     expression, one IEEE op each), pairwise-tree summed per sequence, times fp32(1/S)."""
     xt = logits.gather(1, labels[:, None])[:, 0]
     rows = (lse - xt) + Z_LOSS * (lse * lse)                                  # (B*S,)

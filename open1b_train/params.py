@@ -18,7 +18,7 @@ gate_up.weight, gate_up.step, down.weight, down.step). Weight decay follows the 
 recipe: linear layers and the LM head decay; the input embedding, norm gains and LSQ steps
 do not. (RoPE has no parameters: its tables are computed.)
 
-Init (bit-exact on every backend, ``kernels.ops.philox``): every truncated-normal tensor draws
+Init (bit-exact on every backend, ``open1b_kernels.ops.philox``): every truncated-normal tensor draws
 ``truncated_normal(seed, stream, shape, std=init_std)`` (mean 0, +-2 sigma, no depth
 scaling) rounded once to bf16, where ``stream = stream_of(name)`` = the first four bytes of
 SHA-256(name as UTF-8) read as a little-endian uint32 - so a tensor's values depend only on
@@ -28,7 +28,7 @@ sees: 0.125 for q/k/v/gate_up (unit-RMS inputs after RMSNorm: 2 sqrt(2/pi) / sqr
 0.1416, rounded down to a power of two) and 0.03125 for o and down (attention and SwiGLU
 outputs, measured at init on the demo preset at roughly a quarter of that scale); they are
 trained. Weight steps are not parameters: the linear re-pins them from the weights at every
-call (``kernels.int8.linear``).
+call (``open1b_kernels.int8.linear``).
 
 ``Layout`` places every parameter in one flat float32 index space (model order) for the
 gradient, the Adam moments and their reductions.
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.ops.philox import truncated_normal
+from open1b_kernels.ops.philox import truncated_normal
 from open1b_train.config import LSQ_INIT_INNER, LSQ_INIT_NORMED, ModelConfig
 from open1b_train.errors import ConfigError
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-import kernels.core.backend as kb
-from kernels.core import ieee
+import open1b_kernels.core.backend as kb
+from open1b_kernels.core import ieee
 from open1b_data import StreamPlan
 from open1b_data.formats.manifest import load_manifest
 from open1b_data.stream.loader import step_boundary_state
@@ -80,8 +80,8 @@ def _device(cfg: TrainConfig) -> torch.device:
 
 
 def backend_scope(cfg: TrainConfig):
-    """``kernels.core.backend.force`` for the config's backend (auto: by device), after
-    refusing a process that flushes subnormals (``kernels.core.ieee``): its CPU steps would
+    """``open1b_kernels.core.backend.force`` for the config's backend (auto: by device), after
+    refusing a process that flushes subnormals (``open1b_kernels.core.ieee``): its CPU steps would
     have other bits, so it may neither train nor replay."""
     try:
         ieee.require_ieee()

@@ -10,7 +10,7 @@ in the log so that a mismatch names what differs:
   logical mesh of a run has the same data digest per step: which virtual rank trains a
   window is fixed by the schedule (window m goes to rank m mod V), not by the data.
 * ``grad``    - the reduced gradient as Algorithm 1 leaves it (before a spike injection
-  and before clipping): ``kernels.hashing.sha256.digest_roots`` of the flat float32 gradient's
+  and before clipping): ``open1b_kernels.hashing.sha256.digest_roots`` of the flat float32 gradient's
   per-parameter views (names of ``params.py``).
 * ``params``  - the parameters after the step: ``digest_roots`` of the named tensors.
 * ``optim``   - SHA-256 of the canonical JSON of ``{"adam_step", "skip_left", "m", "v"}``,
@@ -26,7 +26,7 @@ fingerprint, seed, initial params and optimizer digests). The last step's hash i
 run hash. Canonical JSON = ``open1b.canonical.canonical_json`` (sorted keys, no spaces,
 ASCII, no NaN).
 
-Tensors are hashed where they live (``kernels.hashing.sha256``: on a GPU only the 32-byte chunk
+Tensors are hashed where they live (``open1b_kernels.hashing.sha256``: on a GPU only the 32-byte chunk
 digests cross to the host).
 """
 from __future__ import annotations
@@ -39,10 +39,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-import kernels.core.backend as kb
+import open1b_kernels.core.backend as kb
 from open1b.canonical import canonical_json as canonical  # noqa: F401 (statehash.canonical)
 from open1b.canonical import sha256_json as sha
-from kernels.hashing.sha256 import tensor_root
+from open1b_kernels.hashing.sha256 import tensor_root
 
 DATA_MAGIC = b"open1b-step-data/1"
 STEP_FORMAT = "open1b-step/1"
@@ -65,7 +65,7 @@ def data_digest(windows: Sequence[int], digests: Sequence[bytes]) -> str:
 
 
 def roots(named: Mapping[str, torch.Tensor]) -> dict[str, bytes]:
-    """The 32-byte ``kernels.hashing.sha256`` root of every tensor: the Triton kernel for CUDA
+    """The 32-byte ``open1b_kernels.hashing.sha256`` root of every tensor: the Triton kernel for CUDA
     tensors, hashlib for CPU tensors even when the Triton path is forced (the digests are
     identical by definition - integer arithmetic only - and the interpreter would spend
     minutes). A sharded run computes the roots of the tensors it owns and gathers them."""
@@ -75,7 +75,7 @@ def roots(named: Mapping[str, torch.Tensor]) -> dict[str, bytes]:
 
 
 def roots_digest(rts: Mapping[str, bytes]) -> str:
-    """``kernels.hashing.sha256.digest_roots`` from precomputed roots: names sorted by UTF-8 bytes,
+    """``open1b_kernels.hashing.sha256.digest_roots`` from precomputed roots: names sorted by UTF-8 bytes,
     each ``u64 len(name) || name || root``."""
     h = hashlib.sha256()
     for key in sorted(rts, key=lambda k: k.encode("utf-8")):
@@ -85,7 +85,7 @@ def roots_digest(rts: Mapping[str, bytes]) -> str:
 
 
 def tensors_digest(named: Mapping[str, torch.Tensor]) -> str:
-    """``kernels.hashing.sha256.digest_roots`` of a name -> tensor mapping (see ``roots``)."""
+    """``open1b_kernels.hashing.sha256.digest_roots`` of a name -> tensor mapping (see ``roots``)."""
     return roots_digest(roots(named))
 
 

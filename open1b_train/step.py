@@ -22,7 +22,7 @@ gradient is sharded, because every step below is elementwise or a pairwise-tree 
 the flat gradient in model order):
 
 * ``inject_spike`` steps (a forensics/testing knob of the config) multiply g by 1e4 first.
-* norm = ``kernels.ops.gradnorm.grad_norm([g])``: the pairwise tree sum of g*g over the flat
+* norm = ``open1b_kernels.ops.gradnorm.grad_norm([g])``: the pairwise tree sum of g*g over the flat
   gradient (model order, every parameter starting at a multiple of 4,096, zero gaps:
   ``params.Layout``), correctly rounded sqrt. Because the tree is blockable, the same
   value is the tree over the 4,096-element chunk partials, which a sharded run computes.
@@ -35,12 +35,12 @@ the flat gradient in model order):
   moments and the Adam step counter are left exactly as they were; the learning rate keeps
   following the consumed tokens. So a spike skips its own update and the next four; a new
   spike while skipping restarts the count at five.
-* Otherwise: clip (g *= ``kernels.ops.gradnorm.clip_coefficient(norm)`` = min(1, clip /
+* Otherwise: clip (g *= ``open1b_kernels.ops.gradnorm.clip_coefficient(norm)`` = min(1, clip /
   (norm + 1e-6)), one correctly rounded division and one multiply per element),
-  the Adam step counter t += 1, and the fused AdamW of ``kernels.ops.adamw`` per parameter at
+  the Adam step counter t += 1, and the fused AdamW of ``open1b_kernels.ops.adamw`` per parameter at
   ``lr = schedule LR at the step's tokens_after * lr_scale`` (binary64) with weight decay on
   the decayed group only (``params.py``). The weight quantization steps of the W8A8
-  linears are re-derived from the updated weights at their next use (``kernels.int8.linear``
+  linears are re-derived from the updated weights at their next use (``open1b_kernels.int8.linear``
   re-pins them at every call), so they always match the weights.
 """
 from __future__ import annotations
@@ -54,9 +54,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from kernels.ops.adamw import AdamWConfig, adamw_step_
-from kernels.ops.gradnorm import clip_coefficient, grad_norm
-from kernels.core.reduce import reciprocal_f32
+from open1b_kernels.ops.adamw import AdamWConfig, adamw_step_
+from open1b_kernels.ops.gradnorm import clip_coefficient, grad_norm
+from open1b_kernels.core.reduce import reciprocal_f32
 from open1b_train import memplan, statehash, validate
 from open1b_train.config import TrainConfig
 from open1b_train.errors import DivergenceError

@@ -9,7 +9,7 @@ reduced gradient, then the optimizer (``open1b_train.step``): ``optim.norm`` (th
 norm), and unless the step is skipped ``optim.clip_coef`` and, per parameter in model
 order, ``optim.clip.<param>`` (the gradient AdamW consumes) and ``optim.adamw.<param>.m``,
 ``.v``, ``.param`` after its update. Tracing only reads tensors: a traced step has the
-same bits as an untraced one. The digest is the tensor's ``kernels.hashing.sha256`` root (hex).
+same bits as an untraced one. The digest is the tensor's ``open1b_kernels.hashing.sha256`` root (hex).
 Stored as JSON lines ``{"i": index, "op": name, "digest": hex}``, one per op, under a
 header line ``{"format": "open1b-trace", "version": 1, "step": N}`` in
 ``RUN/traces/step-<n>.jsonl``.

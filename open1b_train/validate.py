@@ -10,7 +10,7 @@ fewer, and a source with none is left out):
    backward) in micro-batches of the schedule's ``micro_batch`` windows (a last shorter
    one when K is not a multiple), each window's loss as ``model.sequence_losses`` gives it;
 2. ``val_loss_s = tree_sum(window losses, in order) * fp32(1 / K)`` (pairwise tree,
-   ``kernels.core.reduce``; one IEEE float32 multiply).
+   ``open1b_kernels.core.reduce``; one IEEE float32 multiply).
 
 Every op is a ``kernels`` op with a defined order (per window the same rows as the
 training loss), so the CPU reference and the Triton kernels give the same bits and the
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.core.reduce import reciprocal_f32, tree_sum
+from open1b_kernels.core.reduce import reciprocal_f32, tree_sum
 from open1b_train.config import TrainConfig
 from open1b_train.errors import ConfigError
 from open1b_train.model import forward_loss

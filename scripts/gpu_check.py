@@ -4,7 +4,7 @@ Run it as-is on any machine with an NVIDIA GPU:
 
     python scripts/gpu_check.py [--out gpu_check.json] [--only rmsnorm] [--repeats 20]
 
-For every ``GPU_CHECKS`` entry of every ``kernels.<noun>`` module (kernels/core/registry.py):
+For every ``GPU_CHECKS`` entry of every ``kernels.<noun>`` module (open1b_kernels/core/registry.py):
 1. parity: the op on CUDA (Triton) vs the CPU reference on the same inputs, bit for bit;
    mismatched elements are counted per output (NaN positions must agree; payloads are
    outside the contract). Shapes are the check's ``parity_scale`` of Open-1B's.
@@ -43,8 +43,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))      # gpu_train beside this file
 
-from kernels.core import backend  # noqa: E402
-from kernels.core.registry import FORBIDDEN, GpuCheck, discover  # noqa: E402
+from open1b_kernels.core import backend  # noqa: E402
+from open1b_kernels.core.registry import FORBIDDEN, GpuCheck, discover  # noqa: E402
 
 PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 
@@ -250,7 +250,7 @@ def write_json(path: Path, payload: dict) -> None:
               help="Only the training checks, on the CPU with tiny shapes (no GPU needed).")
 def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps, train,
          train_dry_run):
-    """Parity, PTX scan and speed of every kernels/ op on this machine's GPU, then whole
+    """Parity, PTX scan and speed of every open1b_kernels/ op on this machine's GPU, then whole
     training steps and collectives."""
     if train_dry_run:
         import gpu_train

@@ -12,7 +12,7 @@ Open-1B step against stock PyTorch.
    ``nn.Linear``, SDPA, ``torch.optim.AdamW(fused=True)``) with every block compiled by
    ``torch.compile``. Ratio = ours / stock (>= 1: we are faster).
 3. hashing - the share of the step's time spent hashing parameters, gradient and moments
-   on the device (``kernels.hashing.sha256``).
+   on the device (``open1b_kernels.hashing.sha256``).
 4. golden - the committed golden trajectories (docs/PORTABILITY.md: 100 steps of the
    ``micro`` trajectory with a batch ramp, accumulation, a spike skip and a 3-replica
    mesh; 3 steps of the ``demo`` one whose GEMMs contract over 1,536 tokens) trained on

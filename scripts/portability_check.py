@@ -47,10 +47,10 @@ ROWS: dict[str, tuple[dict[str, str], list[str], str | None]] = {
     "threads-3": ({"OMP_NUM_THREADS": "3"}, ["--threads", "3"], None),
     "threads-7": ({"OMP_NUM_THREADS": "7"}, ["--threads", "7"], None),
     "mathc-off": ({"OPEN1B_MATHC": "0"}, [], None),
-    # the compiled loops' pieces on kernels.core.mathc's own thread pool instead of torch's
-    # OpenMP team (kernels/core/_pieces.h), three of them
+    # the compiled loops' pieces on open1b_kernels.core.mathc's own thread pool instead of torch's
+    # OpenMP team (open1b_kernels/core/_pieces.h), three of them
     "pool-3": ({"OPEN1B_MATHC_OMP": "0", "OMP_NUM_THREADS": "3"}, ["--threads", "3"], None),
-    # the two exact integer GEMM routes (kernels.int8.gemm): the library's int8 GEMM (fast on
+    # the two exact integer GEMM routes (open1b_kernels.int8.gemm): the library's int8 GEMM (fast on
     # VNNI-class CPUs, checked) and float32 GEMMs of int8 values; auto picks one per CPU
     "int-gemm-int": ({"OPEN1B_INT_GEMM": "int"}, [], None),
     "int-gemm-float": ({"OPEN1B_INT_GEMM": "float"}, [], None),
@@ -75,8 +75,8 @@ ROWS: dict[str, tuple[dict[str, str], list[str], str | None]] = {
 # --------------------------------------------------------------------------- inside
 
 def _load_fma_extension(work: str) -> str:
-    """Compile kernels/core/_mathc.c with FMA contraction and register it as
-    ``kernels.core._mathc`` before anything imports the kernels (the negative control)."""
+    """Compile open1b_kernels/core/_mathc.c with FMA contraction and register it as
+    ``open1b_kernels.core._mathc`` before anything imports the kernels (the negative control)."""
     out = os.path.join(work, "fma")
     os.makedirs(out, exist_ok=True)
     so = os.path.join(out, "_mathc" + sysconfig.get_config_var("EXT_SUFFIX"))
@@ -84,11 +84,11 @@ def _load_fma_extension(work: str) -> str:
     cc = os.environ.get("CC", "cc")
     subprocess.run([cc, "-shared", "-fPIC", "-O3", "-std=c11", "-ffp-contract=fast", "-mfma",
                     f"-I{sysconfig.get_paths()['include']}", f"-I{numpy.get_include()}",
-                    os.path.join(ROOT, "kernels", "core", "_mathc.c"), "-o", so], check=True)
-    spec = importlib.util.spec_from_file_location("kernels.core._mathc", so)
+                    os.path.join(ROOT, "open1b_kernels", "core", "_mathc.c"), "-o", so], check=True)
+    spec = importlib.util.spec_from_file_location("open1b_kernels.core._mathc", so)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    sys.modules["kernels.core._mathc"] = mod
+    sys.modules["open1b_kernels.core._mathc"] = mod
     return so
 
 
@@ -106,7 +106,7 @@ def inside(args) -> dict:
         res["flush_denormal_set"] = torch.set_flush_denormal(True)
     if args.matmul_precision:     # bfloat16 / TF32 products where the CPU or GPU has them
         torch.set_float32_matmul_precision(args.matmul_precision)
-        from kernels.core import ieee
+        from open1b_kernels.core import ieee
         res["matmul_precision_set"] = ieee.matmul_precision()
     from open1b_audit.selftest import machine, trajectory as tj
     res["machine"] = machine.describe()
@@ -143,7 +143,7 @@ def inside(args) -> dict:
         b = bisect(args.bisect, args.bisect_until)
         res["bisect"] = {"step": b["step"], "finding": b["finding"], "operator": b["operator"],
                          "vouched": b["vouched"]}
-    from kernels.int8.route import int_gemm_status
+    from open1b_kernels.int8.route import int_gemm_status
     res["machine"]["int_gemm"] = int_gemm_status()   # after the work: route and failures
     res["seconds"] = round(time.perf_counter() - t0, 1)
     return res

@@ -14,12 +14,12 @@ import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("open1b", "kernels", "open1b_data", "open1b_train", "open1b_audit", "open1b_eval")
+PACKAGES = ("open1b", "open1b_kernels", "open1b_data", "open1b_train", "open1b_audit", "open1b_eval")
 
 # package prefix -> prefixes it may import (besides itself and the standard library)
 ALLOWED = {
     "open1b": (),
-    "kernels": (),
+    "open1b_kernels": (),
     "open1b_data.errors": ("open1b",),
     "open1b_data.storage": ("open1b", "open1b_data.errors", "open1b_data.storage_errors"),
     "open1b_data.storage_errors": ("open1b", "open1b_data.errors"),
@@ -31,9 +31,9 @@ ALLOWED = {
                            "open1b_data.storage_errors", "open1b_data.formats"),
     "open1b_data.cli": ("open1b", "open1b_data"),
     "open1b_data": ("open1b",),                     # open1b_data/__init__.py (lazy names)
-    "open1b_train": ("open1b", "kernels", "open1b_data"),
-    "open1b_audit": ("open1b", "kernels", "open1b_data", "open1b_train"),
-    "open1b_eval": ("open1b", "kernels", "open1b_data", "open1b_train"),
+    "open1b_train": ("open1b", "open1b_kernels", "open1b_data"),
+    "open1b_audit": ("open1b", "open1b_kernels", "open1b_data", "open1b_train"),
+    "open1b_eval": ("open1b", "open1b_kernels", "open1b_data", "open1b_train"),
 }
 
 

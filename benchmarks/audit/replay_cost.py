@@ -118,7 +118,7 @@ def per_op() -> dict:
     t1, wall1 = _timed(one, head_tokens)
     head = {k: v for k, v in t1.items() if _layer_of(k) is None}
     # AdamW per parameter, SHA-256 per byte
-    from kernels.ops.adamw import AdamWConfig, adamw_step_
+    from open1b_kernels.ops.adamw import AdamWConfig, adamw_step_
     n = 1 << 24
     w, g = torch.randn(n) * 0.02, torch.randn(n) * 1e-3
     m, v = torch.zeros(n), torch.zeros(n)

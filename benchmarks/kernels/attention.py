@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.kernels.attention [--scale 0.0625 --scale 0.25]
                                                      [--threads 1] [--repeats 3]
 
-Shapes: the ``GPU_CHECKS`` of kernels/attention/forward.py (B 4, 16/4 heads, D 128, S 4,096 at
+Shapes: the ``GPU_CHECKS`` of open1b_kernels/attention/forward.py (B 4, 16/4 heads, D 128, S 4,096 at
 scale 1.0; window 512 and fully causal) at each ``--scale``. Ours: ``forward_cpu`` then
 ``backward_cpu`` (the reproducible attention: exact fixed-point Q K^T rounded once to
 fp32, portable exp, P V with P and V in int8). Anchor: fp32
@@ -20,8 +20,8 @@ import time
 import click
 import torch
 
-import kernels.attention.forward as A
-import kernels.attention.backward as AB
+import open1b_kernels.attention.forward as A
+import open1b_kernels.attention.backward as AB
 from benchmarks.machine import LoadLog, describe
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.machine import LoadLog, describe
-from kernels.core.backend import force
+from open1b_kernels.core.backend import force
 from tests.kernels.block import BlockConfig, block_forward, init_params
 
 

@@ -7,7 +7,7 @@ markdown table (ours / anchor: > 1 means slower) with the 1-minute load average 
 each row, and whether the run was under load (benchmarks/machine.py). Results:
 benchmarks/results/results-kernels-int8-linear-lmhead.md.
 
-The int8 GEMM rows time this project's ``kernels.int8.gemm.int8_mm`` on its CPU path, as
+The int8 GEMM rows time this project's ``open1b_kernels.int8.gemm.int8_mm`` on its CPU path, as
 the W8A8 linear calls it: int8 codes in, the exactly specified dequantization epilogue,
 bf16 out. The anchor is what a user would otherwise run for a linear of that shape on a
 CPU: a torch float32 matmul. (The int32-only row shows how much of it is the GEMM
@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.machine import LoadLog, describe, median_s
-from kernels.core import backend
-from kernels.int8.hadamard import hadamard
-from kernels.int8.gemm import int8_mm
-from kernels.int8.linear import linear_int8_backward, linear_int8_forward
-from kernels.ops.lmhead import lmhead_backward, lmhead_forward
-from kernels.ops.xent import xent_backward, xent_forward
+from open1b_kernels.core import backend
+from open1b_kernels.int8.hadamard import hadamard
+from open1b_kernels.int8.gemm import int8_mm
+from open1b_kernels.int8.linear import linear_int8_backward, linear_int8_forward
+from open1b_kernels.ops.lmhead import lmhead_backward, lmhead_forward
+from open1b_kernels.ops.xent import xent_backward, xent_forward
 
 
 def med(fn, n=3):  # median of n after one warm-up

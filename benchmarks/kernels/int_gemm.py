@@ -3,11 +3,11 @@
     python -m benchmarks.kernels.int_gemm [--repeats 3] [--out FILE]
 
 Routes: ``torch._int_mm`` (the library's integer GEMM: oneDNN on x86), the project's float
-route (``kernels.int8.route._float_int_mm``: float32 GEMMs of int8 values in contraction
+route (``open1b_kernels.int8.route._float_int_mm``: float32 GEMMs of int8 values in contraction
 chunks of 1,024, exact by construction), and, as anchors, a float32 and a float64 GEMM of
 the same shape (what a user would otherwise run). Also checks that ``torch._int_mm``
 equals the exact result on these operands and runs the exactness probe
-(``kernels.int8.route.probe_int_mm``). Median of ``--repeats`` after one warm-up, the sides
+(``open1b_kernels.int8.route.probe_int_mm``). Median of ``--repeats`` after one warm-up, the sides
 alternating; ratio = float32 GEMM time / route time (> 1: faster than float32).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import click
 import torch
 
 from benchmarks.machine import LoadLog, describe
-from kernels.int8 import route
+from open1b_kernels.int8 import route
 
 SHAPES = ((4096, 2048, 2048), (4096, 2048, 512), (4096, 5632, 2048))
 

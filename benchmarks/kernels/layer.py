@@ -28,7 +28,7 @@ import torch
 
 from benchmarks.kernels.block import torch_block
 from benchmarks.machine import LoadLog, describe
-from kernels.core.backend import force
+from open1b_kernels.core.backend import force
 from open1b_train.config import open1b
 from open1b_train.model import layer_backward, layer_forward
 from open1b_train.params import init_params
@@ -152,7 +152,7 @@ def main(seq, repeats, windows, profile, threads, out):
 
 
 def _flags() -> str:
-    from kernels.int8.route import cpu_flags
+    from open1b_kernels.int8.route import cpu_flags
     f = cpu_flags()
     keep = sorted(x for x in f if x.startswith(("avx", "amx", "fma")) or "vnni" in x)
     return " ".join(keep) + f"; torch CPU capability {torch.backends.cpu.get_cpu_capability()}"

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.machine import LoadLog, describe
-from kernels.core.backend import force
-from kernels.ops import lmhead as lm
-from kernels.ops.xent import xent_backward, xent_forward
+from open1b_kernels.core.backend import force
+from open1b_kernels.ops import lmhead as lm
+from open1b_kernels.ops.xent import xent_backward, xent_forward
 
 V, D = 128_256, 2_048
 

@@ -1,7 +1,7 @@
 """CPU reference speed of the elementwise / norm / optimizer ops vs stock torch CPU float32.
 
 For audits on commodity machines the CPU reference must stay practical. This times each
-op's CPU reference (kernels/, exactly specified arithmetic) against the torch CPU op a
+op's CPU reference (open1b_kernels/, exactly specified arithmetic) against the torch CPU op a
 float32 model would use for the same job, side by side in one run, median of repeats.
 
     .venv/bin/python -m benchmarks.kernels.ops [--tokens 2048] [--repeats 5] [--json out.json]
@@ -20,9 +20,9 @@ import click
 import torch
 
 from benchmarks.machine import LoadLog, describe, median_s
-from kernels.ops import adamw, embedding, gradnorm, rmsnorm, rope, swiglu
-from kernels.core import mathfn
-from kernels.core.backend import force
+from open1b_kernels.ops import adamw, embedding, gradnorm, rmsnorm, rope, swiglu
+from open1b_kernels.core import mathfn
+from open1b_kernels.core.backend import force
 
 
 def cases(t: int):

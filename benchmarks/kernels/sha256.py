@@ -1,10 +1,10 @@
-"""CPU path of kernels.hashing.sha256 (hashlib per 16 KiB chunk) vs one hashlib.sha256 of the buffer.
+"""CPU path of open1b_kernels.hashing.sha256 (hashlib per 16 KiB chunk) vs one hashlib.sha256 of the buffer.
 
     .venv/bin/python -m benchmarks.kernels.sha256 [--sizes-mb 64,512] [--repeats 3] [--json out.json]
 
 The anchor is what a user does without the op: one SHA-256 over the whole buffer. Both
 run side by side in one process on the same bytes, median of repeats after a warm-up.
-Rows: ``chunk_digests`` on a bf16 tensor (the real case: includes kernels.hashing.tensorbytes's NaN
+Rows: ``chunk_digests`` on a bf16 tensor (the real case: includes open1b_kernels.hashing.tensorbytes's NaN
 refusal pass) and on a uint8 view of the same bytes (no NaN pass: the chunking alone).
 ratio = anchor time / ours (1.0 = parity; below 1 we are slower). Results:
 benchmarks/results/results-kernels-sha256.md.
@@ -20,8 +20,8 @@ import click
 import torch
 
 from benchmarks.machine import cores, cpu_model, median_s
-from kernels.hashing import sha256
-from kernels.core.backend import force
+from open1b_kernels.hashing import sha256
+from open1b_kernels.core.backend import force
 
 
 def bf16_buffer(n_bytes: int) -> torch.Tensor:

@@ -43,7 +43,7 @@ SEQ = 4096
 
 def time_layer(window: str) -> dict:
     from benchmarks.kernels.layer import setup
-    from kernels.core.backend import force
+    from open1b_kernels.core.backend import force
     from open1b_train.model import layer_backward, layer_forward
 
     mc, p, x, dy, _, _ = setup(SEQ, window)
@@ -58,9 +58,9 @@ def time_layer(window: str) -> dict:
 
 
 def time_head(tokens: int) -> dict:
-    from kernels.core.backend import force
-    from kernels.ops import lmhead as lm
-    from kernels.ops.xent import xent_backward, xent_forward
+    from open1b_kernels.core.backend import force
+    from open1b_kernels.ops import lmhead as lm
+    from open1b_kernels.ops.xent import xent_backward, xent_forward
     from open1b_train.config import open1b
 
     m = open1b().model

@@ -34,7 +34,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from benchmarks.machine import LoadLog, describe, simd_flags
-    from kernels.core.backend import force
+    from open1b_kernels.core.backend import force
     from open1b_train.config import open1b
     from open1b_train.model import forward_backward
     from open1b_train.params import init_params

@@ -113,7 +113,7 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    from kernels.int8.route import cpu_flags
+    from open1b_kernels.int8.route import cpu_flags
 
     lines = report_head("python -m benchmarks.train.memory_plans")
     lines.append(f"CPU flags: {cpu_flags()}")

@@ -83,7 +83,7 @@ def backends(interpreter: bool) -> list[str]:
     """The backends this machine can check: cpu, and triton (CUDA) or triton-interpreter."""
     import torch
 
-    from kernels.core.backend import HAVE_TRITON
+    from open1b_kernels.core.backend import HAVE_TRITON
 
     out = ["cpu"]
     if HAVE_TRITON and torch.cuda.is_available():
@@ -99,7 +99,7 @@ def run_selftest(steps: int = expected_mod.STEPS, interpreter: bool = False,
     if not 1 <= steps <= expected_mod.STEPS:
         raise ValueError(f"steps must be in [1, {expected_mod.STEPS}] (the committed golden "
                          f"lines), got {steps}")
-    from kernels.core import ieee
+    from open1b_kernels.core import ieee
 
     try:
         ieee.require_ieee()                  # before minutes of work it could not trust
@@ -125,7 +125,7 @@ def run_selftest(steps: int = expected_mod.STEPS, interpreter: bool = False,
                     report["checks"].append(replay_prefix(b, mix, tmp, steps, exp))
     # after the work: the integer GEMM route may have switched (a failed checksum) and the
     # count of failed results is only known now
-    from kernels.int8.route import int_gemm_status
+    from open1b_kernels.int8.route import int_gemm_status
     report["machine"]["int_gemm"] = int_gemm_status()
     report["ok"] = all(c["verdict"] == "MATCH" for c in report["checks"])
     report["verdict"] = "MATCH" if report["ok"] else "MISMATCH"

@@ -36,10 +36,10 @@ def cpu_info() -> dict[str, Any]:
 
 
 def describe() -> dict[str, Any]:
-    from kernels.attention import compiled as attention_loops
-    from kernels.core import ieee, mathc
-    from kernels.core.backend import HAVE_TRITON
-    from kernels.int8.route import int_gemm_status
+    from open1b_kernels.attention import compiled as attention_loops
+    from open1b_kernels.core import ieee, mathc
+    from open1b_kernels.core.backend import HAVE_TRITON
+    from open1b_kernels.int8.route import int_gemm_status
 
     cap = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
     triton = None

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
-from kernels.core.reduce import reciprocal_f32
+from open1b_kernels.core.reduce import reciprocal_f32
 from open1b_train.distributed.exchange import Exchange
 from open1b_train.treefold import TreeFold, butterfly_reference
 

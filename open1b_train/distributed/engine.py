@@ -34,8 +34,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from kernels.core.reduce import tree_sum
-from kernels.core.rounding import sqrt_rn
+from open1b_kernels.core.reduce import tree_sum
+from open1b_kernels.core.rounding import sqrt_rn
 from open1b_train import checkpoint, statehash
 from open1b_train.allocator import keep_freed_memory
 from open1b_train.config import TrainConfig

@@ -32,7 +32,7 @@ def test_selftest_matches_and_describes_the_machine(tmp_path):
 
 def test_selftest_names_the_first_differing_step_component_and_operator(tmp_path,
                                                                          monkeypatch):
-    from kernels.core import mathfn
+    from open1b_kernels.core import mathfn
 
     exp = mathfn.exp
 
@@ -42,9 +42,9 @@ def test_selftest_names_the_first_differing_step_component_and_operator(tmp_path
         return torch.where(y > 0.5, (bits + 1).view(torch.float32), y)
     monkeypatch.setattr(mathfn, "exp", off_by_one_ulp)
     # RoPE's tables are the step's exp calls outside the compiled loops; the process keeps
-    # them per shape (kernels.ops.rope._tables_cached), so this simulated machine builds its
+    # them per shape (open1b_kernels.ops.rope._tables_cached), so this simulated machine builds its
     # own - uncached, and without leaving its tables in the cache for later tests
-    from kernels.ops import rope
+    from open1b_kernels.ops import rope
     monkeypatch.setattr(rope, "_tables_cached", rope.tables)
     rep = run_selftest(steps=1, work=str(tmp_path))
     assert rep["verdict"] == "MISMATCH"

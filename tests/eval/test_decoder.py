@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.core import backend
+from open1b_kernels.core import backend
 from open1b_eval.decoder import Decoder
 from open1b_eval.generate import generate
 from open1b_train.model import forward_backward

@@ -48,7 +48,7 @@ def test_importing_the_hook_imports_only_itself():
                     "print(sorted(set(sys.modules) - before))", "-S"))
     assert new == "['open1b_eval', 'open1b_eval.lmeval_hook']"
     heavy = ok(python("import sys, open1b_eval.lmeval_hook; print(sorted(m for m in sys.modules "
-                      "if m.split('.')[0] in ('torch', 'numpy', 'lm_eval', 'kernels', "
+                      "if m.split('.')[0] in ('torch', 'numpy', 'lm_eval', 'open1b_kernels', "
                       "'open1b_train', 'open1b_data') or m == 'open1b_eval.harness'))"))
     assert heavy == "[]"
 

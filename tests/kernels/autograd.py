@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attention.backward import attention_backward
-from kernels.attention.forward import attention_forward
-from kernels.core.backend import use_triton
-from kernels.int8.linear import (linear_int8_backward, linear_int8_forward,
+from open1b_kernels.attention.backward import attention_backward
+from open1b_kernels.attention.forward import attention_forward
+from open1b_kernels.core.backend import use_triton
+from open1b_kernels.int8.linear import (linear_int8_backward, linear_int8_forward,
                                  linear_int8_forward_cpu)
-from kernels.ops.embedding import embedding_bwd, embedding_fwd
-from kernels.ops.lmhead import SLICES, lmhead_backward, lmhead_forward
-from kernels.ops.rmsnorm import EPS, rmsnorm_bwd, rmsnorm_fwd
-from kernels.ops.rope import THETA, rope_bwd, rope_fwd
-from kernels.ops.swiglu import swiglu_bwd, swiglu_fwd
-from kernels.ops.xent import xent_backward, xent_forward
+from open1b_kernels.ops.embedding import embedding_bwd, embedding_fwd
+from open1b_kernels.ops.lmhead import SLICES, lmhead_backward, lmhead_forward
+from open1b_kernels.ops.rmsnorm import EPS, rmsnorm_bwd, rmsnorm_fwd
+from open1b_kernels.ops.rope import THETA, rope_bwd, rope_fwd
+from open1b_kernels.ops.swiglu import swiglu_bwd, swiglu_fwd
+from open1b_kernels.ops.xent import xent_backward, xent_forward
 
 
 class AttentionFunction(torch.autograd.Function):

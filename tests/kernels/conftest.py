@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.int8 import route as gemm_route
+from open1b_kernels.int8 import route as gemm_route
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.core import backend
+from open1b_kernels.core import backend
 
 # Kernels on the tensors' own device: a CUDA device, or CPU tensors under the interpreter.
 needs_triton = pytest.mark.skipif(not backend.triton_available(),
@@ -22,7 +22,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def same_bits(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
-    """Bit equality; NaN payloads do not count (see kernels/CONTRACT.md), NaN positions do.
+    """Bit equality; NaN payloads do not count (see open1b_kernels/CONTRACT.md), NaN positions do.
     Two Nones are equal (an absent gradient on both paths)."""
     if a is None or b is None:
         return a is None and b is None

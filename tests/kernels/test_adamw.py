@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.ops import adamw
-from kernels.core.backend import force
+from open1b_kernels.ops import adamw
+from open1b_kernels.core.backend import force
 from tests.kernels.support import needs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -86,7 +86,7 @@ def test_bf16_param_rounded_once():
 
 
 # ------------------------------------------------ the documented formula, bit for bit
-# A reference written from the module docstring (kernels/CONTRACT.md section 1): host
+# A reference written from the module docstring (open1b_kernels/CONTRACT.md section 1): host
 # scalars in binary64 rounded once to float32, then every per-element operation one
 # float32 IEEE op in the documented order (numpy float32, nothing fused).
 F32 = np.float32

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from kernels.core import backend
-from kernels.attention.forward import BLOCK_N, attention_forward, forward_cpu
-from kernels.attention.backward import attention_backward, backward_cpu
-from kernels.attention.fixed import (
+from open1b_kernels.core import backend
+from open1b_kernels.attention.forward import BLOCK_N, attention_forward, forward_cpu
+from open1b_kernels.attention.backward import attention_backward, backward_cpu
+from open1b_kernels.attention.fixed import (
     exact_matmul,
     fixed_point,
     fixed_row_values,
@@ -231,7 +231,7 @@ def test_bad_inputs_are_rejected_with_the_value():
 )
 def test_compiled_kernels_match_cpu_bitwise_on_gpu():
     """The compiled kernels at Open-1B head shapes (16/4 heads, D 128), short sequence."""
-    from kernels.attention.forward import GPU_CHECKS
+    from open1b_kernels.attention.forward import GPU_CHECKS
 
     for check in GPU_CHECKS:
         args = check.make_inputs(1 / 16, "cpu")  # 4 x 256 tokens

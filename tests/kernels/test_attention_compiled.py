@@ -1,4 +1,4 @@
-"""Attention's compiled CPU path (kernels.attention.compiled) against the torch definition
+"""Attention's compiled CPU path (open1b_kernels.attention.compiled) against the torch definition
 (forward_reference / backward_reference): the same bits on every shape class and value class
 of the attention tests, any thread count, and its dispatch switch."""
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.attention import compiled
-from kernels.attention.backward import backward_cpu, backward_reference
-from kernels.attention.forward import forward_cpu, forward_reference
+from open1b_kernels.attention import compiled
+from open1b_kernels.attention.backward import backward_cpu, backward_reference
+from open1b_kernels.attention.forward import forward_cpu, forward_reference
 from tests.kernels.support import bits
 from tests.kernels.test_attention import CASES, _inputs
 
@@ -109,7 +109,7 @@ def test_compiled_loops_reject_inconsistent_buffers():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_fixed_point_planes_match_the_torch_definition(kind):
-    from kernels.attention.tiles import blocked_rows, column_values
+    from open1b_kernels.attention.tiles import blocked_rows, column_values
 
     q, k, *_ = _inputs((2, 3, 3, 130, 32, None), seed=2, kind=kind)
     for x in (q, k):

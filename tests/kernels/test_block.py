@@ -14,7 +14,8 @@ autograd wrappers) at tiny shapes.
    the rotated per-row int8 gradient GEMMs of the linear backward. Measured (this config):
    out 3.1% of max|out|; gradients cosine >= 0.9936, rel. L2 <= 0.113; steps <= 5.1% of the
    term mass.
-3. Golden SHA-256 (kernels.hashing.tensorbytes) of output and gradients in tests/assets/block_golden.json.
+3. Golden SHA-256 (open1b_kernels.hashing.tensorbytes) of output and gradients in
+   tests/assets/block_golden.json.
    Regenerate (only after an intended change) with K4_WRITE_BLOCK_GOLDEN=1.
 """
 from __future__ import annotations
@@ -27,11 +28,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.hashing import tensorbytes as hashing
-from kernels.core.backend import force, triton_available
+from open1b_kernels.hashing import tensorbytes as hashing
+from open1b_kernels.core.backend import force, triton_available
 from tests.kernels.block import BlockConfig, block_forward, init_params
-from kernels.int8.linear import Q_MAX
-from kernels.ops.philox import truncated_normal
+from open1b_kernels.int8.linear import Q_MAX
+from open1b_kernels.ops.philox import truncated_normal
 from tests.kernels.support import bits
 
 CFG = BlockConfig(d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn=128, window=16)

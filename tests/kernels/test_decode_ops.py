@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.core import backend
-from kernels.attention.forward import forward_cpu
-from kernels.attention.decode import attention_decode, decode_cpu
-from kernels.ops.rope import rope_fwd
-from kernels.ops.rope_at import rope_at
+from open1b_kernels.core import backend
+from open1b_kernels.attention.forward import forward_cpu
+from open1b_kernels.attention.decode import attention_decode, decode_cpu
+from open1b_kernels.ops.rope import rope_fwd
+from open1b_kernels.ops.rope_at import rope_at
 from tests.kernels.support import bits, needs_interpreter
 
 

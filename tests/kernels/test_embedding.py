@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from kernels.ops import embedding
+from open1b_kernels.ops import embedding
 from tests.kernels import autograd
-from kernels.core.backend import force
-from kernels.core.reduce import tree_sum_cpu
+from open1b_kernels.core.backend import force
+from open1b_kernels.core.reduce import tree_sum_cpu
 from tests.kernels.support import needs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.core.backend import HAVE_TRITON
-from kernels.core.registry import FORBIDDEN, discover
+from open1b_kernels.core.backend import HAVE_TRITON
+from open1b_kernels.core.registry import FORBIDDEN, discover
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.ops import gradnorm
-from kernels.core.backend import force
-from kernels.core.reduce import tree_sum_cpu
+from open1b_kernels.ops import gradnorm
+from open1b_kernels.core.backend import force
+from open1b_kernels.core.reduce import tree_sum_cpu
 from tests.kernels.support import needs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -62,7 +62,8 @@ def test_rejects_non_float32():
 
 
 # ------------------------------------------------ the pairwise tree, in its exact order
-# A reference written from the docstrings (kernels/ops/gradnorm.py, kernels/core/reduce.py): zero-pad
+# A reference written from the docstrings (open1b_kernels/ops/gradnorm.py,
+# open1b_kernels/core/reduce.py): zero-pad
 # to a power of two, add adjacent pairs level by level, one float32 add each; per tensor,
 # then over the per-tensor sums in list order; sqrt correctly rounded.
 def _tree(x: np.ndarray) -> np.float32:
@@ -162,8 +163,8 @@ def test_triton_norm_is_the_exact_tree():
 def test_cpu_slabs_of_chunk_partials_equal_the_one_shot_tree(chunks, monkeypatch):
     """The CPU path's bounded-memory form (CHUNK partials slab by slab, then their tree) is
     bitwise the one-shot tree of g*g, as the Triton path's chunk partials are."""
-    from kernels.core.reduce import tree_sum_cpu
-    from kernels.ops import gradnorm
+    from open1b_kernels.core.reduce import tree_sum_cpu
+    from open1b_kernels.ops import gradnorm
 
     monkeypatch.setattr(gradnorm, "CPU_SLAB", 4 * gradnorm.CHUNK)
     g = torch.Generator().manual_seed(chunks)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from kernels.core import backend
-from kernels.int8.hadamard import hadamard, hadamard_cpu, padded_width
+from open1b_kernels.core import backend
+from open1b_kernels.int8.hadamard import hadamard, hadamard_cpu, padded_width
 from tests.kernels.support import needs_interpreter
 
 
@@ -92,10 +92,10 @@ def test_rejects_non_power_of_four_block():
 
 
 def test_compiled_dim0_stages_give_the_torch_bits(monkeypatch):
-    # kernels.core.mathc.fwht_dim0_ (the C butterflies) against the torch stage loop, on
+    # open1b_kernels.core.mathc.fwht_dim0_ (the C butterflies) against the torch stage loop, on
     # subnormal, huge (overflowing to inf), signed-zero and ordinary values, several tiles
-    from kernels.core import mathc
-    from kernels.int8 import hadamard as hd
+    from open1b_kernels.core import mathc
+    from open1b_kernels.int8 import hadamard as hd
     if not mathc.available():
         pytest.skip("the compiled loops are not built")
     g = torch.Generator().manual_seed(9)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.hashing import tensorbytes as hashing
+from open1b_kernels.hashing import tensorbytes as hashing
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "assets" / "kernels_k1_golden.json").read_text())
 

@@ -1,12 +1,12 @@
 """Reduced-precision float32 matrix products (bfloat16 through oneDNN, TF32 on CUDA) are a
 process-wide torch setting an auditor's environment may carry; the runtime's scope pins
-full precision and gives the process its own setting back (kernels/core/ieee.py)."""
+full precision and gives the process its own setting back (open1b_kernels/core/ieee.py)."""
 from __future__ import annotations
 
 import torch
 
-from kernels.core import backend as kb
-from kernels.core import ieee
+from open1b_kernels.core import backend as kb
+from open1b_kernels.core import ieee
 
 
 def test_the_runtime_scope_pins_ieee_products_and_restores_a_legacy_setting():

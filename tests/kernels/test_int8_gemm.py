@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.core import backend
-from kernels.int8.gemm import MAX_K, bf16_rne, int8_mm, int8_mm_cpu
+from open1b_kernels.core import backend
+from open1b_kernels.int8.gemm import MAX_K, bf16_rne, int8_mm, int8_mm_cpu
 from tests.kernels.support import bits, needs_interpreter
 
 

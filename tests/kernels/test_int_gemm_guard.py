@@ -1,4 +1,4 @@
-"""The exactness guard of the CPU integer GEMM route (kernels/int8/route.py).
+"""The exactness guard of the CPU integer GEMM route (open1b_kernels/int8/route.py).
 
 A platform whose int8 GEMM is not exact - here emulated: oneDNN's AVX2 s8 x s8 scheme
 without VNNI, a shifted to u8 and vpmaddubsw's saturating int16 pair sums - must be caught
@@ -13,10 +13,10 @@ import warnings
 import pytest
 import torch
 
-from kernels.core.backend import force
-from kernels.int8 import checksum, gemm
-from kernels.int8 import route as gemm_route
-from kernels.int8.linear import linear_int8_backward, linear_int8_forward
+from open1b_kernels.core.backend import force
+from open1b_kernels.int8 import checksum, gemm
+from open1b_kernels.int8 import route as gemm_route
+from open1b_kernels.int8.linear import linear_int8_backward, linear_int8_forward
 
 
 def saturating_int_mm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
@@ -155,7 +155,7 @@ def _dw_case(seed=5):
 
 
 def _dw(qa, qb, sa, sb, monkeypatch):
-    from kernels.int8 import linear
+    from open1b_kernels.int8 import linear
     monkeypatch.setattr(linear, "SLAB", 16 * 300)           # 16-row slabs: three of them
     return linear._dw_cpu(qa, qb, sa, sb, None, torch.float32)
 

@@ -10,11 +10,11 @@ from decimal import Decimal, getcontext
 import pytest
 import torch
 
-from kernels.core import backend
-from kernels.int8.gemm import bf16_rne
-from kernels.int8.hadamard import padded_width
-from kernels.int8.gemm import MAX_K
-from kernels.int8.linear import (HADAMARD_BLOCK, INV_127, MAX_TOKENS, TWO_OVER_SQRT127,
+from open1b_kernels.core import backend
+from open1b_kernels.int8.gemm import bf16_rne
+from open1b_kernels.int8.hadamard import padded_width
+from open1b_kernels.int8.gemm import MAX_K
+from open1b_kernels.int8.linear import (HADAMARD_BLOCK, INV_127, MAX_TOKENS, TWO_OVER_SQRT127,
                                  linear_int8_backward, linear_int8_forward, quantize_cpu,
                                  weight_step)
 from tests.kernels.autograd import linear_int8

@@ -6,7 +6,7 @@ the CPU path (codes kept from the forward, dim-0 rotations in tiles, row slabs, 
 buffers, ``torch.round``, skipped no-op clamps, transposed ``_int_mm`` operands) must
 match it bit for bit on normal, clipped, subnormal and zero inputs. Also the helpers it
 relies on: ``hadamard_dim0_cpu_``, ``exact_int_mm_cpu`` on transposed views, the dim-0 tree
-sum and ``kernels.core.workspace``.
+sum and ``open1b_kernels.core.workspace``.
 """
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import math
 import pytest
 import torch
 
-from kernels.core import workspace
-from kernels.core.backend import force
-from kernels.int8.hadamard import hadamard_cpu, hadamard_dim0_cpu_
-from kernels.int8.gemm import bf16_rne
-from kernels.int8.route import exact_int_mm_cpu
-from kernels.int8.linear import (INV_127, Q_MAX, RND, TWO_OVER_SQRT127, linear_int8_backward,
+from open1b_kernels.core import workspace
+from open1b_kernels.core.backend import force
+from open1b_kernels.int8.hadamard import hadamard_cpu, hadamard_dim0_cpu_
+from open1b_kernels.int8.gemm import bf16_rne
+from open1b_kernels.int8.route import exact_int_mm_cpu
+from open1b_kernels.int8.linear import (INV_127, Q_MAX, RND, TWO_OVER_SQRT127, linear_int8_backward,
                                  linear_int8_forward)
-from kernels.core.reduce import tree_sum_cpu
+from open1b_kernels.core.reduce import tree_sum_cpu
 from tests.kernels.autograd import linear_int8
 from tests.kernels.support import bits
 

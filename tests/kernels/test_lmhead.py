@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.core import backend
-from kernels.ops import lmhead as lm
-from kernels.ops.lmhead import (lmhead_backward, lmhead_forward, ozaki_mm, ozaki_mm_cpu,
+from open1b_kernels.core import backend
+from open1b_kernels.ops import lmhead as lm
+from open1b_kernels.ops.lmhead import (lmhead_backward, lmhead_forward, ozaki_mm, ozaki_mm_cpu,
                             slice_rows_cpu)
 from tests.kernels.autograd import lmhead
 from tests.kernels.support import needs_interpreter

@@ -1,4 +1,4 @@
-"""The LM head's CPU integer route (``kernels.ops.products``): the library's
+"""The LM head's CPU integer route (``open1b_kernels.ops.products``): the library's
 int8 GEMM per slice level, checked once per product by exact row and column sums. It must
 give the float path's bits (both slice counts, chunked contractions, several output blocks,
 non-finite rows), and a faulty integer GEMM - a wrong element, or two that cancel in their
@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.core import backend, mathc
-from kernels.int8 import route as gemm_route
-from kernels.ops import lmhead as lm
-from kernels.ops import products as pr
-from kernels.ops.lmhead import lmhead_backward, lmhead_forward
+from open1b_kernels.core import backend, mathc
+from open1b_kernels.int8 import route as gemm_route
+from open1b_kernels.ops import lmhead as lm
+from open1b_kernels.ops import products as pr
+from open1b_kernels.ops.lmhead import lmhead_backward, lmhead_forward
 
 
 def exact_mm(a, b_t):
@@ -39,7 +39,7 @@ def _same(xs, ys):
 
 @pytest.fixture(params=["compiled", "torch"])
 def loops(request, monkeypatch):
-    """The integer route's work between GEMMs by kernels.core.mathc's compiled loops (level
+    """The integer route's work between GEMMs by open1b_kernels.core.mathc's compiled loops (level
     sums, check sums, rounding), or by the torch code (OPEN1B_MATHC=0): both are tested."""
     if request.param == "torch":
         monkeypatch.setenv("OPEN1B_MATHC", "0")
@@ -56,7 +56,7 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops,
                                               short, chunked):
     # small blocks and chunks: several row and column blocks, contraction chunks flushed
     # (level operands copied chunk by chunk) or one chunk (level operands are views of the
-    # level-ready slices, kernels.ops.slices); 128 rows: one row block, where each b
+    # level-ready slices, open1b_kernels.ops.slices); 128 rows: one row block, where each b
     # operand is built when used; the blocks of short contractions (every K here counted
     # short), or the long ones (SHORT_K = 0)
     if short:

@@ -1,12 +1,12 @@
-"""The compiled CPU loops of kernels.core.mathc give exactly mathfn's torch bits."""
+"""The compiled CPU loops of open1b_kernels.core.mathc give exactly mathfn's torch bits."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.core import mathc, mathfn, slicer
+from open1b_kernels.core import mathc, mathfn, slicer
 
-pytest.importorskip("kernels.core._mathc", reason="the optional extension was not compiled")
+pytest.importorskip("open1b_kernels.core._mathc", reason="the optional extension was not compiled")
 
 
 def _inputs() -> torch.Tensor:
@@ -47,7 +47,7 @@ def test_disabled_by_environment(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("slices", [2, 3])
 def test_compiled_slicer_equals_the_torch_slicer(dtype, slices, monkeypatch):
-    from kernels.ops import lmhead
+    from open1b_kernels.ops import lmhead
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(67, 301, generator=g) * 10.0 ** torch.randint(-35, 35, (67, 301),
@@ -82,12 +82,12 @@ def test_compiled_slicer_writes_into_a_given_buffer():
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("per_row", [True, False])
 def test_compiled_dequantization_equals_torch(out_dtype, per_row):
-    """kernels.int8.gemm's dequantization (int32 -> float32 rounded, two float32 multiplies,
+    """open1b_kernels.int8.gemm's dequantization (int32 -> float32 rounded, two float32 multiplies,
     bf16 rounding) and the guard's sums from the same pass, against the torch code - int32
     extremes (conversion rounds above 2^24), scales that overflow to inf and underflow to
     subnormals and zero, a zero scale - on shapes that split among threads."""
-    from kernels.int8.checksum import row_col_sums
-    from kernels.int8.gemm import dequantize_cpu
+    from open1b_kernels.int8.checksum import row_col_sums
+    from open1b_kernels.int8.gemm import dequantize_cpu
 
     g = torch.Generator().manual_seed(8)
     acc = torch.randint(-2**31, 2**31 - 1, (301, 1200), generator=g,
@@ -112,10 +112,10 @@ def test_compiled_dequantization_equals_torch(out_dtype, per_row):
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int8])
 def test_compiled_integer_sums_equal_torch(dtype):
-    """The guard's row and column sums (kernels.int8.checksum) by the compiled loop: exact
+    """The guard's row and column sums (open1b_kernels.int8.checksum) by the compiled loop: exact
     int64 sums equal to torch's, at the dtype's extremes (int32 sums past 2^31 per row),
     for shapes that split among threads and for a transposed view."""
-    from kernels.int8.checksum import col_sums, row_col_sums
+    from open1b_kernels.int8.checksum import col_sums, row_col_sums
 
     info = torch.iinfo(dtype)
     g = torch.Generator().manual_seed(3)
@@ -132,7 +132,7 @@ def test_compiled_integer_sums_equal_torch(dtype):
 
 @pytest.mark.parametrize("n", [2, 3, 6])
 def test_compiled_lmhead_level_loop_equals_torch(n):
-    """kernels.ops.lmhead's pass after the level GEMMs of one block (the weighted level sum
+    """open1b_kernels.ops.lmhead's pass after the level GEMMs of one block (the weighted level sum
     T, its one rounding into the output's columns, the checks' row and column sums) against
     the torch operations it replaces - int32 extremes, the two levels of S = 2 and the
     three of S = 3 (the loop's unrolled cases) and S = 3 with two contraction chunks per
@@ -158,7 +158,7 @@ def test_compiled_lmhead_level_loop_equals_torch(n):
 
 
 def test_compiled_xent_backward_equals_the_torch_code(monkeypatch):
-    from kernels.ops import xent
+    from open1b_kernels.ops import xent
 
     g = torch.Generator().manual_seed(6)
     x = torch.randn(7, 5000, generator=g) * 30.0       # > CHUNK columns, wide logits
@@ -174,9 +174,9 @@ def test_compiled_xent_backward_equals_the_torch_code(monkeypatch):
 
 
 def test_compiled_int8_matrix_vector_product_is_exact():
-    """The guard's products (kernels.int8.checksum._mv) by the compiled loop: exact int64
+    """The guard's products (open1b_kernels.int8.checksum._mv) by the compiled loop: exact int64
     values, row-major and transposed views, at int8's extremes and sums past 2^53."""
-    from kernels.int8.checksum import _mv
+    from open1b_kernels.int8.checksum import _mv
 
     g = torch.Generator().manual_seed(8)
     a = torch.randint(-128, 128, (300, 517), generator=g, dtype=torch.int64)
@@ -195,12 +195,12 @@ def test_compiled_int8_matrix_vector_product_is_exact():
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("per_row", [True, False])
 def test_compiled_ste_and_bf16_rounding_equal_the_torch_code(monkeypatch, x_dtype, per_row):
-    """The linear's straight-through estimator (kernels.int8.quantize.ste_cpu) and the
-    float32 -> bf16 rounding (kernels.int8.gemm.bf16_rne) compiled vs the torch code: codes
+    """The linear's straight-through estimator (open1b_kernels.int8.quantize.ste_cpu) and the
+    float32 -> bf16 rounding (open1b_kernels.int8.gemm.bf16_rne) compiled vs the torch code: codes
     clipped on both sides, exact +-127 and .5 ties of v, a zero step, subnormal and huge
     gradients, NaN."""
-    from kernels.int8.gemm import bf16_rne
-    from kernels.int8.quantize import ste_cpu
+    from open1b_kernels.int8.gemm import bf16_rne
+    from open1b_kernels.int8.quantize import ste_cpu
 
     g = torch.Generator().manual_seed(9)
     r, c = 33, 257
@@ -228,11 +228,11 @@ def test_compiled_ste_and_bf16_rounding_equal_the_torch_code(monkeypatch, x_dtyp
 @pytest.mark.parametrize("with_gain", [True, False])
 @pytest.mark.parametrize("dy_dtype", [torch.bfloat16, torch.float32])
 def test_compiled_rmsnorm_equals_torch(d, with_gain, dy_dtype, monkeypatch):
-    """kernels.ops.rmsnorm's CPU forward and backward by the compiled rows against the torch
+    """open1b_kernels.ops.rmsnorm's CPU forward and backward by the compiled rows against the torch
     code (OPEN1B_MATHC=0): the same bits for dx, y, rstd and the gain gradient - a row width
     that is not a power of two (the tree's zero padding), one of width 1, a row holding inf
     (NaN row), an all-zero row, subnormals and large values, threads splitting the rows."""
-    from kernels.ops.rmsnorm import rmsnorm_bwd_cpu, rmsnorm_fwd_cpu
+    from open1b_kernels.ops.rmsnorm import rmsnorm_bwd_cpu, rmsnorm_fwd_cpu
 
     g = torch.Generator().manual_seed(11)
     x = torch.randn(2, 67, d, generator=g) * 10.0 ** torch.randint(-20, 20, (2, 67, d),
@@ -266,11 +266,11 @@ def test_compiled_rmsnorm_equals_torch(d, with_gain, dy_dtype, monkeypatch):
 
 
 def test_compiled_swiglu_equals_torch(monkeypatch):
-    """kernels.ops.swiglu's CPU forward and backward by the compiled rows against the torch
+    """open1b_kernels.ops.swiglu's CPU forward and backward by the compiled rows against the torch
     code: gates far below zero (exp overflows: s = -0, sig = 0), large and subnormal
     values, zeros of both signs, inf and NaN (NaN where torch has NaN: payloads are outside
     the contract), rows split among threads."""
-    from kernels.ops.swiglu import swiglu_bwd_cpu, swiglu_fwd_cpu
+    from open1b_kernels.ops.swiglu import swiglu_bwd_cpu, swiglu_fwd_cpu
 
     g = torch.Generator().manual_seed(12)
     h = torch.randn(301, 2 * 700, generator=g) * 10.0 ** torch.randint(-3, 3, (301, 1400),
@@ -290,11 +290,11 @@ def test_compiled_swiglu_equals_torch(monkeypatch):
 
 
 def test_compiled_row_logsumexp_equals_torch(monkeypatch):
-    """kernels.ops.xent's online logsumexp by the compiled rows against the torch code: a
+    """open1b_kernels.ops.xent's online logsumexp by the compiled rows against the torch code: a
     vocabulary that is not a multiple of the chunk (the -inf padding), a NaN logit, a row
     of -inf, huge and tiny logits, a maximum that moves between chunks, chunks whose
     maximum is a zero of either sign."""
-    from kernels.ops.xent import CHUNK, row_lse_cpu, xent_forward_cpu
+    from open1b_kernels.ops.xent import CHUNK, row_lse_cpu, xent_forward_cpu
 
     g = torch.Generator().manual_seed(13)
     v = 2 * CHUNK + 77
@@ -321,10 +321,10 @@ def test_compiled_row_logsumexp_equals_torch(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("per_row", [True, False])
 def test_compiled_quantizer_equals_torch(dtype, per_row, monkeypatch):
-    """kernels.int8.quantize.quantize_cpu by the compiled loop against the torch steps:
+    """open1b_kernels.int8.quantize.quantize_cpu by the compiled loop against the torch steps:
     values past the clamp, exact ties (rounded half to even), a zero step (the safe
     divisor 1), subnormal steps, huge values, rows split among threads."""
-    from kernels.int8.quantize import quantize_cpu
+    from open1b_kernels.int8.quantize import quantize_cpu
 
     g = torch.Generator().manual_seed(14)
     x = torch.randn(300, 1111, generator=g) * 50
@@ -343,13 +343,13 @@ def test_compiled_quantizer_equals_torch(dtype, per_row, monkeypatch):
 
 @pytest.mark.parametrize("p_dtype", [torch.bfloat16, torch.float32])
 def test_compiled_adamw_equals_the_torch_code(p_dtype, monkeypatch):
-    """kernels.ops.adamw's CPU update by the compiled loop vs its torch code (the
+    """open1b_kernels.ops.adamw's CPU update by the compiled loop vs its torch code (the
     definition): the same parameter and moment bits, for bf16 and float32 parameters, over
     a size that splits into pieces, with zeros, subnormal and huge gradients (g * g
     overflows to inf), zero moments, a learning rate of 0 and a late step. NaN results
     (inf / inf) must agree in place; their payloads are outside the contract (the trainer
     refuses a non-finite gradient before its update)."""
-    from kernels.ops import adamw
+    from open1b_kernels.ops import adamw
 
     g = torch.Generator().manual_seed(12)
     n = 3 * mathc.PARALLEL_MIN + 77
@@ -375,12 +375,12 @@ def test_compiled_adamw_equals_the_torch_code(p_dtype, monkeypatch):
 
 
 def test_compiled_tree_sum_equals_the_torch_tree(monkeypatch):
-    """kernels.core.reduce's pairwise tree of a long vector by the compiled blocks and the
+    """open1b_kernels.core.reduce's pairwise tree of a long vector by the compiled blocks and the
     tree over their partials vs the torch levels: the same bits for lengths at, past and far
     from a power of two (padding inside the last block and whole padded blocks), with
     cancelling magnitudes (the order shows in the result), signed zeros, subnormals and
     inf; shorter vectors stay on the torch code."""
-    from kernels.core import reduce
+    from open1b_kernels.core import reduce
 
     g = torch.Generator().manual_seed(13)
     for n in (mathc.TREE_BLOCK, mathc.TREE_BLOCK + 1, 3 * mathc.TREE_BLOCK + 5,

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.hashing import tensorbytes as hashing
-from kernels.core import mathfn
-from kernels.ops import philox
-from kernels.core.backend import force
+from open1b_kernels.hashing import tensorbytes as hashing
+from open1b_kernels.core import mathfn
+from open1b_kernels.ops import philox
+from open1b_kernels.core.backend import force
 from tests.kernels.support import needs_triton, same_bits
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy overflow inside the interpreter

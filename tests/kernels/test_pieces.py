@@ -1,5 +1,5 @@
-"""The compiled loops' pieces (kernels/core/_pieces.h): the same bits however a loop's range
-is cut - one piece, pieces on torch's OpenMP threads, pieces on kernels.core.mathc's own
+"""The compiled loops' pieces (open1b_kernels/core/_pieces.h): the same bits however a loop's range
+is cut - one piece, pieces on torch's OpenMP threads, pieces on open1b_kernels.core.mathc's own
 pool - and the OpenMP team is torch's runtime, not a second one."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from kernels.core import mathc, pieces
+from open1b_kernels.core import mathc, pieces
 
 pytestmark = pytest.mark.skipif(not mathc.available(), reason="compiled loops not built")
 
@@ -29,10 +29,10 @@ def _battery() -> dict[str, torch.Tensor]:
     micro model's forward and backward (norms, SwiGLU, the W8A8 linears' rotations, codes,
     dequantization and STE, attention's tile loops, the LM head's slices, level sums and
     checks, the loss) plus the loops the model does not reach on its own."""
-    from kernels.core import mathfn
-    from kernels.core.reduce import tree_sum_cpu
-    from kernels.int8.hadamard import hadamard_dim0_cpu_
-    from kernels.ops.philox import random_words_cpu
+    from open1b_kernels.core import mathfn
+    from open1b_kernels.core.reduce import tree_sum_cpu
+    from open1b_kernels.int8.hadamard import hadamard_dim0_cpu_
+    from open1b_kernels.ops.philox import random_words_cpu
     from open1b_train.config import micro
     from open1b_train.model import forward_backward
     from open1b_train.params import init_params
@@ -111,7 +111,7 @@ def test_the_team_is_torchs_openmp_runtime():
     """Built with OpenMP, the loops run on torch's own OpenMP threads: one runtime loaded
     in the process (a second one would be a second set of threads competing for the cores)
     and the team in use. Built without it, the pool does the work and team() says so."""
-    from kernels.core import _mathc
+    from open1b_kernels.core import _mathc
 
     if not _mathc.openmp():
         assert not pieces.team()
@@ -134,7 +134,7 @@ def test_a_loop_takes_more_pieces_than_units_and_refuses_a_bad_count():
     """More pieces than rows leaves the extra pieces empty (the same result); a piece count
     below 1 or past the bound, or partial sums sized for another count, is an error that
     names the loop - nothing is written."""
-    from kernels.core import _mathc
+    from open1b_kernels.core import _mathc
 
     g = torch.Generator().manual_seed(2)
     a = torch.randint(-128, 128, (5, 40), generator=g, dtype=torch.int64).to(torch.int8)

@@ -1,4 +1,4 @@
-"""The integer route's compacted slices (``kernels.ops.products``): a slice of ``a`` that is
+"""The integer route's compacted slices (``open1b_kernels.ops.products``): a slice of ``a`` that is
 zero in most contraction columns of a row block runs its pairs over only its nonzero
 columns. The logits gradient's top slice is the case (at most ~256 nonzeros per row, by the
 softmax's sums): the route must give the float path's bits with compaction on and off, in
@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.core import backend, mathc
-from kernels.int8 import route as gemm_route
-from kernels.ops import lmhead as lm
-from kernels.ops import products as pr
-from kernels.ops.lmhead import _level_slices, lmhead_backward, lmhead_forward, ozaki_mm
+from open1b_kernels.core import backend, mathc
+from open1b_kernels.int8 import route as gemm_route
+from open1b_kernels.ops import lmhead as lm
+from open1b_kernels.ops import products as pr
+from open1b_kernels.ops.lmhead import _level_slices, lmhead_backward, lmhead_forward, ozaki_mm
 
 
 def exact_mm(a, b_t):

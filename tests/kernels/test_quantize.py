@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.core import backend
-from kernels.int8 import hadamard, linear as linear_int8, quantize
+from open1b_kernels.core import backend
+from open1b_kernels.int8 import hadamard, linear as linear_int8, quantize
 from tests.kernels.support import bits, needs_interpreter
 
 
@@ -88,7 +88,7 @@ def test_dim0_layout_gives_the_same_bits():
 def copies(request):
     """The compiled rotation's plain x86-64-v4 copy (where this CPU has one) and the
     target_clones copies every other CPU runs: both are tested on an AVX-512 machine."""
-    from kernels.core import mathc
+    from open1b_kernels.core import mathc
     lib = mathc._mathc
     if lib is None or not hasattr(lib, "v4"):
         yield request.param
@@ -146,7 +146,7 @@ def test_rotated_column_extremes_are_the_definitions(kind, copies):
     else the largest / smallest rotated value - over whole 16-column vectors and the scalar
     columns after them, with NaN and infinities. (Which zero a column of zeros keeps
     depends on the order rows are met; the caller takes max(|max|, |min|).)"""
-    from kernels.core import mathc
+    from open1b_kernels.core import mathc
     if not mathc.has("rotq"):
         pytest.skip("the compiled loops are not built")
     g = torch.Generator().manual_seed(5)
@@ -177,7 +177,7 @@ def test_rotation_steps_are_the_torch_operations():
     """The compiled steps of the rotated columns (one call) against the torch operations
     they replace: zero columns (divisor 1), subnormal steps (the clamp flag), signed zeros,
     infinities, and NaN extremes."""
-    from kernels.core import mathc
+    from open1b_kernels.core import mathc
     if mathc.rotation_steps(torch.zeros(1), torch.zeros(1), quantize.INV_127) is None:
         pytest.skip("the compiled loops are not built")
     g = torch.Generator().manual_seed(8)

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from kernels.core import reduce
-from kernels.core.backend import force
+from open1b_kernels.core import reduce
+from open1b_kernels.core.backend import force
 from tests.kernels.support import needs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -37,7 +37,7 @@ def test_row_trees_match_the_definition(compiled, monkeypatch):
     levels with OPEN1B_MATHC=0) against the definition row by row: widths that are and are
     not powers of two, one column, signed zeros (the +0 padding turns -0 + -0 + -0 into +0),
     infinities, NaN, subnormals, a 3-D tensor."""
-    from kernels.core import mathc
+    from open1b_kernels.core import mathc
     if compiled and not mathc.has("tree_rows"):
         pytest.skip("the compiled loops are not built")
     if not compiled:

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from kernels.ops import rope
+from open1b_kernels.ops import rope
 from tests.kernels import autograd
-from kernels.core.backend import force
+from open1b_kernels.core.backend import force
 from tests.kernels.support import needs_triton, same_bits
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -96,11 +96,11 @@ def test_token_blocking_is_bit_identical():
 
 @pytest.mark.parametrize("shape", [(2, 37, 3, 128), (5, 1, 6), (3, 2, 7, 4, 10)])
 def test_compiled_rotation_equals_the_torch_code(shape, monkeypatch):
-    """kernels.core.mathc.rope (the C rows) against _rotate_cpu's torch operations
+    """open1b_kernels.core.mathc.rope (the C rows) against _rotate_cpu's torch operations
     (OPEN1B_MATHC=0), forward and backward sign, bf16 inputs over the whole range: normal,
     subnormal, zero of both signs, huge (products overflow to inf), inf and NaN (the NaN
     positions must agree; their payload is outside the contract)."""
-    from kernels.core import mathc
+    from open1b_kernels.core import mathc
     if not mathc.has("rope"):
         pytest.skip("the compiled loops are not built")
     g = torch.Generator().manual_seed(3)

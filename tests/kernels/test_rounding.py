@@ -4,7 +4,7 @@ in test_mathfn.py and, through every op's parity test, everywhere.)"""
 import numpy as np
 import torch
 
-from kernels.core import mathfn, rounding
+from open1b_kernels.core import mathfn, rounding
 
 
 def test_sqrt_rn_is_correctly_rounded():

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.hashing import tensorbytes as hashing, sha256
-from kernels.core.backend import force
+from open1b_kernels.hashing import tensorbytes as hashing, sha256
+from open1b_kernels.core.backend import force
 from tests.kernels.support import needs_interpreter
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "assets" / "kernels_sha256_golden.json").read_text())
@@ -22,7 +22,7 @@ TAGS = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int64: "i64", torch.
 
 
 def data_bytes(t: torch.Tensor) -> bytes:
-    """Canonical data bytes, independently: kernels.hashing.tensorbytes's encoding minus its header."""
+    """Canonical data bytes, independently: open1b_kernels.hashing.tensorbytes's encoding minus its header."""
     header = 4 + 1 + len(TAGS[t.dtype]) + 8 * (1 + t.dim())
     return hashing.tensor_bytes("t", t)[header:]
 

@@ -1,4 +1,4 @@
-"""The LM head's level-ready slices (``kernels.ops.slices.LevelSlices``): the same int8 values
+"""The LM head's level-ready slices (``open1b_kernels.ops.slices.LevelSlices``): the same int8 values
 and exponents as ``slice_rows_cpu``'s planes in every layout (row-major and transposed
 operands, ascending and descending order, bf16 and float32, 2 and 3 slices), level operands
 that are the slices side by side, the guard's sums over the whole store, and the library's
@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.core import mathc
-from kernels.int8 import route as gemm_route
-from kernels.int8.checksum import _mv, col_sums
-from kernels.ops.lmhead import slice_rows_cpu
-from kernels.ops.slices import LevelSlices
+from open1b_kernels.core import mathc
+from open1b_kernels.int8 import route as gemm_route
+from open1b_kernels.int8.checksum import _mv, col_sums
+from open1b_kernels.ops.lmhead import slice_rows_cpu
+from open1b_kernels.ops.slices import LevelSlices
 
 pytestmark = pytest.mark.skipif(not mathc.has("SLICE_LAYOUTS"),
                                 reason="the compiled slicer is not built")

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from kernels.ops import swiglu
+from open1b_kernels.ops import swiglu
 from tests.kernels import autograd
-from kernels.core.backend import force
+from open1b_kernels.core.backend import force
 from tests.kernels.support import needs_triton, same_bits
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.core.backend import force
-from kernels.ops.lmhead import lmhead_backward, lmhead_forward
+from open1b_kernels.core.backend import force
+from open1b_kernels.ops.lmhead import lmhead_backward, lmhead_forward
 from open1b_train.config import open1b
 from open1b_train.model import layer_backward, layer_forward
 from open1b_train.params import init_params

@@ -1,11 +1,11 @@
-"""kernels.core.workspace: scratch buffers reused by name, the last view per name returned
+"""open1b_kernels.core.workspace: scratch buffers reused by name, the last view per name returned
 again for the same shape and dtype, never a stale view after the buffer grew or was
 released."""
 from __future__ import annotations
 
 import torch
 
-from kernels.core.workspace import release, scratch, total_bytes
+from open1b_kernels.core.workspace import release, scratch, total_bytes
 
 
 def test_scratch_reuses_memory_and_views_by_name():

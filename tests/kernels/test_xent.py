@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.core import backend
-from kernels.ops.xent import CHUNK, Z_LOSS, xent_backward, xent_forward
+from open1b_kernels.core import backend
+from open1b_kernels.ops.xent import CHUNK, Z_LOSS, xent_backward, xent_forward
 from tests.kernels.autograd import xent
 from tests.kernels.support import bits, needs_interpreter
 

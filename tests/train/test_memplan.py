@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 
-from kernels.hashing.sha256 import streamed_root, tensor_root
-from kernels.ops.xent import xent_backward, xent_forward
+from open1b_kernels.hashing.sha256 import streamed_root, tensor_root
+from open1b_kernels.ops.xent import xent_backward, xent_forward
 from open1b_audit.replay import replay
 from open1b_audit.selftest import trajectory as tj
 from open1b_train import checkpoint, memplan, runlog

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 import torch
 
-from kernels.hashing.sha256 import digest_roots
+from open1b_kernels.hashing.sha256 import digest_roots
 from open1b_train import statehash
 
 

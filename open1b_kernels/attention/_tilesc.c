@@ -1,0 +1,509 @@
+/* open1b_kernels.attention._tilesc: compiled tile loops of attention's CPU reference (same bits).
+ *
+ * open1b_kernels/attention/forward.py and backward.py hold the definition (and the Triton kernels
+ * follow it step for step). open1b_kernels/attention/compiled.py runs the same arithmetic with the
+ * matrix products in torch's BLAS (exact in any order: see open1b_kernels/attention/fixed.py) and
+ * everything between them here: the scores' rounding and scale, the masks, the online
+ * softmax, P's int8 quantization, the accumulator, p and ds of the backward, their bf16
+ * rounding and fixed-point values, and the ordered sums of tile products. These are
+ * elementwise float32 operations, evaluated one IEEE operation at a time in the order of the
+ * torch code (-ffp-contract=off, no -ffast-math: setup.py), plus maxima and integer and bit
+ * operations, so the bits are the torch code's - tests/kernels/test_attention_compiled.py
+ * compares them. What it removes is torch's one pass over memory per operation and the
+ * gathers of the band-position loop.
+ *
+ * Each function works on units [u0, u1) (a row or a tile), independent of each other, so
+ * the caller may split the units across threads: the result does not depend on the split.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+
+#include "../core/_mathfn.h"
+#include "../core/_pieces.h"
+
+#define BLK 64  /* BLOCK_M = BLOCK_N of open1b_kernels.attention.tiles (checked by the caller) */
+
+static const float RNE_MAGIC = 12582912.0f;  /* 1.5 * 2^23 */
+static const int32_t P_EXP_CAP = 126;
+
+/* Positions as int32 (sequences are far below 2^31) and & instead of &&: no branches, so
+ * the lane loops vectorize. Key col is visible from query row iff col <= row, col < seq and
+ * col > first(row) = row - window (no lower bound without a window). */
+static inline int32_t lower_bound(int32_t row, int32_t window) {
+    return window > 0 ? row - window : INT32_MIN;
+}
+
+static inline int32_t visible(int32_t row, int32_t col, int32_t seq, int32_t lower) {
+    return (col <= row) & (col < seq) & (col > lower);
+}
+
+static inline int32_t expo_f32(float x) { return (int32_t)((to_bits(x) >> 23) & 0xFF); }
+
+static inline double pow2d(int32_t e) {  /* 2^e, e in [-1022, 1023], exact */
+    uint64_t u = (uint64_t)(e + 1023) << 52;
+    double d;
+    memcpy(&d, &u, 8);
+    return d;
+}
+
+/* The pairwise tree of open1b_kernels.core.reduce over 64 values (s[i] = s[2i] + s[2i+1]). */
+static inline float tree64(const float *x) {
+    float s[BLK];
+    for (int i = 0; i < BLK / 2; i++) s[i] = x[2 * i] + x[2 * i + 1];
+    for (int n = BLK / 4; n >= 1; n /= 2)
+        for (int i = 0; i < n; i++) s[i] = s[2 * i] + s[2 * i + 1];
+    return s[0];
+}
+
+static inline float bf16_value(uint16_t bits) { return from_bits((uint32_t)bits << 16); }
+
+static inline int32_t bf16_expo(uint16_t bits) {  /* max(biased exponent, 1): fixed.py's e_eff */
+    int32_t e = (bits >> 7) & 0xFF;
+    return e > 1 ? e : 1;
+}
+
+/* fixed_values of open1b_kernels.attention.fixed for a value x (bf16) of a group whose largest
+ * effective exponent is e: trunc(x * 2^(147 - e)) * 2^(e - 147), exact in float64. */
+static inline double fixed_value(uint16_t bits, int32_t e) {
+    return trunc((double)bf16_value(bits) * pow2d(147 - e)) * pow2d(e - 147);
+}
+
+/* The loops below are written as straight passes over 64 lanes (selects, no early exits)
+ * so the compiler vectorizes them; on x86-64 GCC also builds AVX2 and AVX-512 clones, the
+ * same IEEE operations on wider registers (FMA stays off), picked at load time. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define CLONES
+#endif
+
+/* Forward, one query block's band for rows [u0, u1) of (BK, R): the online softmax over nk
+ * key blocks from key `col0`, as forward_reference's loop body. s64 (BK, R, nk*64) float64
+ * exact products; u (BK, ustride) int32 V row exponents. Out: p8 (BK, nk, R, 64) float32 in
+ * the layout of the P V product, alpha and t (BK, R, nk), m and l (BK, R). */
+CLONES static void fwd_rows(const double *s64, const int32_t *u, float *p8, float *alpha,
+                            int32_t *t, float *m_out, float *l_out, Py_ssize_t R, Py_ssize_t nk,
+                            Py_ssize_t ustride, Py_ssize_t col0, Py_ssize_t row0, int32_t seq,
+                            int32_t window, float scale, Py_ssize_t u0, Py_ssize_t u1) {
+    Py_ssize_t L = nk * BLK;
+    for (Py_ssize_t unit = u0; unit < u1; unit++) {
+        Py_ssize_t bk = unit / R, r = unit % R;
+        int32_t row = (int32_t)(row0 + r % BLK);
+        const double *srow = s64 + unit * L;
+        const int32_t *urow = u + bk * ustride;
+        float m = -INFINITY, l = 0.0f;
+        for (Py_ssize_t j = 0; j < nk; j++) {
+            float sc[BLK], p[BLK], pu[BLK];
+            int32_t vis[BLK];
+            Py_ssize_t cb = col0 + j * BLK;
+            const double *sj = srow + j * BLK;
+            const int32_t *uj = urow + cb;
+            int32_t lower = lower_bound(row, window), c0 = (int32_t)cb;
+            for (int c = 0; c < BLK; c++) vis[c] = visible(row, c0 + c, seq, lower);
+            for (int c = 0; c < BLK; c++) {
+                float x = (float)sj[c] * scale;
+                sc[c] = vis[c] ? x : -INFINITY;
+            }
+            float rowmax = -INFINITY;
+            for (int c = 0; c < BLK; c++) rowmax = sc[c] > rowmax ? sc[c] : rowmax;
+            float m_new = m > rowmax ? m : rowmax;
+            float a = m == m_new ? 1.0f : (m == -INFINITY ? 0.0f : exp1(m - m_new));
+            for (int c = 0; c < BLK; c++) {  /* exp of 0 - 0 on masked lanes, as the torch code */
+                float e = exp1(vis[c] ? sc[c] - m_new : 0.0f);
+                p[c] = vis[c] ? e : 0.0f;
+            }
+            for (int c = 0; c < BLK; c++) pu[c] = p[c] * pow2i(-uj[c]);
+            float pmax = 0.0f;
+            for (int c = 0; c < BLK; c++) pmax = pu[c] > pmax ? pu[c] : pmax;
+            int32_t tt = 133 - expo_f32(pmax);
+            tt = tt > P_EXP_CAP ? P_EXP_CAP : tt;
+            float up = pow2i(tt);
+            float *dst = p8 + ((bk * nk + j) * R + r) * BLK;
+            for (int c = 0; c < BLK; c++) {
+                float q = (pu[c] * up + RNE_MAGIC) - RNE_MAGIC;
+                dst[c] = q > 127.0f ? 127.0f : q;
+            }
+            l = l * a + tree64(p);
+            alpha[unit * nk + j] = a;
+            t[unit * nk + j] = tt;
+            m = m_new;
+        }
+        m_out[unit] = m;
+        l_out[unit] = l;
+    }
+}
+
+/* Forward, the accumulator of rows [u0, u1): acc = acc * alpha + I * 2^-t over the key
+ * blocks ascending, then out = acc / l and lse = m + log(l). I (BK, nk, R, D) float32. */
+CLONES static void fwd_acc(const float *ii, const float *alpha, const int32_t *t, const float *m,
+                           const float *l, float *out, float *lse, Py_ssize_t R, Py_ssize_t nk,
+                           Py_ssize_t D, Py_ssize_t u0, Py_ssize_t u1) {
+    for (Py_ssize_t unit = u0; unit < u1; unit++) {
+        Py_ssize_t bk = unit / R, r = unit % R;
+        float *acc = out + unit * D;
+        for (Py_ssize_t d = 0; d < D; d++) acc[d] = 0.0f;
+        for (Py_ssize_t j = 0; j < nk; j++) {
+            const float *c = ii + ((bk * nk + j) * R + r) * D;
+            float a = alpha[unit * nk + j], down = pow2i(-t[unit * nk + j]);
+            for (Py_ssize_t d = 0; d < D; d++) acc[d] = acc[d] * a + c[d] * down;
+        }
+        float lv = l[unit];
+        for (Py_ssize_t d = 0; d < D; d++) acc[d] = acc[d] / lv;
+        lse[unit] = m[unit] + log1(lv);
+    }
+}
+
+/* Backward, tiles [u0, u1) of (BK, nk) for one query block of one head per KV head: p, ds
+ * and their bf16 roundings as backward_reference's _probs_and_ds, then the fixed-point
+ * values the three gradient products take. s64, dp64 (BK, 64, L = nk*64) float64; lse,
+ * drow (BK, 64). Out (float64): dsr (BK, nk, 64 q, 64 k), ds16's tile rows (one exponent
+ * per query row of a tile); dsc and pc (BK, L, 64 q), ds16's and p16's tile columns (one
+ * exponent per key of a tile), transposed: the left operands of the dK and dV products. */
+CLONES static void bwd_tiles(const double *s64, const double *dp64, const float *lse,
+                             const float *drow, double *dsr, double *dsc, double *pc,
+                             Py_ssize_t nk, Py_ssize_t col0, Py_ssize_t row0, int32_t seq,
+                             int32_t window, float scale, Py_ssize_t u0, Py_ssize_t u1) {
+    Py_ssize_t L = nk * BLK;
+    uint16_t p16[BLK * BLK], ds16[BLK * BLK];
+    int32_t ecol_p[BLK], ecol_ds[BLK];
+    for (Py_ssize_t unit = u0; unit < u1; unit++) {
+        Py_ssize_t bk = unit / nk, j = unit % nk, cb = col0 + j * BLK;
+        for (int c = 0; c < BLK; c++) ecol_p[c] = ecol_ds[c] = 1;
+        for (int i = 0; i < BLK; i++) {
+            int32_t row = (int32_t)(row0 + i);
+            const double *srow = s64 + (bk * BLK + i) * L + j * BLK;
+            const double *dprow = dp64 + (bk * BLK + i) * L + j * BLK;
+            float lse_i = lse[bk * BLK + i], drow_i = drow[bk * BLK + i];
+            uint16_t *pi = p16 + i * BLK, *di = ds16 + i * BLK;
+            int32_t lower = lower_bound(row, window), c0 = (int32_t)cb, live = row < seq;
+            for (int c = 0; c < BLK; c++) {
+                int32_t vis = visible(row, c0 + c, seq, lower) & live;
+                float s = (float)srow[c] * scale;
+                float e = exp1(vis ? s - lse_i : 0.0f);
+                float pv = vis ? e : 0.0f;
+                float dsv = pv * ((float)dprow[c] - drow_i);
+                pi[c] = bf16_rne1(pv);
+                di[c] = bf16_rne1(dsv);
+            }
+            for (int c = 0; c < BLK; c++) {
+                int32_t ep = bf16_expo(pi[c]), ed = bf16_expo(di[c]);
+                ecol_p[c] = ep > ecol_p[c] ? ep : ecol_p[c];
+                ecol_ds[c] = ed > ecol_ds[c] ? ed : ecol_ds[c];
+            }
+        }
+        double *r_out = dsr + unit * BLK * BLK;
+        for (int i = 0; i < BLK; i++) {
+            const uint16_t *di = ds16 + i * BLK;
+            int32_t erow = 1;
+            for (int c = 0; c < BLK; c++) {
+                int32_t ed = bf16_expo(di[c]);
+                erow = ed > erow ? ed : erow;
+            }
+            double *ro = r_out + i * BLK;
+            for (int c = 0; c < BLK; c++) ro[c] = fixed_value(di[c], erow);
+        }
+        /* transposed: key c's row of 64 query values is contiguous (a plain, not a
+         * transposed, left operand is the BLAS's faster case) */
+        for (int c = 0; c < BLK; c++) {
+            double *co = dsc + (bk * L + j * BLK + c) * BLK;
+            double *po = pc + (bk * L + j * BLK + c) * BLK;
+            for (int i = 0; i < BLK; i++) co[i] = fixed_value(ds16[i * BLK + c], ecol_ds[c]);
+            for (int i = 0; i < BLK; i++) po[i] = fixed_value(p16[i * BLK + c], ecol_p[c]);
+        }
+    }
+}
+
+/* out[b] = 0 + fp32(prod[b, 0]) + fp32(prod[b, 1]) + ... for b in [u0, u1): the ordered
+ * sum of nk tile products (BK, nk, n) float64 into (BK, n) float32. */
+CLONES static void tile_sum(const double *prod, float *out, Py_ssize_t nk, Py_ssize_t n,
+                            Py_ssize_t u0, Py_ssize_t u1) {
+    for (Py_ssize_t b = u0; b < u1; b++) {
+        float *o = out + b * n;
+        for (Py_ssize_t i = 0; i < n; i++) o[i] = 0.0f;
+        for (Py_ssize_t j = 0; j < nk; j++) {
+            const double *src = prod + (b * nk + j) * n;
+            for (Py_ssize_t i = 0; i < n; i++) o[i] = o[i] + (float)src[i];
+        }
+    }
+}
+
+/* acc[b * stride + offset + i] = acc[...] + fp32(prod[b * n + i]) for b in [u0, u1): one
+ * query block's dK or dV tiles (BK, n) float64 added, each rounded once, into the running
+ * sums (BK, stride) float32. */
+CLONES static void accumulate(const double *prod, float *acc, Py_ssize_t n, Py_ssize_t stride,
+                              Py_ssize_t offset, Py_ssize_t u0, Py_ssize_t u1) {
+    for (Py_ssize_t b = u0; b < u1; b++) {
+        float *o = acc + b * stride + offset;
+        const double *src = prod + b * n;
+        for (Py_ssize_t i = 0; i < n; i++) o[i] = o[i] + (float)src[i];
+    }
+}
+
+/* fixed_values of open1b_kernels.attention.fixed for planes [u0, u1) of bf16 x (P, S, D), zero
+ * padded to S_pad rows, into float64 out (P, S_pad, D): with `block` = 0 one group per row
+ * (over D: blocked_rows), else groups of `block` consecutive rows per column (over the
+ * sequence: column_values). Exact (bit and power-of-two operations, trunc). */
+/* Output row r of plane p: plane by plane (G == 0), or in compiled.py's grouped layout
+ * (G query heads per KV head, planes p = b * Hq + hq): [hq % G, r / 64, b * Hkv + hq / G,
+ * r % 64] of (G, S_pad / 64, B * Hkv, 64, D). */
+static inline double *plane_row(double *out, Py_ssize_t p, Py_ssize_t r, Py_ssize_t S_pad,
+                                Py_ssize_t D, Py_ssize_t G, Py_ssize_t hq, Py_ssize_t bk) {
+    if (!G) return out + (p * S_pad + r) * D;
+    Py_ssize_t b = p / hq, h = p % hq, n = S_pad / 64;
+    return out + ((((h % G) * n + r / 64) * bk + b * (hq / G) + h / G) * 64 + r % 64) * D;
+}
+
+CLONES static void fixed_planes(const uint16_t *x, double *out, Py_ssize_t S, Py_ssize_t S_pad,
+                                Py_ssize_t D, Py_ssize_t block, Py_ssize_t G, Py_ssize_t hq,
+                                Py_ssize_t bk, Py_ssize_t u0, Py_ssize_t u1) {
+    int32_t e[256];
+    for (Py_ssize_t p = u0; p < u1; p++) {
+        const uint16_t *xp = x + p * S * D;
+        if (block == 0) {
+            for (Py_ssize_t r = 0; r < S_pad; r++) {
+                double *o = plane_row(out, p, r, S_pad, D, G, hq, bk);
+                if (r >= S) {
+                    for (Py_ssize_t d = 0; d < D; d++) o[d] = 0.0;
+                    continue;
+                }
+                const uint16_t *xr = xp + r * D;
+                int32_t em = 1;
+                for (Py_ssize_t d = 0; d < D; d++) {
+                    int32_t ex = bf16_expo(xr[d]);
+                    em = ex > em ? ex : em;
+                }
+                for (Py_ssize_t d = 0; d < D; d++) o[d] = fixed_value(xr[d], em);
+            }
+            continue;
+        }
+        for (Py_ssize_t r0 = 0; r0 < S_pad; r0 += block) {
+            Py_ssize_t r1 = r0 + block < S ? r0 + block : S;  /* real rows of the block */
+            for (Py_ssize_t d = 0; d < D; d++) e[d] = 1;
+            for (Py_ssize_t r = r0; r < r1; r++)
+                for (Py_ssize_t d = 0; d < D; d++) {
+                    int32_t ex = bf16_expo(xp[r * D + d]);
+                    e[d] = ex > e[d] ? ex : e[d];
+                }
+            for (Py_ssize_t r = r0; r < r0 + block; r++) {
+                double *o = plane_row(out, p, r, S_pad, D, G, hq, bk);
+                if (r >= S) {
+                    for (Py_ssize_t d = 0; d < D; d++) o[d] = 0.0;
+                    continue;
+                }
+                for (Py_ssize_t d = 0; d < D; d++) o[d] = fixed_value(xp[r * D + d], e[d]);
+            }
+        }
+    }
+}
+
+/* Python wrappers: buffers checked against the shapes before any access. */
+
+static int sized(Py_buffer *b, Py_ssize_t n, Py_ssize_t item, const char *name) {
+    if (b->len != n * item) {
+        PyErr_Format(PyExc_ValueError, "%s: buffer of %zd bytes, expected %zd", name, b->len,
+                     n * item);
+        return 0;
+    }
+    return 1;
+}
+
+static int units_ok(Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t n) {
+    if (0 <= u0 && u0 <= u1 && u1 <= n) return 1;
+    PyErr_Format(PyExc_ValueError, "unit range [%zd, %zd) outside [0, %zd)", u0, u1, n);
+    return 0;
+}
+
+static int positions_ok(Py_ssize_t seq, Py_ssize_t window, Py_ssize_t rows, Py_ssize_t cols) {
+    if (seq >= 0 && window >= 0 && rows >= 0 && cols >= 0 && seq < INT32_MAX &&
+        window < INT32_MAX && rows < INT32_MAX && cols < INT32_MAX)
+        return 1;
+    PyErr_Format(PyExc_ValueError, "positions out of int32 range (seq %zd, window %zd)", seq,
+                 window);
+    return 0;
+}
+
+/* The end of a wrapper: release its n buffers, then None - or NULL with the error set by a
+ * check above (or `msg` as a ValueError) when the arguments were inconsistent. */
+static PyObject *finish(Py_buffer *bufs, int n, int ok, const char *msg) {
+    for (int i = 0; i < n; i++) PyBuffer_Release(&bufs[i]);
+    if (ok) Py_RETURN_NONE;
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, msg);
+    return NULL;
+}
+
+static PyObject *py_fwd_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    int pieces = 1;
+    Py_buffer b[7];
+    Py_ssize_t BK, R, nk, ustride, col0, row0, seq, window, u0, u1;
+    double scale;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*w*w*w*nnnnnnnndnn|i", &b[0], &b[1], &b[2], &b[3], &b[4],
+                          &b[5], &b[6], &BK, &R, &nk, &ustride, &col0, &row0, &seq, &window,
+                          &scale, &u0, &u1, &pieces))
+        return NULL;
+    Py_ssize_t rows = BK * R, L = nk * BLK;
+    int ok = positions_ok(seq, window, row0 + R, col0 + L) && BK > 0 && R > 0 && nk > 0 && col0 >= 0 && col0 + L <= ustride &&
+             sized(&b[0], rows * L, 8, "s64") && sized(&b[1], BK * ustride, 4, "u") &&
+             sized(&b[2], rows * L, 4, "p8") && sized(&b[3], rows * nk, 4, "alpha") &&
+             sized(&b[4], rows * nk, 4, "t") && sized(&b[5], rows, 4, "m") &&
+             sized(&b[6], rows, 4, "l") && units_ok(u0, u1, rows);
+    ok = ok && PIECES_OK(pieces);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, fwd_rows(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf,
+                                            b[5].buf, b[6].buf, R, nk, ustride, col0, row0, seq,
+                                            window, (float)scale, p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+    return finish(b, 7, ok, "fwd_rows: inconsistent shapes");
+}
+
+static PyObject *py_fwd_acc(PyObject *self, PyObject *args) {
+    (void)self;
+    int pieces = 1;
+    Py_buffer b[7];
+    Py_ssize_t BK, R, nk, D, u0, u1;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*w*w*nnnnnn|i", &b[0], &b[1], &b[2], &b[3], &b[4],
+                          &b[5], &b[6], &BK, &R, &nk, &D, &u0, &u1, &pieces))
+        return NULL;
+    Py_ssize_t rows = BK * R;
+    int ok = BK > 0 && R > 0 && nk > 0 && D > 0 && sized(&b[0], rows * nk * D, 4, "I") &&
+             sized(&b[1], rows * nk, 4, "alpha") && sized(&b[2], rows * nk, 4, "t") &&
+             sized(&b[3], rows, 4, "m") && sized(&b[4], rows, 4, "l") &&
+             sized(&b[5], rows * D, 4, "out") && sized(&b[6], rows, 4, "lse") &&
+             units_ok(u0, u1, rows);
+    ok = ok && PIECES_OK(pieces);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, fwd_acc(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf,
+                                           b[5].buf, b[6].buf, R, nk, D, p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+    return finish(b, 7, ok, "fwd_acc: inconsistent shapes");
+}
+
+static PyObject *py_bwd_tiles(PyObject *self, PyObject *args) {
+    (void)self;
+    int pieces = 1;
+    Py_buffer b[7];
+    Py_ssize_t BK, nk, col0, row0, seq, window, u0, u1;
+    double scale;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*nnnnnndnn|i", &b[0], &b[1], &b[2], &b[3], &b[4],
+                          &b[5], &b[6], &BK, &nk, &col0, &row0, &seq, &window, &scale, &u0,
+                          &u1, &pieces))
+        return NULL;
+    Py_ssize_t tiles = BK * nk, tile = BLK * BLK;
+    int ok = positions_ok(seq, window, row0 + BLK, col0 + nk * BLK) && BK > 0 && nk > 0 && sized(&b[0], tiles * tile, 8, "s64") &&
+             sized(&b[1], tiles * tile, 8, "dp64") && sized(&b[2], BK * BLK, 4, "lse") &&
+             sized(&b[3], BK * BLK, 4, "drow") && sized(&b[4], tiles * tile, 8, "dsr") &&
+             sized(&b[5], tiles * tile, 8, "dsc") && sized(&b[6], tiles * tile, 8, "pc") &&
+             units_ok(u0, u1, tiles);
+    ok = ok && PIECES_OK(pieces);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, bwd_tiles(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf,
+                                             b[5].buf, b[6].buf, nk, col0, row0, seq, window,
+                                             (float)scale, p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+    return finish(b, 7, ok, "bwd_tiles: inconsistent shapes");
+}
+
+static PyObject *py_tile_sum(PyObject *self, PyObject *args) {
+    (void)self;
+    int pieces = 1;
+    Py_buffer b[2];
+    Py_ssize_t BK, nk, n, u0, u1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnn|i", &b[0], &b[1], &BK, &nk, &n, &u0, &u1,
+                          &pieces))
+        return NULL;
+    int ok = BK > 0 && nk > 0 && n > 0 && sized(&b[0], BK * nk * n, 8, "prod") &&
+             sized(&b[1], BK * n, 4, "out") && units_ok(u0, u1, BK);
+    ok = ok && PIECES_OK(pieces);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, tile_sum(b[0].buf, b[1].buf, nk, n, p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+    return finish(b, 2, ok, "tile_sum: inconsistent shapes");
+}
+
+static PyObject *py_accumulate(PyObject *self, PyObject *args) {
+    (void)self;
+    int pieces = 1;
+    Py_buffer b[2];
+    Py_ssize_t BK, n, stride, offset, u0, u1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnnn|i", &b[0], &b[1], &BK, &n, &stride, &offset, &u0,
+                          &u1, &pieces))
+        return NULL;
+    int ok = BK > 0 && n > 0 && offset >= 0 && offset + n <= stride &&
+             sized(&b[0], BK * n, 8, "prod") && sized(&b[1], BK * stride, 4, "acc") &&
+             units_ok(u0, u1, BK);
+    ok = ok && PIECES_OK(pieces);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, accumulate(b[0].buf, b[1].buf, n, stride, offset, p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+    return finish(b, 2, ok, "accumulate: inconsistent shapes");
+}
+
+static PyObject *py_fixed_planes(PyObject *self, PyObject *args) {
+    (void)self;
+    int pieces = 1;
+    Py_buffer b[2];
+    Py_ssize_t P, S, S_pad, D, block, G, hq, u0, u1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnnnnnn|i", &b[0], &b[1], &P, &S, &S_pad, &D, &block, &G,
+                          &hq, &u0, &u1, &pieces))
+        return NULL;
+    /* grouped: planes of B batches x hq heads, hq a multiple of G, rows in 64-row blocks */
+    int ok = P > 0 && S > 0 && D > 0 && D <= 256 && S <= S_pad && block >= 0 &&
+             (block == 0 || S_pad % block == 0) && sized(&b[0], P * S * D, 2, "x") &&
+             sized(&b[1], P * S_pad * D, 8, "out") && units_ok(u0, u1, P) &&
+             (G == 0 || (G > 0 && hq > 0 && hq % G == 0 && P % hq == 0 && S_pad % 64 == 0 &&
+                         (block == 0 || block == 64)));
+    ok = ok && PIECES_OK(pieces);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, fixed_planes(b[0].buf, b[1].buf, S, S_pad, D, block, G, hq,
+                                                G ? P / G : 0, p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+    return finish(b, 2, ok, "fixed_planes: inconsistent shapes");
+}
+
+static PyObject *py_openmp(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyBool_FromLong(PIECES_OPENMP);
+}
+
+static PyMethodDef methods[] = {
+    {"openmp", py_openmp, METH_NOARGS,
+     "openmp(): whether the loops' pieces run at once on an OpenMP team (built with -fopenmp)."},
+    {"fwd_rows", py_fwd_rows, METH_VARARGS,
+     "fwd_rows(s64, u, p8, alpha, t, m, l, BK, R, nk, ustride, col0, row0, seq, window, scale,"
+     " u0, u1): the forward's online softmax over one query block's band."},
+    {"fwd_acc", py_fwd_acc, METH_VARARGS,
+     "fwd_acc(I, alpha, t, m, l, out, lse, BK, R, nk, D, u0, u1): the forward's accumulator."},
+    {"bwd_tiles", py_bwd_tiles, METH_VARARGS,
+     "bwd_tiles(s64, dp64, lse, drow, dsr, dsc, pc, BK, nk, col0, row0, seq, window, scale,"
+     " u0, u1): p, ds and their fixed-point tiles."},
+    {"tile_sum", py_tile_sum, METH_VARARGS,
+     "tile_sum(prod, out, BK, nk, n, u0, u1): ordered float32 sum of tile products."},
+    {"accumulate", py_accumulate, METH_VARARGS,
+     "accumulate(prod, acc, BK, n, stride, offset, u0, u1): acc += fp32(prod), per row."},
+    {"fixed_planes", py_fixed_planes, METH_VARARGS,
+     "fixed_planes(x, out, P, S, S_pad, D, block, G, hq, u0, u1): fixed-point values of "
+     "bf16 planes (G > 0: in the grouped layout)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tilesc",
+                                    "Compiled tile loops of attention's CPU reference (same bits).",
+                                    -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__tilesc(void) { return PyModule_Create(&module); }

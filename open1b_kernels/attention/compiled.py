@@ -1,0 +1,191 @@
+"""Attention's CPU reference at BLAS speed: the same arithmetic, the same bits, fewer passes.
+
+``forward_reference`` and ``backward_reference`` (``open1b_kernels.attention.forward`` /
+``.backward``) are the definition. Their loop goes over a query block's band position, so
+every step gathers the active blocks' rows and runs ~30 torch operations, each one pass over
+memory. Here the loop goes over query blocks (and, in the backward, the query heads of a KV
+group first, as the dK/dV order requires), and each step is:
+
+- the exact products in torch's BLAS, one matrix product per step for the whole band:
+  fixed-point values are integers times one power of two per row or column, so every
+  float64 partial sum is exact and the product is the same in any order
+  (``open1b_kernels.attention.fixed``); P V in float32 is exact (integers below 2^24);
+- everything between the products in the compiled loops of ``open1b_kernels/attention/_tilesc.c``:
+  the elementwise float32 operations of the reference in its order (no fused multiply-add),
+  maxima, integer and bit operations - so the same bits
+  (tests/kernels/test_attention_compiled.py compares both on windows, GQA, padded sequences
+  and extreme values).
+
+Without the extension (no C compiler at install) or with ``OPEN1B_MATHC=0`` the reference
+runs. Threads split rows or tiles, which are independent: the bits do not depend on the
+thread count.
+"""
+from __future__ import annotations
+
+import torch
+
+from open1b_kernels.attention.tiles import (BLOCK_M, BLOCK_N, block_band, pad_rows, quantize_v,
+                                     row_delta, softmax_scale)
+from open1b_kernels.core import mathc, pieces
+from open1b_kernels.core.workspace import scratch
+
+try:
+    from open1b_kernels.attention import _tilesc
+except ImportError:  # pragma: no cover - the extension is optional
+    _tilesc = None
+
+assert BLOCK_M == BLOCK_N == 64, "the compiled loops are written for 64 x 64 tiles"
+_np = mathc.flat
+
+
+# Band elements (KV heads x band keys x head dim) up to which a tile product of every KV
+# head at once - one batched call, the band copied into it - beats a call per KV head on
+# its contiguous band: demo shapes (4 x 192 x 64) 0.63x / 0.68x the time for P V / dQ,
+# Open-1B's (4 x 576 x 128) 1.1x / 1.25x (Zen 4 host). The products are exact, so either
+# form gives the same values.
+BATCH_BAND = 1 << 16
+
+
+def _band_products(lhs: torch.Tensor, band: torch.Tensor, out: torch.Tensor) -> None:
+    """out[i] = lhs[i] @ band[i] for every KV head i (tile products, batched over the
+    band's blocks): in one call for a small band, else one call per KV head."""
+    if band.numel() <= BATCH_BAND:
+        torch.matmul(lhs, band, out=out)
+        return
+    for i in range(lhs.shape[0]):       # band[i] is contiguous: no copy
+        torch.matmul(lhs[i], band[i], out=out[i])
+
+
+def available() -> bool:
+    """True when the compiled tile loops are built (from this source: ``openmp`` marks the
+    build whose loops take a piece count) and not disabled (OPEN1B_MATHC=0)."""
+    return _tilesc is not None and hasattr(_tilesc, "openmp") and mathc.available()
+
+
+def _group_rows(x: torch.Tensor, hkv: int) -> torch.Tensor:
+    """(B, Hq, n, blk, ...) -> (G, n, B * Hkv, blk, ...): query head kv * G + h at [h, :, kv]."""
+    b, hq, n = x.shape[:3]
+    g = hq // hkv
+    y = x.reshape(b, hkv, g, n, *x.shape[3:]).movedim(2, 0).movedim(3, 1)
+    return y.reshape(g, n, b * hkv, *x.shape[3:]).contiguous()
+
+
+def _ungroup_rows(x: torch.Tensor, b: int, hkv: int, seq: int) -> torch.Tensor:
+    """Inverse of ``_group_rows`` for (G, n, B * Hkv, blk, D), unblocked to (B, Hq, seq, D)."""
+    g, n, _, blk, d = x.shape
+    y = x.reshape(g, n, b, hkv, blk, d).movedim(0, 3).movedim(0, 3)  # (B, Hkv, G, n, blk, D)
+    return y.reshape(b, hkv * g, n * blk, d)[:, :, :seq].contiguous()
+
+
+def _fixed(x: torch.Tensor, block: int, columns: bool, hkv: int = 0) -> torch.Tensor:
+    """``blocked_rows(x, block)`` (columns False) or ``column_values(x, block)`` (True) of
+    bf16 x (B, H, S, D) by the compiled loop: float64 (B, H, n_blocks, block, D), or with
+    ``hkv`` (query heads grouped by KV head) directly in ``_group_rows``'s layout
+    (G, n_blocks, B * hkv, block, D) - the same values, no copy."""
+    b, h, s, d = x.shape
+    n = -(-s // block)
+    g = h // hkv if hkv else 0
+    shape = (g, n, b * hkv, block, d) if hkv else (b, h, n, block, d)
+    out = torch.empty(shape, dtype=torch.float64)
+    src, dst = _np(x.contiguous().view(torch.int16)), _np(out)
+    pieces.parallel(lambda a, z, p: _tilesc.fixed_planes(src, dst, b * h, s, n * block, d,
+                                                        block if columns else 0, g, h, a, z, p),
+                   b * h, grain=1)
+    return out
+
+
+def forward(q, k, v, window: int | None):
+    """``forward_reference``'s (out, lse), the same bits (inputs already checked)."""
+    b, hq, s, d = q.shape
+    hkv = k.shape[1]
+    g, bk = hq // hkv, b * hkv
+    rows = g * BLOCK_M  # one query block of the group's heads, stacked
+    scale = softmax_scale(d)
+    n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
+    # (n_qb, B * Hkv, G * BLOCK_M, D): one step's queries are one contiguous batch
+    q64 = _fixed(q, BLOCK_M, False, hkv).movedim(0, 2).reshape(n_qb, bk, rows, d)
+    k64 = _fixed(k, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
+    v8, u = quantize_v(v)
+    v8f = v8.to(torch.float32).reshape(bk, n_kb, BLOCK_N, d)
+    u = u.reshape(bk, n_kb * BLOCK_N).contiguous()
+    lo, hi = block_band(torch.arange(n_qb), window, n_kb)
+    out = torch.empty((n_qb, bk, rows, d))
+    lse = torch.empty((n_qb, bk, rows))
+    win = window or 0
+    for qb in range(n_qb):
+        first, nk = int(lo[qb]), int(hi[qb] - lo[qb]) + 1
+        keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
+        s64 = torch.matmul(q64[qb], k64[:, keys].transpose(1, 2),
+                           out=scratch("attn.s64", (bk, rows, nk * BLOCK_N), torch.float64))
+        p8 = scratch("attn.p8", (bk, nk, rows, BLOCK_N), torch.float32)
+        alpha = scratch("attn.alpha", (bk, rows, nk), torch.float32)
+        t = scratch("attn.t", (bk, rows, nk), torch.int32)
+        m, l = scratch("attn.m", (bk, rows), torch.float32), scratch("attn.l", (bk, rows),
+                                                                     torch.float32)
+        args = (_np(s64), _np(u), _np(p8), _np(alpha), _np(t), _np(m), _np(l), bk, rows, nk,
+                n_kb * BLOCK_N, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
+        pieces.parallel(lambda a, z, p: _tilesc.fwd_rows(*args, a, z, p), bk * rows, grain=8)
+        ii = scratch("attn.pv", (bk, nk, rows, d), torch.float32)  # (bk, nk, rows, D), exact
+        _band_products(p8, v8f[:, first:first + nk], ii)
+        acc_args = (_np(ii), _np(alpha), _np(t), _np(m), _np(l), _np(out[qb]), _np(lse[qb]),
+                    bk, rows, nk, d)
+        pieces.parallel(lambda a, z, p: _tilesc.fwd_acc(*acc_args, a, z, p), bk * rows, grain=8)
+    out = out.reshape(n_qb, bk, g, BLOCK_M, d).movedim(2, 0)  # (G, n_qb, bk, BM, D)
+    lse = lse.reshape(n_qb, bk, g, BLOCK_M, 1).movedim(2, 0)
+    out = _ungroup_rows(out.to(torch.bfloat16), b, hkv, s)
+    return out, _ungroup_rows(lse, b, hkv, s).squeeze(-1)
+
+
+def backward(q, k, v, o, lse, do, window: int | None):
+    """``backward_reference``'s (dq, dk, dv), the same bits (inputs already checked).
+
+    Loop order: query head h of every KV group outer, query blocks ascending inner - the
+    order in which dK and dV sum their tiles (heads ascending, then query blocks); dQ of a
+    query block sums its band's tiles ascending within one step."""
+    b, hq, s, d = q.shape
+    hkv = k.shape[1]
+    g, bk = hq // hkv, b * hkv
+    scale = softmax_scale(d)
+    n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
+    drow = _group_rows(pad_rows(row_delta(o, do), BLOCK_M, 0.0), hkv)  # (G, n_qb, bk, BM)
+    lse_b = _group_rows(pad_rows(lse, BLOCK_M, 0.0), hkv)
+    q64, do64 = (_fixed(x, BLOCK_M, False, hkv) for x in (q, do))
+    qc64, doc64 = (_fixed(x, BLOCK_M, True, hkv) for x in (q, do))
+    k64 = _fixed(k, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
+    v64 = _fixed(v, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
+    kc64 = _fixed(k, BLOCK_N, True).reshape(bk, n_kb, BLOCK_N, d)
+    lo, hi = block_band(torch.arange(n_qb), window, n_kb)
+    acc_dq = torch.empty((g, n_qb, bk, BLOCK_M, d))
+    acc_dk = torch.zeros((bk, n_kb * BLOCK_N, d))
+    acc_dv = torch.zeros((bk, n_kb * BLOCK_N, d))
+    win = window or 0
+    for h in range(g):
+        for qb in range(n_qb):
+            first, nk = int(lo[qb]), int(hi[qb] - lo[qb]) + 1
+            keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
+            s64, dp64 = (scratch(f"attn.{name}", (bk, BLOCK_M, nk * BLOCK_N), torch.float64)
+                         for name in ("s64", "dp64"))
+            torch.matmul(q64[h, qb], k64[:, keys].transpose(1, 2), out=s64)
+            torch.matmul(do64[h, qb], v64[:, keys].transpose(1, 2), out=dp64)
+            # ds16's tiles by rows (dQ) and ds16's and p16's by columns (dK, dV: transposed)
+            dsr = scratch("attn.dsr", (bk, nk, BLOCK_M, BLOCK_N), torch.float64)
+            dsc, pc = (scratch(f"attn.{name}", (bk, nk * BLOCK_N, BLOCK_M), torch.float64)
+                       for name in ("dsc", "pc"))
+            args = (_np(s64), _np(dp64), _np(lse_b[h, qb]), _np(drow[h, qb]), _np(dsr),
+                    _np(dsc), _np(pc), bk, nk, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
+            pieces.parallel(lambda a, z, p: _tilesc.bwd_tiles(*args, a, z, p), bk * nk, grain=1)
+            prod = scratch("attn.dq", (bk, nk, BLOCK_M, d), torch.float64)  # the tiles
+            _band_products(dsr, kc64[:, first:first + nk], prod)
+            sum_args = (_np(prod), _np(acc_dq[h, qb]), bk, nk, BLOCK_M * d)
+            pieces.parallel(lambda a, z, p: _tilesc.tile_sum(*sum_args, a, z, p), bk, grain=1)
+            for lhs, rhs, acc in ((dsc, qc64, acc_dk), (pc, doc64, acc_dv)):
+                prod = torch.matmul(lhs, rhs[h, qb], out=scratch(
+                    "attn.dkv", (bk, nk * BLOCK_N, d), torch.float64))
+                add_args = (_np(prod), _np(acc), bk, nk * BLOCK_N * d, n_kb * BLOCK_N * d,
+                            first * BLOCK_N * d)
+                pieces.parallel(lambda a, z, p: _tilesc.accumulate(*add_args, a, z, p), bk,
+                               grain=1)
+    dq = _ungroup_rows((acc_dq * scale).to(torch.bfloat16), b, hkv, s)
+    dk = (acc_dk * scale).to(torch.bfloat16).reshape(b, hkv, n_kb * BLOCK_N, d)[:, :, :s]
+    dv = acc_dv.to(torch.bfloat16).reshape(b, hkv, n_kb * BLOCK_N, d)[:, :, :s]
+    return dq, dk.contiguous(), dv.contiguous()

@@ -1,0 +1,306 @@
+"""Exact int8 x int8 -> int32 GEMM ("NT": both operands K-contiguous), with an optional
+exactly specified dequantization epilogue.
+
+    acc[m, n] = sum_k a[m, k] * b[n, k]            a: (M, K) int8, b: (N, K) int8
+
+Arithmetic contract:
+- The products and sums are integer arithmetic, so ``acc`` is exact and independent of
+  the reduction order (tensor-core ``tl.dot`` on the GPU; on the CPU float32 GEMMs over
+  contraction chunks short enough that every partial sum is an exact integer, see
+  ``exact_int_mm_cpu``)
+  *as long as no int32 partial sum can overflow*: |a|, |b| <= 128 gives |a*b| <= 2^14, so
+  every partial sum is bounded by K * 2^14 and K <= MAX_K = 131,071 keeps it below 2^31.
+  Larger K is rejected (split K yourself and add the int32 results in int64).
+- Dequantization epilogue (when scales are given), every step one IEEE binary32 rounding,
+  round-to-nearest-even, never fused::
+
+      y[m, n] = rn( rn( float(acc[m, n]) * row_scale[m] ) * col_scale[n] )
+
+  ``float(acc)`` is the int32 -> fp32 conversion, which rounds to nearest even once
+  |acc| > 2^24 (``cvt.rn.f32.s32`` on the GPU, the same on x86); the conversion to a bf16
+  output is one more round-to-nearest-even, done with integer bit operations on both
+  paths (``bf16_rne``): the Triton interpreter's ``.to(tl.bfloat16)`` is not
+  round-to-nearest-even, even with ``fp_downcast_rounding="rtne"`` (measured, Triton 3.9:
+  -41.4437 -> -41.25), so it cannot be the definition.
+  A NaN becomes the bf16 NaN 0x7FC0. ``row_scale`` may have one element (per-tensor).
+  Likewise the interpreter widens bf16 *subnormals* wrongly, so kernels that read bf16
+  tensors load their int16 bits (``bf16_operand``) and widen with ``widen_bf16_bits``
+  (exact: the bf16 bits are the top half of the float32 bits).
+- Subnormals: kept (IEEE multiply; no flush-to-zero). NaN/inf: only through the scales;
+  they propagate as IEEE multiplies do (NaN payload bits are not part of the contract).
+"""
+from __future__ import annotations
+
+import torch
+
+from open1b_kernels.core import mathc
+from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
+from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
+from open1b_kernels.core.workspace import scratch
+from open1b_kernels.int8 import route
+from open1b_kernels.int8.checksum import SlabCheck, checksum_ok
+from open1b_kernels.int8.route import MAX_K, exact_int_mm_cpu
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+
+# Tile shapes: GPU (tensor cores, int8 mma) and interpreter (numpy: few, larger programs).
+GPU_BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8,
+              "num_warps": 8, "num_stages": 4}
+INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 4}
+
+_OUT_DTYPES = (torch.int32, torch.float32, torch.bfloat16)
+
+
+def _check(a: torch.Tensor, b: torch.Tensor, row_scale, col_scale, out_dtype) -> None:
+    if a.dtype != torch.int8 or b.dtype != torch.int8:
+        raise TypeError(f"int8 GEMM needs int8 operands, got {a.dtype} and {b.dtype}")
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"need a (M, K) and b (N, K) with the same K, got {tuple(a.shape)} "
+                         f"and {tuple(b.shape)}")
+    if a.shape[1] > MAX_K:
+        raise ValueError(f"K = {a.shape[1]} > MAX_K = {MAX_K}: an int32 partial sum could "
+                         "overflow; split K and add the int32 results in int64")
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {_OUT_DTYPES}, got {out_dtype}")
+    if (row_scale is None) != (col_scale is None):
+        raise ValueError("give both row_scale and col_scale, or neither")
+    if row_scale is None and out_dtype != torch.int32:
+        raise ValueError(f"out_dtype {out_dtype} needs scales; without them the result is int32")
+    if row_scale is not None:
+        if row_scale.dtype != torch.float32 or col_scale.dtype != torch.float32:
+            raise TypeError(f"scales must be float32, got {row_scale.dtype}, {col_scale.dtype}")
+        if row_scale.numel() not in (1, a.shape[0]) or col_scale.numel() != b.shape[0]:
+            raise ValueError(f"row_scale needs 1 or {a.shape[0]} elements and col_scale "
+                             f"{b.shape[0]}, got {row_scale.numel()} and {col_scale.numel()}")
+        if out_dtype == torch.int32:
+            raise ValueError("with scales the output is float32 or bfloat16, not int32")
+
+
+def bf16_rne(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> bfloat16, round to nearest even by bit arithmetic (NaN -> 0x7FC0)."""
+    fast = mathc.bf16_rne(x)           # the same bit arithmetic, compiled
+    if fast is not None:
+        return fast
+    b = x.contiguous().view(torch.int32)
+    # (b + 0x7FFF + ((b >> 16) & 1)) >> 16, in place on one temporary (int32 adds commute);
+    # carries into the exponent give +-inf
+    r = (b >> 16).bitwise_and_(1).add_(0x7FFF).add_(b).bitwise_right_shift_(16)
+    r.masked_fill_(torch.isnan(x), 0x7FC0)
+    return r.to(torch.int16).view(torch.bfloat16)
+
+
+def bf16_operand(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """What a kernel should load for ``x``: its int16 bits if bf16 (then widen them with
+    ``widen_bf16_bits``), else ``x`` itself; and whether it was bf16."""
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16), True
+    return x, False
+
+
+def dequantize_cpu(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
+                   out_dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``rn(rn(float(acc) * row_scale[m]) * col_scale[n])`` then RNE to ``out_dtype``.
+
+    ``out`` (float32, acc's shape) receives the float32 result instead of a new tensor.
+    """
+    y = acc.to(torch.float32) if out is None else out.copy_(acc)  # int32 -> fp32, RNE
+    y.mul_(row_scale.reshape(-1, 1)).mul_(col_scale.reshape(1, -1))  # in place: same bits
+    return bf16_rne(y) if out_dtype == torch.bfloat16 else y
+
+
+def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
+                      col_scale: torch.Tensor, out_dtype: torch.dtype,
+                      out: torch.Tensor | None = None, slabs: SlabCheck | None = None
+                      ) -> torch.Tensor:
+    """``dequantize_cpu(exact_int_mm_cpu(a, b, slabs=slabs), row_scale, col_scale,
+    out_dtype, out)``: the same bits, and the same checks. On the integer route the check's
+    row and column sums of the int32 product are taken in the dequantization's own pass
+    (``mathc.dequant``: one read of the product instead of four or five), and the result is
+    returned only after the check passed; a failed check is counted, switches the process
+    to the float route and recomputes, as ``exact_int_mm_cpu`` does. ``out``: a contiguous
+    float32 destination (out_dtype float32 only)."""
+    m, n = a.shape[0], b.shape[0]
+    if (m and n and a.shape[1] > 1 and route.int_gemm_route() == "int" and mathc.has("dequant")
+            and (out is None or out_dtype == torch.float32)):
+        try:               # the product is only read here: a reused buffer (page faults)
+            acc = route._raw_int_mm(a, b.t(), out=scratch("gemm.acc", (m, n), torch.int32))
+        except RuntimeError:        # a layout or shape the library refuses: not a fault
+            acc = None
+        if acc is not None:
+            y = out if out is not None else torch.empty((m, n), dtype=out_dtype)
+            sums = mathc.dequant(acc, row_scale, col_scale, y, sums=True)
+            if sums is not None:
+                if (slabs.rows_ok(acc, a, sums) if slabs is not None
+                        else checksum_ok(acc, a, b, sums)):
+                    return y
+                route.record_failure(f"checksum failed on a {m}x{a.shape[1]}x{n} GEMM")
+    return dequantize_cpu(exact_int_mm_cpu(a, b, slabs=slabs), row_scale, col_scale,
+                          out_dtype, out=out)
+
+
+def int8_mm_cpu(a: torch.Tensor, b: torch.Tensor, row_scale=None, col_scale=None,
+                out_dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """CPU reference: an exact integer GEMM (``exact_int_mm_cpu``) plus the epilogue."""
+    _check(a, b, row_scale, col_scale, out_dtype)
+    m, k = a.shape
+    n = b.shape[0]
+    if m == 0 or n == 0 or k == 0:
+        acc = torch.zeros((m, n), dtype=torch.int32)
+    elif row_scale is not None:
+        return exact_dequant_cpu(a, b, row_scale, col_scale, out_dtype)
+    else:
+        acc = exact_int_mm_cpu(a, b)
+    if row_scale is None:
+        return acc
+    return dequantize_cpu(acc, row_scale, col_scale, out_dtype)
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def bf16_rne_bits(y):
+        """float32 tile -> int16 tile holding the round-to-nearest-even bfloat16 bits."""
+        b = y.to(tl.int32, bitcast=True)
+        r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+        r = tl.where(y != y, 0x7FC0, r)
+        return r.to(tl.int16)
+
+    @triton.jit
+    def widen_bf16_bits(v):
+        """int16 tile of bf16 bits -> the exactly equal float32 tile (subnormals kept)."""
+        return (v.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def load_f32(ptrs, mask, other, IS_BF16: tl.constexpr):
+        """float32 tile of a tensor passed through ``bf16_operand``: bf16 bits widened
+        exactly (masked lanes +0; the interpreter widens bf16 subnormals wrongly), any
+        other float dtype converted (masked lanes ``other``)."""
+        if IS_BF16:
+            return widen_bf16_bits(tl.load(ptrs, mask=mask, other=0))
+        else:
+            return tl.load(ptrs, mask=mask, other=other).to(tl.float32)
+
+    @triton.jit
+    def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+        """(row tile, column tile) of this program in grouped order, so that GROUP_M row
+        tiles reuse the same b tiles from L2 (shared by every tiled GEMM kernel)."""
+        pid = tl.program_id(0)
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = tl.cdiv(N, BLOCK_N)
+        group = GROUP_M * num_n
+        first_m = (pid // group) * GROUP_M
+        size_m = tl.minimum(num_m - first_m, GROUP_M)
+        return first_m + (pid % group) % size_m, (pid % group) // size_m
+
+    @triton.jit
+    def _int8_mm_kernel(a_ptr, b_ptr, c_ptr, rs_ptr, cs_ptr, M, N, K,
+                        stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
+                        rs_stride,
+                        DEQUANT: tl.constexpr, OUT_BF16: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        a_rows = a_ptr + rm[:, None].to(tl.int64) * stride_am
+        b_cols = b_ptr + rn[None, :].to(tl.int64) * stride_bn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            a = tl.load(a_rows + kk[None, :] * stride_ak,
+                        mask=(rm[:, None] < M) & (kk[None, :] < K), other=0)
+            b = tl.load(b_cols + kk[:, None] * stride_bk,
+                        mask=(rn[None, :] < N) & (kk[:, None] < K), other=0)
+            acc += tl.dot(a, b, out_dtype=tl.int32)  # exact: see MAX_K
+
+        out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+        c_off = rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+        if DEQUANT:
+            rs = tl.load(rs_ptr + rm * rs_stride, mask=rm < M, other=0.0)
+            cs = tl.load(cs_ptr + rn, mask=rn < N, other=0.0)
+            y = acc.to(tl.float32) * rs[:, None]  # cvt.rn.f32.s32, then mul.rn
+            y = y * cs[None, :]
+            if OUT_BF16:
+                tl.store(c_ptr + c_off, bf16_rne_bits(y), mask=out_mask)
+            else:
+                tl.store(c_ptr + c_off, y, mask=out_mask)
+        else:
+            tl.store(c_ptr + c_off, acc, mask=out_mask)
+
+
+def int8_mm_triton(a: torch.Tensor, b: torch.Tensor, row_scale=None, col_scale=None,
+                   out_dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """Launch the Triton kernel (any strides; the output is contiguous)."""
+    _check(a, b, row_scale, col_scale, out_dtype)
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    c_store = c.view(torch.int16) if out_dtype == torch.bfloat16 else c
+    cfg = dict(INTERPRET_BLOCKS if interpreting() else GPU_BLOCKS)
+    dequant = row_scale is not None
+    rs = row_scale.reshape(-1) if dequant else c
+    cs = col_scale.reshape(-1) if dequant else c
+    rs_stride = 0 if (dequant and rs.numel() == 1 and m > 1) else 1
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    _int8_mm_kernel[grid](a, b, c_store, rs, cs, m, n, k,
+                          a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                          c.stride(0), c.stride(1), rs_stride,
+                          DEQUANT=dequant, OUT_BF16=out_dtype == torch.bfloat16,
+                          **cfg, **LAUNCH_OPTIONS)
+    return c
+
+
+def int8_mm(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor | None = None,
+            col_scale: torch.Tensor | None = None,
+            out_dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """``a @ b.T`` exactly in int32, or dequantized with the epilogue in the module doc.
+
+    a: (M, K) int8, b: (N, K) int8; row_scale (M,) or (1,) and col_scale (N,) float32.
+    Triton on CUDA tensors (or when forced), the CPU reference otherwise: same bits.
+    """
+    if use_triton(a):
+        return int8_mm_triton(a, b, row_scale, col_scale, out_dtype)
+    return int8_mm_cpu(a, b, row_scale, col_scale, out_dtype)
+
+
+# ---------------------------------------------------------------- GPU check registry
+# Open-1B projection shapes (tokens x in -> out): fused gate|up, down, attention q/o, k/v.
+SHAPES = {"gate_up": (16_384, 2_048, 11_264), "down": (16_384, 5_632, 2_048),
+          "attn_qo": (16_384, 2_048, 2_048), "attn_kv": (16_384, 2_048, 512)}
+
+
+def _make_inputs(shape: tuple[int, int, int]):
+    def make(scale: float, device):
+        g = seeded_generator(202)
+        m, k, n = scaled(shape[0], scale, 16), shape[1], shape[2]
+        a = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
+        b = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+        xa = torch.randn(m, k, generator=g).to(torch.bfloat16)
+        xb = torch.randn(n, k, generator=g).to(torch.bfloat16)
+        return tuple(t.to(device) for t in (a, b, xa, xb))
+    return make
+
+
+def _check_entry(label: str, shape: tuple[int, int, int]) -> GpuCheck:
+    return GpuCheck(
+        name=f"int8_gemm.{label}",
+        make_inputs=_make_inputs(shape),
+        run=lambda t: (int8_mm(t[0], t[1]),),
+        torch_baseline=lambda t: (torch.mm(t[2], t[3].t()),),
+        cost=lambda t: Cost(
+            flops=2.0 * t[0].shape[0] * t[0].shape[1] * t[1].shape[0],
+            bytes=t[0].numel() + t[1].numel() + 4.0 * t[0].shape[0] * t[1].shape[0]),
+        describe=lambda s, sh=shape: f"int8 ({scaled(sh[0], s, 16)}x{sh[1]}) @ ({sh[1]}x{sh[2]}) "
+                                     "-> int32 vs torch.mm bf16",
+        parity_scale=0.25, bound="compute",
+    )
+
+
+GPU_CHECKS = [_check_entry(label, shape) for label, shape in SHAPES.items()]

@@ -1,0 +1,337 @@
+"""Symmetric int8 quantizers of the W8A8 linear (open1b_kernels/int8/linear.py): codes for a given
+step, the per-row absmax step, the fused rotate-then-quantize of the backward, and the
+straight-through estimator (STE) with its LSQ step term.
+
+Q = 127 (levels -127..127). Every float step is one IEEE binary32 operation,
+round-to-nearest-even, never fused; ``rne(v)`` is ``(v + 1.5*2^23) - 1.5*2^23`` (exact
+ties-to-even for |v| < 2^22).
+- ``quantize(x, s)``: ``v = x / s`` (IEEE division, ``tl.div_rn``),
+  ``q = rne(clamp(v, -127, 127))`` as int8; a zero step gives q = 0 (an all-zero row).
+  ``s`` is per row (R,) or per tensor (1,).
+- ``row_absmax_step(x)``: ``s_row = rn(max|row| * INV_127)``, INV_127 = fp32(1/127)
+  (max is exact in any order, so one definition serves every device).
+- ``rotate_quantize(t)``: open1b_kernels.int8.hadamard's rotation of each row (block 256, zero-padded
+  to a multiple of 256), then ``row_absmax_step`` and ``quantize``. On the GPU the three
+  are one kernel (the rotated float32 tensor never reaches memory); the bits are those
+  of the separate ops.
+- ``ste(g, x, s)``: the gradient passes where -127 <= v <= 127 (v = x / s before
+  rounding), zero outside; with ``want_term`` also the LSQ term ``g * t``, t = rne(v) - v
+  inside and the clamp bound (-127 or 127) outside.
+
+CPU paths use ``torch.round`` for ``rne`` (IEEE roundToIntegralTiesToEven: the same values
+up to the sign of a zero, which neither an int8 code nor the term t can show) and skip a
+clamp only where it provably changes nothing. ``rotate_quantize_dim0_cpu`` is the CPU
+layout of ``rotate_quantize`` the linear's backward uses: it rotates along dim 0 in L2-sized
+tiles, so no weight-sized transpose is copied.
+
+Subnormals kept (IEEE). Inputs and steps must be finite: non-finite values give
+unspecified int8 codes, which is outside the parity contract.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from open1b_kernels.core import mathc
+from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
+from open1b_kernels.int8.hadamard import hadamard, hadamard_dim0_cpu_, padded_width
+from open1b_kernels.int8.gemm import bf16_operand, bf16_rne
+from open1b_kernels.core.workspace import scratch
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    from open1b_kernels.int8.hadamard import rotated_block
+    from open1b_kernels.int8.gemm import bf16_rne_bits, load_f32
+
+Q_MAX = 127
+RND = 12582912.0  # 1.5 * 2^23
+INV_127 = 0.007874015718698502  # fp32(1/127), bits 0x3C010204
+HADAMARD_BLOCK = 256
+BLOCK_R, BLOCK_K = 32, 128  # elementwise tiles (rows x columns)
+ROT_ROWS = 16  # rows per program of the fused rotate+quantize kernel on the GPU
+SLAB = 1 << 19  # elements per row slab of the CPU weight passes (2 MB of float32: one L2)
+# The compiled rotation's tiles: one block of B rows by STRIP columns (128 KB of float32)
+# stays in L2 through the fill, the log2(B) butterfly stages, the scale and the extremes;
+# a 2 MB tile went through the stages from L3 (measured, 2 cores: 2.15 -> 1.08 ms for a
+# (768, 2,048) bf16 gradient, 9.1 -> 5.8 ms for (4,096, 2,048); columns are independent and
+# each column still meets its rows in ascending order, so the same bits)
+STRIP = 128
+FLT_MIN = 2.0 ** -126  # smallest normal float32
+
+if HAVE_TRITON:
+    RND_K = tl.constexpr(RND)
+    INV_127_K = tl.constexpr(INV_127)
+
+
+def safe_step(s: torch.Tensor) -> torch.Tensor:
+    """The divisor for step ``s``: 1 where s == 0 (its codes are then 0 or tiny)."""
+    return torch.where(s == 0, torch.ones_like(s), s)
+
+
+def codes_(v: torch.Tensor, clamp: bool = True, out: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """int8 ``rne(clamp(v, -127, 127))`` of float32 ``v``, clamping and rounding v in place
+    (into ``out`` when given). ``clamp=False`` only where the caller has shown |v| < 127.5:
+    then the clamp cannot change the rounded value.
+
+    ``torch.round`` is IEEE roundToIntegralTiesToEven, so on |v| <= 127 it gives the values
+    of ``(v + RND) - RND`` in one pass instead of two; the two differ only in the sign of
+    a zero result (round(-0.3) = -0.0), which an int8 code cannot carry.
+    """
+    if clamp:
+        v.clamp_(-Q_MAX, Q_MAX)
+    v.round_()
+    return v.to(torch.int8) if out is None else out.copy_(v)
+
+
+# ------------------------------------------------------------------- CPU references
+def quantize_cpu(x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """q = rne(clamp(x / step, -127, 127)) as int8; step (R,) per row or (1,) per tensor."""
+    div = safe_step(step.reshape(-1, 1))
+    fast = mathc.quantize(x, div) if x.dim() == 2 else None   # the same ops, compiled
+    if fast is not None:
+        return fast
+    return codes_(x.to(torch.float32) / div)
+
+
+def row_absmax_step_cpu(x: torch.Tensor) -> torch.Tensor:
+    """Per-row step rn(max|x[r, :]| * INV_127) of a float32 (R, K) tensor."""
+    return x.abs().amax(dim=1) * INV_127
+
+
+# A maximum and one multiply are exact on every device (torch on CUDA included), so the
+# step needs no kernel of its own; the GPU's fused rotate_quantize computes it in-kernel.
+row_absmax_step = row_absmax_step_cpu
+
+
+def ste_cpu(g: torch.Tensor, x: torch.Tensor, step: torch.Tensor, want_term: bool,
+            out_bf16: bool):
+    """STE mask (and LSQ term g * dv/ds) of the quantizer at (x, step); see module doc."""
+    if out_bf16:                       # the same operations in one compiled pass
+        fast = mathc.ste(g, x, safe_step(step.reshape(-1)), want_term)
+        if fast is not None:
+            return fast
+    v = x.to(torch.float32) / safe_step(step.reshape(-1, 1))
+    inside = (v >= -Q_MAX) & (v <= Q_MAX)
+    dx = torch.where(inside, g, 0.0)
+    dx = bf16_rne(dx) if out_bf16 else dx
+    if not want_term:
+        return dx, None
+    vc = v.clamp(-Q_MAX, Q_MAX)
+    # t = rne(vc) - v inside, vc outside. round(vc) - v equals (vc + RND - RND) - v even
+    # for a zero rne: -0 - (-0) = +0 - (-0) = +0 and -0 - v = +0 - v for v != 0.
+    t = torch.where(inside, vc.round().sub_(v), vc)
+    return dx, t.mul_(g)
+
+
+def rotate_quantize_dim0_cpu(y: torch.Tensor, name: str, fill=None):
+    """``rotate_quantize(t)`` for the (R, K) tensor t whose zero-padded float32 transpose
+    (Kp, R) is ``y`` (a scratch buffer, overwritten; or written tile by tile by ``fill``,
+    see ``hadamard_dim0_cpu_``): codes^T (Kp, R) int8 (scratch ``name``) and steps (R,),
+    the same bits."""
+    c = y.shape[1]
+    cmax = torch.full((c,), -math.inf)
+    cmin = torch.full((c,), math.inf)
+
+    def extremes(tile, rows, cols):  # column max and min, while the tile is in cache
+        torch.maximum(cmax[cols], tile.amax(0), out=cmax[cols])
+        torch.minimum(cmin[cols], tile.amin(0), out=cmin[cols])
+
+    hadamard_dim0_cpu_(y, HADAMARD_BLOCK, fill, extremes)
+    # max|y| per column = max(max y, -min y) (no |y| pass); abs_ turns the -0 an all-zero
+    # column may give into the +0 of max|y|
+    step = torch.maximum(cmax, cmin.neg_()).abs_().mul_(INV_127)
+    # The clamp is a no-op unless a step is subnormal: for a normal s = rn(m * INV_127)
+    # (m = max|y| of the column), |y| / s <= m / s <= 127 / (1 - 2^-24)^2 < 127.5; s = 0
+    # means m * INV_127 < 2^-149 and the safe divisor 1 leaves |v| = |y| tiny.
+    clamp = bool(((step > 0) & (step < FLT_MIN)).any())
+    div = safe_step(step)
+    codes = scratch(name, y.shape, torch.int8)
+    rows = max(1, SLAB // c)
+    for r0 in range(0, y.shape[0], rows):  # slabs: divide, round and narrow in cache
+        codes_(y[r0:r0 + rows].div_(div), clamp, codes[r0:r0 + rows])
+    return codes, step
+
+
+def rotate_quantize_cols_cpu(s: torch.Tensor, name: str, row_scale: torch.Tensor | None = None,
+                             transposed: bool = False):
+    """``rotate_quantize(t)`` of the (R, K) matrix t = s^T, in the dim-0 layout of
+    ``rotate_quantize_dim0_cpu``: s (K, R) - bf16 or int8, row-major or the transposed view
+    of a row-major matrix; int8 times ``row_scale`` (K,) (one float32 product per element:
+    a dequantized weight) when given - is rotated along dim 0, zero-padded to Kp rows.
+    Returns (codes of t, transposed: (Kp, R) int8, or t's own (R, Kp) layout when
+    ``transposed``; scratch ``name``) and the steps (R,): the bits of the torch steps.
+
+    With the compiled loops, filling each tile from s (converting, transposing or scaling
+    in cache), the rotation, the scale and the column extremes are one pass per L2-sized
+    tile, and the codes one more - no float32 copy of s, no transposed copy of the codes."""
+    k, r = s.shape
+    kp = padded_width(k, HADAMARD_BLOCK)
+    y = scratch(f"{name}.y", (kp, r), torch.float32)
+    if row_scale is None and s.dtype == torch.bfloat16 and s.is_contiguous():
+        kind, src = 0, s
+    elif row_scale is None and s.dtype == torch.bfloat16 and s.t().is_contiguous():
+        kind, src = 1, s.t()
+    elif s.dtype == torch.int8 and s.is_contiguous():
+        kind, src = (2 if row_scale is None else 3), s
+    else:
+        kind, src = None, None
+    log = HADAMARD_BLOCK.bit_length() - 1
+    cmax = torch.full((r,), -math.inf)
+    cmin = torch.full((r,), math.inf)
+    if kind is not None and mathc.rotate_cols(kind, src, row_scale, k, y, HADAMARD_BLOCK,
+                                              2.0 ** -(log // 2), cmax, cmin, HADAMARD_BLOCK,
+                                              STRIP):
+        got = mathc.rotation_steps(cmax, cmin, INV_127)   # the operations below, one call
+        if got is None:
+            step = torch.maximum(cmax, cmin.neg_()).abs_().mul_(INV_127)   # as below
+            got = step, safe_step(step), bool(((step > 0) & (step < FLT_MIN)).any())
+        step, div, clamp = got
+        codes = scratch(name, (r, kp) if transposed else (kp, r), torch.int8)
+        if mathc.int8_codes(y, div, clamp, codes, transposed):
+            return codes, step
+    # the torch steps: y filled (w_hat tile by tile), then rotate_quantize_dim0_cpu
+    fill = None
+    if row_scale is None:
+        y[:k].copy_(s)
+        y[k:].zero_()
+    else:
+        def fill(tile, rows, cols):  # rn(s * row_scale[n]), zero rows past K
+            lo, hi = rows.start, min(rows.stop, k)
+            tile[:hi - lo].copy_(s[lo:hi, cols]).mul_(row_scale[lo:hi, None])
+            tile[hi - lo:].zero_()
+    codes, step = rotate_quantize_dim0_cpu(y, name, fill)
+    return (codes.t().contiguous() if transposed else codes), step
+
+
+# ------------------------------------------------------------------- Triton kernels
+if HAVE_TRITON:
+
+    @triton.jit
+    def _quantize_kernel(x_ptr, s_ptr, q_ptr, R, K, stride_r, stride_k, s_stride,
+                         IS_BF16: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+        rows = tl.program_id(0) * BR + tl.arange(0, BR)
+        cols = tl.program_id(1) * BK + tl.arange(0, BK)
+        mask = (rows[:, None] < R) & (cols[None, :] < K)
+        ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_r + cols[None, :] * stride_k
+        x = load_f32(ptrs, mask, 0.0, IS_BF16)
+        s = tl.load(s_ptr + rows * s_stride, mask=rows < R, other=1.0)
+        s = tl.where(s == 0.0, 1.0, s)
+        v = tl.div_rn(x, s[:, None])
+        v = tl.minimum(tl.maximum(v, -127.0), 127.0)
+        q = ((v + RND_K) - RND_K).to(tl.int8)
+        tl.store(q_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], q, mask=mask)
+
+    @triton.jit
+    def _ste_kernel(g_ptr, x_ptr, s_ptr, dx_ptr, t_ptr, R, K, s_stride,
+                    WANT_TERM: tl.constexpr, OUT_BF16: tl.constexpr, IS_BF16: tl.constexpr,
+                    BR: tl.constexpr, BK: tl.constexpr):
+        rows = tl.program_id(0) * BR + tl.arange(0, BR)
+        cols = tl.program_id(1) * BK + tl.arange(0, BK)
+        mask = (rows[:, None] < R) & (cols[None, :] < K)
+        off = rows[:, None].to(tl.int64) * K + cols[None, :]
+        g = tl.load(g_ptr + off, mask=mask, other=0.0)
+        x = load_f32(x_ptr + off, mask, 0.0, IS_BF16)
+        s = tl.load(s_ptr + rows * s_stride, mask=rows < R, other=1.0)
+        s = tl.where(s == 0.0, 1.0, s)
+        v = tl.div_rn(x, s[:, None])
+        inside = (v >= -127.0) & (v <= 127.0)
+        dx = tl.where(inside, g, 0.0)
+        if OUT_BF16:
+            tl.store(dx_ptr + off, bf16_rne_bits(dx), mask=mask)
+        else:
+            tl.store(dx_ptr + off, dx, mask=mask)
+        if WANT_TERM:
+            vc = tl.minimum(tl.maximum(v, -127.0), 127.0)
+            t = tl.where(inside, ((vc + RND_K) - RND_K) - v, vc)
+            tl.store(t_ptr + off, g * t, mask=mask)
+
+    @triton.jit
+    def _rot_quant_kernel(x_ptr, q_ptr, s_ptr, R, K, KP, stride_r, stride_k, scale,
+                          IS_BF16: tl.constexpr, ROWS: tl.constexpr, B: tl.constexpr,
+                          LOG_B: tl.constexpr):
+        # Fused hadamard -> row absmax step -> quantize: pass 1 rotates each block for the
+        # row maximum, pass 2 rotates again (the same bits) and writes int8 codes, so the
+        # float32 rotated tensor never reaches memory.
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        amax = tl.zeros((ROWS,), dtype=tl.float32)
+        for j in range(0, KP // B):
+            y = rotated_block(x_ptr, rows, j, R, K, stride_r, stride_k, scale,
+                              IS_BF16, ROWS, B, LOG_B)
+            amax = tl.maximum(amax, tl.max(tl.abs(y), axis=1))
+        step = amax * INV_127_K
+        tl.store(s_ptr + rows, step, mask=rows < R)
+        div = tl.where(step == 0.0, 1.0, step)
+        for j in range(0, KP // B):
+            y = rotated_block(x_ptr, rows, j, R, K, stride_r, stride_k, scale,
+                              IS_BF16, ROWS, B, LOG_B)
+            v = tl.div_rn(y, div[:, None])
+            v = tl.minimum(tl.maximum(v, -127.0), 127.0)
+            cols = j * B + tl.arange(0, B)
+            tl.store(q_ptr + rows[:, None].to(tl.int64) * KP + cols[None, :],
+                     ((v + RND_K) - RND_K).to(tl.int8), mask=rows[:, None] < R)
+
+
+# ------------------------------------------------------------------- dispatchers
+def _grid(r: int, k: int):
+    return (triton.cdiv(r, BLOCK_R), triton.cdiv(k, BLOCK_K))
+
+
+def quantize(x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """int8 codes of a 2-D tensor (any strides) with a per-row or per-tensor step."""
+    if not use_triton(x):
+        return quantize_cpu(x, step)
+    r, k = x.shape
+    q = torch.empty((r, k), dtype=torch.int8, device=x.device)
+    if q.numel():
+        s = step.reshape(-1).to(torch.float32)
+        xk, is_bf16 = bf16_operand(x)
+        _quantize_kernel[_grid(r, k)](xk, s, q, r, k, x.stride(0), x.stride(1),
+                                      0 if s.numel() == 1 else 1, IS_BF16=is_bf16,
+                                      BR=BLOCK_R, BK=BLOCK_K, **LAUNCH_OPTIONS)
+    return q
+
+
+def rotate_quantize(t: torch.Tensor, block: int = HADAMARD_BLOCK):
+    """Hadamard-rotate the rows of 2-D ``t`` (any dtype/strides), then per-row absmax int8:
+    (codes (R, padded K) int8, steps (R,) float32). Same bits as the three separate ops."""
+    if not use_triton(t):
+        r = hadamard(t, block)
+        s = row_absmax_step(r)
+        return quantize(r, s), s
+    rr, k = t.shape
+    kp = padded_width(k, block)
+    log = block.bit_length() - 1
+    q = torch.empty((rr, kp), dtype=torch.int8, device=t.device)
+    s = torch.empty((rr,), dtype=torch.float32, device=t.device)
+    if rr and kp:
+        rows = 16 if interpreting() else ROT_ROWS
+        tk, is_bf16 = bf16_operand(t)
+        _rot_quant_kernel[(triton.cdiv(rr, rows),)](
+            tk, q, s, rr, k, kp, t.stride(0), t.stride(1), 2.0 ** -(log // 2),
+            IS_BF16=is_bf16, ROWS=rows, B=block, LOG_B=log, **LAUNCH_OPTIONS)
+    elif rr:
+        s.zero_()
+    return q, s
+
+
+def ste(g: torch.Tensor, x: torch.Tensor, step: torch.Tensor, want_term: bool,
+        out_bf16: bool):
+    """(masked gradient, LSQ term or None) for contiguous (R, K) g (fp32) and x."""
+    if not use_triton(g):
+        return ste_cpu(g, x, step, want_term, out_bf16)
+    r, k = g.shape
+    dx = torch.empty((r, k), dtype=torch.bfloat16 if out_bf16 else torch.float32,
+                     device=g.device)
+    t = torch.empty((r, k), dtype=torch.float32, device=g.device) if want_term else dx
+    if dx.numel():
+        s = step.reshape(-1).to(torch.float32)
+        xk, is_bf16 = bf16_operand(x.contiguous())
+        _ste_kernel[_grid(r, k)](g, xk, s, dx.view(torch.int16) if out_bf16 else dx, t, r, k,
+                                 0 if s.numel() == 1 else 1, WANT_TERM=want_term,
+                                 OUT_BF16=out_bf16, IS_BF16=is_bf16, BR=BLOCK_R, BK=BLOCK_K,
+                                 **LAUNCH_OPTIONS)
+    return dx, (t if want_term else None)

@@ -1,0 +1,243 @@
+"""The CPU's exact int8 GEMM (``open1b_kernels.int8.gemm``'s CPU path): which route computes it,
+the library's integer GEMM checked or float32 GEMMs of the integer values, and the
+process-wide decision between them (probe, checks, failures, status).
+
+Either route gives the exact integer product, so the route changes the speed, never the
+bits; the comment below says why each is exact and when each is picked.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from open1b_kernels.int8.checksum import SlabCheck, checksum_ok
+
+# |a*b| <= 128*128 = 2^14 and MAX_K * 2^14 = 2^31 - 2^14 < 2^31: no int32 overflow.
+MAX_K = 131_071
+
+
+# Exact int8 GEMMs on the CPU have two routes, both giving the exact integer product:
+#
+# "float": float32 GEMMs of the int8 values: |a * b| <= 128 * 128 = 2^14, so over a
+# contraction of at most SGEMM_K = 1,024 every partial sum is an integer of magnitude <= 2^24,
+# which float32 holds exactly - whatever order, blocking or fused multiply-add the BLAS
+# uses, the result is the exact integer. Longer contractions are cut into SGEMM_K chunks
+# whose exact results add in int32 (|total| < 2^31 while K <= MAX_K). Exact by construction
+# on any IEEE machine; needs no special case for dimensions of 1.
+#
+# "int": the library's integer GEMM, ``torch._int_mm`` (int8 x int8 -> int32; oneDNN on
+# x86). Integer sums are exact in any order *if* the library computes them in int32 - but
+# some x86 paths without VNNI multiply u8 x s8 pairs with vpmaddubsw, whose pair sums
+# saturate at int16, and wrong ``_int_mm`` results have been reported on some CPUs. So the
+# project never trusts it blindly: ``int_gemm_route`` runs ``probe_int_mm`` (worst-case
+# operands at every contraction length class, compared with an exact int64 reference)
+# once per process before the route is used, and every "int" result is checked against
+# exact row and column sums (``checksum_ok``: O((M + N) K) integer work against the GEMM's
+# O(M N K); a weight gradient computed in row slabs against one large b checks each slab's
+# rows and all slabs' columns once, ``SlabCheck``, since a column check per slab cost more
+# than the VNNI GEMMs themselves). A failed probe or checksum switches the process to the
+# "float" route, names the platform and the failing case (``int_gemm_status``), and the
+# result is recomputed on the float route: the bits never change, only the speed.
+#
+# Which route: OPEN1B_INT_GEMM=float|int|auto (default auto: "int" only on CPUs with an
+# int8 dot-product instruction - AVX-512 VNNI, AVX-VNNI or AMX-INT8 - where it is the
+# faster one, and only if the probe passes). Measured on the project's 2-core AMD EPYC
+# (AVX2, FMA, no AVX-512, no VNNI; torch capability AVX2), benchmarks/kernels/int_gemm.py:
+# torch._int_mm is exact there but 13-20x slower than the float route at the linear's
+# shapes (the float route runs at 0.75-0.9x of a float32 GEMM), so auto keeps "float".
+# On a 2-core AMD EPYC with AVX-512 VNNI (2026-12-02, BENCHMARKS.md) the int route runs
+# the linear's GEMMs 1.3-1.7x faster than a float32 GEMM of the same shape: auto picks it.
+#
+# A contraction of length 1 always takes the float route: torch 2.13's CPU ``_int_mm``
+# returns uninitialized memory for K = 1 and N >= 2 (the (1, N) operand's strides are
+# (1, 1), and the library misreads them; measured on the AVX-512 VNNI EPYC, caught by the
+# checksum in the test suite). It is not a platform fault, so it is not counted as one.
+SGEMM_K = 1024
+INT_GEMM_ENV = "OPEN1B_INT_GEMM"
+_VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def _raw_int_mm(a: torch.Tensor, b_t: torch.Tensor, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """The library's int8 GEMM, a (M, K) @ b_t (K, N) -> int32, into ``out`` (contiguous
+    int32 (M, N)) when given: reused memory, where a fresh product of the linear's size
+    costs a third of the GEMM in page faults (tests replace this)."""
+    return torch._int_mm(a, b_t) if out is None else torch._int_mm(a, b_t, out=out)
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def platform_name() -> str:
+    """CPU model, the VNNI-class flags present and torch's CPU capability (for messages)."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    vnni = sorted(cpu_flags() & set(_VNNI_FLAGS)) or ["no VNNI"]
+    cap = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "?")()
+    return f"{model} ({', '.join(vnni)}; torch {torch.__version__} CPU capability {cap})"
+
+
+def _exact_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """int64 a @ b.T, exact (int64 products and sums)."""
+    return torch.mm(a.to(torch.int64), b.to(torch.int64).t())
+
+
+def _probe_cases():
+    """(name, a (M, K), b (N, K)) worst cases for an int8 GEMM: saturating u8 x s8 pair
+    sums (127 * 127 pairs once a is shifted to u8), -128 * -128 (the one product of 2^14),
+    mixed-sign extremes, alternating signs along k, random extremes, odd shapes, and the
+    full contraction lengths: SGEMM_K, a non-multiple of 64, and MAX_K (the largest
+    partial sum an int32 accumulator must hold, 2^31 - 2^14)."""
+    g = torch.Generator().manual_seed(0x1A7)
+    for k in (SGEMM_K, 4_099, MAX_K):
+        m = n = 3 if k == MAX_K else 17
+        for va, vb in ((-128, -128), (127, 127), (127, -128), (-128, 127), (-128, 1)):
+            yield (f"all {va} x all {vb}, K={k}", torch.full((m, k), va, dtype=torch.int8),
+                   torch.full((n, k), vb, dtype=torch.int8))
+        alt = torch.tensor([127, -128], dtype=torch.int8).repeat(k // 2 + 1)[:k]
+        yield (f"alternating 127/-128 x same, K={k}", alt.repeat(m, 1), alt.repeat(n, 1))
+        ext = torch.tensor([-128, -127, 127], dtype=torch.int8)
+        yield (f"random extremes, K={k}",
+               ext[torch.randint(0, 3, (m, k), generator=g)],
+               ext[torch.randint(0, 3, (n, k), generator=g)])
+    t = torch.randint(-128, 128, (1000, 19), generator=g, dtype=torch.int8)
+    yield ("random, transposed a, 19x1000x7", t.t(),
+           torch.randint(-128, 128, (7, 1000), generator=g, dtype=torch.int8))
+    yield ("random, odd shape 33x1000x65", torch.randint(-128, 128, (33, 1000), generator=g,
+                                                          dtype=torch.int8),
+           torch.randint(-128, 128, (65, 1000), generator=g, dtype=torch.int8))
+
+
+def probe_int_mm(mm=None) -> str | None:
+    """None if ``mm`` (default: the library's integer GEMM) is exact on every worst case of
+    ``_probe_cases``; otherwise the first failing case, with the wrong and exact values."""
+    mm = mm or _raw_int_mm
+    for name, a, b in _probe_cases():
+        want = _exact_ref(a, b)
+        try:
+            got = mm(a, b.t())
+        except (RuntimeError, TypeError, ValueError) as e:
+            return f"{name}: raised {type(e).__name__}: {e}"
+        if got.shape != want.shape or got.dtype != torch.int32 or not torch.equal(
+                got.to(torch.int64), want):
+            bad = (got.to(torch.int64) != want).nonzero()
+            i, j = (bad[0].tolist() if len(bad) else (0, 0))
+            return (f"{name}: [{i}, {j}] = {int(got[i, j])}, exact {int(want[i, j])}"
+                    if got.shape == want.shape else f"{name}: shape {tuple(got.shape)}")
+    return None
+
+
+class _Route:
+    route: str | None = None        # "int" or "float" once decided
+    reason: str = "not decided yet"
+    failures: int = 0
+
+
+def reset_int_gemm_route() -> None:
+    """Forget the decision (tests, or after changing OPEN1B_INT_GEMM)."""
+    _Route.route, _Route.reason, _Route.failures = None, "not decided yet", 0
+
+
+def _refuse(why: str) -> None:
+    import warnings
+    _Route.route = "float"
+    _Route.reason = f"integer GEMM not exact on {platform_name()}: {why}; using the float route"
+    warnings.warn(_Route.reason, RuntimeWarning, stacklevel=3)
+
+
+def int_gemm_route() -> str:
+    """"int" or "float" for this process (decided once; see the comment above)."""
+    if _Route.route is None:
+        want = os.environ.get(INT_GEMM_ENV, "auto").lower()
+        if want not in ("auto", "int", "float"):
+            raise ValueError(f"{INT_GEMM_ENV} must be auto, int or float, got {want!r}")
+        if want == "float" or (want == "auto" and not cpu_flags() & set(_VNNI_FLAGS)):
+            _Route.route = "float"
+            _Route.reason = (f"{INT_GEMM_ENV}={want}" if want == "float" else
+                             f"auto: no VNNI-class instruction on {platform_name()}")
+        else:
+            bad = probe_int_mm()
+            if bad is not None:
+                _refuse(f"probe failed - {bad}")
+            else:
+                _Route.route, _Route.reason = "int", f"{INT_GEMM_ENV}={want}: probe passed"
+    return _Route.route
+
+
+def int_gemm_status() -> dict:
+    """The route, why, and how many results failed their checksum (for logs and reports)."""
+    return {"route": int_gemm_route(), "reason": _Route.reason, "failures": _Route.failures,
+            "platform": platform_name()}
+
+
+def _float_int_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    k = a.shape[1]
+    acc = out
+    for k0 in range(0, max(k, 1), SGEMM_K):
+        a32 = a[:, k0:k0 + SGEMM_K].to(torch.float32)
+        b32 = b[:, k0:k0 + SGEMM_K].to(torch.float32)
+        part = torch.mm(a32, b32.t())
+        if k0 == 0:
+            acc = part.to(torch.int32) if acc is None else acc.copy_(part)
+        else:
+            acc.add_(part.to(torch.int32))
+    return acc
+
+
+def int_mm_unchecked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
+                     ) -> torch.Tensor | None:
+    """int32 ``a @ b.T`` by the library's int8 GEMM (into ``out``, contiguous int32 (M, N),
+    when given), *not* checked - for a caller that checks the exact row and column sums of
+    the whole product itself, once, instead of per block (``open1b_kernels.ops.lmhead``); None
+    where the library refuses the layout or shape."""
+    if a.shape[1] < 2:                  # K = 1: the float route (comment above SGEMM_K)
+        return None
+    try:
+        return _raw_int_mm(a, b.t(), out=out)
+    except RuntimeError:
+        return None
+
+
+def record_failure(why: str) -> None:
+    """A caller's own checksum failed: count it and switch the process to the float route."""
+    _Route.failures += 1
+    _refuse(why)
+
+
+def exact_int_mm_cpu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None,
+                     slabs: SlabCheck | None = None) -> torch.Tensor:
+    """Exact int32 ``a @ b.T`` of int8 (M, K) and (N, K) on the CPU (K <= MAX_K).
+
+    The process's route (``int_gemm_route``): the library's integer GEMM, checked, or
+    float32 GEMMs of the int8 values in contraction chunks of SGEMM_K (see above); either
+    way the exact integer product. Operands may be row-major or transposed views; ``out``
+    (int32 (M, N), contiguous) receives the result. ``slabs``: this is one slab of several
+    sharing ``b``; its rows are checked here and the caller checks the columns of all
+    slabs at the end (``SlabCheck``).
+    """
+    if a.shape[0] and b.shape[0] and a.shape[1] > 1 and int_gemm_route() == "int":
+        try:
+            acc = _raw_int_mm(a, b.t(), out=out)
+        except RuntimeError:        # a layout or shape the library refuses: not a fault
+            return _float_int_mm(a, b, out)
+        if slabs.rows_ok(acc, a) if slabs is not None else checksum_ok(acc, a, b):
+            return acc
+        _Route.failures += 1
+        _refuse(f"checksum failed on a {a.shape[0]}x{a.shape[1]}x{b.shape[0]} GEMM")
+    return _float_int_mm(a, b, out)

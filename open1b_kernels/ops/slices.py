@@ -1,0 +1,147 @@
+"""An operand's int8 slices (``open1b_kernels.ops.lmhead``, step 1) stored so that every level's
+operand is a view.
+
+The LM head's integer route multiplies, per level L, the slices a_1 .. a_(L-1) of one
+operand side by side along the contraction with b_(L-1) .. b_1 of the other (the level's
+pairs (i, L - i)). Stored as separate planes (S, R, K), each level operand of more than
+one slice was a copy: 1.5x the slices of the operand went through memory again per call
+(~50 MB for the demo's 2,048 x 8,192 logits gradient). Here the slicer writes them where
+the levels want them:
+
+- a row-major operand (R, K) into (R, S, K): row r holds its S slices one after another,
+  so slices 1 .. c of rows ``rows`` are the view ``store[rows, :c].reshape(n, c K)``;
+- a transposed view (its storage (K, R) row-major, sliced per storage column) into the
+  planes (S, K, R): slices 1 .. c are the contiguous first c planes, a (c K, R) matrix whose
+  transpose is the level operand;
+- the b side in descending order (slice S first), so its level operands b_(L-1) .. b_1 are
+  the last L - 1 positions, again one view.
+
+The same int8 values as ``slice_rows_cpu`` (only where they are written changes), so the
+same products and bits; without the compiled slicer, ``from_planes`` arranges the torch
+slicer's planes the same way. A contraction cut into several chunks (K > ``K_CHUNK``)
+still copies each chunk's level operand (``level_copy``). The exactness guard's sums run
+over the whole store at once: the column sums of every slice in one pass, and
+``sum_i slice_i @ v_i`` as one matrix-vector product of the store with the v_i side by
+side.
+"""
+from __future__ import annotations
+
+import torch
+
+from open1b_kernels.core import slicer
+from open1b_kernels.core.workspace import scratch
+from open1b_kernels.int8.checksum import _mv, col_sums
+
+
+class LevelSlices:
+    """The S slices of ``x`` (R, K) in the level-ready layout (module docstring), the
+    exponents in ``exps``; ``planes[i]`` is slice i + 1 as an (R, K) view. ``make`` slices
+    by the compiled loop (None when it is unavailable); ``from_planes`` arranges the torch
+    slicer's planes (a copy: the fallback)."""
+
+    def __init__(self, store: torch.Tensor, exps: torch.Tensor, by_cols: bool,
+                 descending: bool) -> None:
+        self.store, self.exps, self.by_cols, self.descending = store, exps, by_cols, descending
+        n = store.shape[0] if by_cols else store.shape[1]
+        self.planes = [self._at(self._pos(i, n)) for i in range(n)]
+
+    @classmethod
+    def make(cls, x: torch.Tensor, slices: int, name: str, descending: bool
+             ) -> LevelSlices | None:
+        out = scratch(name, (slices * x.numel(),), torch.int8)
+        got = slicer.slice_store(x, slices, out, descending)
+        return None if got is None else cls(got[0], got[1], got[2], descending)
+
+    @classmethod
+    def from_planes(cls, planes: torch.Tensor, exps: torch.Tensor, name: str,
+                    descending: bool) -> LevelSlices:
+        """The planes (S, R, K) of ``slice_rows_cpu`` copied into the row-interleaved
+        layout (R, S, K): the same values."""
+        s, r, k = planes.shape
+        store = scratch(name, (r, s, k), torch.int8)
+        for i in range(s):
+            store[:, s - 1 - i if descending else i] = planes[i]
+        return cls(store, exps, False, descending)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (len(self.planes), *self.planes[0].shape)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.planes[i]
+
+    def _pos(self, i: int, n: int) -> int:
+        return n - 1 - i if self.descending else i
+
+    def _at(self, pos: int) -> torch.Tensor:
+        return self.store[pos].t() if self.by_cols else self.store[:, pos]
+
+    def level(self, count: int, rows: slice) -> torch.Tensor:
+        """Slices 1 .. ``count`` (ascending store) or ``count`` .. 1 (descending) of the rows
+        ``rows``, side by side along K: (n, count K), a view of the store."""
+        s = len(self.planes)
+        return self._span(slice(s - count, s) if self.descending else slice(0, count), rows)
+
+    def run(self, which: tuple[int, ...], rows: slice) -> torch.Tensor | None:
+        """The slices ``which`` (1-based) of the rows ``rows`` side by side along K as a view,
+        or None where they do not lie one after another in the store."""
+        n = len(self.planes)
+        pos = [self._pos(i - 1, n) for i in which]
+        if pos != list(range(pos[0], pos[0] + len(pos))):
+            return None
+        return self._span(slice(pos[0], pos[0] + len(pos)), rows)
+
+    def gather(self, i: int, rows: slice, cols: torch.Tensor, name: str) -> torch.Tensor:
+        """Slice ``i`` (1-based) of the rows ``rows`` at the contraction columns ``cols``:
+        (n, len(cols)), a copy into the scratch buffer ``name`` (contiguous, or for a
+        transposed store the transposed view of a contiguous (len(cols), n))."""
+        pos = self._pos(i - 1, len(self.planes))
+        if self.by_cols:
+            part = self.store[pos][:, rows]                           # (K, n)
+            got = scratch(name, (cols.numel(), part.shape[1]), torch.int8)
+            return torch.index_select(part, 0, cols, out=got).t()
+        part = self.store[rows, pos]                                  # (n, K), rows 3K apart
+        got = scratch(name, (part.shape[0], cols.numel()), torch.int8)
+        # gather, not index_select: along dim 1 of a strided matrix index_select copied the
+        # whole slice first (measured: 1,024 rows of 128,256, 1,100 columns: 62 vs 6 ms)
+        return torch.gather(part, 1, cols.expand(part.shape[0], -1), out=got)
+
+    def _span(self, span: slice, rows: slice) -> torch.Tensor:
+        count = span.stop - span.start
+        if self.by_cols:
+            part = self.store[span]                                   # (count, K, R)
+            return part.reshape(count * part.shape[1], part.shape[2])[:, rows].t()
+        part = self.store[rows, span]                                 # (n, count, K)
+        return part.reshape(part.shape[0], count * part.shape[2])
+
+    def col_sums(self) -> list[torch.Tensor]:
+        """Each slice's exact int64 column sums (K,), slice order, from one pass."""
+        s, k = len(self.planes), self.planes[0].shape[1]
+        flat = self.store.view(s * k, -1).t() if self.by_cols else self.store.view(-1, s * k)
+        sums = col_sums(flat)                                         # (S K,) by position
+        n = len(self.planes)
+        return [sums[self._pos(i, n) * k:(self._pos(i, n) + 1) * k] for i in range(n)]
+
+    def mv(self, vs: list[torch.Tensor]) -> torch.Tensor:
+        """``sum_i slice_i @ vs[i]`` exactly (``checksum._mv``'s dtype rules): one product of
+        the store with the vectors placed at their slices' positions."""
+        n = len(self.planes)
+        v = torch.cat([vs[self._pos(p, n)] for p in range(n)])  # position p holds slice pos(p)
+        s, k = n, self.planes[0].shape[1]
+        flat = self.store.view(s * k, -1).t() if self.by_cols else self.store.view(-1, s * k)
+        return _mv(flat, v)
+
+
+def level_copy(s, which: list[int], rows: slice, k0: int, k1: int, name: str) -> torch.Tensor:
+    """The slices ``s[i - 1][rows, k0:k1]`` (i in ``which``, ``s`` a ``LevelSlices``) side by
+    side along K, (n, K_level) - contiguous,
+    or for transposed slices (of a transposed view) the transposed view of a contiguous
+    (K_level, n): either way a copy of contiguous rows, and the int8 GEMM takes both
+    layouts. Written into the scratch buffer ``name`` (a fresh operand of up to 100 MB cost
+    5x the copy in page faults)."""
+    parts = [s[i - 1][rows, k0:k1] for i in which]
+    n, width = parts[0].shape[0], sum(p.shape[1] for p in parts)
+    if s[0].stride(-1) == 1:
+        return torch.cat(parts, 1, out=scratch(name, (n, width), torch.int8))
+    return torch.cat([p.t() for p in parts], 0,
+                     out=scratch(name, (width, n), torch.int8)).t()
