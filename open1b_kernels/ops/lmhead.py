@@ -192,16 +192,10 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     rowf = _pow2_f64(ea)                                 # 2^Ea, exact
     colf = _pow2_f64(eb - bias)                          # 2^(Eb - bias), exact
     if int_route and products.int_blocks(sa, sb, rowf, colf, out, slices):
-        bad_r, bad_c = ea == 255, eb == 255
-        if bool(bad_r.any()) or bool(bad_c.any()):
-            out[bad_r[:, None] | bad_c[None, :]] = float("nan")
-        return out
+        return _non_finite(out, ea, eb)
     if slices == 3 and CPU_S3_TWO_GEMMS:
         _ozaki3_blocks(sa, sb, rowf, colf, out)
-        bad_r, bad_c = ea == 255, eb == 255
-        if bool(bad_r.any()) or bool(bad_c.any()):
-            out[bad_r[:, None] | bad_c[None, :]] = float("nan")
-        return out
+        return _non_finite(out, ea, eb)
     levels = products.levels(slices)
     for r0 in range(0, r, ROW_BLOCK):
         a_lv = [torch.cat([sa[i - 1][r0:r0 + ROW_BLOCK] for i, _ in pairs], 1).to(torch.float32)
@@ -219,6 +213,12 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
                 t = acc if t is None else t.add_(acc)
             t.mul_(rowf[r0:r0 + ROW_BLOCK, None]).mul_(colf[None, c0:c0 + COL_BLOCK])
             out[r0:r0 + ROW_BLOCK, c0:c0 + COL_BLOCK] = t
+    return _non_finite(out, ea, eb)
+
+
+def _non_finite(out: torch.Tensor, ea: torch.Tensor, eb: torch.Tensor) -> torch.Tensor:
+    """``out`` with NaN in every row of ``a`` and column of ``b`` that held inf/NaN
+    (exponent field 255): the whole row/column, whichever route computed the rest."""
     bad_r, bad_c = ea == 255, eb == 255
     if bool(bad_r.any()) or bool(bad_c.any()):
         out[bad_r[:, None] | bad_c[None, :]] = float("nan")

@@ -185,13 +185,12 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
                     bl = operand(sb, p.b, cs, p, whole, "lmhead.gather_b")
                 else:
                     al = operand(sa, p.a, rs, p, whole, "lmhead.op_a")
-                    key = (p.b, p.k0)
-                    if once or key not in kept:
-                        bl = operand(sb, p.b, cs, p, whole,
-                                     "lmhead.op_b" if once else f"lmhead.op_b{len(kept)}")
-                        if not once:
-                            kept[key] = bl
+                    if once:
+                        bl = operand(sb, p.b, cs, p, whole, "lmhead.op_b")
                     else:
+                        key = (p.b, p.k0)
+                        if key not in kept:
+                            kept[key] = operand(sb, p.b, cs, p, whole, f"lmhead.op_b{len(kept)}")
                         bl = kept[key]
                 if int_mm_unchecked(al, bl, out=accs[n]) is None:
                     return False                # a layout the library refuses: not a fault

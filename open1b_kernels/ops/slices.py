@@ -79,8 +79,8 @@ class LevelSlices:
     def level(self, count: int, rows: slice) -> torch.Tensor:
         """Slices 1 .. ``count`` (ascending store) or ``count`` .. 1 (descending) of the rows
         ``rows``, side by side along K: (n, count K), a view of the store."""
-        s = len(self.planes)
-        return self._span(slice(s - count, s) if self.descending else slice(0, count), rows)
+        which = range(count, 0, -1) if self.descending else range(1, count + 1)
+        return self.run(tuple(which), rows)
 
     def run(self, which: tuple[int, ...], rows: slice) -> torch.Tensor | None:
         """The slices ``which`` (1-based) of the rows ``rows`` side by side along K as a view,

@@ -65,6 +65,18 @@ def _completed(monkeypatch) -> list[bool]:
     return got
 
 
+def _same_on_the_int_route(route, monkeypatch, a, b):
+    """ozaki_mm(a, b) on the float path, then on the integer route (the exact reference as
+    the library's GEMM): the same bits, and the integer route finished the product."""
+    route("float")
+    with backend.force("cpu"):
+        want = ozaki_mm(a, b)
+        route("int", exact_mm)
+        done = _completed(monkeypatch)
+        got = ozaki_mm(a, b)
+    assert torch.equal(want.view(torch.int32), got.view(torch.int32)) and done == [True]
+
+
 def _counting(widths):
     def mm(a, b_t):
         widths.append(a.shape[1])
@@ -155,13 +167,7 @@ def test_an_all_zero_or_single_column_slice_is_padded(route, monkeypatch, loops)
     b = torch.randn(20, 50, generator=g)
     sa = _level_slices(a, 3, "test.sa", False)
     assert torch.equal(pr.compacted(sa, slice(0, 8), 3)[1], torch.tensor([0, 1]))
-    route("float")
-    with backend.force("cpu"):
-        want = ozaki_mm(a, b)
-        route("int", exact_mm)
-        done = _completed(monkeypatch)
-        got = ozaki_mm(a, b)
-    assert torch.equal(want.view(torch.int32), got.view(torch.int32)) and done == [True]
+    _same_on_the_int_route(route, monkeypatch, a, b)
 
 
 def test_contraction_chunks_never_leave_a_one_column_tail(route, monkeypatch):
@@ -176,13 +182,7 @@ def test_contraction_chunks_never_leave_a_one_column_tail(route, monkeypatch):
     monkeypatch.setattr(pr, "SHORT_K", 0)
     g = torch.Generator().manual_seed(8)
     a, b = torch.randn(20, 17, generator=g), torch.randn(9, 17, generator=g)
-    route("float")
-    with backend.force("cpu"):
-        want = ozaki_mm(a, b)
-        route("int", exact_mm)
-        done = _completed(monkeypatch)
-        got = ozaki_mm(a, b)
-    assert torch.equal(want.view(torch.int32), got.view(torch.int32)) and done == [True]
+    _same_on_the_int_route(route, monkeypatch, a, b)
 
 
 def test_a_compaction_that_loses_a_column_is_caught(route, monkeypatch, loops):
