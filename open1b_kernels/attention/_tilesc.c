@@ -160,8 +160,8 @@ CLONES static void fwd_acc(const float *ii, const float *alpha, const int32_t *t
  * and their bf16 roundings as backward_reference's _probs_and_ds, then the fixed-point
  * values the three gradient products take. s64, dp64 (BK, 64, L = nk*64) float64; lse,
  * drow (BK, 64). Out (float64): dsr (BK, nk, 64 q, 64 k), ds16's tile rows (one exponent
- * per query row of a tile); dsc and pc (BK, L, 64 q), ds16's and p16's tile columns (one
- * exponent per key of a tile), transposed: the left operands of the dK and dV products. */
+ * per query row of a tile); dsc and pc (BK, 64 q, L), ds16's and p16's values with one
+ * exponent per key column of a tile (the groups of the dK and dV products). */
 CLONES static void bwd_tiles(const double *s64, const double *dp64, const float *lse,
                              const float *drow, double *dsr, double *dsc, double *pc,
                              Py_ssize_t nk, Py_ssize_t col0, Py_ssize_t row0, int32_t seq,
@@ -205,34 +205,73 @@ CLONES static void bwd_tiles(const double *s64, const double *dp64, const float 
             double *ro = r_out + i * BLK;
             for (int c = 0; c < BLK; c++) ro[c] = fixed_value(di[c], erow);
         }
-        /* transposed: key c's row of 64 query values is contiguous (a plain, not a
-         * transposed, left operand is the BLAS's faster case) */
-        for (int c = 0; c < BLK; c++) {
-            double *co = dsc + (bk * L + j * BLK + c) * BLK;
-            double *po = pc + (bk * L + j * BLK + c) * BLK;
-            for (int i = 0; i < BLK; i++) co[i] = fixed_value(ds16[i * BLK + c], ecol_ds[c]);
-            for (int i = 0; i < BLK; i++) po[i] = fixed_value(p16[i * BLK + c], ecol_p[c]);
+        /* by query rows, each value in its key column's group: the right operands of
+         * dK^T = Q^T dS and dV^T = dO^T P (whose (D, L) products the BLAS runs ~1.5-2x
+         * faster than the (L, D) ones, K = 64 either way) */
+        for (int i = 0; i < BLK; i++) {
+            double *co = dsc + (bk * BLK + i) * L + j * BLK;
+            double *po = pc + (bk * BLK + i) * L + j * BLK;
+            for (int c = 0; c < BLK; c++) co[c] = fixed_value(ds16[i * BLK + c], ecol_ds[c]);
+            for (int c = 0; c < BLK; c++) po[c] = fixed_value(p16[i * BLK + c], ecol_p[c]);
         }
     }
 }
 
-/* out[b] = 0 + fp32(prod[b, 0]) + fp32(prod[b, 1]) + ... for b in [u0, u1): the ordered
- * sum of nk tile products (BK, nk, n) float64 into (BK, n) float32. */
-CLONES static void tile_sum(const double *prod, float *out, Py_ssize_t nk, Py_ssize_t n,
-                            Py_ssize_t u0, Py_ssize_t u1) {
-    for (Py_ssize_t b = u0; b < u1; b++) {
-        float *o = out + b * n;
-        for (Py_ssize_t i = 0; i < n; i++) o[i] = 0.0f;
+/* dQ's tiles of one query block, multiplied and summed in one pass: for rows [u0, u1) of
+ * (BK * 64), out[b, i, :] = 0 + fp32(P_0[i, :]) + fp32(P_1[i, :]) + ... (key blocks
+ * ascending) with P_j = dsr[b, j] (64 x 64) @ kc[b, first + j] (64 x D), the tile products
+ * of backward_reference's dQ, without them reaching memory as float64. Each P_j is a sum of products of fixed-point values, every partial sum
+ * an integer below 2^53 times one power of two (open1b_kernels/attention/fixed.py), so it
+ * is exact in any order, fused multiply-adds included; only its one rounding to float32
+ * and the ordered float32 sum are specified, and those are written out here. Blocks of 8
+ * rows x 16 columns keep their 64-term sums in registers (the batched BLAS calls ran these
+ * 64 x 64 x D products at ~30 GFLOP/s on a 2-core Zen 4). D % 16 == 0 (checked). */
+typedef double v8d __attribute__((vector_size(64)));
+#define DQ_ROWS 8
+CLONES __attribute__((optimize("fp-contract=fast")))
+static void dq_tiles(const double *dsr, const double *kc, float *out, Py_ssize_t nk,
+                     Py_ssize_t D, Py_ssize_t kc_plane, Py_ssize_t first, Py_ssize_t u0,
+                     Py_ssize_t u1) {
+    for (Py_ssize_t r = u0; r < u1; r++)
+        for (Py_ssize_t c = 0; c < D; c++) out[r * D + c] = 0.0f;
+    for (Py_ssize_t g0 = u0; g0 < u1;) {
+        Py_ssize_t b = g0 / BLK, row_end = (b + 1) * BLK < u1 ? (b + 1) * BLK : u1;
         for (Py_ssize_t j = 0; j < nk; j++) {
-            const double *src = prod + (b * nk + j) * n;
-            for (Py_ssize_t i = 0; i < n; i++) o[i] = o[i] + (float)src[i];
+            const double *kt = kc + b * kc_plane + (first + j) * BLK * D;
+            const double *at = dsr + (b * nk + j) * BLK * BLK;
+            for (Py_ssize_t r0 = g0; r0 < row_end; r0 += DQ_ROWS) {
+                int rows = row_end - r0 < DQ_ROWS ? (int)(row_end - r0) : DQ_ROWS;
+                const double *a = at + (r0 - b * BLK) * BLK;
+                for (Py_ssize_t c0 = 0; c0 < D; c0 += 16) {
+                    v8d acc[DQ_ROWS][2];
+                    for (int i = 0; i < DQ_ROWS; i++) acc[i][0] = acc[i][1] = (v8d){0};
+                    for (int k = 0; k < BLK; k++) {
+                        v8d b0, b1;
+                        memcpy(&b0, kt + k * D + c0, 64);
+                        memcpy(&b1, kt + k * D + c0 + 8, 64);
+                        for (int i = 0; i < DQ_ROWS; i++) {
+                            double x = i < rows ? a[i * BLK + k] : 0.0;
+                            acc[i][0] += x * b0;
+                            acc[i][1] += x * b1;
+                        }
+                    }
+                    for (int i = 0; i < rows; i++) {
+                        float *o = out + (r0 + i) * D + c0;
+                        for (int l = 0; l < 8; l++) {
+                            o[l] = o[l] + (float)acc[i][0][l];
+                            o[8 + l] = o[8 + l] + (float)acc[i][1][l];
+                        }
+                    }
+                }
+            }
         }
+        g0 = row_end;
     }
 }
 
-/* acc[b * stride + offset + i] = acc[...] + fp32(prod[b * n + i]) for b in [u0, u1): one
- * query block's dK or dV tiles (BK, n) float64 added, each rounded once, into the running
- * sums (BK, stride) float32. */
+/* acc[b * stride + offset + i] = acc[...] + fp32(prod[b * n + i]) for rows b in [u0, u1):
+ * one query block's dK^T or dV^T tiles (BK * D, n) float64 added, each rounded once, into
+ * the running sums (BK * D, stride) float32. */
 CLONES static void accumulate(const double *prod, float *acc, Py_ssize_t n, Py_ssize_t stride,
                               Py_ssize_t offset, Py_ssize_t u0, Py_ssize_t u1) {
     for (Py_ssize_t b = u0; b < u1; b++) {
@@ -412,23 +451,26 @@ static PyObject *py_bwd_tiles(PyObject *self, PyObject *args) {
     return finish(b, 7, ok, "bwd_tiles: inconsistent shapes");
 }
 
-static PyObject *py_tile_sum(PyObject *self, PyObject *args) {
+static PyObject *py_dq_tiles(PyObject *self, PyObject *args) {
     (void)self;
     int pieces = 1;
-    Py_buffer b[2];
-    Py_ssize_t BK, nk, n, u0, u1;
-    if (!PyArg_ParseTuple(args, "y*w*nnnnn|i", &b[0], &b[1], &BK, &nk, &n, &u0, &u1,
-                          &pieces))
+    Py_buffer b[3];
+    Py_ssize_t BK, nk, D, n_kb, first, u0, u1;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnnnnnn|i", &b[0], &b[1], &b[2], &BK, &nk, &D, &n_kb,
+                          &first, &u0, &u1, &pieces))
         return NULL;
-    int ok = BK > 0 && nk > 0 && n > 0 && sized(&b[0], BK * nk * n, 8, "prod") &&
-             sized(&b[1], BK * n, 4, "out") && units_ok(u0, u1, BK);
+    int ok = BK > 0 && nk > 0 && D > 0 && D % 16 == 0 && first >= 0 && first + nk <= n_kb &&
+             sized(&b[0], BK * nk * BLK * BLK, 8, "dsr") &&
+             sized(&b[1], BK * n_kb * BLK * D, 8, "kc") && sized(&b[2], BK * BLK * D, 4, "out") &&
+             units_ok(u0, u1, BK * BLK);
     ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        FOR_PIECES(u0, u1, pieces, tile_sum(b[0].buf, b[1].buf, nk, n, p_lo, p_hi));
+        FOR_PIECES(u0, u1, pieces, dq_tiles(b[0].buf, b[1].buf, b[2].buf, nk, D, n_kb * BLK * D,
+                                            first, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
-    return finish(b, 2, ok, "tile_sum: inconsistent shapes");
+    return finish(b, 3, ok, "dq_tiles: inconsistent shapes");
 }
 
 static PyObject *py_accumulate(PyObject *self, PyObject *args) {
@@ -492,8 +534,9 @@ static PyMethodDef methods[] = {
     {"bwd_tiles", py_bwd_tiles, METH_VARARGS,
      "bwd_tiles(s64, dp64, lse, drow, dsr, dsc, pc, BK, nk, col0, row0, seq, window, scale,"
      " u0, u1): p, ds and their fixed-point tiles."},
-    {"tile_sum", py_tile_sum, METH_VARARGS,
-     "tile_sum(prod, out, BK, nk, n, u0, u1): ordered float32 sum of tile products."},
+    {"dq_tiles", py_dq_tiles, METH_VARARGS,
+     "dq_tiles(dsr, kc, out, BK, nk, D, n_kb, first, u0, u1): dQ's tile products and their "
+     "ordered float32 sum, rows [u0, u1) of (BK * 64)."},
     {"accumulate", py_accumulate, METH_VARARGS,
      "accumulate(prod, acc, BK, n, stride, offset, u0, u1): acc += fp32(prod), per row."},
     {"fixed_planes", py_fixed_planes, METH_VARARGS,

@@ -156,8 +156,11 @@ def backward(q, k, v, o, lse, do, window: int | None):
     kc64 = _fixed(k, BLOCK_N, True).reshape(bk, n_kb, BLOCK_N, d)
     lo, hi = block_band(torch.arange(n_qb), window, n_kb)
     acc_dq = torch.empty((g, n_qb, bk, BLOCK_M, d))
-    acc_dk = torch.zeros((bk, n_kb * BLOCK_N, d))
-    acc_dv = torch.zeros((bk, n_kb * BLOCK_N, d))
+    # dK and dV transposed, (BK, D, keys): their tile products run as (D, 64) x (64, band),
+    # the BLAS's faster form of the same exact values; each element's ordered sum is the
+    # same whatever the layout
+    acc_dk = torch.zeros((bk, d, n_kb * BLOCK_N))
+    acc_dv = torch.zeros((bk, d, n_kb * BLOCK_N))
     win = window or 0
     for h in range(g):
         for qb in range(n_qb):
@@ -167,25 +170,28 @@ def backward(q, k, v, o, lse, do, window: int | None):
                          for name in ("s64", "dp64"))
             torch.matmul(q64[h, qb], k64[:, keys].transpose(1, 2), out=s64)
             torch.matmul(do64[h, qb], v64[:, keys].transpose(1, 2), out=dp64)
-            # ds16's tiles by rows (dQ) and ds16's and p16's by columns (dK, dV: transposed)
+            # ds16's tiles grouped by rows (dQ) and ds16's and p16's grouped by columns
+            # (dK, dV), all three laid out by query rows
             dsr = scratch("attn.dsr", (bk, nk, BLOCK_M, BLOCK_N), torch.float64)
-            dsc, pc = (scratch(f"attn.{name}", (bk, nk * BLOCK_N, BLOCK_M), torch.float64)
+            dsc, pc = (scratch(f"attn.{name}", (bk, BLOCK_M, nk * BLOCK_N), torch.float64)
                        for name in ("dsc", "pc"))
             args = (_np(s64), _np(dp64), _np(lse_b[h, qb]), _np(drow[h, qb]), _np(dsr),
                     _np(dsc), _np(pc), bk, nk, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
             pieces.parallel(lambda a, z, p: _tilesc.bwd_tiles(*args, a, z, p), bk * nk, grain=1)
-            prod = scratch("attn.dq", (bk, nk, BLOCK_M, d), torch.float64)  # the tiles
-            _band_products(dsr, kc64[:, first:first + nk], prod)
-            sum_args = (_np(prod), _np(acc_dq[h, qb]), bk, nk, BLOCK_M * d)
-            pieces.parallel(lambda a, z, p: _tilesc.tile_sum(*sum_args, a, z, p), bk, grain=1)
-            for lhs, rhs, acc in ((dsc, qc64, acc_dk), (pc, doc64, acc_dv)):
-                prod = torch.matmul(lhs, rhs[h, qb], out=scratch(
-                    "attn.dkv", (bk, nk * BLOCK_N, d), torch.float64))
-                add_args = (_np(prod), _np(acc), bk, nk * BLOCK_N * d, n_kb * BLOCK_N * d,
-                            first * BLOCK_N * d)
-                pieces.parallel(lambda a, z, p: _tilesc.accumulate(*add_args, a, z, p), bk,
-                               grain=1)
+            # the tile products and their ordered sum in one pass (check_inputs: D is a
+            # power of two >= 16, the loop's column block)
+            dq_args = (_np(dsr), _np(kc64), _np(acc_dq[h, qb]), bk, nk, d, n_kb, first)
+            pieces.parallel(lambda a, z, p: _tilesc.dq_tiles(*dq_args, a, z, p),
+                            bk * BLOCK_M, grain=8)
+            for rhs, lhs, acc in ((dsc, qc64, acc_dk), (pc, doc64, acc_dv)):
+                prod = torch.matmul(lhs[h, qb].transpose(1, 2), rhs, out=scratch(
+                    "attn.dkv", (bk, d, nk * BLOCK_N), torch.float64))   # [dK^T]_tiles
+                add_args = (_np(prod), _np(acc), bk * d, nk * BLOCK_N, n_kb * BLOCK_N,
+                            first * BLOCK_N)
+                pieces.parallel(lambda a, z, p: _tilesc.accumulate(*add_args, a, z, p),
+                               bk * d, grain=8)
     dq = _ungroup_rows((acc_dq * scale).to(torch.bfloat16), b, hkv, s)
-    dk = (acc_dk * scale).to(torch.bfloat16).reshape(b, hkv, n_kb * BLOCK_N, d)[:, :, :s]
-    dv = acc_dv.to(torch.bfloat16).reshape(b, hkv, n_kb * BLOCK_N, d)[:, :, :s]
+    dk = (acc_dk * scale).to(torch.bfloat16).transpose(1, 2).reshape(
+        b, hkv, n_kb * BLOCK_N, d)[:, :, :s]
+    dv = acc_dv.to(torch.bfloat16).transpose(1, 2).reshape(b, hkv, n_kb * BLOCK_N, d)[:, :, :s]
     return dq, dk.contiguous(), dv.contiguous()

@@ -76,20 +76,27 @@ def test_cpu_entry_points_dispatch(monkeypatch):
                  backward_reference(q, k, v, out, lse, do, window))
 
 
-def test_tile_sum_order_is_observable():
-    """The dQ tile sum is ascending: its result equals a float32 running sum in that order
-    and differs from the reversed order on these values (so the bit tests above can see a
-    loop that sums in another order)."""
+def test_dq_tiles_sum_exact_tile_products_in_ascending_order():
+    """dq_tiles multiplies each 64 x 64 by 64 x D tile exactly (the values are integers
+    times one power of two per tile, as fixed-point values are, so float64 holds every
+    partial sum) and adds the float32-rounded tiles in ascending key-block order: its
+    result equals that running sum and differs from the reversed order on these values
+    (so the bit tests above can see a loop that sums in another order)."""
     g = torch.Generator().manual_seed(0)
-    prod = torch.randn(2, 7, 64, generator=g, dtype=torch.float64) * torch.pow(
-        2.0, torch.randint(-30, 30, (2, 7, 1), generator=g).double())
-    out = torch.empty((2, 64))
-    compiled._tilesc.tile_sum(prod.numpy().reshape(-1), out.numpy().reshape(-1), 2, 7, 64, 0, 2)
-    ascending = torch.zeros((2, 64))
-    for j in range(7):
+    bk, nk, n_kb, first, d = 2, 7, 9, 1, 32
+    scale = torch.pow(2.0, torch.randint(-30, 30, (bk, nk, 1, 1), generator=g).double())
+    dsr = torch.randint(-2**20, 2**20, (bk, nk, 64, 64), generator=g).double() * scale
+    kc = torch.randint(-2**20, 2**20, (bk, n_kb, 64, d), generator=g).double()
+    prod = dsr @ kc[:, first:first + nk]                   # exact: |partial sums| < 2^47
+    out = torch.empty((bk, 64, d))
+    for u0, u1 in ((0, 37), (37, 128)):                    # a row range cut mid-block
+        compiled._tilesc.dq_tiles(dsr.numpy().reshape(-1), kc.numpy().reshape(-1),
+                                  out.numpy().reshape(-1), bk, nk, d, n_kb, first, u0, u1)
+    ascending = torch.zeros((bk, 64, d))
+    for j in range(nk):
         ascending = ascending + prod[:, j].float()
-    descending = torch.zeros((2, 64))
-    for j in reversed(range(7)):
+    descending = torch.zeros((bk, 64, d))
+    for j in reversed(range(nk)):
         descending = descending + prod[:, j].float()
     assert torch.equal(bits(out), bits(ascending))
     assert not torch.equal(bits(out), bits(descending))
@@ -98,10 +105,16 @@ def test_tile_sum_order_is_observable():
 def test_compiled_loops_reject_inconsistent_buffers():
     s64 = np.zeros(64 * 64, dtype=np.float64)
     small = np.zeros(10, dtype=np.float32)
-    with pytest.raises(ValueError, match="prod: buffer of"):
-        compiled._tilesc.tile_sum(s64[:10], small, 1, 1, 64, 0, 1)
+    out = np.zeros(64 * 16, dtype=np.float32)
+    with pytest.raises(ValueError, match="kc: buffer of"):
+        compiled._tilesc.dq_tiles(s64, s64[:10], out, 1, 1, 16, 1, 0, 0, 64)
     with pytest.raises(ValueError, match="unit range"):
-        compiled._tilesc.tile_sum(s64[:64], np.zeros(64, dtype=np.float32), 1, 1, 64, 0, 2)
+        compiled._tilesc.dq_tiles(s64, s64[:64 * 16], out, 1, 1, 16, 1, 0, 0, 65)
+    with pytest.raises(ValueError, match="dq_tiles: inconsistent shapes"):  # D % 16 != 0
+        compiled._tilesc.dq_tiles(s64, s64[:64 * 24], np.zeros(64 * 24, dtype=np.float32),
+                                  1, 1, 24, 1, 0, 0, 64)
+    with pytest.raises(ValueError, match="dq_tiles: inconsistent shapes"):  # past the keys
+        compiled._tilesc.dq_tiles(s64, s64[:64 * 16], out, 1, 1, 16, 1, 1, 0, 64)
     with pytest.raises(ValueError, match="int32 range"):
         compiled._tilesc.bwd_tiles(s64, s64, small, small, s64, s64, s64, 1, 1, 0, 0,
                                    2**40, 0, 1.0, 0, 1)
