@@ -156,7 +156,7 @@ def _dw_case(seed=5):
 
 def _dw(qa, qb, sa, sb, monkeypatch):
     from open1b_kernels.int8 import linear
-    monkeypatch.setattr(linear, "SLAB", 16 * 300)           # 16-row slabs: three of them
+    monkeypatch.setattr(linear, "DW_SLAB", 16 * 300)         # 16-row slabs: three of them
     return linear._dw_cpu(qa, qb, sa, sb, None, torch.float32)
 
 
