@@ -269,15 +269,47 @@ static void dq_tiles(const double *dsr, const double *kc, float *out, Py_ssize_t
     }
 }
 
-/* acc[b * stride + offset + i] = acc[...] + fp32(prod[b * n + i]) for rows b in [u0, u1):
- * one query block's dK^T or dV^T tiles (BK * D, n) float64 added, each rounded once, into
- * the running sums (BK * D, stride) float32. */
-CLONES static void accumulate(const double *prod, float *acc, Py_ssize_t n, Py_ssize_t stride,
-                              Py_ssize_t offset, Py_ssize_t u0, Py_ssize_t u1) {
-    for (Py_ssize_t b = u0; b < u1; b++) {
-        float *o = acc + b * stride + offset;
-        const double *src = prod + b * n;
-        for (Py_ssize_t i = 0; i < n; i++) o[i] = o[i] + (float)src[i];
+/* dK's or dV's tiles of one query block, multiplied and added in one pass: for rows
+ * [u0, u1) of (BK * D), acc[b, d, offset + c] = acc[...] + fp32(P[b, d, c]) with
+ * P[b] = lhs[b]^T (D x 64) @ rhs[b] (64 x L): the transposed tile products [dS^T Q]^T or
+ * [P^T dO]^T of a band of L keys (lhs: Q's or dO's column values (BK, 64, D), rhs: dS's or
+ * P's (BK, 64, L)), each element rounded once and added to its running sum, as
+ * backward_reference orders them. Exact in any order (dq_tiles' argument); blocks of 8
+ * rows x 16 keys in registers; L % 16 == 0 and D % 8 == 0 (checked). */
+CLONES __attribute__((optimize("fp-contract=fast")))
+static void kv_tiles(const double *lhs, const double *rhs, float *acc, Py_ssize_t D,
+                     Py_ssize_t L, Py_ssize_t stride, Py_ssize_t offset, Py_ssize_t u0,
+                     Py_ssize_t u1) {
+    for (Py_ssize_t g0 = u0; g0 < u1;) {
+        Py_ssize_t b = g0 / D, row_end = (b + 1) * D < u1 ? (b + 1) * D : u1;
+        const double *lb = lhs + b * BLK * D, *rb = rhs + b * BLK * L;
+        for (Py_ssize_t c0 = 0; c0 < L; c0 += 16) {
+            for (Py_ssize_t r0 = g0; r0 < row_end; r0 += DQ_ROWS) {
+                int rows = row_end - r0 < DQ_ROWS ? (int)(row_end - r0) : DQ_ROWS;
+                Py_ssize_t d0 = r0 - b * D;
+                v8d a[DQ_ROWS][2];
+                for (int i = 0; i < DQ_ROWS; i++) a[i][0] = a[i][1] = (v8d){0};
+                for (int k = 0; k < BLK; k++) {
+                    v8d b0, b1;
+                    memcpy(&b0, rb + k * L + c0, 64);
+                    memcpy(&b1, rb + k * L + c0 + 8, 64);
+                    const double *x = lb + k * D + d0;
+                    for (int i = 0; i < DQ_ROWS; i++) {
+                        double xi = i < rows ? x[i] : 0.0;
+                        a[i][0] += xi * b0;
+                        a[i][1] += xi * b1;
+                    }
+                }
+                for (int i = 0; i < rows; i++) {
+                    float *o = acc + (r0 + i) * stride + offset + c0;
+                    for (int l = 0; l < 8; l++) {
+                        o[l] = o[l] + (float)a[i][0][l];
+                        o[8 + l] = o[8 + l] + (float)a[i][1][l];
+                    }
+                }
+            }
+        }
+        g0 = row_end;
     }
 }
 
@@ -473,24 +505,26 @@ static PyObject *py_dq_tiles(PyObject *self, PyObject *args) {
     return finish(b, 3, ok, "dq_tiles: inconsistent shapes");
 }
 
-static PyObject *py_accumulate(PyObject *self, PyObject *args) {
+static PyObject *py_kv_tiles(PyObject *self, PyObject *args) {
     (void)self;
     int pieces = 1;
-    Py_buffer b[2];
-    Py_ssize_t BK, n, stride, offset, u0, u1;
-    if (!PyArg_ParseTuple(args, "y*w*nnnnnn|i", &b[0], &b[1], &BK, &n, &stride, &offset, &u0,
-                          &u1, &pieces))
+    Py_buffer b[3];
+    Py_ssize_t BK, D, L, stride, offset, u0, u1;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnnnnnn|i", &b[0], &b[1], &b[2], &BK, &D, &L, &stride,
+                          &offset, &u0, &u1, &pieces))
         return NULL;
-    int ok = BK > 0 && n > 0 && offset >= 0 && offset + n <= stride &&
-             sized(&b[0], BK * n, 8, "prod") && sized(&b[1], BK * stride, 4, "acc") &&
-             units_ok(u0, u1, BK);
+    int ok = BK > 0 && D > 0 && D % 8 == 0 && L > 0 && L % 16 == 0 && offset >= 0 &&
+             offset + L <= stride && sized(&b[0], BK * BLK * D, 8, "lhs") &&
+             sized(&b[1], BK * BLK * L, 8, "rhs") && sized(&b[2], BK * D * stride, 4, "acc") &&
+             units_ok(u0, u1, BK * D);
     ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        FOR_PIECES(u0, u1, pieces, accumulate(b[0].buf, b[1].buf, n, stride, offset, p_lo, p_hi));
+        FOR_PIECES(u0, u1, pieces, kv_tiles(b[0].buf, b[1].buf, b[2].buf, D, L, stride, offset,
+                                            p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
-    return finish(b, 2, ok, "accumulate: inconsistent shapes");
+    return finish(b, 3, ok, "kv_tiles: inconsistent shapes");
 }
 
 static PyObject *py_fixed_planes(PyObject *self, PyObject *args) {
@@ -537,8 +571,9 @@ static PyMethodDef methods[] = {
     {"dq_tiles", py_dq_tiles, METH_VARARGS,
      "dq_tiles(dsr, kc, out, BK, nk, D, n_kb, first, u0, u1): dQ's tile products and their "
      "ordered float32 sum, rows [u0, u1) of (BK * 64)."},
-    {"accumulate", py_accumulate, METH_VARARGS,
-     "accumulate(prod, acc, BK, n, stride, offset, u0, u1): acc += fp32(prod), per row."},
+    {"kv_tiles", py_kv_tiles, METH_VARARGS,
+     "kv_tiles(lhs, rhs, acc, BK, D, L, stride, offset, u0, u1): dK^T's or dV^T's tile "
+     "products added to their running float32 sums, rows [u0, u1) of (BK * D)."},
     {"fixed_planes", py_fixed_planes, METH_VARARGS,
      "fixed_planes(x, out, P, S, S_pad, D, block, G, hq, u0, u1): fixed-point values of "
      "bf16 planes (G > 0: in the grouped layout)."},

@@ -184,12 +184,11 @@ def backward(q, k, v, o, lse, do, window: int | None):
             pieces.parallel(lambda a, z, p: _tilesc.dq_tiles(*dq_args, a, z, p),
                             bk * BLOCK_M, grain=8)
             for rhs, lhs, acc in ((dsc, qc64, acc_dk), (pc, doc64, acc_dv)):
-                prod = torch.matmul(lhs[h, qb].transpose(1, 2), rhs, out=scratch(
-                    "attn.dkv", (bk, d, nk * BLOCK_N), torch.float64))   # [dK^T]_tiles
-                add_args = (_np(prod), _np(acc), bk * d, nk * BLOCK_N, n_kb * BLOCK_N,
-                            first * BLOCK_N)
-                pieces.parallel(lambda a, z, p: _tilesc.accumulate(*add_args, a, z, p),
-                               bk * d, grain=8)
+                # [dK^T]_tiles = Q^T dS (D, 64) x (64, band), added to the running sums
+                kv_args = (_np(lhs[h, qb]), _np(rhs), _np(acc), bk, d, nk * BLOCK_N,
+                           n_kb * BLOCK_N, first * BLOCK_N)
+                pieces.parallel(lambda a, z, p: _tilesc.kv_tiles(*kv_args, a, z, p),
+                                bk * d, grain=8)
     dq = _ungroup_rows((acc_dq * scale).to(torch.bfloat16), b, hkv, s)
     dk = (acc_dk * scale).to(torch.bfloat16).transpose(1, 2).reshape(
         b, hkv, n_kb * BLOCK_N, d)[:, :, :s]

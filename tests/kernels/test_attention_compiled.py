@@ -102,6 +102,37 @@ def test_dq_tiles_sum_exact_tile_products_in_ascending_order():
     assert not torch.equal(bits(out), bits(descending))
 
 
+def test_kv_tiles_add_exact_transposed_tile_products_in_call_order():
+    """kv_tiles adds lhs^T @ rhs (exact, as in dq_tiles' test) to running float32 sums at
+    the band's offset, each element rounded once, in the order of the calls (heads, then
+    query blocks): two calls equal the float32 running sum in that order and differ from
+    the other order; columns outside the band are left alone."""
+    g = torch.Generator().manual_seed(1)
+    bk, d, width, stride, offset = 2, 24, 48, 112, 32
+    calls = []
+    for e in (-22, -24):                        # products ~2^21, 2^19: the order shows
+        lhs = torch.randint(-2**20, 2**20, (bk, 64, d), generator=g).double() * 2.0**e
+        rhs = torch.randint(-2**20, 2**20, (bk, 64, width), generator=g).double()
+        calls.append((lhs, rhs, lhs.transpose(1, 2) @ rhs))   # exact: |sums| < 2^47
+    start = torch.randn(bk, d, stride, generator=g)
+    acc = start.clone()
+    for lhs, rhs, _ in calls:
+        for u0, u1 in ((0, 13), (13, bk * d)):             # a row range cut mid-group
+            compiled._tilesc.kv_tiles(lhs.numpy().reshape(-1), rhs.numpy().reshape(-1),
+                                      acc.numpy().reshape(-1), bk, d, width, stride, offset,
+                                      u0, u1)
+    band = slice(offset, offset + width)
+    forward, backward = start[:, :, band].clone(), start[:, :, band].clone()
+    for _, _, prod in calls:
+        forward = forward + prod.float()
+    for _, _, prod in reversed(calls):
+        backward = backward + prod.float()
+    assert torch.equal(bits(acc[:, :, band]), bits(forward))
+    assert not torch.equal(bits(acc[:, :, band]), bits(backward))
+    assert torch.equal(bits(acc[:, :, :offset]), bits(start[:, :, :offset]))
+    assert torch.equal(bits(acc[:, :, offset + width:]), bits(start[:, :, offset + width:]))
+
+
 def test_compiled_loops_reject_inconsistent_buffers():
     s64 = np.zeros(64 * 64, dtype=np.float64)
     small = np.zeros(10, dtype=np.float32)
@@ -115,6 +146,13 @@ def test_compiled_loops_reject_inconsistent_buffers():
                                   1, 1, 24, 1, 0, 0, 64)
     with pytest.raises(ValueError, match="dq_tiles: inconsistent shapes"):  # past the keys
         compiled._tilesc.dq_tiles(s64, s64[:64 * 16], out, 1, 1, 16, 1, 1, 0, 64)
+    acc = np.zeros(16 * 64, dtype=np.float32)
+    with pytest.raises(ValueError, match="rhs: buffer of"):
+        compiled._tilesc.kv_tiles(s64[:64 * 16], s64[:10], acc, 1, 16, 16, 64, 0, 0, 16)
+    with pytest.raises(ValueError, match="kv_tiles: inconsistent shapes"):  # past the row
+        compiled._tilesc.kv_tiles(s64[:64 * 16], s64[:64 * 16], acc, 1, 16, 16, 64, 56, 0, 16)
+    with pytest.raises(ValueError, match="kv_tiles: inconsistent shapes"):  # L % 16 != 0
+        compiled._tilesc.kv_tiles(s64[:64 * 16], s64[:64 * 8], acc, 1, 16, 8, 64, 0, 0, 16)
     with pytest.raises(ValueError, match="int32 range"):
         compiled._tilesc.bwd_tiles(s64, s64, small, small, s64, s64, s64, 1, 1, 0, 0,
                                    2**40, 0, 1.0, 0, 1)
