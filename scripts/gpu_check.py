@@ -246,22 +246,28 @@ def write_json(path: Path, payload: dict) -> None:
               help="Also the training checks (scripts/gpu_train.py): micro-preset step hashes "
                    "CPU vs GPU, the 100-step golden trajectory, one full Open-1B step vs "
                    "the compiled stock model, hashing share, collectives on a one-process NCCL group.")
+@click.option("--train-sections", default=",".join(("parity", "golden", "collectives", "speed")),
+              show_default=True, help="Which training checks to run (comma-separated; they "
+              "run bitwise ones first, speed last).")
+@click.option("--ops/--no-ops", default=True, show_default=True,
+              help="The per-op checks (parity, PTX scan, speed of every open1b_kernels/ op).")
+@click.option("--train-first", is_flag=True,
+              help="Run the training checks other than speed before the per-op checks, and "
+                   "speed after them (a short lease then still returns the bitwise results).")
 @click.option("--train-dry-run", is_flag=True,
               help="Only the training checks, on the CPU with tiny shapes (no GPU needed).")
 def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps, train,
-         train_dry_run):
+         train_sections, ops, train_first, train_dry_run):
     """Parity, PTX scan and speed of every open1b_kernels/ op on this machine's GPU, then whole
     training steps and collectives."""
+    sections = tuple(x.strip() for x in train_sections.split(",") if x.strip())
     if train_dry_run:
         import gpu_train
 
-        res = gpu_train.train_check(dry_run=True, steps=1, repeats=1)
+        res = gpu_train.train_check(dry_run=True, steps=1, repeats=1, sections=sections)
         click.echo(gpu_train.format_report(res))
         write_json(out, {"mode": "train-dry-run", "train": res})
-        ok = (res["parity"]["equal"] and all(g["equal"] for g in res["golden"].values())
-              and res["collectives"]["collectives_equal_reference"]
-              and res["collectives"]["distributed_trainer_equals_single_process"])
-        sys.exit(0 if ok else 1)
+        sys.exit(0 if gpu_train.passed(res) else 1)
     if not backend.HAVE_TRITON:
         click.echo("gpu_check: triton is not installed; install the 'gpu' extra (pip install -e '.[gpu]').",
                    err=True)
@@ -294,37 +300,56 @@ def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps
     meta["device"] = name
     peak = peak_gbps or next((v for k, v in PEAK_GBPS.items() if k in name), None)
     meta["peak_gbps"] = peak
-    click.echo(f"gpu_check on {name}: {len(checks)} checks", err=True)
-    for module, check in checks:
-        click.echo(f"  {check.name} ...", err=True)
-        try:
-            rows.append(run_check(module, check, repeats, not no_parity, not no_bench, peak))
-        except Exception as exc:  # one failing op must not hide the others' results
-            rows.append({"name": check.name, "module": module, "error": short_error(exc),
-                         "traceback": traceback.format_exc()})
-            torch.cuda.empty_cache()
-        write_json(out, {"meta": meta, "mode": "full", "results": rows})  # partial results survive
-    click.echo(f"\n{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}\n")
-    click.echo(fmt_table(rows))
-    bad = any(r.get("error") or r.get("ptx_forbidden") or any(r.get("mismatched", [])) for r in rows)
+    payload: dict = {"meta": meta, "mode": "full", "results": rows}
+    bitwise = tuple(s for s in sections if s != "speed")
+    bad = False
+    if train and train_first:
+        bad |= not train_checks(bitwise, out, payload)
+    if ops:
+        click.echo(f"gpu_check on {name}: {len(checks)} checks", err=True)
+        for module, check in checks:
+            click.echo(f"  {check.name} ...", err=True)
+            try:
+                rows.append(run_check(module, check, repeats, not no_parity, not no_bench, peak))
+            except Exception as exc:  # one failing op must not hide the others' results
+                rows.append({"name": check.name, "module": module, "error": short_error(exc),
+                             "traceback": traceback.format_exc()})
+                torch.cuda.empty_cache()
+            write_json(out, payload)  # partial results survive
+        click.echo(f"\n{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, "
+                   f"{meta['date']}\n")
+        click.echo(fmt_table(rows))
+    bad |= any(r.get("error") or r.get("ptx_forbidden") or any(r.get("mismatched", []))
+               for r in rows)
     if train:
-        import gpu_train
-
-        click.echo("training checks ...", err=True)
-        try:
-            tr = gpu_train.train_check()
-            click.echo("\n" + gpu_train.format_report(tr))
-            bad = bad or not (tr["parity"]["equal"]
-                              and all(g["equal"] for g in tr["golden"].values())
-                              and tr["collectives"]["collectives_equal_reference"]
-                              and tr["collectives"]["distributed_trainer_equals_single_process"])
-        except Exception as exc:
-            tr = {"error": short_error(exc), "traceback": traceback.format_exc()}
-            click.echo(f"training checks failed: {tr['error']}")
-            bad = True
-        write_json(out, {"meta": meta, "mode": "full", "results": rows, "train": tr})
+        bad |= not train_checks(("speed",) if train_first and "speed" in sections
+                                else () if train_first else sections, out, payload)
+    write_json(out, payload)
     sys.exit(1 if bad else 0)
 
+
+def train_checks(sections: tuple[str, ...], out: Path, payload: dict) -> bool:
+    """The training checks of scripts/gpu_train.py, merged into ``payload["train"]`` and
+    written after each section; True when every one that ran agreed bit for bit."""
+    import gpu_train
+
+    if not sections:
+        return True
+    click.echo(f"training checks {', '.join(sections)} ...", err=True)
+
+    def flush(res: dict) -> None:
+        payload["train"] = {**payload.get("train", {}), **res}
+        write_json(out, payload)
+
+    try:
+        res = gpu_train.train_check(sections=sections, on_section=flush)
+    except Exception as exc:
+        payload["train"] = {**payload.get("train", {}), "error": short_error(exc),
+                            "traceback": traceback.format_exc()}
+        click.echo(f"training checks failed: {payload['train']['error']}")
+        return False
+    click.echo("\n" + gpu_train.format_report(res))
+    return gpu_train.passed(res)
 
 if __name__ == "__main__":
     main()

@@ -230,40 +230,85 @@ def collectives(device: str, dry_run: bool, workdir: str, repeats: int) -> dict:
             "distributed_trainer_equals_single_process": same}
 
 
-def train_check(dry_run: bool = False, steps: int = 2, repeats: int = 3) -> dict:
-    """Every section; ``dry_run`` on the CPU with tiny shapes."""
+SECTIONS = ("parity", "golden", "collectives", "speed")
+
+
+def train_check(dry_run: bool = False, steps: int = 2, repeats: int = 3,
+                sections: tuple[str, ...] = SECTIONS, on_section=None) -> dict:
+    """The chosen sections, in ``SECTIONS`` order: the bitwise ones first, the speed one (which
+    compiles the stock model) last. A section that raises is recorded as ``{"error": ...}`` and
+    the others still run; ``on_section(result so far)`` after each one lets the caller write
+    partial results, which a device lease cut short by its time limit still returns."""
     device = "cpu" if dry_run else "cuda"
     if not dry_run and not torch.cuda.is_available():
         raise RuntimeError("--train needs a CUDA device (use --train-dry-run on a CPU)")
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"unknown training sections {unknown}; choose from {list(SECTIONS)}")
+    run = {"parity": lambda work: parity(device, steps, work),
+           "golden": lambda work: golden(device, dry_run, work),
+           "collectives": lambda work: collectives(device, dry_run, work, repeats),
+           "speed": lambda work: speed(device, dry_run, repeats)}
+    out: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
     with tempfile.TemporaryDirectory(prefix="open1b-gpu-train-") as work:
-        out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-               "parity": parity(device, steps, work)}
-        out["speed"] = speed(device, dry_run, repeats)
-        out["golden"] = golden(device, dry_run, work)
-        out["collectives"] = collectives(device, dry_run, work, repeats)
+        for name in (s for s in SECTIONS if s in sections):
+            t0 = time.perf_counter()
+            try:
+                out[name] = run[name](work)
+            except Exception as exc:  # one broken section must not hide the others
+                import traceback
+
+                out[name] = {"error": f"{type(exc).__name__}: {exc}"[:300],
+                             "traceback": traceback.format_exc()}
+            out[name]["section_seconds"] = round(time.perf_counter() - t0, 2)
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            if on_section is not None:
+                on_section(out)
     return out
 
 
+def passed(r: dict) -> bool:
+    """Every section that ran agreed bit for bit (a section that raised did not)."""
+    checks = {"parity": lambda p: p["equal"],
+              "golden": lambda g: all(t["equal"] for t in g.values() if isinstance(t, dict)),
+              "collectives": lambda c: (c["collectives_equal_reference"]
+                                        and c["distributed_trainer_equals_single_process"]),
+              "speed": lambda s: True}
+    return all("error" not in r[k] and ok(r[k]) for k, ok in checks.items() if k in r)
+
+
 def format_report(r: dict) -> str:
-    p, s = r["parity"], r["speed"]
-    return "\n".join([
-        f"training check on {r['device']}",
-        f"  micro preset, {p['steps']} steps, CPU reference vs device: "
-        f"{'IDENTICAL' if p['equal'] else 'DIFFERENT ' + str(p['mismatches'])} "
-        f"(run hash {p['run_hash'][:16]}...)",
-        f"  {s['preset']} step of {s['tokens']:,} tokens: ours {s['ours_tokens_per_s']:,.0f} "
-        f"tokens/s, stock compiled {s['stock_compiled_tokens_per_s']:,.0f} tokens/s, "
-        f"ratio {s['ratio_ours_over_stock']:.3f}x",
-        f"  hashing params + gradient + moments: {s['hash_seconds']:.4f} s = "
-        f"{100 * s['hash_share_of_step']:.2f}% of the step",
-        *(f"  golden {name} trajectory, {g['steps']} steps on {r['device']}: "
-          + ("EQUAL to the committed one" if g["equal"] else
-             f"DIFFERS at step {g['first_difference']['step']} "
-             f"({g['first_difference']['component']})") + f", {g['seconds']:.1f} s"
-          for name, g in r.get("golden", {}).items()),
-        f"  collectives ({r['collectives']['backend']}, mesh 4x2, "
-        f"{r['collectives']['bytes_per_rank'] / 2**20:.0f} MiB per rank): "
-        f"{'IDENTICAL' if r['collectives']['collectives_equal_reference'] else 'DIFFERENT'} "
-        f"to the sequential reference, {r['collectives']['seconds_ours'] * 1e3:.1f} ms; "
-        "distributed trainer " + ("=" if r["collectives"]["distributed_trainer_equals_single_process"]
-                                  else "!=") + " single process"])
+    lines = [f"training check on {r['device']}"]
+    for name in (s for s in SECTIONS if s in r):
+        sec = r[name]
+        if "error" in sec:
+            lines.append(f"  {name}: ERROR {sec['error']}")
+            continue
+        lines.extend(_section_lines(name, sec, r["device"]))
+    return "\n".join(lines)
+
+
+def _section_lines(name: str, sec: dict, device: str) -> list[str]:
+    if name == "parity":
+        return [f"  micro preset, {sec['steps']} steps, CPU reference vs device: "
+                f"{'IDENTICAL' if sec['equal'] else 'DIFFERENT ' + str(sec['mismatches'])} "
+                f"(run hash {sec['run_hash'][:16]}...)"]
+    if name == "speed":
+        return [f"  {sec['preset']} step of {sec['tokens']:,} tokens: ours "
+                f"{sec['ours_tokens_per_s']:,.0f} tokens/s, stock compiled "
+                f"{sec['stock_compiled_tokens_per_s']:,.0f} tokens/s, "
+                f"ratio {sec['ratio_ours_over_stock']:.3f}x",
+                f"  hashing params + gradient + moments: {sec['hash_seconds']:.4f} s = "
+                f"{100 * sec['hash_share_of_step']:.2f}% of the step"]
+    if name == "golden":
+        return [f"  golden {tname} trajectory, {g['steps']} steps on {device}: "
+                + ("EQUAL to the committed one" if g["equal"] else
+                   f"DIFFERS at step {g['first_difference']['step']} "
+                   f"({g['first_difference']['component']})") + f", {g['seconds']:.1f} s"
+                for tname, g in sec.items() if isinstance(g, dict)]
+    return [f"  collectives ({sec['backend']}, mesh 4x2, {sec['bytes_per_rank'] / 2**20:.0f} MiB "
+            f"per rank): {'IDENTICAL' if sec['collectives_equal_reference'] else 'DIFFERENT'} "
+            f"to the sequential reference, {sec['seconds_ours'] * 1e3:.1f} ms; distributed "
+            "trainer " + ("=" if sec["distributed_trainer_equals_single_process"] else "!=")
+            + " single process"]

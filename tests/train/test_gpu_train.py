@@ -25,3 +25,52 @@ def test_train_dry_run(tmp_path):
     assert res["golden"]["demo"]["equal"] and res["golden"]["demo"]["steps"] == 1
     assert res["speed"]["ours_tokens_per_s"] > 0 and 0 < res["speed"]["hash_share_of_step"] < 1
     assert "IDENTICAL" in r.stdout and "golden micro trajectory, 2 steps" in r.stdout
+
+
+def _gpu_train():
+    sys.path.insert(0, "scripts")
+    try:
+        import gpu_train
+    finally:
+        sys.path.remove("scripts")
+    return gpu_train
+
+
+def test_a_section_that_raises_is_recorded_flushed_and_fails_the_check(monkeypatch):
+    """A device lease is short: one broken section must neither hide the others' results
+    nor pass as agreement."""
+    gpu_train = _gpu_train()
+
+    def broken(*a):
+        raise RuntimeError("triton: out of resources")
+
+    monkeypatch.setattr(gpu_train, "golden", broken)
+    monkeypatch.setattr(gpu_train, "collectives", lambda *a: {
+        "collectives_equal_reference": True, "distributed_trainer_equals_single_process": True,
+        "backend": "gloo", "bytes_per_rank": 4, "seconds_ours": 0.001})
+    flushed = []
+    res = gpu_train.train_check(dry_run=True, sections=("collectives", "golden"),
+                                on_section=lambda r: flushed.append(sorted(r)))
+    assert res["golden"]["error"] == "RuntimeError: triton: out of resources"
+    assert flushed == [["device", "golden"], ["collectives", "device", "golden"]]  # bitwise order
+    assert not gpu_train.passed(res) and "golden: ERROR RuntimeError" in gpu_train.format_report(res)
+    del res["golden"]
+    assert gpu_train.passed(res)
+    res["collectives"]["distributed_trainer_equals_single_process"] = False
+    assert not gpu_train.passed(res)
+    with pytest.raises(ValueError, match=r"unknown training sections \['spead'\]"):
+        gpu_train.train_check(dry_run=True, sections=("spead",))
+
+
+def test_a_differing_golden_trajectory_fails_the_check():
+    gpu_train = _gpu_train()
+    golden = {"micro": {"steps": 100, "equal": True, "seconds": 1.0},
+              "demo": {"steps": 3, "equal": False, "seconds": 1.0,
+                       "first_difference": {"step": 2, "component": "grad"}},
+              "section_seconds": 2.0}
+    res = {"device": "cuda", "golden": golden}
+    assert not gpu_train.passed(res)
+    assert "golden demo trajectory, 3 steps on cuda: DIFFERS at step 2 (grad)" in (
+        gpu_train.format_report(res))
+    golden["demo"]["equal"] = True
+    assert gpu_train.passed(res)
