@@ -87,7 +87,7 @@ def tree_sum_cpu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if pad:  # zero-padded copy in a reused buffer (a fresh cat paid page faults)
         shape = list(s.shape)
         shape[axis] = n + pad
-        padded = scratch("reduce.pad", tuple(shape), torch.float32)
+        padded = scratch("reduce.pad", tuple(shape), torch.float32, x.device)
         padded.narrow(axis, 0, n).copy_(s)
         padded.narrow(axis, n, pad).zero_()
         s = padded
@@ -100,7 +100,8 @@ def tree_sum_cpu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
             pairs = s.reshape(*s.shape[:-1], s.shape[-1] // 2, 2)
             a, b = pairs[..., 0], pairs[..., 1]
         # levels ping-pong between two reused buffers (open1b_kernels.core.workspace: page faults)
-        s = torch.add(a, b, out=scratch(f"reduce.tree{level % 2}", a.shape, torch.float32))
+        s = torch.add(a, b, out=scratch(f"reduce.tree{level % 2}", a.shape, torch.float32,
+                                        x.device))
         level += 1
     return s.select(axis, 0).clone()
 

@@ -15,6 +15,10 @@ for backward. Buffers are per thread (autograd may run backward on another threa
 Arithmetic is unaffected: only where bytes live changes, never which operations run.
 ``release()`` frees this thread's buffers, or those of one op's name prefix
 (``total_bytes()`` reports them).
+
+Helpers that run on either device (the tree sum, attention's row delta) pass ``device``:
+off the CPU ``scratch`` is a plain ``torch.empty`` there, since a GPU's caching allocator
+already reuses its blocks and a CPU buffer would be on the wrong device.
 """
 from __future__ import annotations
 
@@ -40,12 +44,16 @@ def _views() -> dict[str, tuple]:
     return views
 
 
-def scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A contiguous CPU tensor of ``shape``/``dtype`` with garbage contents (see module doc).
+def scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype,
+            device: torch.device | None = None) -> torch.Tensor:
+    """A contiguous tensor of ``shape``/``dtype`` with garbage contents (see module doc),
+    reused on the CPU (``device`` None or a CPU device), freshly allocated on another.
 
     The view of the last call per name is kept and returned again for the same shape and
     dtype (a step asks for the same few hundred views every time: three torch calls each
     otherwise)."""
+    if device is not None and device.type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
     views = _views()
     last = views.get(name)
     if last is not None and last[0] == shape and last[1] is dtype:

@@ -98,3 +98,19 @@ def test_reciprocal_and_errors():
         reduce.reciprocal_f32(0)
     with pytest.raises(TypeError, match="float32"):
         reduce.tree_sum_cpu(torch.ones(3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("shape,dim", [((3, 5), -1), ((6, 4), 0), ((2, 3, 7), 1), ((9,), 0)])
+def test_the_cpu_tree_sum_keeps_a_tensor_on_its_own_device(shape, dim):
+    """tree_sum_cpu and attention's row delta run on either device (the GPU path calls them on
+    CUDA tensors): their reused scratch buffers must not be CPU memory there. The meta device
+    takes every branch a CUDA tensor takes (a CPU buffer raised 'found at least two devices'
+    on the first GPU run)."""
+    from open1b_kernels.attention.tiles import row_delta
+
+    x = torch.empty(shape, device="meta")
+    out = reduce.tree_sum_cpu(x, dim)
+    assert out.device.type == "meta"
+    assert out.shape == tuple(n for i, n in enumerate(shape) if i != dim % len(shape))
+    o = torch.empty(2, 4, 64, 16, dtype=torch.bfloat16, device="meta")
+    assert row_delta(o, o).shape == (2, 4, 64) and row_delta(o, o).device.type == "meta"
