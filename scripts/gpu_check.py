@@ -16,6 +16,17 @@ For every ``GPU_CHECKS`` entry of every ``kernels.<noun>`` module (open1b_kernel
    (>= 1 means we are faster), achieved bandwidth against the memory roofline.
 It prints one markdown table and writes the same results as JSON (``--out``).
 
+Then the training checks of scripts/gpu_train.py (``--train``; ``--train-sections`` picks
+them, ``--train-first`` runs the bitwise ones before the ops and the speed one last, and
+each section's result is written as soon as it ends, so a short lease still returns them).
+The golden trajectories must train on their committed mixes, and a machine whose pyarrow
+or tokenizers differs rebuilds other shard bytes (docs/FORMATS.md): build them where the
+fingerprints match and carry them (``--build-mixes DIR`` there, ``--mixes DIR`` on the GPU
+machine). Measured on an H200 (2026-12-04, BENCHMARKS.md): the 34 op checks 5.5 min, the
+bitwise training sections 2.5 min (most of it Triton's first-use compilation); the
+speed section and the causal attention check did not fit that lease, so the whole script
+runs longer than one 8-minute slot: split it as BENCHMARKS.md shows.
+
 Without CUDA it exits with status 2. ``--ptx-only`` needs no GPU: it compiles every
 kernel on the real launch path for sm_90 (the H200's architecture) without launching,
 and runs the PTX scan only. CI runs that whole scan (tests/kernels/test_gpu_check.py),
@@ -254,17 +265,32 @@ def write_json(path: Path, payload: dict) -> None:
 @click.option("--train-first", is_flag=True,
               help="Run the training checks other than speed before the per-op checks, and "
                    "speed after them (a short lease then still returns the bitwise results).")
+@click.option("--mixes", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="A folder of golden-trajectory mixes built on a machine that rebuilds the "
+                   "committed fingerprints (--build-mixes); the golden section trains on them "
+                   "instead of building its own.")
+@click.option("--build-mixes", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Only build the golden trajectories' mixes into this folder (no GPU needed) "
+                   "and exit; carry the folder to the GPU machine and pass it as --mixes.")
 @click.option("--train-dry-run", is_flag=True,
               help="Only the training checks, on the CPU with tiny shapes (no GPU needed).")
 def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps, train,
-         train_sections, ops, train_first, train_dry_run):
+         train_sections, ops, train_first, mixes, build_mixes, train_dry_run):
     """Parity, PTX scan and speed of every open1b_kernels/ op on this machine's GPU, then whole
     training steps and collectives."""
     sections = tuple(x.strip() for x in train_sections.split(",") if x.strip())
+    mixes = str(mixes) if mixes else None
+    if build_mixes:
+        import gpu_train
+
+        for path in gpu_train.build_golden_mixes(str(build_mixes)):
+            click.echo(path)
+        sys.exit(0)
     if train_dry_run:
         import gpu_train
 
-        res = gpu_train.train_check(dry_run=True, steps=1, repeats=1, sections=sections)
+        res = gpu_train.train_check(dry_run=True, steps=1, repeats=1, sections=sections,
+                                    mixes=mixes)
         click.echo(gpu_train.format_report(res))
         write_json(out, {"mode": "train-dry-run", "train": res})
         sys.exit(0 if gpu_train.passed(res) else 1)
@@ -304,7 +330,7 @@ def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps
     bitwise = tuple(s for s in sections if s != "speed")
     bad = False
     if train and train_first:
-        bad |= not train_checks(bitwise, out, payload)
+        bad |= not train_checks(bitwise, out, payload, mixes)
     if ops:
         click.echo(f"gpu_check on {name}: {len(checks)} checks", err=True)
         for module, check in checks:
@@ -323,12 +349,13 @@ def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps
                for r in rows)
     if train:
         bad |= not train_checks(("speed",) if train_first and "speed" in sections
-                                else () if train_first else sections, out, payload)
+                                else () if train_first else sections, out, payload, mixes)
     write_json(out, payload)
     sys.exit(1 if bad else 0)
 
 
-def train_checks(sections: tuple[str, ...], out: Path, payload: dict) -> bool:
+def train_checks(sections: tuple[str, ...], out: Path, payload: dict,
+                 mixes: str | None) -> bool:
     """The training checks of scripts/gpu_train.py, merged into ``payload["train"]`` and
     written after each section; True when every one that ran agreed bit for bit."""
     import gpu_train
@@ -342,7 +369,7 @@ def train_checks(sections: tuple[str, ...], out: Path, payload: dict) -> bool:
         write_json(out, payload)
 
     try:
-        res = gpu_train.train_check(sections=sections, on_section=flush)
+        res = gpu_train.train_check(sections=sections, on_section=flush, mixes=mixes)
     except Exception as exc:
         payload["train"] = {**payload.get("train", {}), "error": short_error(exc),
                             "traceback": traceback.format_exc()}

@@ -79,22 +79,69 @@ def parity(device: str, steps: int, workdir: str) -> dict:
             "seconds_reference": round(ta, 2), "seconds_device": round(tb, 2)}
 
 
-def golden(device: str, dry_run: bool, workdir: str) -> dict:
+GOLDEN = ("micro", "demo")
+
+
+def build_golden_mixes(dst: str) -> list[str]:
+    """The golden trajectories' mixes, built here into ``dst/golden-mix-<name>``: a machine
+    whose pyarrow or tokenizers differs writes other shard bytes (open1b_data/formats/
+    shards.py: the environment fixes them), so a device run trains on mixes carried from a
+    machine that rebuilds the committed fingerprints, as an auditor trains on the published
+    mix rather than a rebuilt one."""
+    from open1b_audit.selftest import trajectory as tj
+
+    return [tj.build_mix(name, os.path.join(dst, f"golden-mix-{name}")) for name in GOLDEN]
+
+
+def compare_mixes(a: str, b: str) -> dict:
+    """Which of two builds' files differ (by their manifests' hashes), and whether their
+    documents' token ids agree (every shard's Merkle root equal)."""
+    def files(mix: str) -> tuple[dict[str, str], dict[str, str]]:
+        with open(os.path.join(mix, "manifest.json")) as f:
+            m = json.load(f)
+        hashes = {e["path"]: e["sha256"] for e in m["tokenizer"]["directory"]["files"]}
+        roots = {}
+        for src in m["sources"]:
+            for sh in src["shards"]:
+                hashes[sh["path"]] = sh["sha256"]
+                hashes[sh["lengths"]["path"]] = sh["lengths"]["sha256"]
+                roots[sh["path"]] = sh["merkle"]["root"]
+        return hashes, roots
+
+    (ha, ra), (hb, rb) = files(a), files(b)
+    return {"fingerprint_equal": _fingerprint(a) == _fingerprint(b),
+            "files_differing": sorted(p for p in ha.keys() | hb.keys() if ha.get(p) != hb.get(p)),
+            "tokens_equal": ra == rb}
+
+
+def _fingerprint(mix: str) -> str:
+    with open(os.path.join(mix, "manifest.json")) as f:
+        return json.load(f)["fingerprint"]
+
+
+def golden(device: str, dry_run: bool, workdir: str, mixes: str | None = None) -> dict:
     """The golden trajectories trained on ``device``, compared step by step, component by
-    component with the committed ones (the dry run: their first steps on the CPU)."""
+    component with the committed ones (the dry run: their first steps on the CPU). With
+    ``mixes`` (a folder ``build_golden_mixes`` filled) their mixes are read from there,
+    else built here."""
+    import pyarrow
+    import tokenizers
+
     from open1b_audit.selftest import trajectory as tj
 
     out = {}
-    for name, dry_steps in (("micro", 2), ("demo", 1)):
+    for name, dry_steps in zip(GOLDEN, (2, 1)):
         with open(ROOT / "tests" / "assets" / f"trajectory_{name}.json") as f:
             gold = json.load(f)
         steps = dry_steps if dry_run else gold["steps"]
-        mix = tj.build_mix(name, os.path.join(workdir, f"golden-mix-{name}"))
-        with open(os.path.join(mix, "manifest.json")) as f:
-            fingerprint = json.load(f)["fingerprint"]
+        mix = (os.path.join(mixes, f"golden-mix-{name}") if mixes
+               else tj.build_mix(name, os.path.join(workdir, f"golden-mix-{name}")))
+        fingerprint = _fingerprint(mix)
         t0 = time.perf_counter()
         if fingerprint != gold["mix_fingerprint"]:
-            diff = {"step": 0, "component": "mix fingerprint"}
+            diff = {"step": 0, "component": "mix fingerprint", "mix": "carried" if mixes
+                    else f"built here with pyarrow {pyarrow.__version__}, tokenizers "
+                         f"{tokenizers.__version__} (carry one: --mixes)"}
         else:
             lines = tj.train_lines(name, mix, os.path.join(workdir, f"golden-run-{name}"),
                                    steps=steps, backend="auto" if device == "cuda" else "cpu")
@@ -102,7 +149,13 @@ def golden(device: str, dry_run: bool, workdir: str) -> dict:
             if diff is None and len(lines) != steps + 1:   # a short log matches nothing
                 diff = {"step": len(lines), "component": "missing steps"}
         out[name] = {"steps": steps, "equal": diff is None, "first_difference": diff,
+                     "mix": "carried" if mixes else "built here",
                      "seconds": round(time.perf_counter() - t0, 2)}
+        if mixes:   # the rebuild here, file by file against the carried one (docs/FORMATS.md)
+            rebuilt = tj.build_mix(name, os.path.join(workdir, f"golden-rebuild-{name}"))
+            out[name]["rebuilt_here"] = {"pyarrow": pyarrow.__version__,
+                                         "tokenizers": tokenizers.__version__,
+                                         **compare_mixes(mix, rebuilt)}
     return out
 
 
@@ -234,7 +287,8 @@ SECTIONS = ("parity", "golden", "collectives", "speed")
 
 
 def train_check(dry_run: bool = False, steps: int = 2, repeats: int = 3,
-                sections: tuple[str, ...] = SECTIONS, on_section=None) -> dict:
+                sections: tuple[str, ...] = SECTIONS, on_section=None,
+                mixes: str | None = None) -> dict:
     """The chosen sections, in ``SECTIONS`` order: the bitwise ones first, the speed one (which
     compiles the stock model) last. A section that raises is recorded as ``{"error": ...}`` and
     the others still run; ``on_section(result so far)`` after each one lets the caller write
@@ -246,7 +300,7 @@ def train_check(dry_run: bool = False, steps: int = 2, repeats: int = 3,
     if unknown:
         raise ValueError(f"unknown training sections {unknown}; choose from {list(SECTIONS)}")
     run = {"parity": lambda work: parity(device, steps, work),
-           "golden": lambda work: golden(device, dry_run, work),
+           "golden": lambda work: golden(device, dry_run, work, mixes),
            "collectives": lambda work: collectives(device, dry_run, work, repeats),
            "speed": lambda work: speed(device, dry_run, repeats)}
     out: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
@@ -305,7 +359,9 @@ def _section_lines(name: str, sec: dict, device: str) -> list[str]:
         return [f"  golden {tname} trajectory, {g['steps']} steps on {device}: "
                 + ("EQUAL to the committed one" if g["equal"] else
                    f"DIFFERS at step {g['first_difference']['step']} "
-                   f"({g['first_difference']['component']})") + f", {g['seconds']:.1f} s"
+                   f"({g['first_difference']['component']}"
+                   + (f"; mix {g['first_difference']['mix']}" if "mix" in g["first_difference"]
+                      else "") + ")") + f", {g['seconds']:.1f} s"
                 for tname, g in sec.items() if isinstance(g, dict)]
     return [f"  collectives ({sec['backend']}, mesh 4x2, {sec['bytes_per_rank'] / 2**20:.0f} MiB "
             f"per rank): {'IDENTICAL' if sec['collectives_equal_reference'] else 'DIFFERENT'} "

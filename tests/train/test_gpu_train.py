@@ -74,3 +74,32 @@ def test_a_differing_golden_trajectory_fails_the_check():
         gpu_train.format_report(res))
     golden["demo"]["equal"] = True
     assert gpu_train.passed(res)
+
+
+def test_compare_mixes_names_the_files_that_differ_and_whether_tokens_agree(tmp_path):
+    """On a machine whose pyarrow or tokenizers differs the rebuilt golden mix has another
+    fingerprint; the report must say which files differ and whether any token did."""
+    import json
+    import shutil
+
+    gpu_train = _gpu_train()
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+    m = {"fingerprint": "f1",
+         "tokenizer": {"directory": {"files": [{"path": "tokenizer/tokenizer.json",
+                                                "sha256": "t1"}]}},
+         "sources": [{"shards": [{"path": "s/x.parquet", "sha256": "x1",
+                                  "lengths": {"path": "s/x.lengths.npy", "sha256": "l1"},
+                                  "merkle": {"root": "r1"}}]}]}
+    (a / "manifest.json").write_text(json.dumps(m))
+    shutil.copy(a / "manifest.json", b / "manifest.json")
+    assert gpu_train.compare_mixes(str(a), str(b)) == {
+        "fingerprint_equal": True, "files_differing": [], "tokens_equal": True}
+    m["fingerprint"], m["sources"][0]["shards"][0]["sha256"] = "f2", "x2"   # pyarrow's footer
+    (b / "manifest.json").write_text(json.dumps(m))
+    assert gpu_train.compare_mixes(str(a), str(b)) == {
+        "fingerprint_equal": False, "files_differing": ["s/x.parquet"], "tokens_equal": True}
+    m["sources"][0]["shards"][0]["merkle"]["root"] = "r2"                  # another token
+    (b / "manifest.json").write_text(json.dumps(m))
+    assert not gpu_train.compare_mixes(str(a), str(b))["tokens_equal"]
