@@ -110,6 +110,6 @@ setup(**LICENSE, cmdclass={"build_py": BuildPyWithPth,
     Extension("open1b_kernels.core._mathc", ["open1b_kernels/core/_mathc.c"], depends=[MATHFN_H, PIECES_H],
               extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
     Extension("open1b_kernels.attention._tilesc", ["open1b_kernels/attention/_tilesc.c"],
-              depends=[MATHFN_H, PIECES_H],
+              depends=[MATHFN_H, PIECES_H, "open1b_kernels/attention/_tilemm.h"],
               extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
 ])

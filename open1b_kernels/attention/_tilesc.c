@@ -223,93 +223,79 @@ CLONES static void bwd_tiles(const double *s64, const double *dp64, const float 
  * of backward_reference's dQ, without them reaching memory as float64. Each P_j is a sum of products of fixed-point values, every partial sum
  * an integer below 2^53 times one power of two (open1b_kernels/attention/fixed.py), so it
  * is exact in any order, fused multiply-adds included; only its one rounding to float32
- * and the ordered float32 sum are specified, and those are written out here. Blocks of 8
- * rows x 16 columns keep their 64-term sums in registers (the batched BLAS calls ran these
+ * and the ordered float32 sum are specified, and those are written out here. The products
+ * run in register blocks sized for the CPU (_tilemm.h; the batched BLAS calls ran these
  * 64 x 64 x D products at ~30 GFLOP/s on a 2-core Zen 4). D % 16 == 0 (checked). */
-typedef double v8d __attribute__((vector_size(64)));
-#define DQ_ROWS 8
-CLONES __attribute__((optimize("fp-contract=fast")))
-static void dq_tiles(const double *dsr, const double *kc, float *out, Py_ssize_t nk,
-                     Py_ssize_t D, Py_ssize_t kc_plane, Py_ssize_t first, Py_ssize_t u0,
-                     Py_ssize_t u1) {
-    for (Py_ssize_t r = u0; r < u1; r++)
-        for (Py_ssize_t c = 0; c < D; c++) out[r * D + c] = 0.0f;
-    for (Py_ssize_t g0 = u0; g0 < u1;) {
-        Py_ssize_t b = g0 / BLK, row_end = (b + 1) * BLK < u1 ? (b + 1) * BLK : u1;
-        for (Py_ssize_t j = 0; j < nk; j++) {
-            const double *kt = kc + b * kc_plane + (first + j) * BLK * D;
-            const double *at = dsr + (b * nk + j) * BLK * BLK;
-            for (Py_ssize_t r0 = g0; r0 < row_end; r0 += DQ_ROWS) {
-                int rows = row_end - r0 < DQ_ROWS ? (int)(row_end - r0) : DQ_ROWS;
-                const double *a = at + (r0 - b * BLK) * BLK;
-                for (Py_ssize_t c0 = 0; c0 < D; c0 += 16) {
-                    v8d acc[DQ_ROWS][2];
-                    for (int i = 0; i < DQ_ROWS; i++) acc[i][0] = acc[i][1] = (v8d){0};
-                    for (int k = 0; k < BLK; k++) {
-                        v8d b0, b1;
-                        memcpy(&b0, kt + k * D + c0, 64);
-                        memcpy(&b1, kt + k * D + c0 + 8, 64);
-                        for (int i = 0; i < DQ_ROWS; i++) {
-                            double x = i < rows ? a[i * BLK + k] : 0.0;
-                            acc[i][0] += x * b0;
-                            acc[i][1] += x * b1;
-                        }
-                    }
-                    for (int i = 0; i < rows; i++) {
-                        float *o = out + (r0 + i) * D + c0;
-                        for (int l = 0; l < 8; l++) {
-                            o[l] = o[l] + (float)acc[i][0][l];
-                            o[8 + l] = o[8 + l] + (float)acc[i][1][l];
-                        }
-                    }
-                }
-            }
-        }
-        g0 = row_end;
-    }
-}
-
 /* dK's or dV's tiles of one query block, multiplied and added in one pass: for rows
  * [u0, u1) of (BK * D), acc[b, d, offset + c] = acc[...] + fp32(P[b, d, c]) with
  * P[b] = lhs[b]^T (D x 64) @ rhs[b] (64 x L): the transposed tile products [dS^T Q]^T or
  * [P^T dO]^T of a band of L keys (lhs: Q's or dO's column values (BK, 64, D), rhs: dS's or
  * P's (BK, 64, L)), each element rounded once and added to its running sum, as
- * backward_reference orders them. Exact in any order (dq_tiles' argument); blocks of 8
- * rows x 16 keys in registers; L % 16 == 0 and D % 8 == 0 (checked). */
-CLONES __attribute__((optimize("fp-contract=fast")))
+ * backward_reference orders them. Exact in any order (dq_tiles' argument); the same
+ * register blocks; L % 16 == 0 and D % 8 == 0 (checked). */
+/* Both loops exist in three copies (_tilemm.h, included once per copy), each with a
+ * register block that fits its CPU's vector registers: x86-64-v4 (32 zmm: 8 rows x 16
+ * columns), x86-64-v3 (16 ymm and FMA: 6 rows x 8 columns) and a baseline (16 xmm: 4 rows
+ * x 4 columns). One body compiled for all three by target_clones, as before, gave the AVX2
+ * copy an 8 x 16 block of 32 ymm accumulators that spilled on every step: dq_tiles and
+ * kv_tiles ran ~20x slower on a Zen 3 than on a Zen 4. The sums are exact in any order,
+ * so the block shape never changes a bit. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TM_SUFFIX v4
+#define TM_TARGET __attribute__((target("arch=x86-64-v4"), optimize("fp-contract=fast")))
+#define TM_LANES 8
+#define TM_ROWS 8
+#include "_tilemm.h"
+#define TM_SUFFIX v3
+#define TM_TARGET __attribute__((target("arch=x86-64-v3"), optimize("fp-contract=fast")))
+#define TM_LANES 4
+#define TM_ROWS 6
+#include "_tilemm.h"
+#endif
+#define TM_SUFFIX base
+#define TM_TARGET __attribute__((optimize("fp-contract=fast")))
+#define TM_LANES 2
+#define TM_ROWS 4
+#include "_tilemm.h"
+
+/* The highest copy this CPU runs: 2 x86-64-v4, 1 x86-64-v3, 0 the baseline. */
+static int tile_level_max(void) {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("x86-64-v4") ? 2 : __builtin_cpu_supports("x86-64-v3") ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
+static int tile_level_now = -1;  /* the copy in use; tile_level(n) lowers it for the tests */
+
+static int tile_level(void) {
+    if (tile_level_now < 0) tile_level_now = tile_level_max();
+    return tile_level_now;
+}
+
+static void dq_tiles(const double *dsr, const double *kc, float *out, Py_ssize_t nk,
+                     Py_ssize_t D, Py_ssize_t kc_plane, Py_ssize_t first, Py_ssize_t u0,
+                     Py_ssize_t u1) {
+    switch (tile_level()) {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+    case 2: dq_tiles_v4(dsr, kc, out, nk, D, kc_plane, first, u0, u1); return;
+    case 1: dq_tiles_v3(dsr, kc, out, nk, D, kc_plane, first, u0, u1); return;
+#endif
+    default: dq_tiles_base(dsr, kc, out, nk, D, kc_plane, first, u0, u1);
+    }
+}
+
 static void kv_tiles(const double *lhs, const double *rhs, float *acc, Py_ssize_t D,
                      Py_ssize_t L, Py_ssize_t stride, Py_ssize_t offset, Py_ssize_t u0,
                      Py_ssize_t u1) {
-    for (Py_ssize_t g0 = u0; g0 < u1;) {
-        Py_ssize_t b = g0 / D, row_end = (b + 1) * D < u1 ? (b + 1) * D : u1;
-        const double *lb = lhs + b * BLK * D, *rb = rhs + b * BLK * L;
-        for (Py_ssize_t c0 = 0; c0 < L; c0 += 16) {
-            for (Py_ssize_t r0 = g0; r0 < row_end; r0 += DQ_ROWS) {
-                int rows = row_end - r0 < DQ_ROWS ? (int)(row_end - r0) : DQ_ROWS;
-                Py_ssize_t d0 = r0 - b * D;
-                v8d a[DQ_ROWS][2];
-                for (int i = 0; i < DQ_ROWS; i++) a[i][0] = a[i][1] = (v8d){0};
-                for (int k = 0; k < BLK; k++) {
-                    v8d b0, b1;
-                    memcpy(&b0, rb + k * L + c0, 64);
-                    memcpy(&b1, rb + k * L + c0 + 8, 64);
-                    const double *x = lb + k * D + d0;
-                    for (int i = 0; i < DQ_ROWS; i++) {
-                        double xi = i < rows ? x[i] : 0.0;
-                        a[i][0] += xi * b0;
-                        a[i][1] += xi * b1;
-                    }
-                }
-                for (int i = 0; i < rows; i++) {
-                    float *o = acc + (r0 + i) * stride + offset + c0;
-                    for (int l = 0; l < 8; l++) {
-                        o[l] = o[l] + (float)a[i][0][l];
-                        o[8 + l] = o[8 + l] + (float)a[i][1][l];
-                    }
-                }
-            }
-        }
-        g0 = row_end;
+    switch (tile_level()) {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+    case 2: kv_tiles_v4(lhs, rhs, acc, D, L, stride, offset, u0, u1); return;
+    case 1: kv_tiles_v3(lhs, rhs, acc, D, L, stride, offset, u0, u1); return;
+#endif
+    default: kv_tiles_base(lhs, rhs, acc, D, L, stride, offset, u0, u1);
     }
 }
 
@@ -551,6 +537,17 @@ static PyObject *py_fixed_planes(PyObject *self, PyObject *args) {
     return finish(b, 2, ok, "fixed_planes: inconsistent shapes");
 }
 
+static PyObject *py_tile_level(PyObject *self, PyObject *args) {
+    (void)self;
+    int want = -1;
+    if (!PyArg_ParseTuple(args, "|i", &want)) return NULL;
+    if (want >= 0) {
+        int top = tile_level_max();
+        tile_level_now = want < top ? want : top;
+    }
+    return PyLong_FromLong(tile_level());
+}
+
 static PyObject *py_openmp(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -558,6 +555,9 @@ static PyObject *py_openmp(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"tile_level", py_tile_level, METH_VARARGS,
+     "tile_level([n]): which copy of dq_tiles/kv_tiles runs (2 x86-64-v4, 1 x86-64-v3, 0 the "
+     "baseline); n lowers it (capped at what this CPU runs), -1 or none only reads it."},
     {"openmp", py_openmp, METH_NOARGS,
      "openmp(): whether the loops' pieces run at once on an OpenMP team (built with -fopenmp)."},
     {"fwd_rows", py_fwd_rows, METH_VARARGS,

@@ -25,6 +25,20 @@ MORE_CASES = [
 ]
 
 
+# dq_tiles/kv_tiles exist in one copy per CPU level (_tilemm.h), each with its own register
+# blocks: every copy this CPU runs must give the definition's bits.
+TILE_TOP = compiled._tilesc.tile_level() if compiled.available() else 0
+
+
+@pytest.fixture(params=[0, 1, 2], ids=["baseline", "x86-64-v3", "x86-64-v4"])
+def tile_copy(request):
+    if request.param > TILE_TOP:
+        pytest.skip(f"this CPU does not run tile copy {request.param} (it runs up to {TILE_TOP})")
+    assert compiled._tilesc.tile_level(request.param) == request.param
+    yield request.param
+    compiled._tilesc.tile_level(TILE_TOP)
+
+
 def _assert_same(a, b):
     for x, y in zip(a, b):
         assert x.shape == y.shape and x.dtype == y.dtype
@@ -40,6 +54,14 @@ def test_compiled_matches_reference(case, kind, batch_band, monkeypatch):
     q, k, v, do, window = _inputs(case, seed=11, kind=kind)
     out, lse = forward_reference(q, k, v, window)
     _assert_same(compiled.forward(q, k, v, window), (out, lse))
+    _assert_same(compiled.backward(q, k, v, out, lse, do, window),
+                 backward_reference(q, k, v, out, lse, do, window))
+
+
+@pytest.mark.parametrize("case", MORE_CASES)
+def test_every_tile_copy_matches_the_reference(case, tile_copy):
+    q, k, v, do, window = _inputs(case, seed=13, kind="normal")
+    out, lse = forward_reference(q, k, v, window)
     _assert_same(compiled.backward(q, k, v, out, lse, do, window),
                  backward_reference(q, k, v, out, lse, do, window))
 
@@ -76,7 +98,7 @@ def test_cpu_entry_points_dispatch(monkeypatch):
                  backward_reference(q, k, v, out, lse, do, window))
 
 
-def test_dq_tiles_sum_exact_tile_products_in_ascending_order():
+def test_dq_tiles_sum_exact_tile_products_in_ascending_order(tile_copy):
     """dq_tiles multiplies each 64 x 64 by 64 x D tile exactly (the values are integers
     times one power of two per tile, as fixed-point values are, so float64 holds every
     partial sum) and adds the float32-rounded tiles in ascending key-block order: its
@@ -102,7 +124,7 @@ def test_dq_tiles_sum_exact_tile_products_in_ascending_order():
     assert not torch.equal(bits(out), bits(descending))
 
 
-def test_kv_tiles_add_exact_transposed_tile_products_in_call_order():
+def test_kv_tiles_add_exact_transposed_tile_products_in_call_order(tile_copy):
     """kv_tiles adds lhs^T @ rhs (exact, as in dq_tiles' test) to running float32 sums at
     the band's offset, each element rounded once, in the order of the calls (heads, then
     query blocks): two calls equal the float32 running sum in that order and differ from

@@ -1,0 +1,104 @@
+/* One copy of attention's fused tile products (dq_tiles, kv_tiles: _tilesc.c says what they
+ * compute and why any order is exact), included once per CPU level with
+ *   TM_SUFFIX  the copy's name suffix (dq_tiles_<suffix>, kv_tiles_<suffix>),
+ *   TM_TARGET  its attributes (target ISA; fp-contract=fast, exact here),
+ *   TM_LANES   doubles per vector register, TM_ROWS rows per register block.
+ * A block is TM_ROWS rows x 2 vectors of columns: 2 * TM_ROWS accumulators, two loaded
+ * operand vectors and one broadcast must fit the ISA's registers (v4: 16 + 3 of 32 zmm,
+ * v3: 12 + 3 of 16 ymm, baseline: 8 + 3 of 16 xmm). Each element's sum is then rounded once
+ * to float32 and added to its running sum in the caller's order, exactly as before. The
+ * file has no include guard: it is meant to be included several times. */
+
+#define TM_CAT2(a, b) a##_##b
+#define TM_CAT(a, b) TM_CAT2(a, b)
+#define TM_VEC TM_CAT(tm_vec, TM_SUFFIX)
+#define TM_COLS (2 * TM_LANES)
+
+typedef double TM_VEC __attribute__((vector_size(8 * TM_LANES)));
+
+TM_TARGET
+static void TM_CAT(dq_tiles, TM_SUFFIX)(const double *dsr, const double *kc, float *out,
+                                        Py_ssize_t nk, Py_ssize_t D, Py_ssize_t kc_plane,
+                                        Py_ssize_t first, Py_ssize_t u0, Py_ssize_t u1) {
+    for (Py_ssize_t r = u0; r < u1; r++)
+        for (Py_ssize_t c = 0; c < D; c++) out[r * D + c] = 0.0f;
+    for (Py_ssize_t g0 = u0; g0 < u1;) {
+        Py_ssize_t b = g0 / BLK, row_end = (b + 1) * BLK < u1 ? (b + 1) * BLK : u1;
+        for (Py_ssize_t j = 0; j < nk; j++) {
+            const double *kt = kc + b * kc_plane + (first + j) * BLK * D;
+            const double *at = dsr + (b * nk + j) * BLK * BLK;
+            for (Py_ssize_t r0 = g0; r0 < row_end; r0 += TM_ROWS) {
+                int rows = row_end - r0 < TM_ROWS ? (int)(row_end - r0) : TM_ROWS;
+                const double *a = at + (r0 - b * BLK) * BLK;
+                for (Py_ssize_t c0 = 0; c0 < D; c0 += TM_COLS) {
+                    TM_VEC acc[TM_ROWS][2];
+                    for (int i = 0; i < TM_ROWS; i++) acc[i][0] = acc[i][1] = (TM_VEC){0};
+                    for (int k = 0; k < BLK; k++) {
+                        TM_VEC b0, b1;
+                        memcpy(&b0, kt + k * D + c0, sizeof b0);
+                        memcpy(&b1, kt + k * D + c0 + TM_LANES, sizeof b1);
+                        for (int i = 0; i < TM_ROWS; i++) {
+                            double x = i < rows ? a[i * BLK + k] : 0.0;
+                            acc[i][0] += x * b0;
+                            acc[i][1] += x * b1;
+                        }
+                    }
+                    for (int i = 0; i < rows; i++) {
+                        float *o = out + (r0 + i) * D + c0;
+                        for (int l = 0; l < TM_LANES; l++) {
+                            o[l] = o[l] + (float)acc[i][0][l];
+                            o[TM_LANES + l] = o[TM_LANES + l] + (float)acc[i][1][l];
+                        }
+                    }
+                }
+            }
+        }
+        g0 = row_end;
+    }
+}
+
+TM_TARGET
+static void TM_CAT(kv_tiles, TM_SUFFIX)(const double *lhs, const double *rhs, float *acc,
+                                        Py_ssize_t D, Py_ssize_t L, Py_ssize_t stride,
+                                        Py_ssize_t offset, Py_ssize_t u0, Py_ssize_t u1) {
+    for (Py_ssize_t g0 = u0; g0 < u1;) {
+        Py_ssize_t b = g0 / D, row_end = (b + 1) * D < u1 ? (b + 1) * D : u1;
+        const double *lb = lhs + b * BLK * D, *rb = rhs + b * BLK * L;
+        for (Py_ssize_t c0 = 0; c0 < L; c0 += TM_COLS) {
+            for (Py_ssize_t r0 = g0; r0 < row_end; r0 += TM_ROWS) {
+                int rows = row_end - r0 < TM_ROWS ? (int)(row_end - r0) : TM_ROWS;
+                Py_ssize_t d0 = r0 - b * D;
+                TM_VEC a[TM_ROWS][2];
+                for (int i = 0; i < TM_ROWS; i++) a[i][0] = a[i][1] = (TM_VEC){0};
+                for (int k = 0; k < BLK; k++) {
+                    TM_VEC b0, b1;
+                    memcpy(&b0, rb + k * L + c0, sizeof b0);
+                    memcpy(&b1, rb + k * L + c0 + TM_LANES, sizeof b1);
+                    const double *x = lb + k * D + d0;
+                    for (int i = 0; i < TM_ROWS; i++) {
+                        double xi = i < rows ? x[i] : 0.0;
+                        a[i][0] += xi * b0;
+                        a[i][1] += xi * b1;
+                    }
+                }
+                for (int i = 0; i < rows; i++) {
+                    float *o = acc + (r0 + i) * stride + offset + c0;
+                    for (int l = 0; l < TM_LANES; l++) {
+                        o[l] = o[l] + (float)a[i][0][l];
+                        o[TM_LANES + l] = o[TM_LANES + l] + (float)a[i][1][l];
+                    }
+                }
+            }
+        }
+        g0 = row_end;
+    }
+}
+
+#undef TM_VEC
+#undef TM_COLS
+#undef TM_CAT
+#undef TM_CAT2
+#undef TM_SUFFIX
+#undef TM_TARGET
+#undef TM_LANES
+#undef TM_ROWS
