@@ -54,6 +54,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))      # gpu_train beside this file
 
+import gpu_train  # noqa: E402
 from open1b_kernels.core import backend  # noqa: E402
 from open1b_kernels.core.registry import FORBIDDEN, GpuCheck, discover  # noqa: E402
 
@@ -265,7 +266,8 @@ def write_json(path: Path, payload: dict) -> None:
 @click.option("--train-first", is_flag=True,
               help="Run the training checks other than speed before the per-op checks, and "
                    "speed after them (a short lease then still returns the bitwise results).")
-@click.option("--mixes", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--mixes", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None,
               help="A folder of golden-trajectory mixes built on a machine that rebuilds the "
                    "committed fingerprints (--build-mixes); the golden section trains on them "
                    "instead of building its own.")
@@ -279,16 +281,16 @@ def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps
     """Parity, PTX scan and speed of every open1b_kernels/ op on this machine's GPU, then whole
     training steps and collectives."""
     sections = tuple(x.strip() for x in train_sections.split(",") if x.strip())
+    unknown = sorted(set(sections) - set(gpu_train.SECTIONS))
+    if unknown:
+        raise click.BadParameter(f"unknown sections {unknown}; choose from "
+                                 f"{', '.join(gpu_train.SECTIONS)}", param_hint="--train-sections")
     mixes = str(mixes) if mixes else None
     if build_mixes:
-        import gpu_train
-
         for path in gpu_train.build_golden_mixes(str(build_mixes)):
             click.echo(path)
         sys.exit(0)
     if train_dry_run:
-        import gpu_train
-
         res = gpu_train.train_check(dry_run=True, steps=1, repeats=1, sections=sections,
                                     mixes=mixes)
         click.echo(gpu_train.format_report(res))
@@ -348,8 +350,8 @@ def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps
     bad |= any(r.get("error") or r.get("ptx_forbidden") or any(r.get("mismatched", []))
                for r in rows)
     if train:
-        bad |= not train_checks(("speed",) if train_first and "speed" in sections
-                                else () if train_first else sections, out, payload, mixes)
+        later = tuple(s for s in sections if s not in bitwise) if train_first else sections
+        bad |= not train_checks(later, out, payload, mixes)
     write_json(out, payload)
     sys.exit(1 if bad else 0)
 
@@ -358,8 +360,6 @@ def train_checks(sections: tuple[str, ...], out: Path, payload: dict,
                  mixes: str | None) -> bool:
     """The training checks of scripts/gpu_train.py, merged into ``payload["train"]`` and
     written after each section; True when every one that ran agreed bit for bit."""
-    import gpu_train
-
     if not sections:
         return True
     click.echo(f"training checks {', '.join(sections)} ...", err=True)

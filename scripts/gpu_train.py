@@ -94,29 +94,23 @@ def build_golden_mixes(dst: str) -> list[str]:
 
 
 def compare_mixes(a: str, b: str) -> dict:
-    """Which of two builds' files differ (by their manifests' hashes), and whether their
-    documents' token ids agree (every shard's Merkle root equal)."""
-    def files(mix: str) -> tuple[dict[str, str], dict[str, str]]:
-        with open(os.path.join(mix, "manifest.json")) as f:
-            m = json.load(f)
-        hashes = {e["path"]: e["sha256"] for e in m["tokenizer"]["directory"]["files"]}
-        roots = {}
-        for src in m["sources"]:
-            for sh in src["shards"]:
-                hashes[sh["path"]] = sh["sha256"]
-                hashes[sh["lengths"]["path"]] = sh["lengths"]["sha256"]
-                roots[sh["path"]] = sh["merkle"]["root"]
-        return hashes, roots
+    """Which of two builds' files differ (by their manifests' hashes, each manifest checked
+    against its fingerprint on loading), and whether their documents' token ids agree
+    (every shard's Merkle root equal)."""
+    from open1b_data.formats.manifest import load_manifest, tokenizer_files
 
-    (ha, ra), (hb, rb) = files(a), files(b)
-    return {"fingerprint_equal": _fingerprint(a) == _fingerprint(b),
+    def files(mix: str) -> tuple[str, dict[str, str], dict[str, str | None]]:
+        m = load_manifest(mix)
+        hashes = {f["path"]: f["sha256"] for f in tokenizer_files(m.tokenizer)}
+        shards = [sh for src in m.sources for sh in src.shards]
+        hashes.update({sh.path: sh.sha256 for sh in shards})
+        hashes.update({sh.lengths_path: sh.lengths_sha256 for sh in shards})
+        return m.fingerprint, hashes, {sh.path: sh.merkle and sh.merkle.root for sh in shards}
+
+    (fa, ha, ra), (fb, hb, rb) = files(a), files(b)
+    return {"fingerprint_equal": fa == fb,
             "files_differing": sorted(p for p in ha.keys() | hb.keys() if ha.get(p) != hb.get(p)),
             "tokens_equal": ra == rb}
-
-
-def _fingerprint(mix: str) -> str:
-    with open(os.path.join(mix, "manifest.json")) as f:
-        return json.load(f)["fingerprint"]
 
 
 def golden(device: str, dry_run: bool, workdir: str, mixes: str | None = None) -> dict:
@@ -128,6 +122,7 @@ def golden(device: str, dry_run: bool, workdir: str, mixes: str | None = None) -
     import tokenizers
 
     from open1b_audit.selftest import trajectory as tj
+    from open1b_data.formats.manifest import load_manifest
 
     out = {}
     for name, dry_steps in zip(GOLDEN, (2, 1)):
@@ -136,7 +131,7 @@ def golden(device: str, dry_run: bool, workdir: str, mixes: str | None = None) -
         steps = dry_steps if dry_run else gold["steps"]
         mix = (os.path.join(mixes, f"golden-mix-{name}") if mixes
                else tj.build_mix(name, os.path.join(workdir, f"golden-mix-{name}")))
-        fingerprint = _fingerprint(mix)
+        fingerprint = load_manifest(mix).fingerprint
         t0 = time.perf_counter()
         if fingerprint != gold["mix_fingerprint"]:
             diff = {"step": 0, "component": "mix fingerprint", "mix": "carried" if mixes

@@ -16,6 +16,35 @@
 
 typedef double TM_VEC __attribute__((vector_size(8 * TM_LANES)));
 
+/* One register block: for rows i < `rows` (at most TM_ROWS) and the TM_COLS columns at b,
+ * o[i * ostride + c] = o[...] + fp32(sum_k a[i * a_row + k * a_k] * b[k * b_k + c]) over
+ * k < BLK. Rows past `rows` multiply zeros and are not stored. Always inlined, so the
+ * strides its two callers pass are constants there. */
+__attribute__((always_inline)) TM_TARGET
+static inline void TM_CAT(block, TM_SUFFIX)(const double *a, Py_ssize_t a_row, Py_ssize_t a_k,
+                                             const double *b, Py_ssize_t b_k, int rows,
+                                             float *o, Py_ssize_t ostride) {
+    TM_VEC acc[TM_ROWS][2];
+    for (int i = 0; i < TM_ROWS; i++) acc[i][0] = acc[i][1] = (TM_VEC){0};
+    for (int k = 0; k < BLK; k++) {
+        TM_VEC b0, b1;
+        memcpy(&b0, b + k * b_k, sizeof b0);
+        memcpy(&b1, b + k * b_k + TM_LANES, sizeof b1);
+        for (int i = 0; i < TM_ROWS; i++) {
+            double x = i < rows ? a[i * a_row + k * a_k] : 0.0;
+            acc[i][0] += x * b0;
+            acc[i][1] += x * b1;
+        }
+    }
+    for (int i = 0; i < rows; i++) {
+        float *r = o + i * ostride;
+        for (int l = 0; l < TM_LANES; l++) {
+            r[l] = r[l] + (float)acc[i][0][l];
+            r[TM_LANES + l] = r[TM_LANES + l] + (float)acc[i][1][l];
+        }
+    }
+}
+
 TM_TARGET
 static void TM_CAT(dq_tiles, TM_SUFFIX)(const double *dsr, const double *kc, float *out,
                                         Py_ssize_t nk, Py_ssize_t D, Py_ssize_t kc_plane,
@@ -29,28 +58,9 @@ static void TM_CAT(dq_tiles, TM_SUFFIX)(const double *dsr, const double *kc, flo
             const double *at = dsr + (b * nk + j) * BLK * BLK;
             for (Py_ssize_t r0 = g0; r0 < row_end; r0 += TM_ROWS) {
                 int rows = row_end - r0 < TM_ROWS ? (int)(row_end - r0) : TM_ROWS;
-                const double *a = at + (r0 - b * BLK) * BLK;
-                for (Py_ssize_t c0 = 0; c0 < D; c0 += TM_COLS) {
-                    TM_VEC acc[TM_ROWS][2];
-                    for (int i = 0; i < TM_ROWS; i++) acc[i][0] = acc[i][1] = (TM_VEC){0};
-                    for (int k = 0; k < BLK; k++) {
-                        TM_VEC b0, b1;
-                        memcpy(&b0, kt + k * D + c0, sizeof b0);
-                        memcpy(&b1, kt + k * D + c0 + TM_LANES, sizeof b1);
-                        for (int i = 0; i < TM_ROWS; i++) {
-                            double x = i < rows ? a[i * BLK + k] : 0.0;
-                            acc[i][0] += x * b0;
-                            acc[i][1] += x * b1;
-                        }
-                    }
-                    for (int i = 0; i < rows; i++) {
-                        float *o = out + (r0 + i) * D + c0;
-                        for (int l = 0; l < TM_LANES; l++) {
-                            o[l] = o[l] + (float)acc[i][0][l];
-                            o[TM_LANES + l] = o[TM_LANES + l] + (float)acc[i][1][l];
-                        }
-                    }
-                }
+                for (Py_ssize_t c0 = 0; c0 < D; c0 += TM_COLS)    /* dS rows x K's columns */
+                    TM_CAT(block, TM_SUFFIX)(at + (r0 - b * BLK) * BLK, BLK, 1, kt + c0, D,
+                                             rows, out + r0 * D + c0, D);
             }
         }
         g0 = row_end;
@@ -64,32 +74,13 @@ static void TM_CAT(kv_tiles, TM_SUFFIX)(const double *lhs, const double *rhs, fl
     for (Py_ssize_t g0 = u0; g0 < u1;) {
         Py_ssize_t b = g0 / D, row_end = (b + 1) * D < u1 ? (b + 1) * D : u1;
         const double *lb = lhs + b * BLK * D, *rb = rhs + b * BLK * L;
-        for (Py_ssize_t c0 = 0; c0 < L; c0 += TM_COLS) {
+        for (Py_ssize_t c0 = 0; c0 < L; c0 += TM_COLS)
             for (Py_ssize_t r0 = g0; r0 < row_end; r0 += TM_ROWS) {
                 int rows = row_end - r0 < TM_ROWS ? (int)(row_end - r0) : TM_ROWS;
-                Py_ssize_t d0 = r0 - b * D;
-                TM_VEC a[TM_ROWS][2];
-                for (int i = 0; i < TM_ROWS; i++) a[i][0] = a[i][1] = (TM_VEC){0};
-                for (int k = 0; k < BLK; k++) {
-                    TM_VEC b0, b1;
-                    memcpy(&b0, rb + k * L + c0, sizeof b0);
-                    memcpy(&b1, rb + k * L + c0 + TM_LANES, sizeof b1);
-                    const double *x = lb + k * D + d0;
-                    for (int i = 0; i < TM_ROWS; i++) {
-                        double xi = i < rows ? x[i] : 0.0;
-                        a[i][0] += xi * b0;
-                        a[i][1] += xi * b1;
-                    }
-                }
-                for (int i = 0; i < rows; i++) {
-                    float *o = acc + (r0 + i) * stride + offset + c0;
-                    for (int l = 0; l < TM_LANES; l++) {
-                        o[l] = o[l] + (float)a[i][0][l];
-                        o[TM_LANES + l] = o[TM_LANES + l] + (float)a[i][1][l];
-                    }
-                }
+                /* lhs^T's rows are lhs's columns: row i, term k at lb[k * D + d0 + i] */
+                TM_CAT(block, TM_SUFFIX)(lb + (r0 - b * D), 1, D, rb + c0, L, rows,
+                                         acc + r0 * stride + offset + c0, stride);
             }
-        }
         g0 = row_end;
     }
 }

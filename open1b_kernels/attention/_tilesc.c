@@ -275,28 +275,23 @@ static int tile_level(void) {
     return tile_level_now;
 }
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TILE_COPY(name) \
+    (tile_level() == 2 ? name##_v4 : tile_level() == 1 ? name##_v3 : name##_base)
+#else
+#define TILE_COPY(name) name##_base
+#endif
+
 static void dq_tiles(const double *dsr, const double *kc, float *out, Py_ssize_t nk,
                      Py_ssize_t D, Py_ssize_t kc_plane, Py_ssize_t first, Py_ssize_t u0,
                      Py_ssize_t u1) {
-    switch (tile_level()) {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-    case 2: dq_tiles_v4(dsr, kc, out, nk, D, kc_plane, first, u0, u1); return;
-    case 1: dq_tiles_v3(dsr, kc, out, nk, D, kc_plane, first, u0, u1); return;
-#endif
-    default: dq_tiles_base(dsr, kc, out, nk, D, kc_plane, first, u0, u1);
-    }
+    TILE_COPY(dq_tiles)(dsr, kc, out, nk, D, kc_plane, first, u0, u1);
 }
 
 static void kv_tiles(const double *lhs, const double *rhs, float *acc, Py_ssize_t D,
                      Py_ssize_t L, Py_ssize_t stride, Py_ssize_t offset, Py_ssize_t u0,
                      Py_ssize_t u1) {
-    switch (tile_level()) {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-    case 2: kv_tiles_v4(lhs, rhs, acc, D, L, stride, offset, u0, u1); return;
-    case 1: kv_tiles_v3(lhs, rhs, acc, D, L, stride, offset, u0, u1); return;
-#endif
-    default: kv_tiles_base(lhs, rhs, acc, D, L, stride, offset, u0, u1);
-    }
+    TILE_COPY(kv_tiles)(lhs, rhs, acc, D, L, stride, offset, u0, u1);
 }
 
 /* fixed_values of open1b_kernels.attention.fixed for planes [u0, u1) of bf16 x (P, S, D), zero

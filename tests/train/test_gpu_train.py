@@ -78,28 +78,36 @@ def test_a_differing_golden_trajectory_fails_the_check():
 
 def test_compare_mixes_names_the_files_that_differ_and_whether_tokens_agree(tmp_path):
     """On a machine whose pyarrow or tokenizers differs the rebuilt golden mix has another
-    fingerprint; the report must say which files differ and whether any token did."""
+    fingerprint; the report must say which files differ and whether any token did. The
+    edited manifests are re-stamped (a stale fingerprint is refused on loading)."""
     import json
     import shutil
 
+    from open1b_audit.selftest import trajectory as tj
+    from open1b_data.formats.manifest import ManifestError, fingerprint
+
     gpu_train = _gpu_train()
-    a, b = tmp_path / "a", tmp_path / "b"
-    for d in (a, b):
-        d.mkdir()
-    m = {"fingerprint": "f1",
-         "tokenizer": {"directory": {"files": [{"path": "tokenizer/tokenizer.json",
-                                                "sha256": "t1"}]}},
-         "sources": [{"shards": [{"path": "s/x.parquet", "sha256": "x1",
-                                  "lengths": {"path": "s/x.lengths.npy", "sha256": "l1"},
-                                  "merkle": {"root": "r1"}}]}]}
-    (a / "manifest.json").write_text(json.dumps(m))
-    shutil.copy(a / "manifest.json", b / "manifest.json")
-    assert gpu_train.compare_mixes(str(a), str(b)) == {
+    a = tj.build_mix("micro", str(tmp_path / "a"))
+    b = str(tmp_path / "b")
+    shutil.copytree(a, b)
+    assert gpu_train.compare_mixes(a, b) == {
         "fingerprint_equal": True, "files_differing": [], "tokens_equal": True}
-    m["fingerprint"], m["sources"][0]["shards"][0]["sha256"] = "f2", "x2"   # pyarrow's footer
-    (b / "manifest.json").write_text(json.dumps(m))
-    assert gpu_train.compare_mixes(str(a), str(b)) == {
-        "fingerprint_equal": False, "files_differing": ["s/x.parquet"], "tokens_equal": True}
-    m["sources"][0]["shards"][0]["merkle"]["root"] = "r2"                  # another token
-    (b / "manifest.json").write_text(json.dumps(m))
-    assert not gpu_train.compare_mixes(str(a), str(b))["tokens_equal"]
+    path = tmp_path / "b" / "manifest.json"
+    m = json.loads(path.read_text())
+    shard = m["sources"][0]["shards"][0]
+
+    def stamp() -> None:
+        m["fingerprint"] = fingerprint(m)
+        path.write_text(json.dumps(m))
+
+    shard["sha256"] = "0" * 64                                  # another writer's footer
+    stamp()
+    assert gpu_train.compare_mixes(a, b) == {
+        "fingerprint_equal": False, "files_differing": [shard["path"]], "tokens_equal": True}
+    shard["merkle"]["root"] = "1" * 64                          # another token somewhere
+    stamp()
+    assert not gpu_train.compare_mixes(a, b)["tokens_equal"]
+    m["totals"]["tokens"] += 1                                  # edited, not re-stamped
+    path.write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="fingerprint"):
+        gpu_train.compare_mixes(a, b)
