@@ -202,6 +202,28 @@ def int_sums(x: torch.Tensor, want_rows: bool = True, want_cols: bool = True):
     return (rows if want_rows else None), cols
 
 
+def widen_sq(x: torch.Tensor, out: torch.Tensor, by_rows: bool) -> torch.Tensor | None:
+    """``out`` (contiguous float32, ``x``'s shape) = the contiguous int8 (R, C) CPU matrix
+    ``x`` widened, in one compiled pass with the exact int64 sums of squares of its rows
+    (``by_rows``, (R,)) or of its columns ((C,)), which are returned; None when the loop is
+    unavailable or the layouts do not fit (the caller then uses torch)."""
+    if (not has("widen_sq") or x.device.type != "cpu" or x.dtype != torch.int8
+            or x.dim() != 2 or not x.is_contiguous() or out.dtype != torch.float32
+            or out.shape != x.shape or not out.is_contiguous()):
+        return None
+    r, c = x.shape
+    src, y = flat(x), flat(out)
+    if by_rows:
+        rows = torch.empty(r, dtype=torch.int64)
+        rr, none = rows.numpy(), torch.empty(0, dtype=torch.int64).numpy()
+        parallel(lambda lo, hi, p: _mathc.widen_sq(src, y, rr, none, r, c, lo, hi, p), r,
+                 grain=max(1, PARALLEL_MIN // max(c, 1)))
+        return rows
+    none = torch.empty(0, dtype=torch.int64).numpy()
+    return row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, parts, p: _mathc.widen_sq(
+        src, y, none, parts, r, c, lo, hi, p))
+
+
 def xent_grad(x: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, g: float):
     """``open1b_kernels.ops.xent.xent_backward_cpu``'s dlogits for float32 logits by the compiled
     loop (the same float32 operations in the same order: the same bits), or None when the

@@ -137,6 +137,14 @@ def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
                         else checksum_ok(acc, a, b, sums)):
                     return y
                 route.record_failure(f"checksum failed on a {m}x{a.shape[1]}x{n} GEMM")
+    if m and n and route.int_gemm_route() == "float" and (out is None
+                                                          or out_dtype == torch.float32):
+        # one float32 GEMM whose values are the exact integers (below 2^24): the float32
+        # that dequantize_cpu converts the int32 product to, without the int32 round trip
+        y = out if out is not None else torch.empty((m, n), dtype=torch.float32)
+        if route.float_exact_mm(a, b, y):
+            y.mul_(row_scale.reshape(-1, 1)).mul_(col_scale.reshape(1, -1))
+            return bf16_rne(y) if out_dtype == torch.bfloat16 else y
     return dequantize_cpu(exact_int_mm_cpu(a, b, slabs=slabs), row_scale, col_scale,
                           out_dtype, out=out)
 

@@ -11,6 +11,8 @@ import os
 
 import torch
 
+from open1b_kernels.core import mathc
+from open1b_kernels.core.workspace import scratch
 from open1b_kernels.int8.checksum import SlabCheck, checksum_ok
 
 # |a*b| <= 128*128 = 2^14 and MAX_K * 2^14 = 2^31 - 2^14 < 2^31: no int32 overflow.
@@ -54,6 +56,14 @@ MAX_K = 131_071
 # (1, 1), and the library misreads them; measured on the AVX-512 VNNI EPYC, caught by the
 # checksum in the test suite). It is not a platform fault, so it is not counted as one.
 SGEMM_K = 1024
+# Longer contractions run as one float32 GEMM where the operands themselves bound every
+# partial sum below 2^24 (``float_exact_mm``): a partial sum over any subset of k is at most
+# sum_k |a_ik b_jk| <= |a_i| |b_j| (Cauchy-Schwarz), so max_i |a_i| max_j |b_j| < 2^24
+# makes every intermediate of any order, blocking or fused multiply-add an exactly held
+# integer. Quantized activations and weights meet it at the linears' shapes (codes of RMS
+# ~30-40 along 2,048-5,632: |a| |b| ~ 2^21-2^23); worst-case operands (codes at +-127) do
+# not, and take the chunks - exact either way, so the bits never depend on which.
+ONE_GEMM_BOUND = 1 << 48     # (2^24)^2: compared with exact integer squared norms
 INT_GEMM_ENV = "OPEN1B_INT_GEMM"
 _VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
@@ -186,13 +196,62 @@ def int_gemm_status() -> dict:
             "platform": platform_name()}
 
 
+def _sq_max(x32: torch.Tensor) -> int:
+    """max over the rows of float32 ``x32`` (integer values) of their exact sums of squares
+    (squares <= 2^14 summed in float64, below 2^53: exact); torch's fallback of widen_sq."""
+    if not (x32.shape[0] and x32.shape[1]):
+        return 0
+    return int(x32.square().sum(1, dtype=torch.float64).max())
+
+
+def _f32(x: torch.Tensor, name: str, norm: bool) -> tuple[torch.Tensor, int | None]:
+    """(``x`` (int8) as float32 in the scratch buffer ``name``, and with ``norm`` the largest
+    exact sum of squares of its rows). In ``x``'s own layout: a transposed view is widened
+    as its storage's rows and returned transposed (the BLAS takes either), so the copy reads
+    and writes contiguous rows; the compiled loop takes the sums in the same pass."""
+    flip = not (x.stride(-1) == 1 or x.shape[-1] == 1 or x.stride(0) != 1)
+    src = x.t() if flip else x
+    buf = scratch(name, tuple(src.shape), torch.float32)
+    sq = mathc.widen_sq(src, buf, by_rows=not flip) if norm else None
+    if sq is None:
+        buf.copy_(src)
+    out = buf.t() if flip else buf
+    if not norm:
+        return out, None
+    return out, (int(sq.max()) if sq is not None and sq.numel() else _sq_max(out))
+
+
+def _one_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One float32 GEMM ``out = a @ b.T`` where it is exact (K <= SGEMM_K, or the operands'
+    norms below ONE_GEMM_BOUND): None. Otherwise ``out`` untouched and the widened operands
+    returned, for the chunks."""
+    long = a.shape[1] > SGEMM_K
+    a32, na = _f32(a, "route.a32", long)
+    b32, nb = _f32(b, "route.b32", long)
+    if long and na * nb >= ONE_GEMM_BOUND:
+        return a32, b32
+    torch.mm(a32, b32.t(), out=out)
+    return None
+
+
+def float_exact_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
+    """``out`` (float32 (M, N), contiguous) = ``a @ b.T`` of int8 (M, K) and (N, K) by one
+    float32 GEMM, exactly - where K <= SGEMM_K or the operands' norms allow it (the comment
+    above SGEMM_K: every value of the product is then an integer below 2^24, which float32
+    holds); False, ``out`` untouched, where they do not."""
+    return _one_gemm(a, b, out) is None
+
+
 def _float_int_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    k = a.shape[1]
+    part = scratch("route.part", (a.shape[0], b.shape[0]), torch.float32)
+    wide = _one_gemm(a, b, part)
+    if wide is None:
+        return part.to(torch.int32) if out is None else out.copy_(part)
+    a32, b32 = wide
     acc = out
-    for k0 in range(0, max(k, 1), SGEMM_K):
-        a32 = a[:, k0:k0 + SGEMM_K].to(torch.float32)
-        b32 = b[:, k0:k0 + SGEMM_K].to(torch.float32)
-        part = torch.mm(a32, b32.t())
+    for k0 in range(0, a.shape[1], SGEMM_K):
+        torch.mm(a32[:, k0:k0 + SGEMM_K], b32[:, k0:k0 + SGEMM_K].t(), out=part)
         if k0 == 0:
             acc = part.to(torch.int32) if acc is None else acc.copy_(part)
         else:

@@ -46,10 +46,10 @@ import torch
 from open1b_kernels.core import slicer
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from open1b_kernels.int8.gemm import bf16_operand
-from open1b_kernels.int8.route import SGEMM_K, int_gemm_route
+from open1b_kernels.int8.route import int_gemm_route
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from open1b_kernels.core.workspace import release, scratch
-from open1b_kernels.ops import products
+from open1b_kernels.ops import float_products, products
 from open1b_kernels.ops.products import K_CHUNK
 from open1b_kernels.ops.slices import LevelSlices
 
@@ -62,11 +62,10 @@ if HAVE_TRITON:
 SLICES = 3  # default int8 slices per operand (2 is the faster, less accurate option)
 MAX_K = 11_000_000  # K * 3 * 127^2 * (2^14 + 2^7 + 1) < 2^53: T exact in float64
 CPU_SLICE_ELEMS = 1 << 22  # elements per row block of the CPU slicer (bounds temporaries)
-ROW_BLOCK, COL_BLOCK = 1024, 512  # output blocks of the CPU float routes
-# S = 3 on the CPU: T as one float64 GEMM of 14-bit heads plus one float32 GEMM of two slice
-# pairs (``_ozaki3_blocks``), the work of four float32 GEMMs of length K instead of six;
-# False runs the six slice products level by level (the same bits; kept for benchmarks).
-CPU_S3_TWO_GEMMS = True  # CPU output blocks: the float64 accumulators (4 MB) in cache
+# S = 3 on the float route: T as one float64 GEMM of 14-bit heads plus one float32 GEMM of
+# two slice pairs (``float_products.head_form``), the work of four float32 GEMMs of length K
+# instead of six; False runs the six slice products level by level (the same bits; tests)
+CPU_S3_TWO_GEMMS = True
 # A product with at most NARROW_C output columns whose ``a`` is a transposed view (the
 # weight gradient dlogits^T h at a small model width) runs on the integer route as
 # ``ozaki_mm_cpu(b, a).t()``: the library's int8 GEMM then reads the wide operand in its
@@ -155,30 +154,26 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     """CPU reference of ``ozaki_mm``: T of step 2 computed exactly, then ``combine_cpu``'s
     rounding, blocked so the temporaries stay small.
 
-    A level's pairs are one float32 GEMM of the slices concatenated along K (so
-    ``a_i . b_j + a_i' . b_j'`` is one product), cut into contraction chunks of SGEMM_K:
-    every partial sum is an integer below 2^24, exact in float32 whatever the BLAS's order.
-    The chunks and levels add in float64, exact because every value is an integer below
-    2^53 (MAX_K). ``fp32(T * 2^(Ea - bias_a) * 2^(Eb - bias_b))`` then equals
-    ``combine_cpu``'s ``fp32(float64(T) * 2^(Ea + Eb - bias))``: the power-of-two multiplies
-    are exact in float64, and one rounding to float32 follows. Output blocks of ROW_BLOCK x
-    COL_BLOCK keep the float64 accumulators in cache. For S = 3 (``CPU_S3_TWO_GEMMS``) the
-    six products become two GEMMs with the same T: see ``_ozaki3_blocks``."""
+    Both operands are sliced into the level-ready layout (``open1b_kernels.ops.slices``); T
+    comes from the library's int8 GEMM on the integer route (``products.int_blocks``) or
+    from float GEMMs of the slices on the float route (``float_products.float_blocks``,
+    also the integer route's fallback) - the same integer either way.
+    ``fp32(T * 2^(Ea - bias_a) * 2^(Eb - bias_b))`` then equals ``combine_cpu``'s
+    ``fp32(float64(T) * 2^(Ea + Eb - bias))``: the power-of-two multiplies are exact in
+    float64, and one rounding to float32 follows."""
     _check(a, b, slices)
-    # the integer route takes the slices in the level-ready layout (``open1b_kernels.ops.slices``),
-    # the float routes the planes
     int_route = a.device.type == "cpu" and int_gemm_route() == "int"
     if int_route and _narrow_transposed(a, b):
         return ozaki_mm_cpu(b, a, slices).t().contiguous()
-    if int_route and a.numel() and b.numel():
+    r, k = a.shape
+    c = b.shape[0]
+    if r and c and k:
         sa, sb = (_level_slices(a, slices, "lmhead.slices_a", False),
                   _level_slices(b, slices, "lmhead.slices_b", True))
         ea, eb = sa.exps, sb.exps
     else:
-        sa, ea = slice_rows_cpu(a, slices, "lmhead.slices_a")
-        sb, eb = slice_rows_cpu(b, slices, "lmhead.slices_b")
-    r, k = a.shape
-    c = b.shape[0]
+        _, ea = slice_rows_cpu(a, slices)
+        _, eb = slice_rows_cpu(b, slices)
     # not zeroed: every path below writes every block (a failed integer route's float
     # recomputation included). Zeroing had been kept against scattered first-touch page
     # faults; measured on the Zen 4 host, A/B in one process: with freed memory kept
@@ -192,28 +187,8 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     bias = exp_bias(slices)
     rowf = _pow2_f64(ea)                                 # 2^Ea, exact
     colf = _pow2_f64(eb - bias)                          # 2^(Eb - bias), exact
-    if int_route and products.int_blocks(sa, sb, rowf, colf, out, slices):
-        return _non_finite(out, ea, eb)
-    if slices == 3 and CPU_S3_TWO_GEMMS:
-        _ozaki3_blocks(sa, sb, rowf, colf, out)
-        return _non_finite(out, ea, eb)
-    levels = products.levels(slices)
-    for r0 in range(0, r, ROW_BLOCK):
-        a_lv = [torch.cat([sa[i - 1][r0:r0 + ROW_BLOCK] for i, _ in pairs], 1).to(torch.float32)
-                for _, pairs in levels]
-        for c0 in range(0, c, COL_BLOCK):
-            t = None
-            for (lvl, pairs), al in zip(levels, a_lv):
-                bl = torch.cat([sb[j - 1][c0:c0 + COL_BLOCK] for _, j in pairs], 1
-                               ).to(torch.float32)
-                acc = None
-                for k0 in range(0, al.shape[1], SGEMM_K):
-                    part = torch.mm(al[:, k0:k0 + SGEMM_K], bl[:, k0:k0 + SGEMM_K].t())
-                    acc = part.to(torch.float64) if acc is None else acc.add_(part)
-                acc.mul_(float(1 << (7 * (slices + 1 - lvl))))
-                t = acc if t is None else t.add_(acc)
-            t.mul_(rowf[r0:r0 + ROW_BLOCK, None]).mul_(colf[None, c0:c0 + COL_BLOCK])
-            out[r0:r0 + ROW_BLOCK, c0:c0 + COL_BLOCK] = t
+    if not (int_route and products.int_blocks(sa, sb, rowf, colf, out, slices)):
+        float_products.float_blocks(sa, sb, rowf, colf, out, slices, CPU_S3_TWO_GEMMS)
     return _non_finite(out, ea, eb)
 
 
@@ -232,34 +207,6 @@ def _narrow_transposed(a: torch.Tensor, b: torch.Tensor) -> bool:
     swapped call never swaps back)."""
     c, r = b.shape[0], a.shape[0]
     return a.stride(0) == 1 and a.shape[1] > 1 and c <= NARROW_C and c < r
-
-
-def _ozaki3_blocks(sa: torch.Tensor, sb: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor,
-                   out: torch.Tensor) -> None:
-    """T of step 2 for S = 3 in two GEMMs instead of six slice products, then the rounding.
-
-    With the 14-bit heads A = a1 * 2^7 + a2 and B = b1 * 2^7 + b2 (|A|, |B| < 2^14),
-    ``A . B = a1.b1 2^14 + (a1.b2 + a2.b1) 2^7 + a2.b2``: levels 2 and 3 and one pair of
-    level 4, so ``T = A . B + (a1 . b3 + a3 . b1)``. ``A . B`` is a float64 GEMM of integers
-    whose products are below 2^28 and whose partial sums stay below K * 2^28 < 2^53 (K <=
-    MAX_K): exact in any order. The other two pairs are one float32 GEMM of the slices
-    concatenated along K in SGEMM_K chunks (partial sums below 2^24: exact). The float64
-    sum of these integers is exact (|T| < 2^53), so T - and the one rounding after it - are
-    bit for bit those of the six-product definition (tested against it and the kernel)."""
-    r, c = out.shape
-    for r0 in range(0, r, ROW_BLOCK):
-        rs = slice(r0, r0 + ROW_BLOCK)
-        a_hi = sa[0][rs].to(torch.float64).mul_(128.0).add_(sa[1][rs])  # exact: |A| < 2^14
-        a_lo = torch.cat([sa[0][rs], sa[2][rs]], 1).to(torch.float32)
-        for c0 in range(0, c, COL_BLOCK):
-            cs = slice(c0, c0 + COL_BLOCK)
-            b_hi = sb[0][cs].to(torch.float64).mul_(128.0).add_(sb[1][cs])
-            b_lo = torch.cat([sb[2][cs], sb[0][cs]], 1).to(torch.float32)
-            t = torch.mm(a_hi, b_hi.t())
-            for k0 in range(0, a_lo.shape[1], SGEMM_K):
-                t.add_(torch.mm(a_lo[:, k0:k0 + SGEMM_K], b_lo[:, k0:k0 + SGEMM_K].t()))
-            t.mul_(rowf[rs, None]).mul_(colf[None, cs])
-            out[rs, cs] = t
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, slices: int) -> None:

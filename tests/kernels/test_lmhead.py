@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from open1b_kernels.core import backend
+from open1b_kernels.ops import float_products as fp
 from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops.lmhead import (lmhead_backward, lmhead_forward, ozaki_mm, ozaki_mm_cpu,
                             slice_rows_cpu)
@@ -149,8 +150,8 @@ def test_cpu_two_gemm_form_equals_the_six_products(monkeypatch, kind):
         dl = torch.randn(40, 23, generator=g)
     else:
         h, w, dl = _case(40, 2500, 23, 11, kind)
-    monkeypatch.setattr(lm, "ROW_BLOCK", 16)
-    monkeypatch.setattr(lm, "COL_BLOCK", 8)
+    monkeypatch.setattr(fp, "ROW_BLOCK", 16)
+    monkeypatch.setattr(fp, "COL_BLOCK", 8)
     outs = {}
     for two in (True, False):
         monkeypatch.setattr(lm, "CPU_S3_TWO_GEMMS", two)

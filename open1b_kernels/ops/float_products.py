@@ -1,0 +1,155 @@
+"""The LM head's slice products on the CPU's float route (``open1b_kernels.ops.lmhead``, step
+2, on CPUs without an int8 dot-product instruction): T from float GEMMs of the int8 slices.
+
+The products are those of the integer route (``open1b_kernels.ops.products``): the levels'
+pairs side by side along K, and a sparse slice of ``a`` compacted to its nonzero columns -
+T is an integer, so any grouping that holds every nonzero term gives it. Each product runs
+as float32 GEMMs over contraction chunks of SGEMM_K (a chunk's partial sums are integers
+below 2^24 whatever the BLAS's order: exact), added into a float64 T with the level's
+power-of-two weight (exact: |T| < 2^53, MAX_K). For S = 3 with no compacted slice the six
+pairs run as two GEMMs (``head_form``): a float64 GEMM of the 14-bit heads A = a1 2^7 + a2
+and B = b1 2^7 + b2, whose ``A . B = a1.b1 2^14 + (a1.b2 + a2.b1) 2^7 + a2.b2`` holds levels
+2, 3 and one pair of level 4 (products below 2^28, sums below K 2^28 < 2^53: exact in any
+order), plus the level-4 pairs a1.b3 and a3.b1 as one float32 product - the work of four
+float32 GEMMs of length K instead of six.
+
+Operands are converted chunk by chunk, per output block, from the level-ready int8 store
+(``open1b_kernels.ops.slices``) straight into float32 (or float64) scratch in the store's
+own layout: rows of a transposed store stay rows, and the BLAS takes the transposed view.
+The conversion per block is (rows + cols) x K elements against the GEMM's rows x cols x K
+multiply-adds. Before (measured on a Zen 3 without VNNI, the demo step): the slices were
+concatenated in int8 (``torch.cat``, element by element across a transposed layout) and
+converted again for every level - 42% of the step.
+
+Cost in float32-GEMM units of length K (one unit = rows x cols x K multiply-adds):
+S = 3: 4 (``head_form``), 3 when slice 1 of ``a`` is compacted (the logits gradient's dh:
+levels 3 and 4 without slice 1's pairs, plus three products over ~1% of K); S = 2: 3, or 1
+compacted. A float64 GEMM counts two.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from open1b_kernels.core.workspace import scratch
+from open1b_kernels.int8.route import SGEMM_K
+from open1b_kernels.ops.products import Product, block_products, compacted
+from open1b_kernels.ops.slices import LevelSlices
+
+ROW_BLOCK, COL_BLOCK = 1024, 512  # output blocks: the float64 T (4 MB) stays in cache
+
+
+@dataclass(frozen=True)
+class HeadProduct:
+    """``A . B`` of the 14-bit heads (slices 1 and 2 of each side), weight 1 (level 4)."""
+
+
+def head_form(k: int) -> tuple:
+    """S = 3's two GEMMs over a contraction of ``k`` (module docstring)."""
+    return HeadProduct(), Product((1, 3), (3, 1), 1.0, 0, k)
+
+
+def _chunk(planes: list[torch.Tensor], k0: int, k1: int, u0: int, u1: int,
+           dtype: torch.dtype, name: str, coef: list[float] | None = None) -> torch.Tensor:
+    """Columns [u0, u1) of ``planes[q][:, k0:k1]`` side by side along K (``coef``: instead
+    the sum of the planes' [k0 + u0, k0 + u1) weighted by ``coef``), as ``dtype`` in the
+    scratch buffer ``name``: (n, u1 - u0), or for transposed planes the transposed view of
+    a contiguous (u1 - u0, n) - the store's layout, so every copy reads contiguous rows."""
+    n, width = planes[0].shape[0], k1 - k0
+    rows_major = planes[0].stride(-1) == 1 or n == 1
+    shape = (n, u1 - u0) if rows_major else (u1 - u0, n)
+    buf = scratch(name, shape, dtype)
+    view = buf if rows_major else buf.t()
+    if coef is not None:
+        for q, (plane, w) in enumerate(zip(planes, coef)):
+            src = plane[:, k0 + u0:k0 + u1]
+            if q == 0:
+                view.copy_(src).mul_(w)
+            else:
+                view.add_(src, alpha=w)
+        return view
+    for q, plane in enumerate(planes):
+        lo, hi = max(u0, q * width), min(u1, (q + 1) * width)
+        if lo < hi:
+            view[:, lo - u0:hi - u0].copy_(plane[:, k0 + lo - q * width:k0 + hi - q * width])
+    return view
+
+
+def _planes(s: LevelSlices, which: tuple[int, ...], rows: slice, p: Product, name: str
+            ) -> tuple[list[torch.Tensor], int, int]:
+    """(planes, k0, k1) of one side of ``p`` over ``rows``: slice views of the store, or the
+    one gathered (n, K') operand of a compacted product."""
+    if p.cols is not None:
+        return [s.gather(which[0], rows, p.cols, name)], 0, p.cols.numel()
+    return [s[i - 1][rows] for i in which], p.k0, p.k1
+
+
+def _accumulate(t: torch.Tensor, sa: LevelSlices, sb: LevelSlices, rs: slice, cs: slice,
+                p, gathered: dict) -> None:
+    """t += weight * (p's GEMM over rows ``rs`` and columns ``cs``), exactly."""
+    if isinstance(p, HeadProduct):
+        a_pl, b_pl = [sa[0][rs], sa[1][rs]], [sb[0][cs], sb[1][cs]]
+        k = a_pl[0].shape[1]
+        for u0 in range(0, k, SGEMM_K):
+            u1 = min(k, u0 + SGEMM_K)
+            al = _chunk(a_pl, 0, k, u0, u1, torch.float64, "lmhead.f64_a", [128.0, 1.0])
+            bl = _chunk(b_pl, 0, k, u0, u1, torch.float64, "lmhead.f64_b", [128.0, 1.0])
+            t.addmm_(al, bl.t())
+        return
+    if p.cols is not None:          # the gathered a operand serves every column block
+        if gathered.get("cols") is not p.cols:
+            gathered.update(cols=p.cols, a=_planes(sa, p.a, rs, p, "lmhead.gather_a"))
+        a_pl, k0, k1 = gathered["a"]
+    else:
+        a_pl, k0, k1 = _planes(sa, p.a, rs, p, "")
+    b_pl, _, _ = _planes(sb, p.b, cs, p, "lmhead.gather_b")
+    width = len(a_pl) * (k1 - k0)
+    part = scratch("lmhead.part", (t.shape[0], t.shape[1]), torch.float32)
+    for u0 in range(0, width, SGEMM_K):
+        u1 = min(width, u0 + SGEMM_K)
+        al = _chunk(a_pl, k0, k1, u0, u1, torch.float32, "lmhead.f32_a")
+        bl = _chunk(b_pl, k0, k1, u0, u1, torch.float32, "lmhead.f32_b")
+        t.add_(torch.mm(al, bl.t(), out=part), alpha=p.weight)
+
+
+def _checked(sa: LevelSlices, rs: slice, sparse: dict[int, torch.Tensor]
+             ) -> dict[int, torch.Tensor]:
+    """``sparse``, or {} where a compacted slice's columns miss one of its nonzeros: the
+    union checked by an independent count - the slice's nonzeros over the block's rows
+    against those in its gathered columns (one byte pass, ~1/1000 of the block's GEMMs) -
+    so a wrong union costs speed, never a bit. The integer route has its checksum for this;
+    the float route is its fallback and has none."""
+    for i, cols in sparse.items():
+        plane = sa[i - 1][rs]
+        if int(plane.count_nonzero()) != int(
+                sa.gather(i, rs, cols, "lmhead.check").count_nonzero()):
+            warnings.warn(f"the LM head's compacted slice {i} missed a nonzero column "
+                          f"(rows {rs.start}..{rs.stop}); this block runs uncompacted",
+                          RuntimeWarning, stacklevel=3)
+            return {}
+    return sparse
+
+
+def float_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch.Tensor,
+                 out: torch.Tensor, slices: int, two_gemms: bool = True) -> None:
+    """T of step 2 on the float route per output block of ROW_BLOCK x COL_BLOCK, then the
+    rounding into ``out`` (``fp32(T * rowf[r] * colf[c])``: power-of-two multiplies, exact
+    in float64, then one rounding). ``two_gemms``: S = 3 without a compacted slice runs as
+    ``head_form`` (False: the six pairs by levels; the same bits, kept for tests)."""
+    r, c = out.shape
+    k = sa.shape[2]
+    for r0 in range(0, r, ROW_BLOCK):
+        rs = slice(r0, r0 + ROW_BLOCK)
+        sparse = _checked(sa, rs, compacted(sa, rs, slices))
+        plan = (head_form(k) if slices == 3 and two_gemms and not sparse
+                else block_products(slices, k, sparse))
+        gathered: dict = {}
+        for c0 in range(0, c, COL_BLOCK):
+            cs = slice(c0, c0 + COL_BLOCK)
+            nr, nc = min(r, r0 + ROW_BLOCK) - r0, min(c, c0 + COL_BLOCK) - c0
+            t = scratch("lmhead.t", (nr, nc), torch.float64).zero_()
+            for p in plan:
+                _accumulate(t, sa, sb, rs, cs, p, gathered)
+            out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
