@@ -39,6 +39,10 @@ from open1b_kernels.ops.products import Product, block_products, compacted
 from open1b_kernels.ops.slices import LevelSlices
 
 ROW_BLOCK, COL_BLOCK = 1024, 512  # output blocks: the float64 T (4 MB) stays in cache
+# the head product's contraction chunks: its float64 partial sums are exact at any length
+# (below K 2^28 < 2^53), so the chunks only bound the converted operands (64 MB a side)
+HEAD_K = 8192
+A_KEPT = 64 << 20  # bytes of a row block's converted a-side chunks kept across column blocks
 
 
 @dataclass(frozen=True)
@@ -55,12 +59,13 @@ def _chunk(planes: list[torch.Tensor], k0: int, k1: int, u0: int, u1: int,
            dtype: torch.dtype, name: str, coef: list[float] | None = None) -> torch.Tensor:
     """Columns [u0, u1) of ``planes[q][:, k0:k1]`` side by side along K (``coef``: instead
     the sum of the planes' [k0 + u0, k0 + u1) weighted by ``coef``), as ``dtype`` in the
-    scratch buffer ``name``: (n, u1 - u0), or for transposed planes the transposed view of
-    a contiguous (u1 - u0, n) - the store's layout, so every copy reads contiguous rows."""
+    scratch buffer ``name`` (None: a new tensor, for ``_kept``): (n, u1 - u0), or for
+    transposed planes the transposed view of a contiguous (u1 - u0, n) - the store's
+    layout, so every copy reads contiguous rows."""
     n, width = planes[0].shape[0], k1 - k0
     rows_major = planes[0].stride(-1) == 1 or n == 1
     shape = (n, u1 - u0) if rows_major else (u1 - u0, n)
-    buf = scratch(name, shape, dtype)
+    buf = scratch(name, shape, dtype) if name else torch.empty(shape, dtype=dtype)
     view = buf if rows_major else buf.t()
     if coef is not None:
         for q, (plane, w) in enumerate(zip(planes, coef)):
@@ -86,18 +91,50 @@ def _planes(s: LevelSlices, which: tuple[int, ...], rows: slice, p: Product, nam
     return [s[i - 1][rows] for i in which], p.k0, p.k1
 
 
+class _Kept:
+    """The ``a`` side's converted chunks of one row block, kept for all its column blocks
+    where they fit in A_KEPT bytes (the forward: 32 MB against 251 column blocks that would
+    each convert them again), else built per column block into scratch (the backward's
+    dh, whose ``a`` is a whole vocabulary wide, has four column blocks at Open-1B)."""
+
+    def __init__(self, plan, nr: int, k: int) -> None:
+        size = 0
+        for p in plan:
+            if isinstance(p, HeadProduct):
+                size += nr * k * 8
+            elif p.cols is None:
+                size += nr * len(p.a) * (p.k1 - p.k0) * 4
+        self.chunks: dict | None = {} if size <= A_KEPT else None
+
+    def get(self, key, build):
+        """The chunk ``key``, built by ``build(name)`` (a scratch name, or None to keep)."""
+        if self.chunks is None:
+            return build(f"lmhead.a{key[1]}")
+        got = self.chunks.get(key)
+        if got is None:
+            got = self.chunks[key] = build(None)
+        return got
+
+
 def _accumulate(t: torch.Tensor, sa: LevelSlices, sb: LevelSlices, rs: slice, cs: slice,
-                p, gathered: dict) -> None:
-    """t += weight * (p's GEMM over rows ``rs`` and columns ``cs``), exactly."""
+                p, gathered: dict, kept: _Kept, first: bool) -> None:
+    """t += weight * (p's GEMM over rows ``rs`` and columns ``cs``), exactly (``first``:
+    t = ..., a head product writing t instead of adding to zeros)."""
     if isinstance(p, HeadProduct):
         a_pl, b_pl = [sa[0][rs], sa[1][rs]], [sb[0][cs], sb[1][cs]]
         k = a_pl[0].shape[1]
-        for u0 in range(0, k, SGEMM_K):
-            u1 = min(k, u0 + SGEMM_K)
-            al = _chunk(a_pl, 0, k, u0, u1, torch.float64, "lmhead.f64_a", [128.0, 1.0])
+        for u0 in range(0, k, HEAD_K):      # float64 sums of any length are exact here
+            u1 = min(k, u0 + HEAD_K)
+            al = kept.get((id(p), 0, u0), lambda name: _chunk(
+                a_pl, 0, k, u0, u1, torch.float64, name, [128.0, 1.0]))
             bl = _chunk(b_pl, 0, k, u0, u1, torch.float64, "lmhead.f64_b", [128.0, 1.0])
-            t.addmm_(al, bl.t())
+            if first and u0 == 0:
+                torch.mm(al, bl.t(), out=t)
+            else:
+                t.addmm_(al, bl.t())
         return
+    if first:
+        t.zero_()
     if p.cols is not None:          # the gathered a operand serves every column block
         if gathered.get("cols") is not p.cols:
             gathered.update(cols=p.cols, a=_planes(sa, p.a, rs, p, "lmhead.gather_a"))
@@ -109,7 +146,11 @@ def _accumulate(t: torch.Tensor, sa: LevelSlices, sb: LevelSlices, rs: slice, cs
     part = scratch("lmhead.part", (t.shape[0], t.shape[1]), torch.float32)
     for u0 in range(0, width, SGEMM_K):
         u1 = min(width, u0 + SGEMM_K)
-        al = _chunk(a_pl, k0, k1, u0, u1, torch.float32, "lmhead.f32_a")
+        if p.cols is None:
+            al = kept.get((id(p), 1, u0), lambda name: _chunk(
+                a_pl, k0, k1, u0, u1, torch.float32, name))
+        else:
+            al = _chunk(a_pl, k0, k1, u0, u1, torch.float32, "lmhead.f32_a")
         bl = _chunk(b_pl, k0, k1, u0, u1, torch.float32, "lmhead.f32_b")
         t.add_(torch.mm(al, bl.t(), out=part), alpha=p.weight)
 
@@ -146,10 +187,11 @@ def float_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: tor
         plan = (head_form(k) if slices == 3 and two_gemms and not sparse
                 else block_products(slices, k, sparse))
         gathered: dict = {}
+        kept = _Kept(plan, min(r, r0 + ROW_BLOCK) - r0, k)
         for c0 in range(0, c, COL_BLOCK):
             cs = slice(c0, c0 + COL_BLOCK)
             nr, nc = min(r, r0 + ROW_BLOCK) - r0, min(c, c0 + COL_BLOCK) - c0
-            t = scratch("lmhead.t", (nr, nc), torch.float64).zero_()
-            for p in plan:
-                _accumulate(t, sa, sb, rs, cs, p, gathered)
+            t = scratch("lmhead.t", (nr, nc), torch.float64)
+            for n, p in enumerate(plan):
+                _accumulate(t, sa, sb, rs, cs, p, gathered, kept, n == 0)
             out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
