@@ -1,0 +1,50 @@
+"""Why the CPU's float route stays on float32 GEMMs without VNNI: one core's multiply-add
+rate in a GEMM register block, float32 FMA against exact int16 pairs (``vpmaddwd``).
+
+    python -m benchmarks.kernels.madd_rate [--repeats 5] [--out FILE]
+
+Compiles ``madd_rate.c`` (x86-64-v3: AVX2 + FMA) with the system's C compiler and runs it
+``--repeats`` times; both blocks run in each process, one after the other. An exact int8
+GEMM without an int8 dot-product instruction can only beat the float route where
+``vpmaddwd`` (16 multiply-adds) issues more than half as often as an FMA (8); the ratio says
+whether this CPU does.
+"""
+from __future__ import annotations
+
+import pathlib
+import shutil
+import statistics
+import subprocess
+import tempfile
+
+import click
+
+from benchmarks.machine import report_end, report_head
+
+
+@click.command()
+@click.option("--repeats", default=5)
+@click.option("--out", default=None)
+def main(repeats, out):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise click.ClickException("no C compiler (cc or gcc) on PATH")
+    src = pathlib.Path(__file__).with_name("madd_rate.c")
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = pathlib.Path(tmp) / "madd_rate"
+        subprocess.run([cc, "-O3", "-march=x86-64-v3", str(src), "-o", str(exe)], check=True)
+        runs = [tuple(float(v) for v in subprocess.run(
+            [str(exe)], check=True, capture_output=True, text=True).stdout.split()[:2])
+            for _ in range(repeats)]
+    f32 = statistics.median(r[0] for r in runs)
+    i16 = statistics.median(r[1] for r in runs)
+    lines = [*report_head("python -m benchmarks.kernels.madd_rate"),
+             f"One core, 6 x 16 register block, median of {repeats} runs: float32 FMA "
+             f"**{f32:.1f}** GMAC/s, int16 pairs (vpmaddwd + vpaddd) **{i16:.1f}** GMAC/s: "
+             f"**{i16 / f32:.2f}x** (runs f32/i16: "
+             + ", ".join(f"{a:.1f}/{b:.1f}" for a, b in runs) + ")"]
+    report_end(lines, out)
+
+
+if __name__ == "__main__":
+    main()
