@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from open1b_kernels.core import mathc
+from open1b_kernels.core import intmatrix
 
 
 def _sum_dtype(k: int, m: int, n: int) -> torch.dtype:
@@ -25,8 +25,8 @@ CHECK_ELEMS = 1 << 18  # int8 elements widened per piece of a checksum product (
 
 def row_col_sums(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact int64 (row sums, column sums) of an integer matrix: one compiled pass
-    (``open1b_kernels.core.mathc.int_sums``) where available, else torch's two reductions."""
-    fast = mathc.int_sums(x)
+    (``open1b_kernels.core.intmatrix.int_sums``) where available, else torch's two reductions."""
+    fast = intmatrix.int_sums(x)
     if fast is not None:
         return fast
     return x.sum(1, dtype=torch.int64), x.sum(0, dtype=torch.int64)
@@ -34,10 +34,10 @@ def row_col_sums(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def col_sums(x: torch.Tensor) -> torch.Tensor:
     """Exact int64 column sums of an integer matrix (row-major or a transposed view)."""
-    fast = mathc.int_sums(x, want_rows=False)
+    fast = intmatrix.int_sums(x, want_rows=False)
     if fast is None and x.dim() == 2:
         # a transposed view: its storage's row sums (and no column sums)
-        fast = mathc.int_sums(x.t(), want_cols=False)
+        fast = intmatrix.int_sums(x.t(), want_cols=False)
         if fast is not None:
             return fast[0]
     return fast[1] if fast is not None else x.sum(0, dtype=torch.int64)
@@ -49,7 +49,7 @@ def _mv(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     row-major (each row's sum done in one product), of columns when it is a transposed
     view (the rows of its storage), so every block is read contiguously."""
     r, k = x.shape
-    fast = mathc.mv_int8(x, v.to(torch.int64)) if x.dtype == torch.int8 else None
+    fast = intmatrix.mv_int8(x, v.to(torch.int64)) if x.dtype == torch.int8 else None
     if fast is not None:      # exact int64 sums (the values of v are integers): the same values
         return fast.to(v.dtype)
     if x.stride(-1) == 1 or k <= 1:
@@ -68,7 +68,7 @@ def _mv(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def checksum_ok(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, sums=None) -> bool:
     """Exact row and column sums of ``acc`` = a @ b.T against ``a @ colsum(b)`` and
     ``rowsum(a) @ b`` (exact: ``_sum_dtype``). O((M + N) K) work. ``sums``: acc's int64
-    (row sums, column sums) when the caller already has them (``mathc.dequant``)."""
+    (row sums, column sums) when the caller already has them (``intmatrix.dequant``)."""
     dt = _sum_dtype(a.shape[1], a.shape[0], b.shape[0])
     bs = col_sums(b).to(dt)                                # (K,)
     as_ = col_sums(a).to(dt)                               # (K,)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from open1b_kernels.core import mathc
+from open1b_kernels.core import intmatrix, mathc
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from open1b_kernels.core.workspace import scratch
@@ -118,7 +118,7 @@ def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
     """``dequantize_cpu(exact_int_mm_cpu(a, b, slabs=slabs), row_scale, col_scale,
     out_dtype, out)``: the same bits, and the same checks. On the integer route the check's
     row and column sums of the int32 product are taken in the dequantization's own pass
-    (``mathc.dequant``: one read of the product instead of four or five), and the result is
+    (``intmatrix.dequant``: one read of the product instead of four or five), and the result is
     returned only after the check passed; a failed check is counted, switches the process
     to the float route and recomputes, as ``exact_int_mm_cpu`` does. ``out``: a contiguous
     float32 destination (out_dtype float32 only)."""
@@ -131,7 +131,7 @@ def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
             acc = None
         if acc is not None:
             y = out if out is not None else torch.empty((m, n), dtype=out_dtype)
-            sums = mathc.dequant(acc, row_scale, col_scale, y, sums=True)
+            sums = intmatrix.dequant(acc, row_scale, col_scale, y, sums=True)
             if sums is not None:
                 if (slabs.rows_ok(acc, a, sums) if slabs is not None
                         else checksum_ok(acc, a, b, sums)):
@@ -142,9 +142,11 @@ def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
         # one float32 GEMM whose values are the exact integers (below 2^24): the float32
         # that dequantize_cpu converts the int32 product to, without the int32 round trip
         y = out if out is not None else torch.empty((m, n), dtype=torch.float32)
-        if route.float_exact_mm(a, b, y):
+        acc = route.float_mm(a, b, y)
+        if acc is None:
             y.mul_(row_scale.reshape(-1, 1)).mul_(col_scale.reshape(1, -1))
             return bf16_rne(y) if out_dtype == torch.bfloat16 else y
+        return dequantize_cpu(acc, row_scale, col_scale, out_dtype, out=out)
     return dequantize_cpu(exact_int_mm_cpu(a, b, slabs=slabs), row_scale, col_scale,
                           out_dtype, out=out)
 

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from open1b_kernels.core import mathc
+from open1b_kernels.core import intmatrix
 from open1b_kernels.core.workspace import scratch
 from open1b_kernels.int8.checksum import SlabCheck, checksum_ok
 
@@ -57,7 +57,7 @@ MAX_K = 131_071
 # checksum in the test suite). It is not a platform fault, so it is not counted as one.
 SGEMM_K = 1024
 # Longer contractions run as one float32 GEMM where the operands themselves bound every
-# partial sum below 2^24 (``float_exact_mm``): a partial sum over any subset of k is at most
+# partial sum below 2^24 (``float_mm``): a partial sum over any subset of k is at most
 # sum_k |a_ik b_jk| <= |a_i| |b_j| (Cauchy-Schwarz), so max_i |a_i| max_j |b_j| < 2^24
 # makes every intermediate of any order, blocking or fused multiply-add an exactly held
 # integer. Quantized activations and weights meet it at the linears' shapes (codes of RMS
@@ -212,7 +212,7 @@ def _f32(x: torch.Tensor, name: str, norm: bool) -> tuple[torch.Tensor, int | No
     flip = not (x.stride(-1) == 1 or x.shape[-1] == 1 or x.stride(0) != 1)
     src = x.t() if flip else x
     buf = scratch(name, tuple(src.shape), torch.float32)
-    sq = mathc.widen_sq(src, buf, by_rows=not flip) if norm else None
+    sq = intmatrix.widen_sq(src, buf, by_rows=not flip) if norm else None
     if sq is None:
         buf.copy_(src)
     out = buf.t() if flip else buf
@@ -221,42 +221,34 @@ def _f32(x: torch.Tensor, name: str, norm: bool) -> tuple[torch.Tensor, int | No
     return out, (int(sq.max()) if sq is not None and sq.numel() else _sq_max(out))
 
 
-def _one_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """One float32 GEMM ``out = a @ b.T`` where it is exact (K <= SGEMM_K, or the operands'
-    norms below ONE_GEMM_BOUND): None. Otherwise ``out`` untouched and the widened operands
-    returned, for the chunks."""
+def float_mm(a: torch.Tensor, b: torch.Tensor, part: torch.Tensor) -> torch.Tensor | None:
+    """The float route's exact ``a @ b.T`` of int8 (M, K) and (N, K): None when one float32
+    GEMM gave it in ``part`` (float32 (M, N), contiguous) - K <= SGEMM_K, or the operands'
+    norms below ONE_GEMM_BOUND (the comment above SGEMM_K: every value is then an integer
+    below 2^24, which float32 holds); else the int32 product of SGEMM_K chunks, ``part``
+    their scratch. The operands are widened once either way."""
     long = a.shape[1] > SGEMM_K
     a32, na = _f32(a, "route.a32", long)
     b32, nb = _f32(b, "route.b32", long)
-    if long and na * nb >= ONE_GEMM_BOUND:
-        return a32, b32
-    torch.mm(a32, b32.t(), out=out)
-    return None
-
-
-def float_exact_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
-    """``out`` (float32 (M, N), contiguous) = ``a @ b.T`` of int8 (M, K) and (N, K) by one
-    float32 GEMM, exactly - where K <= SGEMM_K or the operands' norms allow it (the comment
-    above SGEMM_K: every value of the product is then an integer below 2^24, which float32
-    holds); False, ``out`` untouched, where they do not."""
-    return _one_gemm(a, b, out) is None
+    if not (long and na * nb >= ONE_GEMM_BOUND):
+        torch.mm(a32, b32.t(), out=part)
+        return None
+    acc = None
+    for k0 in range(0, a.shape[1], SGEMM_K):
+        torch.mm(a32[:, k0:k0 + SGEMM_K], b32[:, k0:k0 + SGEMM_K].t(), out=part)
+        if acc is None:
+            acc = part.to(torch.int32)
+        else:
+            acc.add_(part.to(torch.int32))
+    return acc
 
 
 def _float_int_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     part = scratch("route.part", (a.shape[0], b.shape[0]), torch.float32)
-    wide = _one_gemm(a, b, part)
-    if wide is None:
+    acc = float_mm(a, b, part)
+    if acc is None:
         return part.to(torch.int32) if out is None else out.copy_(part)
-    a32, b32 = wide
-    acc = out
-    for k0 in range(0, a.shape[1], SGEMM_K):
-        torch.mm(a32[:, k0:k0 + SGEMM_K], b32[:, k0:k0 + SGEMM_K].t(), out=part)
-        if k0 == 0:
-            acc = part.to(torch.int32) if acc is None else acc.copy_(part)
-        else:
-            acc.add_(part.to(torch.int32))
-    return acc
+    return acc if out is None else out.copy_(acc)
 
 
 def int_mm_unchecked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from open1b_kernels.core import mathc
+from open1b_kernels.core import intmatrix, mathc
 from open1b_kernels.int8 import gemm
 from open1b_kernels.int8 import route as gemm_route
 
@@ -107,6 +107,6 @@ def test_compiled_widening_and_sums_of_squares_equal_torch(by_rows, shape):
     x = torch.randint(-128, 128, shape, generator=g, dtype=torch.int8)
     x[0, 0] = -128                                # the one square of 2^14
     out = torch.empty(shape, dtype=torch.float32)
-    sq = mathc.widen_sq(x, out, by_rows)
+    sq = intmatrix.widen_sq(x, out, by_rows)
     assert torch.equal(out, x.to(torch.float32))
     assert torch.equal(sq, x.to(torch.int64).square().sum(1 if by_rows else 0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from open1b_kernels.core import mathc, mathfn, slicer
+from open1b_kernels.core import intmatrix, mathc, mathfn, slicer
 
 pytest.importorskip("open1b_kernels.core._mathc", reason="the optional extension was not compiled")
 
@@ -99,15 +99,15 @@ def test_compiled_dequantization_equals_torch(out_dtype, per_row):
     if per_row:
         rs[5] = 1e-38
     out = torch.empty(acc.shape, dtype=out_dtype)
-    sums = mathc.dequant(acc, rs, cs, out, sums=True)
+    sums = intmatrix.dequant(acc, rs, cs, out, sums=True)
     want = dequantize_cpu(acc, rs, cs, out_dtype)
     bits = torch.int16 if out_dtype == torch.bfloat16 else torch.int32
     assert torch.equal(out.view(bits), want.view(bits))
     assert all(torch.equal(a, b) for a, b in zip(sums, row_col_sums(acc)))
     out2 = torch.empty(acc.shape, dtype=out_dtype)
-    assert mathc.dequant(acc, rs, cs, out2, sums=False) == ()
+    assert intmatrix.dequant(acc, rs, cs, out2, sums=False) == ()
     assert torch.equal(out2.view(bits), want.view(bits))
-    assert mathc.dequant(acc.t(), rs, cs, out2, sums=False) is None   # not contiguous
+    assert intmatrix.dequant(acc.t(), rs, cs, out2, sums=False) is None   # not contiguous
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int8])
@@ -122,12 +122,12 @@ def test_compiled_integer_sums_equal_torch(dtype):
     x = torch.randint(info.min, info.max, (513, 1031), generator=g, dtype=torch.int64)
     x[0], x[1] = info.max, info.min
     x = x.to(dtype)
-    rows, cols = mathc.int_sums(x)
+    rows, cols = intmatrix.int_sums(x)
     assert torch.equal(rows, x.sum(1, dtype=torch.int64))
     assert torch.equal(cols, x.sum(0, dtype=torch.int64))
     assert torch.equal(row_col_sums(x)[0], rows)
     assert torch.equal(col_sums(x.t()), rows)         # a transposed view: its storage's rows
-    assert mathc.int_sums(x.t()) is None              # not contiguous: the caller's torch sums
+    assert intmatrix.int_sums(x.t()) is None              # not contiguous: the caller's torch sums
 
 
 @pytest.mark.parametrize("n", [2, 3, 6])
@@ -185,9 +185,9 @@ def test_compiled_int8_matrix_vector_product_is_exact():
     v = torch.randint(-2**48, 2**48, (517,), generator=g, dtype=torch.int64)
     v[:5] = 2**52
     want = (a.to(torch.int64) * v).sum(1)
-    assert torch.equal(mathc.mv_int8(a, v), want)
+    assert torch.equal(intmatrix.mv_int8(a, v), want)
     at = a.t().contiguous().t()                          # a transposed view of (517, 300)
-    assert not at.is_contiguous() and torch.equal(mathc.mv_int8(at, v), want)
+    assert not at.is_contiguous() and torch.equal(intmatrix.mv_int8(at, v), want)
     small = torch.randint(-2**20, 2**20, (517,), generator=g).to(torch.float64)
     assert torch.equal(_mv(a, small), (a.to(torch.float64) @ small))
 
@@ -409,15 +409,15 @@ def test_compiled_integer_sums_alone_and_over_long_columns():
     partial holds (255 rows a part) at int8's extremes: the exact int64 values."""
     x = torch.full((1000, 37), -128, dtype=torch.int8)
     x[::3] = 127
-    rows, cols = mathc.int_sums(x)
+    rows, cols = intmatrix.int_sums(x)
     assert torch.equal(cols, x.sum(0, dtype=torch.int64))
     assert torch.equal(rows, x.sum(1, dtype=torch.int64))
-    only, none = mathc.int_sums(x, want_cols=False)
+    only, none = intmatrix.int_sums(x, want_cols=False)
     assert none is None and torch.equal(only, rows)
     acc = torch.full((300, 5), 2**31 - 1, dtype=torch.int32)
-    only, none = mathc.int_sums(acc, want_cols=False)
+    only, none = intmatrix.int_sums(acc, want_cols=False)
     assert none is None and torch.equal(only, acc.sum(1, dtype=torch.int64))
-    assert mathc.int_sums(x, want_rows=False, want_cols=False) is None
+    assert intmatrix.int_sums(x, want_rows=False, want_cols=False) is None
 
 
 def _check_mv_extremes(seed: int, lo: int, hi: int, first: int, second: int,
@@ -438,9 +438,9 @@ def _check_mv_extremes(seed: int, lo: int, hi: int, first: int, second: int,
         if every_other is not None:
             v[2::2] = every_other
         want = (a.to(torch.int64) * v).sum(1)
-        assert torch.equal(mathc.mv_int8(a, v), want), k
+        assert torch.equal(intmatrix.mv_int8(a, v), want), k
         at = a.t().contiguous().t()
-        assert torch.equal(mathc.mv_int8(at, v), want), k
+        assert torch.equal(intmatrix.mv_int8(at, v), want), k
 
 
 @pytest.mark.parametrize("bound", [2**15 - 1, 2**15])
@@ -454,7 +454,7 @@ def test_compiled_int8_matrix_vector_product_in_int16_is_exact(bound):
                        -bound + 1, bound - 1)
     top = torch.full((4, 1000), -128, dtype=torch.int8)
     v = torch.full((1000,), 2**15 - 1, dtype=torch.int64)
-    assert torch.equal(mathc.mv_int8(top, v), torch.full((4,), -128 * (2**15 - 1) * 1000))
+    assert torch.equal(intmatrix.mv_int8(top, v), torch.full((4,), -128 * (2**15 - 1) * 1000))
 
 
 def test_compiled_int8_matrix_vector_product_in_int32_blocks_is_exact():

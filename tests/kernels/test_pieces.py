@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from open1b_kernels.core import mathc, pieces
+from open1b_kernels.core import intmatrix, mathc, pieces
 
 pytestmark = pytest.mark.skipif(not mathc.available(), reason="compiled loops not built")
 
@@ -64,12 +64,12 @@ def _battery() -> dict[str, torch.Tensor]:
         out[f"codes.{transposed}"] = codes
     acc = torch.randint(-2**31, 2**31 - 1, (1025, 800), generator=g, dtype=torch.int64)
     acc = acc.to(torch.int32)
-    out["int_sums.rows"], out["int_sums.cols"] = mathc.int_sums(acc)
+    out["int_sums.rows"], out["int_sums.cols"] = intmatrix.int_sums(acc)
     deq = torch.empty((1025, 800), dtype=torch.bfloat16)
-    out["dequant.rows"], out["dequant.cols"] = mathc.dequant(acc, step, div, deq, sums=True)
+    out["dequant.rows"], out["dequant.cols"] = intmatrix.dequant(acc, step, div, deq, sums=True)
     out["dequant"] = deq
     deq32 = torch.empty((1025, 800))
-    assert mathc.dequant(acc, step, div, deq32, sums=False) == ()
+    assert intmatrix.dequant(acc, step, div, deq32, sums=False) == ()
     out["dequant.fp32"] = deq32
     h = (torch.randn(3075, 64, generator=g) * 2).bfloat16()
     gain = torch.rand(64, generator=g) + 0.5
