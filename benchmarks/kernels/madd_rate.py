@@ -23,7 +23,7 @@ from benchmarks.machine import report_end, report_head
 
 
 @click.command()
-@click.option("--repeats", default=5)
+@click.option("--repeats", default=5, type=click.IntRange(min=1))
 @click.option("--out", default=None)
 def main(repeats, out):
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -32,7 +32,12 @@ def main(repeats, out):
     src = pathlib.Path(__file__).with_name("madd_rate.c")
     with tempfile.TemporaryDirectory() as tmp:
         exe = pathlib.Path(tmp) / "madd_rate"
-        subprocess.run([cc, "-O3", "-march=x86-64-v3", str(src), "-o", str(exe)], check=True)
+        built = subprocess.run([cc, "-O3", "-march=x86-64-v3", str(src), "-o", str(exe)],
+                               capture_output=True, text=True)
+        if built.returncode:
+            raise click.ClickException(f"{src.name} did not compile for x86-64-v3 (AVX2 + FMA): "
+                                       f"this benchmark is for x86-64 CPUs; {cc} said: "
+                                       f"{built.stderr.strip().splitlines()[-1:]}")
         runs = [tuple(float(v) for v in subprocess.run(
             [str(exe)], check=True, capture_output=True, text=True).stdout.split()[:2])
             for _ in range(repeats)]
