@@ -37,7 +37,7 @@ def main(repeats, out):
         if built.returncode:
             raise click.ClickException(f"{src.name} did not compile for x86-64-v3 (AVX2 + FMA): "
                                        f"this benchmark is for x86-64 CPUs; {cc} said: "
-                                       f"{built.stderr.strip().splitlines()[-1:]}")
+                                       f"{(built.stderr.strip().splitlines() or ['nothing'])[-1]}")
         runs = [tuple(float(v) for v in subprocess.run(
             [str(exe)], check=True, capture_output=True, text=True).stdout.split()[:2])
             for _ in range(repeats)]
