@@ -48,6 +48,10 @@ static inline float widen_bf16(uint16_t v) { return from_bits((uint32_t)v << 16)
 #define HAVE_V4 1
 #define V4 __attribute__((target("arch=x86-64-v4")))
 static int v4_ok;                       /* set once when the module loads (PyInit__mathc) */
+/* The same for loops whose AVX2 form needs its own register blocking (rotq's tile: an
+ * 8-lane copy for x86-64-v3, where the 16-lane body spilled half its registers). */
+#define V3 __attribute__((target("arch=x86-64-v3")))
+static int v3_ok;
 #else
 #define CLONES
 #define HAVE_V4 0
@@ -275,14 +279,22 @@ static inline void fwht_rows(float *y, Py_ssize_t C, Py_ssize_t base, Py_ssize_t
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 
-#define BFLY(a, b) { v16f x_ = v[a], z_ = v[b]; v[a] = x_ + z_; v[b] = x_ - z_; }
-/* The butterfly stages h = 1, 2, 4, 8 of 16 rows held in registers (fwht_rows' order). */
-static inline __attribute__((always_inline)) void stages16(v16f *v) {
-    BFLY(0, 1) BFLY(2, 3) BFLY(4, 5) BFLY(6, 7) BFLY(8, 9) BFLY(10, 11) BFLY(12, 13) BFLY(14, 15)
-    BFLY(0, 2) BFLY(1, 3) BFLY(4, 6) BFLY(5, 7) BFLY(8, 10) BFLY(9, 11) BFLY(12, 14) BFLY(13, 15)
-    BFLY(0, 4) BFLY(1, 5) BFLY(2, 6) BFLY(3, 7) BFLY(8, 12) BFLY(9, 13) BFLY(10, 14) BFLY(11, 15)
+/* 8 lanes: the x86-64-v3 copies of rotq's tile (16 rows of one 8-column vector fill AVX2's
+ * 16 ymm registers; 16-lane vectors split into two ymm each spilled on every stage). */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+#define BFLY(a, b) { __typeof__(v[0]) x_ = v[a], z_ = v[b]; v[a] = x_ + z_; v[b] = x_ - z_; }
+#define STAGES16                                                                               \
+    BFLY(0, 1) BFLY(2, 3) BFLY(4, 5) BFLY(6, 7) BFLY(8, 9) BFLY(10, 11) BFLY(12, 13) BFLY(14, 15) \
+    BFLY(0, 2) BFLY(1, 3) BFLY(4, 6) BFLY(5, 7) BFLY(8, 10) BFLY(9, 11) BFLY(12, 14) BFLY(13, 15) \
+    BFLY(0, 4) BFLY(1, 5) BFLY(2, 6) BFLY(3, 7) BFLY(8, 12) BFLY(9, 13) BFLY(10, 14) BFLY(11, 15) \
     BFLY(0, 8) BFLY(1, 9) BFLY(2, 10) BFLY(3, 11) BFLY(4, 12) BFLY(5, 13) BFLY(6, 14) BFLY(7, 15)
-}
+/* The butterfly stages h = 1, 2, 4, 8 of 16 rows held in registers (fwht_rows' order), on
+ * vectors of 16 or 8 columns: the same operations per element either way. */
+static inline __attribute__((always_inline)) void stages16(v16f *v) { STAGES16 }
+static inline __attribute__((always_inline)) void stages16_8(v8f *v) { STAGES16 }
+#undef STAGES16
 #undef BFLY
 
 static inline __attribute__((always_inline)) void fwht16_vec(float *p, Py_ssize_t s) {
@@ -1328,10 +1340,11 @@ static inline float nan_min(float a, float b) { return (a != a || b != b) ? NAN 
 #define NAN_BITS 0x7fc00000  /* the float bits of NAN (GCC: __builtin_nanf(""), quiet, +) */
 /* nan_max (OP >) or nan_min (OP <) of every lane of ACC and V into ACC: NaN's bits where
  * either is NaN, else V where V OP ACC, else ACC - the scalar functions lane by lane. */
-#define VNAN_EXT(ACC, V, OP) {                                                            \
-        v16i bad_ = ((ACC) != (ACC)) | ((V) != (V)), take_ = (V) OP (ACC);                \
-        v16i m_ = ((v16i)(V) & take_) | ((v16i)(ACC) & ~take_);                           \
-        (ACC) = (v16f)((m_ & ~bad_) | (((v16i){0} + NAN_BITS) & bad_)); }
+#define VNAN_EXT(ACC, V, OP) VNAN_EXT_T(ACC, V, OP, v16i, v16f)
+#define VNAN_EXT_T(ACC, V, OP, VI, VF) {                                                  \
+        VI bad_ = ((ACC) != (ACC)) | ((V) != (V)), take_ = (V) OP (ACC);                  \
+        VI m_ = ((VI)(V) & take_) | ((VI)(ACC) & ~take_);                                 \
+        (ACC) = (VF)((m_ & ~bad_) | (((VI){0} + NAN_BITS) & bad_)); }
 
 CLONES static void rotq_fill(int kind, const void *src, const float *rs, Py_ssize_t P,
                              float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1,
@@ -1369,7 +1382,11 @@ CLONES static void rotq_finish(float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t
     }
 }
 
-/* The same tile for B = 256 in two register passes over whole 16-column vectors: pass 1
+/* The same tile for B = 256 in two register passes over whole W-column vectors (W = 16, or
+ * 8 in the x86-64-v3 copies: 16 rows of 8 floats fill AVX2's 16 ymm registers, where the
+ * 16-lane body, two ymm a vector, spilled about two of every three vector operations to the
+ * stack - on a Zen 3 the rotation of the gate|up weight ran 0.8x the time with 8 lanes,
+ * the same bits: each column is its own transform, whatever the lanes): pass 1
  * fills 16 rows of a vector from the source (rotq_fill's conversions, the same operation
  * per element) and runs the stages h = 1..8 (fwht16_vec's); pass 2 runs the stages
  * h = 16..128 on a residue class of 16 rows, the scale (rotq_finish's multiply) and the
@@ -1384,85 +1401,106 @@ typedef uint16_t v16u16 __attribute__((vector_size(32)));
 typedef int8_t v16i8 __attribute__((vector_size(16)));
 
 
-static inline __attribute__((always_inline)) void rotq_load(int kind, const void *src,
-                                                            const float *rs, Py_ssize_t P,
-                                                            const float *y, Py_ssize_t C,
-                                                            Py_ssize_t i, Py_ssize_t c,
-                                                            v16f *out) {
-    v16f f;
-    if (kind == 1) {
-        memcpy(&f, y + i * C + c, sizeof f);
-    } else if (i >= P) {
-        f = (v16f){0};
-    } else if (kind == 0) {
-        v16u16 h;
-        memcpy(&h, (const uint16_t *)src + i * C + c, sizeof h);
-        f = (v16f)(__builtin_convertvector(h, v16i) << 16);          /* widen_bf16 */
-    } else {
-        v16i8 b;
-        memcpy(&b, (const int8_t *)src + i * C + c, sizeof b);
-        f = __builtin_convertvector(__builtin_convertvector(b, v16i), v16f);  /* exact */
-        if (kind == 3) f = f * rs[i];                                  /* one rounding */
+/* One vector of columns [c, c + W) of row i (rotq_fill's conversion per element), for
+ * W = 16 (rotq_load16) and W = 8 (rotq_load8). */
+#define ROTQ_LOAD(NAME, VF, VI, VU16, VI8)                                                    \
+    static inline __attribute__((always_inline)) void NAME(int kind, const void *src,         \
+                                                           const float *rs, Py_ssize_t P,     \
+                                                           const float *y, Py_ssize_t C,      \
+                                                           Py_ssize_t i, Py_ssize_t c,        \
+                                                           VF *out) {                         \
+        VF f;                                                                                 \
+        if (kind == 1) {                                                                      \
+            memcpy(&f, y + i * C + c, sizeof f);                                              \
+        } else if (i >= P) {                                                                  \
+            f = (VF){0};                                                                      \
+        } else if (kind == 0) {                                                               \
+            VU16 h;                                                                           \
+            memcpy(&h, (const uint16_t *)src + i * C + c, sizeof h);                          \
+            f = (VF)(__builtin_convertvector(h, VI) << 16);          /* widen_bf16 */         \
+        } else {                                                                              \
+            VI8 b;                                                                            \
+            memcpy(&b, (const int8_t *)src + i * C + c, sizeof b);                            \
+            f = __builtin_convertvector(__builtin_convertvector(b, VI), VF);  /* exact */     \
+            if (kind == 3) f = f * rs[i];                                  /* one rounding */ \
+        }                                                                                     \
+        *out = f;                                                                             \
     }
-    *out = f;
-}
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+typedef int8_t v8i8 __attribute__((vector_size(8)));
+ROTQ_LOAD(rotq_load16, v16f, v16i, v16u16, v16i8)
+ROTQ_LOAD(rotq_load8, v8f, v8i, v8u16, v8i8)
 
-#define ROTQ_TILE(NAME, KIND, ATTR, VEXT)                                                 \
-    ATTR static Py_ssize_t NAME(const void *src, const float *rs, Py_ssize_t P, float *y,    \
-                                  Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t c0, \
-                                  Py_ssize_t c1, float scale, float *cmax, float *cmin) {    \
-        Py_ssize_t cv = c0 + (c1 - c0) / 16 * 16;                                          \
-        for (Py_ssize_t base = r0; base < r1; base += 256) {                               \
-            for (Py_ssize_t q = 0; q < 256; q += 16)                                       \
-                for (Py_ssize_t c = c0; c < cv; c += 16) {                                 \
-                    v16f v[16];                                                            \
-                    for (int t = 0; t < 16; t++)                                           \
-                        rotq_load(KIND, src, rs, P, y, C, base + q + t, c, &v[t]);         \
-                    stages16(v);                                                           \
-                    for (int t = 0; t < 16; t++)                                           \
-                        memcpy(y + (base + q + t) * C + c, &v[t], 64);                     \
-                }                                                                          \
-            for (Py_ssize_t j = 0; j < 16; j++)                                            \
-                for (Py_ssize_t c = c0; c < cv; c += 16) {                                 \
-                    v16f v[16];                                                            \
-                    for (int t = 0; t < 16; t++)                                           \
-                        memcpy(&v[t], y + (base + j + 16 * t) * C + c, 64);                \
-                    stages16(v);                                                           \
-                    for (int t = 0; t < 16; t++) {                                         \
-                        v[t] = v[t] * scale;                                               \
-                        memcpy(y + (base + j + 16 * t) * C + c, &v[t], 64);                \
-                    }                                                                      \
+#define VEC(W) VEC_(W)
+#define VEC_(W) v##W##f
+#define VINT(W) VINT_(W)
+#define VINT_(W) v##W##i
+#define LOAD(W) LOAD_(W)
+#define LOAD_(W) rotq_load##W
+#define STAGES(W) STAGES_(W)
+#define STAGES_(W) STAGES_##W
+#define STAGES_16 stages16
+#define STAGES_8 stages16_8
+#define ROTQ_TILE(NAME, KIND, ATTR, VEXT, W)                                                  \
+    ATTR static Py_ssize_t NAME(const void *src, const float *rs, Py_ssize_t P, float *y,     \
+                                  Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t c0,  \
+                                  Py_ssize_t c1, float scale, float *cmax, float *cmin) {     \
+        Py_ssize_t cv = c0 + (c1 - c0) / W * W;                                               \
+        for (Py_ssize_t base = r0; base < r1; base += 256) {                                  \
+            for (Py_ssize_t q = 0; q < 256; q += 16)                                          \
+                for (Py_ssize_t c = c0; c < cv; c += W) {                                     \
+                    VEC(W) v[16];                                                             \
+                    for (int t = 0; t < 16; t++)                                              \
+                        LOAD(W)(KIND,   src, rs, P, y, C, base + q + t, c, &v[t]);            \
+                    STAGES(W)(v);                                                             \
+                    for (int t = 0; t < 16; t++)                                              \
+                        memcpy(y + (base + q + t) * C + c, &v[t], 4 * W);                     \
+                }                                                                             \
+            for (Py_ssize_t j = 0; j < 16; j++)                                               \
+                for (Py_ssize_t c = c0; c < cv; c += W) {                                     \
+                    VEC(W) v[16];                                                             \
+                    for (int t = 0; t < 16; t++)                                              \
+                        memcpy(&v[t], y + (base + j + 16 * t) * C + c, 4 * W);                \
+                    STAGES(W)(v);                                                             \
+                    for (int t = 0; t < 16; t++) {                                            \
+                        v[t] = v[t] * scale;                                                  \
+                        memcpy(y + (base + j + 16 * t) * C + c, &v[t], 4 * W);                \
+                    }                                                                         \
                     if (VEXT) {                  /* the extremes lane by lane, in registers */ \
-                        v16f mx, mn;                                                       \
-                        memcpy(&mx, cmax + c, 64);                                         \
-                        memcpy(&mn, cmin + c, 64);                                         \
-                        for (int t = 0; t < 16; t++) {                                     \
-                            VNAN_EXT(mx, v[t], >);                                         \
-                            VNAN_EXT(mn, v[t], <);                                         \
-                        }                                                                  \
-                        memcpy(cmax + c, &mx, 64);                                         \
-                        memcpy(cmin + c, &mn, 64);                                         \
-                    } else                                                                 \
-                    for (int t = 0; t < 16; t++) {     /* rotq_finish's extremes, from L1 */ \
-                        const float *yr = y + (base + j + 16 * t) * C + c;                 \
-                        for (int l = 0; l < 16; l++) {                                     \
-                            cmax[c + l] = nan_max(cmax[c + l], yr[l]);                     \
-                            cmin[c + l] = nan_min(cmin[c + l], yr[l]);                     \
-                        }                                                                  \
-                    }                                                                      \
-                }                                                                          \
-        }                                                                                  \
-        return cv;                                                                         \
+                        VEC(W) mx, mn;                                                        \
+                        memcpy(&mx, cmax + c, 4 * W);                                         \
+                        memcpy(&mn, cmin + c, 4 * W);                                         \
+                        for (int t = 0; t < 16; t++) {                                        \
+                            VNAN_EXT_T(mx, v[t], >, VINT(W), VEC(W));                         \
+                            VNAN_EXT_T(mn, v[t], <, VINT(W), VEC(W));                         \
+                        }                                                                     \
+                        memcpy(cmax + c, &mx, 4 * W);                                         \
+                        memcpy(cmin + c, &mn, 4 * W);                                         \
+                    } else                                                                    \
+                    for (int t = 0; t < 16; t++) {     /* rotq_finish's extremes, from L1 */  \
+                        const float *yr = y + (base + j + 16 * t) * C + c;                    \
+                        for (int l = 0; l < W; l++) {                                         \
+                            cmax[c + l] = nan_max(cmax[c + l], yr[l]);                        \
+                            cmin[c + l] = nan_min(cmin[c + l], yr[l]);                        \
+                        }                                                                     \
+                    }                                                                         \
+                }                                                                             \
+        }                                                                                     \
+        return cv;                                                                            \
     }
-ROTQ_TILE(rotq_tile_k0, 0, CLONES, 0)
-ROTQ_TILE(rotq_tile_k1, 1, CLONES, 0)
-ROTQ_TILE(rotq_tile_k2, 2, CLONES, 0)
-ROTQ_TILE(rotq_tile_k3, 3, CLONES, 0)
+ROTQ_TILE(rotq_tile_k0, 0, CLONES, 0, 16)
+ROTQ_TILE(rotq_tile_k1, 1, CLONES, 0, 16)
+ROTQ_TILE(rotq_tile_k2, 2, CLONES, 0, 16)
+ROTQ_TILE(rotq_tile_k3, 3, CLONES, 0, 16)
 #if HAVE_V4
-ROTQ_TILE(rotq_tile_v4_k0, 0, V4, 1)
-ROTQ_TILE(rotq_tile_v4_k1, 1, V4, 1)
-ROTQ_TILE(rotq_tile_v4_k2, 2, V4, 1)
-ROTQ_TILE(rotq_tile_v4_k3, 3, V4, 1)
+ROTQ_TILE(rotq_tile_v4_k0, 0, V4, 1, 16)
+ROTQ_TILE(rotq_tile_v4_k1, 1, V4, 1, 16)
+ROTQ_TILE(rotq_tile_v4_k2, 2, V4, 1, 16)
+ROTQ_TILE(rotq_tile_v4_k3, 3, V4, 1, 16)
+ROTQ_TILE(rotq_tile_v3_k0, 0, V3, 1, 8)
+ROTQ_TILE(rotq_tile_v3_k1, 1, V3, 1, 8)
+ROTQ_TILE(rotq_tile_v3_k2, 2, V3, 1, 8)
+ROTQ_TILE(rotq_tile_v3_k3, 3, V3, 1, 8)
 #endif
 
 static Py_ssize_t rotq_tile256(int kind, const void *src, const float *rs, Py_ssize_t P,
@@ -1475,6 +1513,12 @@ static Py_ssize_t rotq_tile256(int kind, const void *src, const float *rs, Py_ss
     case 1: return rotq_tile_v4_k1(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
     case 2: return rotq_tile_v4_k2(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
     default: return rotq_tile_v4_k3(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
+    }
+    if (v3_ok) switch (kind) {
+    case 0: return rotq_tile_v3_k0(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
+    case 1: return rotq_tile_v3_k1(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
+    case 2: return rotq_tile_v3_k2(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
+    default: return rotq_tile_v3_k3(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
     }
 #endif
     switch (kind) {
@@ -1498,6 +1542,23 @@ static PyObject *py_v4(PyObject *self, PyObject *args) {
         v4_ok = on && __builtin_cpu_supports("x86-64-v4");
     }
     return PyBool_FromLong(v4_ok);
+#else
+    (void)on;
+    Py_RETURN_FALSE;
+#endif
+}
+
+/* v3([on]): the same for the x86-64-v3 copies (they run where the x86-64-v4 ones do not). */
+static PyObject *py_v3(PyObject *self, PyObject *args) {
+    (void)self;
+    int on = -1;
+    if (!PyArg_ParseTuple(args, "|i", &on)) return NULL;
+#if HAVE_V4
+    if (on >= 0) {
+        __builtin_cpu_init();
+        v3_ok = on && __builtin_cpu_supports("x86-64-v3");
+    }
+    return PyBool_FromLong(v3_ok);
 #else
     (void)on;
     Py_RETURN_FALSE;
@@ -1955,6 +2016,9 @@ static PyMethodDef methods[] = {
      "xent_lse(x, lse, R, V, CH, r0, r1): open1b_kernels.ops.xent's row logsumexp (float32 rows)."},
     {"v4", py_v4, METH_VARARGS,
      "v4([on]): whether the x86-64-v4 copies run; on=0/1 switches them off/back on"},
+    {"v3", py_v3, METH_VARARGS,
+     "v3([on]): whether the x86-64-v3 copies run (where no x86-64-v4 copy does); on=0/1 "
+     "switches them off/back on"},
     {"rotq", py_rotq, METH_VARARGS,
      "rotq(kind, src, rs, P, y, R, C, B, scale, cmax, cmin, tr, tc, c0, c1): open1b_kernels.int8."
      "quantize's fill, rotation, scale and column extremes of columns [c0, c1)."},
@@ -2001,6 +2065,7 @@ PyMODINIT_FUNC PyInit__mathc(void) {
 #if HAVE_V4
     __builtin_cpu_init();
     v4_ok = __builtin_cpu_supports("x86-64-v4") != 0;
+    v3_ok = __builtin_cpu_supports("x86-64-v3") != 0;
 #endif
     /* slice_planes takes a layout (open1b_kernels.core.mathc.slice_store checks for this mark, so
        a stale build without it keeps the planes) */

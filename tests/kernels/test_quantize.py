@@ -84,23 +84,23 @@ def test_dim0_layout_gives_the_same_bits():
     assert torch.equal(qt.t(), q) and torch.equal(bits(st), bits(s))
 
 
-@pytest.fixture(params=["v4", "clones"])
+@pytest.fixture(params=["v4", "v3", "clones"])
 def copies(request):
-    """The compiled rotation's plain x86-64-v4 copy (where this CPU has one) and the
-    target_clones copies every other CPU runs: both are tested on an AVX-512 machine."""
+    """The compiled rotation's plain x86-64-v4 copy, its 8-lane x86-64-v3 copy (each where
+    this CPU runs it) and the target_clones copies older CPUs run: all tested on an AVX-512
+    machine, the last two on an AVX2 one."""
     from open1b_kernels.core import mathc
     lib = mathc._mathc
-    if lib is None or not hasattr(lib, "v4"):
+    if lib is None or not hasattr(lib, "v3"):
         yield request.param
         return
-    before = lib.v4()
-    if request.param == "v4" and not lib.v4(1):
-        lib.v4(before)
-        pytest.skip("this CPU has no x86-64-v4 copy")
-    if request.param == "clones":
-        lib.v4(0)
+    before = lib.v4(), lib.v3()
+    want = {"v4": (1, 1), "v3": (0, 1), "clones": (0, 0)}[request.param]
+    if (lib.v4(want[0]), lib.v3(want[1])) != tuple(bool(w) for w in want):
+        lib.v4(before[0]), lib.v3(before[1])
+        pytest.skip(f"this CPU has no {request.param} copy")
     yield request.param
-    lib.v4(before)
+    lib.v4(before[0]), lib.v3(before[1])
 
 
 @pytest.mark.parametrize("compiled", [True, False])
