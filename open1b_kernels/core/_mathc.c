@@ -518,6 +518,68 @@ static PyObject *py_levels_round(PyObject *self, PyObject *args) {
     return finish(bufs, 7, ok, "levels_round: inconsistent shapes or row range");
 }
 
+/* open1b_kernels.ops.float_products' sum of one output block on the float route, rows [r0, r1):
+ * the n float32 products parts (n, R, C) - each an exact float32 GEMM of one contraction
+ * chunk, integers below 2^24 - times their weights w (n, powers of two) added to T
+ * (float64 (R, C): from its values when `from_t`, else from 0; T is an exact integer, the
+ * head product's or the earlier parts'): T' = ((T + p_0 w_0) + p_1 w_1) + ..., exact in any
+ * order (integers below 2^53 times powers of two), then with `out` the rounding
+ * out[r, c0 + c] = fp32((T' * rowf[r]) * colf[c]) (two exact power-of-two multiplies, one
+ * rounding: ozaki_mm_cpu's step 3), else T' stored into T. One pass over the parts where
+ * the torch code made one per part plus three over T (zero, two multiplies) and the copy;
+ * `acc`: C doubles of row scratch. */
+CLONES static void float_sum_loop(const float *parts, Py_ssize_t n, const double *w,
+                                  double *t, int from_t, const double *rowf,
+                                  const double *colf, float *out, double *acc, Py_ssize_t R,
+                                  Py_ssize_t C, Py_ssize_t stride, Py_ssize_t c0,
+                                  Py_ssize_t r0, Py_ssize_t r1) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        double *tr = t + r * C;
+        for (Py_ssize_t c = 0; c < C; c++) acc[c] = from_t ? tr[c] : 0.0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            const float *pk = parts + k * R * C + r * C;
+            double wk = w[k];
+            for (Py_ssize_t c = 0; c < C; c++) acc[c] = acc[c] + (double)pk[c] * wk;
+        }
+        if (out) {
+            float *o = out + r * stride + c0;
+            double rf = rowf[r];
+            for (Py_ssize_t c = 0; c < C; c++) o[c] = (float)((acc[c] * rf) * colf[c]);
+        } else {
+            for (Py_ssize_t c = 0; c < C; c++) tr[c] = acc[c];
+        }
+    }
+}
+
+static PyObject *py_float_sum(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer parts, w, t, rowf, colf, out;
+    Py_ssize_t n, R, C, stride, c0, r0, r1;
+    int from_t, to_out, pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*ny*w*py*y*w*pnnnnnn|i", &parts, &n, &w, &t, &from_t, &rowf,
+                          &colf, &out, &to_out, &R, &C, &stride, &c0, &r0, &r1, &pieces))
+        return NULL;
+    int ok = n >= 0 && R >= 0 && C >= 0 && c0 >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R &&
+             parts.len == n * R * C * 4 && w.len == n * 8 && t.len == R * C * 8 &&
+             (!to_out || (c0 + C <= stride && rowf.len == R * 8 && colf.len == C * 8 &&
+                          out.len == R * stride * 4));
+    ok = ok && PIECES_OK(pieces);
+    Py_ssize_t row = C > 0 ? C : 1;
+    double *acc = NULL;
+    if (ok && !(acc = malloc((size_t)row * pieces * 8))) ok = 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(r0, r1, pieces,
+                   float_sum_loop(parts.buf, n, w.buf, t.buf, from_t, rowf.buf, colf.buf,
+                                  to_out ? out.buf : NULL, acc + piece * row, R, C, stride,
+                                  c0, p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+    free(acc);
+    Py_buffer *bufs[] = {&parts, &w, &t, &rowf, &colf, &out};
+    return finish(bufs, 6, ok, "float_sum: inconsistent shapes or row range");
+}
+
 /* The exactness guard's sums (open1b_kernels.int8.checksum): row sums (R,) and column sums (C,) of
  * an int32 (R, C) GEMM result, or (acc = NULL) of an int8 (R, C) matrix - integer
  * arithmetic, exact in any order. Rows [r0, r1); `cols` is this piece's own partial sum
@@ -2047,6 +2109,10 @@ static PyMethodDef methods[] = {
     {"levels_round", py_levels_round, METH_VARARGS,
      "levels_round(accs, n, w, rowf, colf, out, rows, cols, R, C, stride, c0, r0, r1): "
      "open1b_kernels.ops.lmhead's level sum, rounding and check sums of one output block."},
+    {"float_sum", py_float_sum, METH_VARARGS,
+     "float_sum(parts, n, w, t, from_t, rowf, colf, out, to_out, R, C, stride, c0, r0, r1): "
+     "open1b_kernels.ops.float_products' weighted sum of float32 products into the float64 T "
+     "of one output block, or its rounding into out."},
     {"slice_planes", py_slice_rows, METH_VARARGS,
      "slice_planes(src, is_bf16, R, K, S, by_cols, out, exps, lo, hi[, pieces, layout]): "
      "open1b_kernels.ops.lmhead's slicer (rows lo..hi with one exponent per row, or columns lo..hi "

@@ -180,6 +180,30 @@ def levels_round(accs: torch.Tensor, weights: list[float], rowf: torch.Tensor,
     return True
 
 
+def float_sum(parts: torch.Tensor, weights: list[float], t: torch.Tensor, from_t: bool,
+              rounding: tuple | None = None) -> bool:
+    """``open1b_kernels.ops.float_products``' float route for one output block: the float32
+    products ``parts`` (n, R, C) - exact integers - times their ``weights`` (powers of two)
+    added in float64 to ``t`` (R, C) (from its values with ``from_t``, else from 0), exactly;
+    then stored into ``t``, or with ``rounding`` = (out, c0, rowf, colf) rounded once into
+    ``out[:, c0:c0 + C]`` as ``fp32((T * rowf[r]) * colf[c])`` (``t`` left as it was).
+    False when the loop is unavailable. Rows split among the torch threads."""
+    if not has("float_sum"):
+        return False
+    n, r, c = parts.shape
+    w = torch.tensor(weights, dtype=torch.float64)
+    if rounding is None:
+        none64 = torch.empty(0, dtype=torch.float64).numpy()
+        tail = (none64, none64, torch.empty(0, dtype=torch.float32).numpy(), False, r, c, c, 0)
+    else:
+        out, c0, rowf, colf = rounding
+        tail = (flat(rowf.to(torch.float64).contiguous()), flat(colf.to(torch.float64).contiguous()),
+                flat(out), True, r, c, out.shape[1], c0)
+    args = (flat(parts), n, w.numpy(), flat(t), from_t, *tail)
+    parallel(lambda lo, hi, p: _mathc.float_sum(*args, lo, hi, p), r, grain=16)
+    return True
+
+
 def xent_grad(x: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, g: float):
     """``open1b_kernels.ops.xent.xent_backward_cpu``'s dlogits for float32 logits by the compiled
     loop (the same float32 operations in the same order: the same bits), or None when the

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from open1b_kernels.core import mathc
 from open1b_kernels.core.workspace import scratch
 from open1b_kernels.int8.route import SGEMM_K
 from open1b_kernels.ops.products import Product, block_products, compacted
@@ -43,6 +44,7 @@ ROW_BLOCK, COL_BLOCK = 1024, 512  # output blocks: the float64 T (4 MB) stays in
 # (below K 2^28 < 2^53), so the chunks only bound the converted operands (64 MB a side)
 HEAD_K = 8192
 A_KEPT = 64 << 20  # bytes of a row block's converted a-side chunks kept across column blocks
+PARTS = 4  # a block's float32 products held before one compiled pass adds them into T
 
 
 @dataclass(frozen=True)
@@ -116,10 +118,54 @@ class _Kept:
         return got
 
 
-def _accumulate(t: torch.Tensor, sa: LevelSlices, sb: LevelSlices, rs: slice, cs: slice,
+class _Sum:
+    """T of one output block (float64, ``t``): the float32 products of its contraction
+    chunks wait in scratch, PARTS at a time, for one compiled pass that adds them with their
+    weights (``mathc.float_sum``); the last pass rounds into the output instead of storing
+    T. The torch code's adds and multiplies where the loop is unavailable - exact integers
+    either way (any order), so the same T and the same rounding. A head product writes T
+    itself, first of its plan (``head_form``)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t, self.weights, self.from_t = t, [], False
+        self.parts = scratch("lmhead.parts", (PARTS, *t.shape), torch.float32)
+
+    def part(self, weight: float) -> torch.Tensor:
+        """The buffer the next product (weight ``weight``) is written into."""
+        if len(self.weights) == PARTS:
+            self._add(None)
+        self.weights.append(weight)
+        return self.parts[len(self.weights) - 1]
+
+    def wrote_t(self) -> None:
+        """A head product wrote (or added into) T directly."""
+        self.from_t = True
+
+    def round_into(self, out: torch.Tensor, c0: int, rowf: torch.Tensor,
+                   colf: torch.Tensor) -> None:
+        """``out[:, c0:c0 + C] = fp32(T * rowf[r] * colf[c])`` with the waiting products in
+        T (``out``: the block's rows, contiguous)."""
+        self._add((out, c0, rowf, colf))
+
+    def _add(self, rounding: tuple | None) -> None:
+        n = len(self.weights)
+        if not mathc.float_sum(self.parts[:n], self.weights, self.t, self.from_t, rounding):
+            t = self.t
+            if not self.from_t:
+                t.zero_()
+            for i, w in enumerate(self.weights):
+                t.add_(self.parts[i], alpha=w)
+            if rounding is not None:
+                out, c0, rowf, colf = rounding
+                out[:, c0:c0 + t.shape[1]] = t.mul_(rowf[:, None]).mul_(colf[None, :])
+        self.weights, self.from_t = [], True
+
+
+def _accumulate(acc: _Sum, sa: LevelSlices, sb: LevelSlices, rs: slice, cs: slice,
                 p, gathered: dict, kept: _Kept, first: bool) -> None:
-    """t += weight * (p's GEMM over rows ``rs`` and columns ``cs``), exactly (``first``:
-    t = ..., a head product writing t instead of adding to zeros)."""
+    """T += weight * (p's GEMM over rows ``rs`` and columns ``cs``), exactly (``first``:
+    a head product writes T instead of adding to it)."""
+    t = acc.t
     if isinstance(p, HeadProduct):
         a_pl, b_pl = [sa[0][rs], sa[1][rs]], [sb[0][cs], sb[1][cs]]
         k = a_pl[0].shape[1]
@@ -132,9 +178,8 @@ def _accumulate(t: torch.Tensor, sa: LevelSlices, sb: LevelSlices, rs: slice, cs
                 torch.mm(al, bl.t(), out=t)
             else:
                 t.addmm_(al, bl.t())
+            acc.wrote_t()
         return
-    if first:
-        t.zero_()
     if p.cols is not None:          # the gathered a operand serves every column block
         if gathered.get("cols") is not p.cols:
             gathered.update(cols=p.cols, a=_planes(sa, p.a, rs, p, "lmhead.gather_a"))
@@ -143,7 +188,6 @@ def _accumulate(t: torch.Tensor, sa: LevelSlices, sb: LevelSlices, rs: slice, cs
         a_pl, k0, k1 = _planes(sa, p.a, rs, p, "")
     b_pl, _, _ = _planes(sb, p.b, cs, p, "lmhead.gather_b")
     width = len(a_pl) * (k1 - k0)
-    part = scratch("lmhead.part", (t.shape[0], t.shape[1]), torch.float32)
     for u0 in range(0, width, SGEMM_K):
         u1 = min(width, u0 + SGEMM_K)
         if p.cols is None:
@@ -152,7 +196,7 @@ def _accumulate(t: torch.Tensor, sa: LevelSlices, sb: LevelSlices, rs: slice, cs
         else:
             al = _chunk(a_pl, k0, k1, u0, u1, torch.float32, "lmhead.f32_a")
         bl = _chunk(b_pl, k0, k1, u0, u1, torch.float32, "lmhead.f32_b")
-        t.add_(torch.mm(al, bl.t(), out=part), alpha=p.weight)
+        torch.mm(al, bl.t(), out=acc.part(p.weight))
 
 
 def _checked(sa: LevelSlices, rs: slice, sparse: dict[int, torch.Tensor]
@@ -191,7 +235,7 @@ def float_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: tor
         for c0 in range(0, c, COL_BLOCK):
             cs = slice(c0, c0 + COL_BLOCK)
             nr, nc = min(r, r0 + ROW_BLOCK) - r0, min(c, c0 + COL_BLOCK) - c0
-            t = scratch("lmhead.t", (nr, nc), torch.float64)
+            acc = _Sum(scratch("lmhead.t", (nr, nc), torch.float64))
             for n, p in enumerate(plan):
-                _accumulate(t, sa, sb, rs, cs, p, gathered, kept, n == 0)
-            out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
+                _accumulate(acc, sa, sb, rs, cs, p, gathered, kept, n == 0)
+            acc.round_into(out[rs], c0, rowf[rs], colf[cs])

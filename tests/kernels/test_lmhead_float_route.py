@@ -123,3 +123,62 @@ def test_a_compaction_that_loses_a_column_is_caught_on_the_float_route(plain, mo
         assert torch.equal(a, b), name
     monkeypatch.setattr(fp, "_checked", lambda sa, rs, sparse: sparse)   # without the check
     assert not torch.equal(want[1], _bits(_run(h, w, dl, 3))[1])
+
+
+@pytest.mark.parametrize("slices", [2, 3])
+@pytest.mark.parametrize("parts", [1, 2, fp.PARTS])
+def test_the_compiled_sum_of_the_products_gives_the_torch_bits(route, monkeypatch, slices,
+                                                                parts):
+    # a block's float32 products wait in scratch and one compiled pass adds them into T
+    # (mathc.float_sum), the last rounding into the output: against the torch adds and
+    # multiplies, with chunks of 70 so that products outnumber the waiting parts (the
+    # passes that store T, then the one that rounds), S = 3's head product writing T first
+    from open1b_kernels.core import mathc
+    if not mathc.has("float_sum"):
+        pytest.skip("the compiled loops are not built")
+    route("float")
+    h, w, dl = _case(seed=5)
+    monkeypatch.setattr(fp, "SGEMM_K", 70)
+    monkeypatch.setattr(fp, "ROW_BLOCK", 20)
+    monkeypatch.setattr(fp, "COL_BLOCK", 24)
+    monkeypatch.setattr(fp, "PARTS", parts)
+    calls = []
+    real = mathc.float_sum
+    monkeypatch.setattr(mathc, "float_sum", lambda *a: calls.append(a[4]) or real(*a))
+    got = _bits(_run(h, w, dl, slices))
+    assert len(calls) > 0 and (parts == fp.PARTS or True in calls)   # stored T, then added
+    monkeypatch.setattr(mathc, "float_sum", lambda *a: False)          # the torch code
+    want = _bits(_run(h, w, dl, slices))
+    for name, a, b in zip(("logits", "dh", "dw"), want, got):
+        assert torch.equal(a, b), name
+
+
+def test_the_compiled_sum_rounds_into_its_columns_and_keeps_the_weights():
+    # mathc.float_sum directly: T from 0 and from its values, the rounding into columns
+    # [c0, c0 + C) of a wider output (the others untouched), against float64 torch; and a
+    # wrong weight does not give those bits
+    from open1b_kernels.core import mathc
+    if not mathc.has("float_sum"):
+        pytest.skip("the compiled loops are not built")
+    g = torch.Generator().manual_seed(6)
+    parts = torch.randint(-(1 << 23), 1 << 23, (3, 5, 7), generator=g).to(torch.float32)
+    weights = [128.0, 1.0, 2.0 ** -7]
+    base = torch.randint(-(1 << 40), 1 << 40, (5, 7), generator=g).to(torch.float64)
+    rowf = 2.0 ** torch.randint(-60, -20, (5,), generator=g).to(torch.float64)
+    colf = 2.0 ** torch.randint(-60, -20, (7,), generator=g).to(torch.float64)
+    want_t = base + sum(p.double() * w for p, w in zip(parts, weights))
+    t = base.clone()
+    assert mathc.float_sum(parts, weights, t, True)
+    assert torch.equal(t, want_t)
+    t2 = torch.full((5, 7), float("nan"), dtype=torch.float64)
+    assert mathc.float_sum(parts, weights, t2, False)                  # from 0, not from t
+    assert torch.equal(t2, want_t - base)
+    out = torch.full((5, 12), -1.0)
+    assert mathc.float_sum(parts, weights, base.clone(), True, (out, 3, rowf, colf))
+    want = (want_t * rowf[:, None] * colf[None, :]).to(torch.float32)
+    assert torch.equal(out[:, 3:10], want)
+    assert bool((out[:, :3] == -1).all()) and bool((out[:, 10:] == -1).all())
+    out2 = out.clone()
+    assert mathc.float_sum(parts, [128.0, 1.0, 2.0 ** -6], base.clone(), True,
+                           (out2, 3, rowf, colf))
+    assert not torch.equal(out2, out)
