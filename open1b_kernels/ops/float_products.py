@@ -109,9 +109,10 @@ class _Kept:
         self.chunks: dict | None = {} if size <= A_KEPT else None
 
     def get(self, key, build):
-        """The chunk ``key``, built by ``build(name)`` (a scratch name, or None to keep)."""
+        """The chunk ``key`` ((dtype tag, what it holds...)), built by ``build(name)`` (a
+        scratch name, or None to keep)."""
         if self.chunks is None:
-            return build(f"lmhead.a{key[1]}")
+            return build(f"lmhead.a{key[0]}")
         got = self.chunks.get(key)
         if got is None:
             got = self.chunks[key] = build(None)
@@ -161,6 +162,18 @@ class _Sum:
         self.weights, self.from_t = [], True
 
 
+def _held(which: tuple[int, ...], k0: int, k1: int, u0: int, u1: int) -> tuple:
+    """What columns [u0, u1) of the slices ``which`` side by side over [k0, k1) hold: one
+    slice's column range where they lie in one slice - so the products that share a slice
+    (a1 in a1.b1 and in [a1 | a2].[b2 | b1]) share its converted chunks - else the whole
+    description."""
+    width = k1 - k0
+    q = u0 // width if width > 0 else 0
+    if width > 0 and u1 <= (q + 1) * width:
+        return which[q], k0 + u0 - q * width, k0 + u1 - q * width
+    return which, k0, k1, u0, u1
+
+
 def _accumulate(acc: _Sum, sa: LevelSlices, sb: LevelSlices, rs: slice, cs: slice,
                 p, gathered: dict, kept: _Kept, first: bool) -> None:
     """T += weight * (p's GEMM over rows ``rs`` and columns ``cs``), exactly (``first``:
@@ -171,7 +184,7 @@ def _accumulate(acc: _Sum, sa: LevelSlices, sb: LevelSlices, rs: slice, cs: slic
         k = a_pl[0].shape[1]
         for u0 in range(0, k, HEAD_K):      # float64 sums of any length are exact here
             u1 = min(k, u0 + HEAD_K)
-            al = kept.get((id(p), 0, u0), lambda name: _chunk(
+            al = kept.get((0, id(p), u0), lambda name: _chunk(
                 a_pl, 0, k, u0, u1, torch.float64, name, [128.0, 1.0]))
             bl = _chunk(b_pl, 0, k, u0, u1, torch.float64, "lmhead.f64_b", [128.0, 1.0])
             if first and u0 == 0:
@@ -191,7 +204,7 @@ def _accumulate(acc: _Sum, sa: LevelSlices, sb: LevelSlices, rs: slice, cs: slic
     for u0 in range(0, width, SGEMM_K):
         u1 = min(width, u0 + SGEMM_K)
         if p.cols is None:
-            al = kept.get((id(p), 1, u0), lambda name: _chunk(
+            al = kept.get((1, *_held(p.a, k0, k1, u0, u1)), lambda name: _chunk(
                 a_pl, k0, k1, u0, u1, torch.float32, name))
         else:
             al = _chunk(a_pl, k0, k1, u0, u1, torch.float32, "lmhead.f32_a")

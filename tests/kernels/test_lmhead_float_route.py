@@ -182,3 +182,27 @@ def test_the_compiled_sum_rounds_into_its_columns_and_keeps_the_weights():
     assert mathc.float_sum(parts, [128.0, 1.0, 2.0 ** -6], base.clone(), True,
                            (out2, 3, rowf, colf))
     assert not torch.equal(out2, out)
+
+
+def test_products_sharing_a_slice_share_its_converted_chunks(plain, monkeypatch):
+    # with chunks of one slice's width, a1.b1 and [a1 | a2].[b2 | b1] (S = 2) hold the same
+    # a1 chunk: a row block converts a1 and a2 once each, not a1 twice - and the bits are
+    # the plain grouping's
+    h, w, dl = _case(seed=7)
+    want = plain(h, w, dl, 2)
+    monkeypatch.setattr(fp, "SGEMM_K", h.shape[1])
+    builds = []
+    real = fp._Kept.get
+
+    def spy(self, key, build):
+        if self.chunks is not None and key[0] == 1 and key not in self.chunks:
+            builds.append(key)
+        return real(self, key, build)
+
+    monkeypatch.setattr(fp._Kept, "get", spy)
+    got = _bits(_run(h, w, dl, 2))
+    for name, a, b in zip(("logits", "dh", "dw"), want, got):
+        assert torch.equal(a, b), name
+    k = h.shape[1]
+    # the forward's a side (h's slices, K = k): a1 and a2 converted once each, nothing else
+    assert sorted(b for b in builds if b[2:] == (0, k)) == [(1, 1, 0, k), (1, 2, 0, k)]
