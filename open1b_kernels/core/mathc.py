@@ -197,8 +197,8 @@ def float_sum(parts: torch.Tensor, weights: list[float], t: torch.Tensor, from_t
         tail = (none64, none64, torch.empty(0, dtype=torch.float32).numpy(), False, r, c, c, 0)
     else:
         out, c0, rowf, colf = rounding
-        tail = (flat(rowf.to(torch.float64).contiguous()), flat(colf.to(torch.float64).contiguous()),
-                flat(out), True, r, c, out.shape[1], c0)
+        f64 = [flat(x.to(torch.float64).contiguous()) for x in (rowf, colf)]
+        tail = (*f64, flat(out), True, r, c, out.shape[1], c0)
     args = (flat(parts), n, w.numpy(), flat(t), from_t, *tail)
     parallel(lambda lo, hi, p: _mathc.float_sum(*args, lo, hi, p), r, grain=16)
     return True

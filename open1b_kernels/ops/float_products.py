@@ -6,12 +6,14 @@ pairs side by side along K, and a sparse slice of ``a`` compacted to its nonzero
 T is an integer, so any grouping that holds every nonzero term gives it. Each product runs
 as float32 GEMMs over contraction chunks of SGEMM_K (a chunk's partial sums are integers
 below 2^24 whatever the BLAS's order: exact), added into a float64 T with the level's
-power-of-two weight (exact: |T| < 2^53, MAX_K). For S = 3 with no compacted slice the six
-pairs run as two GEMMs (``head_form``): a float64 GEMM of the 14-bit heads A = a1 2^7 + a2
-and B = b1 2^7 + b2, whose ``A . B = a1.b1 2^14 + (a1.b2 + a2.b1) 2^7 + a2.b2`` holds levels
-2, 3 and one pair of level 4 (products below 2^28, sums below K 2^28 < 2^53: exact in any
-order), plus the level-4 pairs a1.b3 and a3.b1 as one float32 product - the work of four
-float32 GEMMs of length K instead of six.
+power-of-two weight (exact: |T| < 2^53, MAX_K) - a few products at a time, in one
+compiled pass that also rounds the last ones into the output (``_Sum``). For S = 3 with no
+compacted slice the six pairs run as two GEMMs (``head_form``): a float64 GEMM of the
+14-bit heads A = a1 2^7 + a2 and B = b1 2^7 + b2, whose
+``A . B = a1.b1 2^14 + (a1.b2 + a2.b1) 2^7 + a2.b2`` holds levels 2, 3 and one pair of
+level 4 (products below 2^28, sums below K 2^28 < 2^53: exact in any order), plus the
+level-4 pairs a1.b3 and a3.b1 as one float32 product - the work of four float32 GEMMs of
+length K instead of six.
 
 Operands are converted chunk by chunk, per output block, from the level-ready int8 store
 (``open1b_kernels.ops.slices``) straight into float32 (or float64) scratch in the store's
@@ -180,6 +182,9 @@ def _accumulate(acc: _Sum, sa: LevelSlices, sb: LevelSlices, rs: slice, cs: slic
     a head product writes T instead of adding to it)."""
     t = acc.t
     if isinstance(p, HeadProduct):
+        if not first and not acc.from_t:    # T not written yet: its buffer holds old values
+            t.zero_()
+            acc.wrote_t()
         a_pl, b_pl = [sa[0][rs], sa[1][rs]], [sb[0][cs], sb[1][cs]]
         k = a_pl[0].shape[1]
         for u0 in range(0, k, HEAD_K):      # float64 sums of any length are exact here

@@ -206,3 +206,18 @@ def test_products_sharing_a_slice_share_its_converted_chunks(plain, monkeypatch)
     k = h.shape[1]
     # the forward's a side (h's slices, K = k): a1 and a2 converted once each, nothing else
     assert sorted(b for b in builds if b[2:] == (0, k)) == [(1, 1, 0, k), (1, 2, 0, k)]
+
+
+def test_the_head_product_after_other_products_gives_the_plain_bits(plain, monkeypatch):
+    # the head product writes T itself when it comes first (head_form's order); placed
+    # after the float32 pair it adds into T - over a buffer that still holds the previous
+    # block's T unless it is zeroed first
+    h, w, dl = _case(seed=8)
+    want = plain(h, w, dl, 3)
+    monkeypatch.setattr(fp, "ROW_BLOCK", 16)
+    monkeypatch.setattr(fp, "COL_BLOCK", 24)
+    monkeypatch.setattr(fp, "head_form",
+                        lambda k: (pr.Product((1, 3), (3, 1), 1.0, 0, k), fp.HeadProduct()))
+    got = _bits(_run(h, w, dl, 3))
+    for name, a, b in zip(("logits", "dh", "dw"), want, got):
+        assert torch.equal(a, b), name
