@@ -1591,40 +1591,38 @@ static Py_ssize_t rotq_tile256(int kind, const void *src, const float *rs, Py_ss
     }
 }
 
-/* v4([on]): whether the plain x86-64-v4 copies run (False where the CPU or the build has
- * none); with an argument, switch them off (0) or back on where available (1), so that a
- * test on an AVX-512 machine also runs the copies every other CPU takes. */
-static PyObject *py_v4(PyObject *self, PyObject *args) {
-    (void)self;
+/* v4([on]) and v3([on]): whether the plain x86-64-v4 copies run, and the x86-64-v3 ones
+ * where those do not (False where the CPU or the build has none); with an argument, switch
+ * them off (0) or back on where available (1), so that a test on an AVX-512 machine also
+ * runs the copies every other CPU takes. */
+static PyObject *copy_switch(PyObject *args, int *flag, int v4) {
     int on = -1;
     if (!PyArg_ParseTuple(args, "|i", &on)) return NULL;
 #if HAVE_V4
     if (on >= 0) {
         __builtin_cpu_init();
-        v4_ok = on && __builtin_cpu_supports("x86-64-v4");
+        *flag = on && (v4 ? __builtin_cpu_supports("x86-64-v4")
+                          : __builtin_cpu_supports("x86-64-v3"));
     }
-    return PyBool_FromLong(v4_ok);
+    return PyBool_FromLong(*flag);
 #else
     (void)on;
+    (void)flag;
+    (void)v4;
     Py_RETURN_FALSE;
 #endif
 }
 
-/* v3([on]): the same for the x86-64-v3 copies (they run where the x86-64-v4 ones do not). */
+#if !HAVE_V4
+static int v4_ok, v3_ok;                /* never set: no plain copies in this build */
+#endif
+static PyObject *py_v4(PyObject *self, PyObject *args) {
+    (void)self;
+    return copy_switch(args, &v4_ok, 1);
+}
 static PyObject *py_v3(PyObject *self, PyObject *args) {
     (void)self;
-    int on = -1;
-    if (!PyArg_ParseTuple(args, "|i", &on)) return NULL;
-#if HAVE_V4
-    if (on >= 0) {
-        __builtin_cpu_init();
-        v3_ok = on && __builtin_cpu_supports("x86-64-v3");
-    }
-    return PyBool_FromLong(v3_ok);
-#else
-    (void)on;
-    Py_RETURN_FALSE;
-#endif
+    return copy_switch(args, &v3_ok, 0);
 }
 
 static PyObject *py_rotq(PyObject *self, PyObject *args) {
