@@ -1402,7 +1402,6 @@ static inline float nan_min(float a, float b) { return (a != a || b != b) ? NAN 
 #define NAN_BITS 0x7fc00000  /* the float bits of NAN (GCC: __builtin_nanf(""), quiet, +) */
 /* nan_max (OP >) or nan_min (OP <) of every lane of ACC and V into ACC: NaN's bits where
  * either is NaN, else V where V OP ACC, else ACC - the scalar functions lane by lane. */
-#define VNAN_EXT(ACC, V, OP) VNAN_EXT_T(ACC, V, OP, v16i, v16f)
 #define VNAN_EXT_T(ACC, V, OP, VI, VF) {                                                  \
         VI bad_ = ((ACC) != (ACC)) | ((V) != (V)), take_ = (V) OP (ACC);                  \
         VI m_ = ((VI)(V) & take_) | ((VI)(ACC) & ~take_);                                 \
@@ -1565,30 +1564,28 @@ ROTQ_TILE(rotq_tile_v3_k2, 2, V3, 1, 8)
 ROTQ_TILE(rotq_tile_v3_k3, 3, V3, 1, 8)
 #endif
 
+/* The tile copies by CPU level (rows: the target_clones copies, x86-64-v4, x86-64-v3) and
+ * source kind (columns). */
+typedef Py_ssize_t (*rotq_tile_fn)(const void *, const float *, Py_ssize_t, float *,
+                                   Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t,
+                                   float, float *, float *);
+static const rotq_tile_fn rotq_tiles[][4] = {
+    {rotq_tile_k0, rotq_tile_k1, rotq_tile_k2, rotq_tile_k3},
+#if HAVE_V4
+    {rotq_tile_v4_k0, rotq_tile_v4_k1, rotq_tile_v4_k2, rotq_tile_v4_k3},
+    {rotq_tile_v3_k0, rotq_tile_v3_k1, rotq_tile_v3_k2, rotq_tile_v3_k3},
+#endif
+};
+
 static Py_ssize_t rotq_tile256(int kind, const void *src, const float *rs, Py_ssize_t P,
                                float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1,
                                Py_ssize_t c0, Py_ssize_t c1, float scale, float *cmax,
                                float *cmin) {
+    int level = 0;
 #if HAVE_V4
-    if (v4_ok) switch (kind) {
-    case 0: return rotq_tile_v4_k0(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
-    case 1: return rotq_tile_v4_k1(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
-    case 2: return rotq_tile_v4_k2(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
-    default: return rotq_tile_v4_k3(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
-    }
-    if (v3_ok) switch (kind) {
-    case 0: return rotq_tile_v3_k0(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
-    case 1: return rotq_tile_v3_k1(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
-    case 2: return rotq_tile_v3_k2(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
-    default: return rotq_tile_v3_k3(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
-    }
+    level = v4_ok ? 1 : v3_ok ? 2 : 0;
 #endif
-    switch (kind) {
-    case 0: return rotq_tile_k0(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
-    case 1: return rotq_tile_k1(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
-    case 2: return rotq_tile_k2(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
-    default: return rotq_tile_k3(src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
-    }
+    return rotq_tiles[level][kind](src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
 }
 
 /* v4([on]) and v3([on]): whether the plain x86-64-v4 copies run, and the x86-64-v3 ones

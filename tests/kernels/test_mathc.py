@@ -494,24 +494,3 @@ def test_compiled_bf16_add_equals_the_torch_code(n_ops, monkeypatch):
     monkeypatch.setenv("OPEN1B_MATHC", "0")
     assert torch.equal(model.add_bf16(*xs)[~nan].view(torch.int16), want[~nan].view(torch.int16))
 
-
-@pytest.mark.parametrize("p, q", [(1, 1), (3, 5), (67, 130), (130, 67), (256, 64)])
-def test_compiled_transposed_widening_equals_torch(p, q):
-    # widen_t: y[i, j] = s[j, i] widened exactly (4 x 4 tiles in 64-bit words inside each
-    # 64 x 64 block, the edges element by element), zero rows from P; row ranges that start
-    # and stop off the blocks and tiles (the pieces' cuts)
-    if not mathc.has("widen_t"):
-        pytest.skip("the compiled loops are not built")
-    g = torch.Generator().manual_seed(p * 1000 + q)
-    src = torch.randn(q, p, generator=g).bfloat16()          # (Q, P): read transposed
-    src[0, 0] = float("nan")
-    src.view(torch.int16)[-1, -1] = 1                        # a subnormal
-    r = p + 9
-    want = torch.zeros(r, q)
-    want[:p] = src.t().float()
-    for cuts in ([0, r], [0, min(5, r), min(70, r), r], [0, r // 2, r]):
-        y = torch.full((r, q), -7.0)
-        for lo, hi in zip(cuts, cuts[1:]):
-            mathc._mathc.widen_t(mathc.flat(src.view(torch.int16)), mathc.flat(y), p, q, r,
-                                 lo, hi)
-        assert torch.equal(y.view(torch.int32), want.view(torch.int32))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from open1b_kernels.core import backend
+from open1b_kernels.core import backend, mathc
 from open1b_kernels.int8 import hadamard, linear as linear_int8, quantize
 from tests.kernels.support import bits, needs_interpreter
 
@@ -89,7 +89,6 @@ def copies(request):
     """The compiled rotation's plain x86-64-v4 copy, its 8-lane x86-64-v3 copy (each where
     this CPU runs it) and the target_clones copies older CPUs run: all tested on an AVX-512
     machine, the last two on an AVX2 one."""
-    from open1b_kernels.core import mathc
     lib = mathc._mathc
     if lib is None or not hasattr(lib, "v3"):
         yield request.param
@@ -146,7 +145,6 @@ def test_rotated_column_extremes_are_the_definitions(kind, copies):
     else the largest / smallest rotated value - over whole 16-column vectors and the scalar
     columns after them, with NaN and infinities. (Which zero a column of zeros keeps
     depends on the order rows are met; the caller takes max(|max|, |min|).)"""
-    from open1b_kernels.core import mathc
     if not mathc.has("rotq"):
         pytest.skip("the compiled loops are not built")
     g = torch.Generator().manual_seed(5)
@@ -177,7 +175,6 @@ def test_rotation_steps_are_the_torch_operations():
     """The compiled steps of the rotated columns (one call) against the torch operations
     they replace: zero columns (divisor 1), subnormal steps (the clamp flag), signed zeros,
     infinities, and NaN extremes."""
-    from open1b_kernels.core import mathc
     if mathc.rotation_steps(torch.zeros(1), torch.zeros(1), quantize.INV_127) is None:
         pytest.skip("the compiled loops are not built")
     g = torch.Generator().manual_seed(8)
@@ -203,3 +200,26 @@ def test_rotation_steps_are_the_torch_operations():
     assert subs == [True, False]
     step, div, _ = mathc.rotation_steps(cmax[:2], cmin[:2], quantize.INV_127)
     assert step.tolist() == [0.0, 0.0] and div.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("p, q", [(1, 1), (3, 5), (67, 130), (130, 67), (256, 64)])
+def test_compiled_transposed_widening_equals_torch(p, q):
+    # widen_t (the fill of a transposed bf16 source, rotate_cols kind 1): y[i, j] = s[j, i]
+    # widened exactly (4 x 4 tiles in 64-bit words inside each
+    # 64 x 64 block, the edges element by element), zero rows from P; row ranges that start
+    # and stop off the blocks and tiles (the pieces' cuts)
+    if not mathc.has("widen_t"):
+        pytest.skip("the compiled loops are not built")
+    g = torch.Generator().manual_seed(p * 1000 + q)
+    src = torch.randn(q, p, generator=g).bfloat16()          # (Q, P): read transposed
+    src[0, 0] = float("nan")
+    src.view(torch.int16)[-1, -1] = 1                        # a subnormal
+    r = p + 9
+    want = torch.zeros(r, q)
+    want[:p] = src.t().float()
+    for cuts in ([0, r], [0, min(5, r), min(70, r), r], [0, r // 2, r]):
+        y = torch.full((r, q), -7.0)
+        for lo, hi in zip(cuts, cuts[1:]):
+            mathc._mathc.widen_t(mathc.flat(src.view(torch.int16)), mathc.flat(y), p, q, r,
+                                 lo, hi)
+        assert torch.equal(y.view(torch.int32), want.view(torch.int32))
