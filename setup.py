@@ -86,7 +86,8 @@ class BuildExtWithOpenMP(build_ext):
         return True
 
 
-OPENMP = ("open1b_kernels.core._mathc", "open1b_kernels.attention._tilesc")
+OPENMP = ("open1b_kernels.core._mathc", "open1b_kernels.attention._tilesc",
+          "open1b_kernels.int8._pairmm")
 
 # The license in the form the running setuptools reads without a deprecation notice (pip
 # prints one box per build step for the old form): an SPDX expression from setuptools 77
@@ -112,4 +113,6 @@ setup(**LICENSE, cmdclass={"build_py": BuildPyWithPth,
     Extension("open1b_kernels.attention._tilesc", ["open1b_kernels/attention/_tilesc.c"],
               depends=[MATHFN_H, PIECES_H, "open1b_kernels/attention/_tilemm.h"],
               extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
+    Extension("open1b_kernels.int8._pairmm", ["open1b_kernels/int8/_pairmm.c"], depends=[PIECES_H],
+              extra_compile_args=["-O3", "-std=c11"], optional=True),
 ])

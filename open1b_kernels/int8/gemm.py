@@ -37,7 +37,7 @@ from open1b_kernels.core import intmatrix, mathc
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from open1b_kernels.core.workspace import scratch
-from open1b_kernels.int8 import route
+from open1b_kernels.int8 import pairmm, route
 from open1b_kernels.int8.checksum import SlabCheck, checksum_ok
 from open1b_kernels.int8.route import MAX_K, exact_int_mm_cpu
 
@@ -123,6 +123,15 @@ def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
     to the float route and recomputes, as ``exact_int_mm_cpu`` does. ``out``: a contiguous
     float32 destination (out_dtype float32 only)."""
     m, n = a.shape[0], b.shape[0]
+    if (m and n and a.shape[1] and route.int_gemm_route() == "pairs"
+            and (out is None or out_dtype == torch.float32)):
+        # the exact product into a reused buffer, then the compiled dequantization (no
+        # check: the pair GEMM is exact by construction, open1b_kernels.int8.route)
+        acc = pairmm.pair_mm(a, b, out=scratch("gemm.acc", (m, n), torch.int32))
+        y = out if out is not None else torch.empty((m, n), dtype=out_dtype)
+        if intmatrix.dequant(acc, row_scale, col_scale, y, sums=False) is not None:
+            return y
+        return dequantize_cpu(acc, row_scale, col_scale, out_dtype, out=out)
     if (m and n and a.shape[1] > 1 and route.int_gemm_route() == "int" and mathc.has("dequant")
             and (out is None or out_dtype == torch.float32)):
         try:               # the product is only read here: a reused buffer (page faults)

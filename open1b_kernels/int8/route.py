@@ -1,6 +1,7 @@
 """The CPU's exact int8 GEMM (``open1b_kernels.int8.gemm``'s CPU path): which route computes it,
-the library's integer GEMM checked or float32 GEMMs of the integer values, and the
-process-wide decision between them (probe, checks, failures, status).
+the library's integer GEMM checked, the project's own int16-pair GEMM or float32 GEMMs of
+the integer values, and the process-wide decision between them (probe, checks, failures,
+status).
 
 Either route gives the exact integer product, so the route changes the speed, never the
 bits; the comment below says why each is exact and when each is picked.
@@ -13,6 +14,7 @@ import torch
 
 from open1b_kernels.core import intmatrix
 from open1b_kernels.core.workspace import scratch
+from open1b_kernels.int8 import pairmm
 from open1b_kernels.int8.checksum import SlabCheck, checksum_ok
 
 # |a*b| <= 128*128 = 2^14 and MAX_K * 2^14 = 2^31 - 2^14 < 2^31: no int32 overflow.
@@ -42,14 +44,20 @@ MAX_K = 131_071
 # "float" route, names the platform and the failing case (``int_gemm_status``), and the
 # result is recomputed on the float route: the bits never change, only the speed.
 #
-# Which route: OPEN1B_INT_GEMM=float|int|auto (default auto: "int" only on CPUs with an
+# "pairs": the project's own compiled GEMM (``open1b_kernels.int8.pairmm``): int8 widened to
+# int16 pairs, AVX2's vpmaddwd multiplying 16 of them per instruction into int32 lanes.
+# Integer sums below 2^31 (K <= MAX_K): exact in any order, by construction - no library to
+# trust, so no probe and no checksum; x86-64 with AVX2 only.
+#
+# Which route: OPEN1B_INT_GEMM=float|int|pairs|auto (default auto: "int" on CPUs with an
 # int8 dot-product instruction - AVX-512 VNNI, AVX-VNNI or AMX-INT8 - where it is the
-# faster one, and only if the probe passes). Measured on the project's 2-core AMD EPYC
-# (AVX2, FMA, no AVX-512, no VNNI; torch capability AVX2), benchmarks/kernels/int_gemm.py:
-# torch._int_mm is exact there but 13-20x slower than the float route at the linear's
-# shapes (the float route runs at 0.75-0.9x of a float32 GEMM), so auto keeps "float".
-# On a 2-core AMD EPYC with AVX-512 VNNI (2026-12-02, BENCHMARKS.md) the int route runs
-# the linear's GEMMs 1.3-1.7x faster than a float32 GEMM of the same shape: auto picks it.
+# faster one, and only if the probe passes; else "pairs" where the CPU runs it; else
+# "float"). Measured on the project's 2-core AMD EPYC (Zen 3: AVX2, FMA, no AVX-512, no
+# VNNI; torch capability AVX2), benchmarks/kernels/int_gemm.py: torch._int_mm is exact
+# there but 13-20x slower than the float route at the linear's shapes (the float route
+# runs at 0.75-0.9x of a float32 GEMM); the pair GEMM runs them 1.5-1.7x faster than a
+# float32 GEMM. On a 2-core AMD EPYC with AVX-512 VNNI (2026-12-02, BENCHMARKS.md) the int
+# route runs the linear's GEMMs 1.3-1.7x faster than a float32 GEMM of the same shape.
 #
 # A contraction of length 1 always takes the float route: torch 2.13's CPU ``_int_mm``
 # returns uninitialized memory for K = 1 and N >= 2 (the (1, N) operand's strides are
@@ -154,7 +162,7 @@ def probe_int_mm(mm=None) -> str | None:
 
 
 class _Route:
-    route: str | None = None        # "int" or "float" once decided
+    route: str | None = None        # "int", "pairs" or "float" once decided
     reason: str = "not decided yet"
     failures: int = 0
 
@@ -172,15 +180,23 @@ def _refuse(why: str) -> None:
 
 
 def int_gemm_route() -> str:
-    """"int" or "float" for this process (decided once; see the comment above)."""
+    """"int", "pairs" or "float" for this process (decided once; see the comment above)."""
     if _Route.route is None:
         want = os.environ.get(INT_GEMM_ENV, "auto").lower()
-        if want not in ("auto", "int", "float"):
-            raise ValueError(f"{INT_GEMM_ENV} must be auto, int or float, got {want!r}")
-        if want == "float" or (want == "auto" and not cpu_flags() & set(_VNNI_FLAGS)):
-            _Route.route = "float"
-            _Route.reason = (f"{INT_GEMM_ENV}={want}" if want == "float" else
-                             f"auto: no VNNI-class instruction on {platform_name()}")
+        if want not in ("auto", "int", "pairs", "float"):
+            raise ValueError(f"{INT_GEMM_ENV} must be auto, int, pairs or float, got {want!r}")
+        vnni = bool(cpu_flags() & set(_VNNI_FLAGS))
+        if want == "pairs" or (want == "auto" and not vnni):
+            if pairmm.available():
+                _Route.route = "pairs"
+                _Route.reason = (f"{INT_GEMM_ENV}={want}" if want == "pairs" else
+                                 f"auto: no VNNI-class instruction, AVX2 on {platform_name()}")
+            else:
+                _Route.route = "float"
+                _Route.reason = (f"{INT_GEMM_ENV}={want}: no AVX2 pair GEMM on "
+                                 f"{platform_name()} (not x86-64 with AVX2, or not built)")
+        elif want == "float":
+            _Route.route, _Route.reason = "float", f"{INT_GEMM_ENV}={want}"
         else:
             bad = probe_int_mm()
             if bad is not None:
@@ -275,14 +291,17 @@ def exact_int_mm_cpu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None 
                      slabs: SlabCheck | None = None) -> torch.Tensor:
     """Exact int32 ``a @ b.T`` of int8 (M, K) and (N, K) on the CPU (K <= MAX_K).
 
-    The process's route (``int_gemm_route``): the library's integer GEMM, checked, or
-    float32 GEMMs of the int8 values in contraction chunks of SGEMM_K (see above); either
-    way the exact integer product. Operands may be row-major or transposed views; ``out``
-    (int32 (M, N), contiguous) receives the result. ``slabs``: this is one slab of several
+    The process's route (``int_gemm_route``): the library's integer GEMM, checked, the
+    pair GEMM, or float32 GEMMs of the int8 values in contraction chunks of SGEMM_K (see
+    above); every way the exact integer product. Operands may be row-major or transposed
+    views; ``out`` (int32 (M, N), contiguous) receives the result. ``slabs``: this is one slab of several
     sharing ``b``; its rows are checked here and the caller checks the columns of all
     slabs at the end (``SlabCheck``).
     """
-    if a.shape[0] and b.shape[0] and a.shape[1] > 1 and int_gemm_route() == "int":
+    route = int_gemm_route() if a.shape[0] and b.shape[0] and a.shape[1] else "float"
+    if route == "pairs":
+        return pairmm.pair_mm(a, b, out)
+    if a.shape[1] > 1 and route == "int":
         try:
             acc = _raw_int_mm(a, b.t(), out=out)
         except RuntimeError:        # a layout or shape the library refuses: not a fault

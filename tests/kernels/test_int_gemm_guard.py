@@ -140,7 +140,7 @@ def test_routes_give_the_same_bits_through_the_linear(route):
 
 def test_unknown_route_is_refused(route):
     route("fast")
-    with pytest.raises(ValueError, match="auto, int or float"):
+    with pytest.raises(ValueError, match="auto, int, pairs or float"):
         gemm_route.int_gemm_route()
 
 

@@ -1,0 +1,79 @@
+"""The exact int8 GEMM in int16 pairs (``open1b_kernels/int8/_pairmm.c``): int32 ``a @ b.T``
+at the integer speed of an x86-64 CPU with AVX2 and no int8 dot-product instruction.
+
+The C file says why it is exact (int32 sums of int8 products below 2^31 for K <= MAX_K,
+in any order) and why it is faster there than float32 GEMMs of the same integers; the
+route that picks it is ``open1b_kernels.int8.route``. Both operands are packed once into
+pair panels (scratch buffers reused across calls), then C's row panels are cut between the
+threads: each thread sums its own rows, so the result does not depend on the cut.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from open1b_kernels.core.mathc import flat
+from open1b_kernels.core.pieces import parallel
+from open1b_kernels.core.workspace import scratch
+
+try:
+    from open1b_kernels.int8 import _pairmm
+except ImportError:  # pragma: no cover - the extension is optional
+    _pairmm = None
+
+MR, NR = 6, 16     # the C file's register block: A's panels of rows, B's of columns
+MAX_K = 131_071    # int32 sums of K products of at most 2^14
+
+
+def available() -> bool:
+    """True when the extension is built, this CPU runs it (x86-64 with AVX2) and it is not
+    switched off (OPEN1B_MATHC=0 switches off every compiled loop)."""
+    return (_pairmm is not None and os.environ.get("OPEN1B_MATHC", "1") != "0"
+            and _pairmm.available())
+
+
+def _source(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """(a contiguous tensor holding ``x``'s elements, line stride, k stride): ``x`` (int8,
+    lines x K) itself when row-major, its transpose's storage when a transposed view, else
+    a row-major copy."""
+    if x.is_contiguous():
+        return x, x.shape[1], 1
+    if x.t().is_contiguous():
+        return x.t(), 1, x.shape[0]
+    return x.contiguous(), x.shape[1], 1
+
+
+def _pack(x: torch.Tensor, width: int, name: str) -> torch.Tensor:
+    lines, k = x.shape
+    src, sl, sk = _source(x)
+    panels = -(-lines // width)
+    out = scratch(name, (panels * ((k + 1) // 2) * width,), torch.int32)
+    xs, o = flat(src).view("int8"), flat(out)
+    parallel(lambda lo, hi, p: _pairmm.pack(xs, o, sl, sk, lines, k, width, lo, hi, p), panels,
+             grain=max(1, 4096 // max(k, 1)))
+    return out
+
+
+def pair_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Exact int32 ``a @ b.T`` of int8 (M, K) and (N, K) CPU matrices (row-major or
+    transposed views), 1 <= K <= MAX_K, into ``out`` (contiguous int32 (M, N)) when given.
+    Needs ``available()``."""
+    m, k = a.shape
+    n = b.shape[0]
+    if a.dtype != torch.int8 or b.dtype != torch.int8 or b.shape[1] != k:
+        raise ValueError(f"pair_mm needs int8 (M, K) and (N, K), got {a.dtype} "
+                         f"{tuple(a.shape)} and {b.dtype} {tuple(b.shape)}")
+    if not 1 <= k <= MAX_K:
+        raise ValueError(f"pair_mm: K = {k} outside [1, {MAX_K}] (int32 sums stay exact)")
+    c = out if out is not None else torch.empty((m, n), dtype=torch.int32)
+    if out is not None and (out.dtype != torch.int32 or out.shape != (m, n)
+                            or not out.is_contiguous()):
+        raise ValueError(f"pair_mm: out must be contiguous int32 {(m, n)}")
+    if not (m and n):
+        return c
+    ap, bp = _pack(a, MR, "pairmm.a"), _pack(b, NR, "pairmm.b")
+    ap_n, bp_n, cn = flat(ap), flat(bp), flat(c)
+    parallel(lambda lo, hi, p: _pairmm.product(ap_n, bp_n, cn, m, n, k, lo, hi, p),
+             -(-m // MR), grain=16)
+    return c
