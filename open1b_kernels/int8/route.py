@@ -273,6 +273,8 @@ def int_mm_unchecked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None 
     when given), *not* checked - for a caller that checks the exact row and column sums of
     the whole product itself, once, instead of per block (``open1b_kernels.ops.lmhead``); None
     where the library refuses the layout or shape."""
+    if a.shape[1] and int_gemm_route() == "pairs":
+        return pairmm.pair_mm(a, b, out)
     if a.shape[1] < 2:                  # K = 1: the float route (comment above SGEMM_K)
         return None
     try:

@@ -162,8 +162,9 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     ``fp32(float64(T) * 2^(Ea + Eb - bias))``: the power-of-two multiplies are exact in
     float64, and one rounding to float32 follows."""
     _check(a, b, slices)
-    int_route = a.device.type == "cpu" and int_gemm_route() == "int"
-    if int_route and _narrow_transposed(a, b):
+    route = int_gemm_route() if a.device.type == "cpu" else "float"
+    int_route = route in ("int", "pairs")
+    if route == "int" and _narrow_transposed(a, b):
         return ozaki_mm_cpu(b, a, slices).t().contiguous()
     r, k = a.shape
     c = b.shape[0]
