@@ -34,14 +34,20 @@ def available() -> bool:
 
 
 def _source(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """(a contiguous tensor holding ``x``'s elements, line stride, k stride): ``x`` (int8,
-    lines x K) itself when row-major, its transpose's storage when a transposed view, else
-    a row-major copy."""
-    if x.is_contiguous():
-        return x, x.shape[1], 1
-    if x.t().is_contiguous():
-        return x.t(), 1, x.shape[0]
-    return x.contiguous(), x.shape[1], 1
+    """(a contiguous 1-D int8 tensor spanning ``x``'s elements, line stride, k stride) for
+    ``x`` (int8, lines x K) with a unit stride on either side - row-major, a transposed
+    view, or a block of either (a column block of a transposed view has neither layout
+    whole: copying it cost more than the pair GEMM at the demo head's weight gradient);
+    else a row-major copy."""
+    lines, k = x.shape
+    sl, sk = x.stride()
+    if not (sk == 1 or sl == 1) or min(sl, sk) < 0:
+        x = x.contiguous()
+        sl, sk = k, 1
+    span = (lines - 1) * sl + (k - 1) * sk + 1
+    flat_view = torch.empty(0, dtype=torch.int8).set_(x.untyped_storage(), x.storage_offset(),
+                                                      (span,), (1,))
+    return flat_view, sl, sk
 
 
 def _pack(x: torch.Tensor, width: int, name: str) -> torch.Tensor:

@@ -171,3 +171,22 @@ def test_lm_head_on_the_pair_route_gives_the_float_bits(route, monkeypatch, slic
     assert {(60 if chunked else 300) * p for p in range(1, slices + 1)} <= set(shapes)
     assert gemm_route.int_gemm_status()["failures"] == 0
     assert all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(want, got))
+
+
+@needs_pairs
+def test_blocks_of_larger_matrices_are_read_in_place():
+    # a column block of a transposed view (the head's weight gradient) and a row-major
+    # block with a longer row: read where they lie (no copy), the exact product either way
+    g = torch.Generator().manual_seed(9)
+    big = torch.randint(-128, 128, (300, 500), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (21, 77), generator=g, dtype=torch.int8)
+    for a in (big.t()[40:123, 7:84], big[5:88, 100:177], big[5:88, 100:177].t().contiguous().t()):
+        src, sl, sk = pairmm._source(a)
+        assert (sl, sk) == a.stride()
+        assert src.untyped_storage().data_ptr() == big.untyped_storage().data_ptr() or \
+            a.is_contiguous() or a.t().is_contiguous()
+        assert torch.equal(pairmm.pair_mm(a, b).to(torch.int64), _exact(a, b))
+        assert torch.equal(pairmm.pair_mm(b, a).to(torch.int64), _exact(b, a))
+    odd = big[::2, ::3][:50, :77]                    # no unit stride: a copy, still exact
+    assert pairmm._source(odd)[1:] == (77, 1)
+    assert torch.equal(pairmm.pair_mm(odd, b).to(torch.int64), _exact(odd, b))
