@@ -1,4 +1,4 @@
-"""The compiled parts, both optional (where no C compiler is available the install goes on):
+"""The compiled parts, all optional (where no C compiler is available the install goes on):
 
 * ``open1b_data.ingest.tokenizer._bpe`` (open1b_data/ingest/tokenizer/_bpe.c): the build's
   fast encoder; without it ``FastEncoder`` uses tiktoken alone.
@@ -15,7 +15,11 @@
   (softmax, quantization, p/ds, ordered tile sums) between torch's exact products; the same
   flags and the same bits; without it the torch code of open1b_kernels/attention runs.
 
-Both loop extensions are built with -fopenmp where the compiler takes it (checked by a trial
+* ``open1b_kernels.int8._pairmm`` (open1b_kernels/int8/_pairmm.c): the exact int8 GEMM in
+  int16 pairs for x86-64 CPUs with AVX2 and no VNNI (integer arithmetic only: plain -O3);
+  without it, or on another CPU, the int8 GEMMs take the library's or the float route.
+
+The loop extensions are built with -fopenmp where the compiler takes it (checked by a trial
 build): a loop's pieces then run at once on the OpenMP threads of the libgomp torch loads
 (open1b_kernels/core/_pieces.h says why); without it they run one after another, and
 open1b_kernels.core.pieces hands them to its own thread pool instead. OpenMP changes no value:
@@ -113,6 +117,7 @@ setup(**LICENSE, cmdclass={"build_py": BuildPyWithPth,
     Extension("open1b_kernels.attention._tilesc", ["open1b_kernels/attention/_tilesc.c"],
               depends=[MATHFN_H, PIECES_H, "open1b_kernels/attention/_tilemm.h"],
               extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
-    Extension("open1b_kernels.int8._pairmm", ["open1b_kernels/int8/_pairmm.c"], depends=[PIECES_H],
+    Extension("open1b_kernels.int8._pairmm", ["open1b_kernels/int8/_pairmm.c"],
+              depends=[PIECES_H, "open1b_kernels/int8/_pairblock.h"],
               extra_compile_args=["-O3", "-std=c11"], optional=True),
 ])

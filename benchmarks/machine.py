@@ -125,8 +125,10 @@ def describe() -> str:
     now = datetime.datetime.now(datetime.timezone.utc)
     torch = sys.modules.get("torch")  # named only where the benchmark uses it
     lib = f", torch {torch.__version__} with {torch.get_num_threads()} threads" if torch else ""
+    route = sys.modules.get("open1b_kernels.int8.route")   # where the benchmark loaded it
+    gemm = f", exact int8 GEMM on the {route.int_gemm_route()} route" if route else ""
     return (f"{cores()} usable cores (nproc {os.cpu_count()}), {cpu_model()}, Python "
-            f"{platform.python_version()}{lib}; {now:%Y-%m-%d %H:%M} UTC")
+            f"{platform.python_version()}{lib}{gemm}; {now:%Y-%m-%d %H:%M} UTC")
 
 
 def report_head(script: str) -> list[str]:

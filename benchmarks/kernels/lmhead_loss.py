@@ -6,7 +6,8 @@ Ours (CPU reference, ``force("cpu")``): ``lmhead_forward`` (the exact 3-slice bf
 h (T, 2,048) bf16 x w (128,256, 2,048) bf16 -> fp32 logits), ``xent_forward`` /
 ``xent_backward`` (cross-entropy + z-loss), ``lmhead_backward`` (dh and dw, both exact
 slice GEMMs), once with the S = 3 two-GEMM form (``CPU_S3_TWO_GEMMS``, now) and once with
-the six slice products (before; the same bits, checked here). Anchor: torch float32
+the six slice products (before; the same bits, checked here) - a choice of the float
+route: on the integer routes ("int", "pairs") both run the level products. Anchor: torch float32
 ``F.linear`` + ``F.cross_entropy`` forward and backward (to h and w) of the same shape.
 Alternating, median of ``--repeats`` after one warm-up; ratio = torch time / ours.
 """

@@ -1,16 +1,22 @@
 /* One core's multiply-add rate in a GEMM register block (6 x 16 outputs, operands in L1):
  * float32 FMA (vfmadd231ps, 8 lanes) against the exact integer alternative a CPU without
  * VNNI has, int16 pairs (vpmaddwd + vpaddd: 16 multiply-adds per instruction pair, exact
- * int32 sums). Run by benchmarks/kernels/madd_rate.py; x86-64 with AVX2 and FMA only. */
+ * int32 sums) - written with intrinsics, and as the pair GEMM ships it (the inline assembly
+ * of open1b_kernels/int8/_pairblock.h; the compiler's intrinsics version spills). Run by
+ * benchmarks/kernels/madd_rate.py; x86-64 with AVX2 and FMA only. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+
+#include "../../open1b_kernels/int8/_pairblock.h"
 
 #define KC 256
 static float af[6 * KC], bf[16 * KC];
 static int16_t ai[6 * KC], bi[16 * KC];
+static uint32_t ap[3 * KC], bp[8 * KC];   /* the same values as pair words (KC / 2 pairs) */
 
 static double now(void) {
     struct timespec t;
@@ -60,13 +66,23 @@ int main(int argc, char **argv) {
     static int32_t ci[96];
     for (int i = 0; i < 6 * KC; i++) af[i] = ai[i] = (int16_t)(i % 7);
     for (int i = 0; i < 16 * KC; i++) bf[i] = bi[i] = (int16_t)(i % 5);
+    memcpy(ap, ai, sizeof ap);
+    memcpy(bp, bi, sizeof bp);
     double t = now();
     for (long i = 0; i < n; i++) block_f32(cf);
     double tf = now() - t;
     t = now();
     for (long i = 0; i < n; i++) block_i16(ci);
     double ti = now() - t;
+    static int32_t tile[96];
+    t = now();
+    for (long i = 0; i < n; i++) {
+        pair_block(ap, bp, KC / 2, tile);
+        for (int j = 0; j < 96; j++) ci[j] += tile[j];  /* what the GEMM does with a tile */
+    }
+    double ta = now() - t;
     double macs = (double)n * 6 * 16 * KC;
-    printf("%.3f %.3f %g %d\n", macs / tf / 1e9, macs / ti / 1e9, cf[5], ci[7]);
+    printf("%.3f %.3f %.3f %g %d\n", macs / tf / 1e9, macs / ti / 1e9, macs / ta / 1e9, cf[5],
+           ci[7]);
     return 0;
 }

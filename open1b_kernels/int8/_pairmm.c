@@ -18,9 +18,7 @@
  * Layout: the operands are packed once into pair panels - A by 6 rows (each pair of k a
  * 32-bit word holding two int16), B by 16 columns (each pair of k 16 such words) - with
  * zeros past the edges (rows, columns, an odd K), then every 6 x 16 block of C is one
- * register block over a K block of KC pairs.
- * The register block is written in inline assembly: the compiler's version hoisted the six
- * broadcasts and spilled the accumulators (40 G multiply-adds/s instead of 80).
+ * register block over a K block of KC pairs (_pairblock.h: inline assembly).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -104,43 +102,7 @@ static void pack(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, Py_ssize_t lines
 }
 
 #if PAIRMM_X86
-#define PAIRMM_ROW(i, lo, hi)                                  \
-    "vpbroadcastd " #i "*4(%[a]), %%ymm2\n\t"                   \
-    "vpmaddwd %%ymm0, %%ymm2, %%ymm3\n\t"                       \
-    "vpaddd %%ymm3, %%" lo ", %%" lo "\n\t"                     \
-    "vpmaddwd %%ymm1, %%ymm2, %%ymm3\n\t"                       \
-    "vpaddd %%ymm3, %%" hi ", %%" hi "\n\t"
-
-/* tile (6 x 16 int32, row-major) = sum over `pairs` pairs of A's panel words times B's. */
-__attribute__((target("avx2")))
-static void block(const uint32_t *a, const uint32_t *b, Py_ssize_t pairs, int32_t *tile) {
-    __asm__ volatile(
-        "vpxor %%ymm4, %%ymm4, %%ymm4\n\t vpxor %%ymm5, %%ymm5, %%ymm5\n\t"
-        "vpxor %%ymm6, %%ymm6, %%ymm6\n\t vpxor %%ymm7, %%ymm7, %%ymm7\n\t"
-        "vpxor %%ymm8, %%ymm8, %%ymm8\n\t vpxor %%ymm9, %%ymm9, %%ymm9\n\t"
-        "vpxor %%ymm10, %%ymm10, %%ymm10\n\t vpxor %%ymm11, %%ymm11, %%ymm11\n\t"
-        "vpxor %%ymm12, %%ymm12, %%ymm12\n\t vpxor %%ymm13, %%ymm13, %%ymm13\n\t"
-        "vpxor %%ymm14, %%ymm14, %%ymm14\n\t vpxor %%ymm15, %%ymm15, %%ymm15\n\t"
-        "test %[p], %[p]\n\t jz 2f\n\t"
-        "1:\n\t"
-        "vmovdqu (%[b]), %%ymm0\n\t vmovdqu 32(%[b]), %%ymm1\n\t"
-        PAIRMM_ROW(0, "ymm4", "ymm5") PAIRMM_ROW(1, "ymm6", "ymm7")
-        PAIRMM_ROW(2, "ymm8", "ymm9") PAIRMM_ROW(3, "ymm10", "ymm11")
-        PAIRMM_ROW(4, "ymm12", "ymm13") PAIRMM_ROW(5, "ymm14", "ymm15")
-        "add $24, %[a]\n\t add $64, %[b]\n\t dec %[p]\n\t jnz 1b\n\t"
-        "2:\n\t"
-        "vmovdqu %%ymm4, (%[t])\n\t vmovdqu %%ymm5, 32(%[t])\n\t"
-        "vmovdqu %%ymm6, 64(%[t])\n\t vmovdqu %%ymm7, 96(%[t])\n\t"
-        "vmovdqu %%ymm8, 128(%[t])\n\t vmovdqu %%ymm9, 160(%[t])\n\t"
-        "vmovdqu %%ymm10, 192(%[t])\n\t vmovdqu %%ymm11, 224(%[t])\n\t"
-        "vmovdqu %%ymm12, 256(%[t])\n\t vmovdqu %%ymm13, 288(%[t])\n\t"
-        "vmovdqu %%ymm14, 320(%[t])\n\t vmovdqu %%ymm15, 352(%[t])\n\t"
-        "vzeroupper\n\t"
-        : [a] "+r"(a), [b] "+r"(b), [p] "+r"(pairs)
-        : [t] "r"(tile)
-        : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",
-          "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
-}
+#include "_pairblock.h"
 
 /* C's row panels [r0, r1) (6 rows each): every 6 x 16 block summed over K blocks of KC
  * pairs, the first one stored, the others added (integer sums: any order is exact). */
@@ -156,7 +118,7 @@ static void product(const uint32_t *ap, const uint32_t *bp, int32_t *c, Py_ssize
                 const uint32_t *bpanel = bp + (jr * P + pc) * NR;
                 Py_ssize_t j0 = jr * NR, cols = N - j0 < NR ? N - j0 : NR;
                 for (Py_ssize_t ir = ic; ir < ic_end; ir++) {
-                    block(ap + (ir * P + pc) * MR, bpanel, kc, tile);
+                    pair_block(ap + (ir * P + pc) * MR, bpanel, (long)kc, tile);
                     Py_ssize_t i0 = ir * MR, rows = M - i0 < MR ? M - i0 : MR;
                     for (Py_ssize_t i = 0; i < rows; i++) {
                         int32_t *dst = c + (i0 + i) * N + j0;

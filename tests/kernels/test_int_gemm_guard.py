@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from open1b_kernels.core.backend import force
-from open1b_kernels.int8 import checksum, gemm
+from open1b_kernels.int8 import checksum, gemm, pairmm
 from open1b_kernels.int8 import route as gemm_route
 from open1b_kernels.int8.linear import linear_int8_backward, linear_int8_forward
 
@@ -117,7 +117,7 @@ def test_a_fault_is_caught_in_the_fused_dequantization(route, fault):
     assert gemm_route.int_gemm_status()["failures"] == 1
 
 
-def test_routes_give_the_same_bits_through_the_linear(route):
+def test_routes_give_the_same_bits_through_the_linear(route, monkeypatch):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(70, 300, generator=g).to(torch.bfloat16)
     w = (torch.randn(90, 300, generator=g) * 0.02).to(torch.bfloat16)
@@ -125,17 +125,24 @@ def test_routes_give_the_same_bits_through_the_linear(route):
     s = torch.tensor([4.0 / 127])
     outs = {}
     exact = lambda a, bt: gemm_route._exact_ref(a, bt.t()).to(torch.int32)  # noqa: E731
-    for which, mm in (("float", None), ("int", exact)):
+    routes = [("float", None), ("int", exact)] + ([("pairs", None)] if pairmm.available() else [])
+    pair_calls = []
+    real = pairmm.pair_mm
+    monkeypatch.setattr(pairmm, "pair_mm", lambda *a, **k: pair_calls.append(1) or real(*a, **k))
+    for which, mm in routes:
         route(which, mm)
         with force("cpu"), warnings.catch_warnings():
             warnings.simplefilter("error")
             outs[which] = (linear_int8_forward(x, w, s), *linear_int8_backward(dy, x, w, s))
         assert gemm_route.int_gemm_route() == which
-    for f, i in zip(outs["float"], outs["int"]):
-        assert torch.equal(f.view(-1).view(torch.int16 if f.dtype == torch.bfloat16
-                                           else torch.int32),
-                           i.view(-1).view(torch.int16 if i.dtype == torch.bfloat16
-                                           else torch.int32))
+    # the pair route, where this CPU runs it, ran forward, dX and dW on the pair GEMM
+    assert len(pair_calls) >= (3 if pairmm.available() else 0)
+    for which, _ in routes[1:]:
+        for f, i in zip(outs["float"], outs[which]):
+            assert torch.equal(f.view(-1).view(torch.int16 if f.dtype == torch.bfloat16
+                                               else torch.int32),
+                               i.view(-1).view(torch.int16 if i.dtype == torch.bfloat16
+                                               else torch.int32))
 
 
 def test_unknown_route_is_refused(route):

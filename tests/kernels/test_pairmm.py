@@ -1,9 +1,9 @@
 """The int16-pair GEMM (open1b_kernels/int8/_pairmm.c): the exact int32 product on every
 shape, layout and extreme, the route that picks it, and the same bits as the float route
-through the linear."""
+through the LM head (through the linear: tests/kernels/test_int_gemm_guard.py, every
+route)."""
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -11,7 +11,6 @@ import torch
 from open1b_kernels.core.backend import force
 from open1b_kernels.int8 import pairmm
 from open1b_kernels.int8 import route as gemm_route
-from open1b_kernels.int8.linear import linear_int8_backward, linear_int8_forward
 
 needs_pairs = pytest.mark.skipif(not pairmm.available(),
                                  reason="the pair GEMM needs x86-64 with AVX2 (and the build)")
@@ -103,31 +102,6 @@ def test_pairs_unavailable_falls_back_to_float(route, monkeypatch):
     route("pairs")
     assert gemm_route.int_gemm_route() == "float"
     assert "no AVX2 pair GEMM" in gemm_route.int_gemm_status()["reason"]
-
-
-@needs_pairs
-def test_routes_give_the_same_bits_through_the_linear(route, monkeypatch):
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(70, 300, generator=g).to(torch.bfloat16)
-    w = (torch.randn(90, 300, generator=g) * 0.02).to(torch.bfloat16)
-    dy = (torch.randn(70, 90, generator=g) * 1e-3).to(torch.bfloat16)
-    s = torch.tensor([4.0 / 127])
-    outs = {}
-    calls = []
-    real = pairmm.pair_mm
-    monkeypatch.setattr(pairmm, "pair_mm", lambda *a, **k: calls.append(1) or real(*a, **k))
-    for which in ("float", "pairs"):
-        route(which)
-        with force("cpu"), warnings.catch_warnings():
-            warnings.simplefilter("error")
-            outs[which] = (linear_int8_forward(x, w, s), *linear_int8_backward(dy, x, w, s))
-        assert gemm_route.int_gemm_route() == which
-    assert len(calls) >= 3                   # forward, dX and dW all ran the pair GEMM
-    for f, p in zip(outs["float"], outs["pairs"]):
-        assert f.dtype == p.dtype and torch.equal(f.view(torch.int16 if f.dtype == torch.bfloat16
-                                                         else torch.int32),
-                                                  p.view(torch.int16 if p.dtype == torch.bfloat16
-                                                         else torch.int32))
 
 
 @needs_pairs

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from open1b_kernels.core import mathc
+from open1b_kernels.int8 import pairmm
 from open1b_kernels.int8 import route as gemm_route
 from open1b_kernels.int8.checksum import _mv, col_sums
 from open1b_kernels.ops.lmhead import slice_rows_cpu
@@ -60,20 +61,23 @@ def test_level_slices_are_the_planes_values_and_levels_are_views(transposed, des
 
 @pytest.mark.parametrize("transposed", [False, True])
 def test_the_int8_gemm_reads_level_views_as_contiguous_copies(transposed):
-    """The library reads a level view (a row stride of S K, or a transposed store with a
-    leading dimension of R) exactly as the contiguous copy the route made before. Only
-    where the route uses the library (its probe passed: exact integer sums)."""
-    if gemm_route.int_gemm_route() != "int":
-        pytest.skip("the integer GEMM route is not in use on this CPU")
+    """The integer GEMM reads a level view (a row stride of S K, or a transposed store with
+    a leading dimension of R) exactly as the contiguous copy the route made before. Only
+    where the route uses an integer GEMM: the library (its probe passed: exact integer
+    sums) or the pair GEMM (open1b_kernels.int8.pairmm)."""
+    route = gemm_route.int_gemm_route()
+    if route not in ("int", "pairs"):
+        pytest.skip("no integer GEMM route in use on this CPU")
+    mm = (lambda x, y: torch._int_mm(x, y.t())) if route == "int" else pairmm.pair_mm
     a = LevelSlices.make(_operand(transposed, torch.bfloat16, 1), 3, "test.gemm.a", False)
     b = LevelSlices.make(_operand(False, torch.bfloat16, 2)[:29], 3, "test.gemm.b", True)
     for count in (1, 2, 3):
         al, bl = a.level(count, slice(2, 35)), b.level(count, slice(0, 29))
         try:
-            got = torch._int_mm(al, bl.t())
+            got = mm(al, bl)
         except RuntimeError:                      # the library refuses the shape: not here
             pytest.skip("torch._int_mm unavailable for these shapes")
-        assert torch.equal(got, torch._int_mm(al.contiguous(), bl.contiguous().t()))
+        assert torch.equal(got, mm(al.contiguous(), bl.contiguous()))
         exact = (al.to(torch.int64) @ bl.to(torch.int64).t()).to(torch.int32)
         assert torch.equal(got, exact)
 
