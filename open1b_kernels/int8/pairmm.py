@@ -67,9 +67,11 @@ def pair_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -
     Needs ``available()``."""
     m, k = a.shape
     n = b.shape[0]
-    if a.dtype != torch.int8 or b.dtype != torch.int8 or b.shape[1] != k:
-        raise ValueError(f"pair_mm needs int8 (M, K) and (N, K), got {a.dtype} "
-                         f"{tuple(a.shape)} and {b.dtype} {tuple(b.shape)}")
+    if (a.dtype != torch.int8 or b.dtype != torch.int8 or b.shape[1] != k
+            or a.device.type != "cpu" or b.device.type != "cpu"):
+        raise ValueError(f"pair_mm needs int8 (M, K) and (N, K) CPU matrices, got {a.dtype} "
+                         f"{tuple(a.shape)} on {a.device} and {b.dtype} {tuple(b.shape)} "
+                         f"on {b.device}")
     if not 1 <= k <= MAX_K:
         raise ValueError(f"pair_mm: K = {k} outside [1, {MAX_K}] (int32 sums stay exact)")
     c = out if out is not None else torch.empty((m, n), dtype=torch.int32)

@@ -3,7 +3,7 @@ the library's integer GEMM checked, the project's own int16-pair GEMM or float32
 the integer values, and the process-wide decision between them (probe, checks, failures,
 status).
 
-Either route gives the exact integer product, so the route changes the speed, never the
+Every route gives the exact integer product, so the route changes the speed, never the
 bits; the comment below says why each is exact and when each is picked.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from open1b_kernels.int8.checksum import SlabCheck, checksum_ok
 MAX_K = 131_071
 
 
-# Exact int8 GEMMs on the CPU have two routes, both giving the exact integer product:
+# Exact int8 GEMMs on the CPU have three routes, all giving the exact integer product:
 #
 # "float": float32 GEMMs of the int8 values: |a * b| <= 128 * 128 = 2^14, so over a
 # contraction of at most SGEMM_K = 1,024 every partial sum is an integer of magnitude <= 2^24,
@@ -269,10 +269,11 @@ def _float_int_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) ->
 
 def int_mm_unchecked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
                      ) -> torch.Tensor | None:
-    """int32 ``a @ b.T`` by the library's int8 GEMM (into ``out``, contiguous int32 (M, N),
-    when given), *not* checked - for a caller that checks the exact row and column sums of
-    the whole product itself, once, instead of per block (``open1b_kernels.ops.lmhead``); None
-    where the library refuses the layout or shape."""
+    """int32 ``a @ b.T`` by the library's int8 GEMM, or the pair GEMM on the "pairs" route
+    (into ``out``, contiguous int32 (M, N), when given), *not* checked - for a caller that
+    checks the exact row and column sums of the whole product itself, once, instead of per
+    block (``open1b_kernels.ops.lmhead``); None where the library refuses the layout or
+    shape."""
     if a.shape[1] and int_gemm_route() == "pairs":
         return pairmm.pair_mm(a, b, out)
     if a.shape[1] < 2:                  # K = 1: the float route (comment above SGEMM_K)
@@ -296,9 +297,9 @@ def exact_int_mm_cpu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None 
     The process's route (``int_gemm_route``): the library's integer GEMM, checked, the
     pair GEMM, or float32 GEMMs of the int8 values in contraction chunks of SGEMM_K (see
     above); every way the exact integer product. Operands may be row-major or transposed
-    views; ``out`` (int32 (M, N), contiguous) receives the result. ``slabs``: this is one slab of several
-    sharing ``b``; its rows are checked here and the caller checks the columns of all
-    slabs at the end (``SlabCheck``).
+    views; ``out`` (int32 (M, N), contiguous) receives the result. ``slabs``: this is one
+    slab of several sharing ``b``; its rows are checked here and the caller checks the
+    columns of all slabs at the end (``SlabCheck``; the pair route needs no check).
     """
     route = int_gemm_route() if a.shape[0] and b.shape[0] and a.shape[1] else "float"
     if route == "pairs":

@@ -155,9 +155,10 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     rounding, blocked so the temporaries stay small.
 
     Both operands are sliced into the level-ready layout (``open1b_kernels.ops.slices``); T
-    comes from the library's int8 GEMM on the integer route (``products.int_blocks``) or
-    from float GEMMs of the slices on the float route (``float_products.float_blocks``,
-    also the integer route's fallback) - the same integer either way.
+    comes from an integer GEMM on the integer routes (``products.int_blocks``: the
+    library's or the pair GEMM) or from float GEMMs of the slices on the float route
+    (``float_products.float_blocks``, also the integer routes' fallback) - the same integer
+    every way.
     ``fp32(T * 2^(Ea - bias_a) * 2^(Eb - bias_b))`` then equals ``combine_cpu``'s
     ``fp32(float64(T) * 2^(Ea + Eb - bias))``: the power-of-two multiplies are exact in
     float64, and one rounding to float32 follows."""
