@@ -203,20 +203,12 @@ static PyObject *py_product(PyObject *self, PyObject *args) {
 static PyObject *py_available(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
-    return PyBool_FromLong(PAIRMM_X86 && cpu_ok());
-}
-
-static PyObject *py_openmp(PyObject *self, PyObject *args) {
-    (void)self;
-    (void)args;
-    return PyBool_FromLong(PIECES_OPENMP);
+    return PyBool_FromLong(cpu_ok());
 }
 
 static PyMethodDef methods[] = {
     {"available", py_available, METH_NOARGS,
      "available(): whether this CPU runs the pair product (x86-64 with AVX2)."},
-    {"openmp", py_openmp, METH_NOARGS,
-     "openmp(): whether the loops' pieces run at once on an OpenMP team (built with -fopenmp)."},
     {"pack", py_pack, METH_VARARGS,
      "pack(x, out, sl, sk, lines, K, width, u0, u1[, pieces]): panels [u0, u1) of `width` "
      "(6: A's rows, 16: B's columns) lines of int8 x as int16 pair words."},
