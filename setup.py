@@ -100,7 +100,8 @@ OPENMP = ("open1b_kernels.core._mathc", "open1b_kernels.attention._tilesc",
 LICENSE = ({"license_expression": "Apache-2.0"} if int(setuptools.__version__.split(".")[0]) >= 77
            else {"license": "Apache-2.0"})
 
-# Both float extensions: every float operation a separate IEEE operation (see above).
+# The float extensions (and the pair GEMM, for its rounding epilogue): every float
+# operation a separate IEEE operation (see above).
 EXACT_FLOAT_FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math",
                      "-fno-trapping-math", "-fno-math-errno"]
 MATHFN_H = "open1b_kernels/core/_mathfn.h"
@@ -119,5 +120,5 @@ setup(**LICENSE, cmdclass={"build_py": BuildPyWithPth,
               extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
     Extension("open1b_kernels.int8._pairmm", ["open1b_kernels/int8/_pairmm.c"],
               depends=[PIECES_H, "open1b_kernels/int8/_pairblock.h"],
-              extra_compile_args=["-O3", "-std=c11"], optional=True),
+              extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
 ])

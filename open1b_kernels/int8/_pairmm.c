@@ -52,16 +52,31 @@ static int cpu_ok(void) {
 #endif
 }
 
-static inline uint32_t pair(int8_t lo, int8_t hi) {
-    return (uint32_t)(uint16_t)(int16_t)lo | ((uint32_t)(uint16_t)(int16_t)hi << 16);
+/* One element of a packed operand: x[o], or for a wide operand (gap > 0) the int16
+ * 128 x[o] + x[o + gap] - two int8 slices of one element as one 14-bit number (see
+ * product64). A wide operand's values must lie in [-127, 127] (every slice does); a -128
+ * is counted into *bad and packed as it is, and the caller refuses the operand. */
+static inline __attribute__((always_inline)) int16_t value(const int8_t *p, Py_ssize_t gap,
+                                                           const int wide, int *bad) {
+    if (!wide) return p[0];
+    *bad |= (p[0] == -128) | (p[gap] == -128);
+    return (int16_t)(p[0] * 128 + p[gap]);
+}
+
+static inline uint32_t pair(int16_t lo, int16_t hi) {
+    return (uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16);
 }
 
 /* Panels [p0, p1) of `width` lines (rows of A or columns of B) of x (int8, `lines` x K,
- * element (l, k) at x[l * sl + k * sk]) as pair words: out[(panel * P + q) * width + i] =
- * pair(x[l, 2q], x[l, 2q + 1]), zero past the lines and past K. */
-static void pack(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, Py_ssize_t lines, Py_ssize_t K,
-                 int width, uint32_t *out, Py_ssize_t p0, Py_ssize_t p1) {
+ * element (l, k) at x[l * sl + k * sk]; wide: its value() with the second slice `gap`
+ * bytes on) as pair words: out[(panel * P + q) * width + i] = pair(x[l, 2q], x[l, 2q + 1]),
+ * zero past the lines and past K. Returns nonzero where a wide operand held a -128. */
+static inline __attribute__((always_inline)) int
+pack_impl(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, Py_ssize_t lines, Py_ssize_t K,
+          int width, uint32_t *out, Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t gap,
+          const int wide) {
     Py_ssize_t P = (K + 1) / 2;
+    int bad = 0;
     if (sl == 1) {
         /* a transposed view: each k's lines are adjacent. Pairs in groups of 32, panel by
          * panel: the group's 64 k rows stay in L1 while each panel receives 32 pairs' words
@@ -75,14 +90,16 @@ static void pack(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, Py_ssize_t lines
                     const int8_t *r0 = x + 2 * q * sk + l0, *r1 = r0 + sk;
                     uint32_t *oq = out + (panel * P + q) * width;
                     if (2 * q + 1 < K)
-                        for (int i = 0; i < have; i++) oq[i] = pair(r0[i], r1[i]);
+                        for (int i = 0; i < have; i++)
+                            oq[i] = pair(value(r0 + i, gap, wide, &bad),
+                                         value(r1 + i, gap, wide, &bad));
                     else
-                        for (int i = 0; i < have; i++) oq[i] = pair(r0[i], 0);
+                        for (int i = 0; i < have; i++) oq[i] = pair(value(r0 + i, gap, wide, &bad), 0);
                     for (int i = have; i < width; i++) oq[i] = 0;
                 }
             }
         }
-        return;
+        return bad;
     }
     for (Py_ssize_t panel = p0; panel < p1; panel++) {
         uint32_t *o = out + panel * P * width;
@@ -95,11 +112,26 @@ static void pack(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, Py_ssize_t lines
             }
             const int8_t *r = x + (l0 + i) * sl;
             for (Py_ssize_t q = 0; q < K / 2; q++)
-                o[q * width + i] = pair(r[2 * q * sk], r[(2 * q + 1) * sk]);
-            if (K & 1) o[(P - 1) * width + i] = pair(r[(K - 1) * sk], 0);
+                o[q * width + i] = pair(value(r + 2 * q * sk, gap, wide, &bad),
+                                        value(r + (2 * q + 1) * sk, gap, wide, &bad));
+            if (K & 1) o[(P - 1) * width + i] = pair(value(r + (K - 1) * sk, gap, wide, &bad), 0);
         }
     }
+    return bad;
 }
+
+static int pack(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, Py_ssize_t lines, Py_ssize_t K,
+                int width, uint32_t *out, Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t gap) {
+    if (gap) return pack_impl(x, sl, sk, lines, K, width, out, p0, p1, gap, 1);
+    return pack_impl(x, sl, sk, lines, K, width, out, p0, p1, 0, 0);
+}
+
+typedef struct {
+    const uint32_t *a, *b;
+    int wide, shift;
+} term_t;
+
+#define MAX_TERMS 8
 
 #if PAIRMM_X86
 #include "_pairblock.h"
@@ -133,7 +165,76 @@ static void product(const uint32_t *ap, const uint32_t *bp, int32_t *c, Py_ssize
         }
     }
 }
+
+/* C (int64, M x N) += sum over the terms t of 2^shift_t A_t . B_t^T: the LM head's slice
+ * products (open1b_kernels/ops/pair_products.py) for one output block in one pass, each
+ * 6 x 16 block summed over all terms in registers and added to C once per K block.
+ *
+ * Exact: a term's K block of pairs sums in int32 below 2^31 - a plain term (int8 both
+ * sides) over KC pairs as in product(); a wide term (A's values 128 a_i + a_(i+1), at most
+ * 127 * 128 + 127 = 16,383 in magnitude, against int8 B: a pair at most 2 * 16,383 * 128 =
+ * 4,194,048) over KC / 2 = 512 pairs, 2,147,352,576 < 2^31 - and is widened to int64 and
+ * multiplied by its power of two there; integer sums, so any order. The caller keeps C's
+ * total below 2^63 (the LM head's T is below 2^53). */
+static void product64(const term_t *terms, int nt, int64_t *c, Py_ssize_t M, Py_ssize_t N,
+                      Py_ssize_t P, Py_ssize_t r0, Py_ssize_t r1) {
+    int32_t tile[MR * NR];
+    int64_t acc[MR * NR];
+    Py_ssize_t col_panels = (N + NR - 1) / NR;
+    for (Py_ssize_t ic = r0; ic < r1; ic += MCP) {
+        Py_ssize_t ic_end = ic + MCP < r1 ? ic + MCP : r1;
+        for (Py_ssize_t pc = 0; pc < P; pc += KC) {
+            Py_ssize_t kc = P - pc < KC ? P - pc : KC;
+            for (Py_ssize_t jr = 0; jr < col_panels; jr++) {
+                Py_ssize_t j0 = jr * NR, cols = N - j0 < NR ? N - j0 : NR;
+                for (Py_ssize_t ir = ic; ir < ic_end; ir++) {
+                    memset(acc, 0, sizeof acc);
+                    for (int q = 0; q < nt; q++) {
+                        const uint32_t *a = terms[q].a + (ir * P + pc) * MR;
+                        const uint32_t *b = terms[q].b + (jr * P + pc) * NR;
+                        Py_ssize_t step = terms[q].wide ? KC / 2 : KC;
+                        int64_t w = (int64_t)1 << terms[q].shift;
+                        for (Py_ssize_t s = 0; s < kc; s += step) {
+                            pair_block(a + s * MR, b + s * NR, (long)(kc - s < step ? kc - s : step),
+                                       tile);
+                            for (int e = 0; e < MR * NR; e++) acc[e] += (int64_t)tile[e] * w;
+                        }
+                    }
+                    Py_ssize_t i0 = ir * MR, rows = M - i0 < MR ? M - i0 : MR;
+                    for (Py_ssize_t i = 0; i < rows; i++) {
+                        int64_t *dst = c + (i0 + i) * N + j0;
+                        const int64_t *src = acc + i * NR;
+                        for (Py_ssize_t j = 0; j < cols; j++) dst[j] += src[j];
+                    }
+                }
+            }
+        }
+    }
+}
 #endif
+
+/* The LM head's rounding of one output block on the pair route, rows [r0, r1): T (int64,
+ * R x C, below 2^53 in magnitude, so exact in float64) into out[r, c0 + c] =
+ * fp32((T * rowf[r]) * colf[c]) - the operations of the other routes' rounding loops on
+ * the same exact float64 value, so their bits - and T's row sums into rows (R,) and column
+ * sums into cols (C,) (the exactness check's), summed as unsigned 64-bit integers: modulo
+ * 2^64, well defined whatever the size. */
+static void round_rows(const int64_t *t, const double *rowf, const double *colf, float *out,
+                       uint64_t *rows, uint64_t *cols, Py_ssize_t C, Py_ssize_t stride,
+                       Py_ssize_t c0, Py_ssize_t r0, Py_ssize_t r1) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        const int64_t *tr = t + r * C;
+        float *o = out + r * stride + c0;
+        double rf = rowf[r];
+        uint64_t rs = 0;
+        for (Py_ssize_t c = 0; c < C; c++) {
+            o[c] = (float)(((double)tr[c] * rf) * colf[c]);
+            rs += (uint64_t)tr[c];
+            cols[c] += (uint64_t)tr[c];
+        }
+        rows[r] += rs;
+    }
+}
 
 /* Python wrappers: buffers checked against the shapes before any access. */
 
@@ -152,24 +253,35 @@ static int range_ok(Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t n) {
 static PyObject *py_pack(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer x, out;
-    Py_ssize_t sl, sk, lines, K, u0, u1;
+    Py_ssize_t sl, sk, lines, K, u0, u1, gap = 0;
     int width, pieces = 1;
-    if (!PyArg_ParseTuple(args, "y*w*nnnninn|i", &x, &out, &sl, &sk, &lines, &K, &width, &u0,
-                          &u1, &pieces))
+    if (!PyArg_ParseTuple(args, "y*w*nnnninn|in", &x, &out, &sl, &sk, &lines, &K, &width, &u0,
+                          &u1, &pieces, &gap))
         return NULL;
     Py_ssize_t panels = (lines + width - 1) / width, P = (K + 1) / 2;
-    /* the last element read: line lines - 1 at k = K - 1 (strides are non-negative) */
-    Py_ssize_t last = lines && K ? (lines - 1) * sl + (K - 1) * sk + 1 : 0;
+    /* the last element read: line lines - 1 at k = K - 1 (strides are non-negative), and
+     * for a wide operand its second slice `gap` bytes on */
+    Py_ssize_t last = lines && K ? (lines - 1) * sl + (K - 1) * sk + 1 + gap : 0;
     int ok = (width == MR || width == NR) && sl >= 0 && sk >= 1 && lines >= 0 && K >= 1 &&
-             PIECES_OK(pieces) && sized(&x, last, "x") &&
+             gap >= 0 && PIECES_OK(pieces) && sized(&x, last, "x") &&
              sized(&out, panels * P * width * 4, "out") && range_ok(u0, u1, panels);
+    int bad = 0;
     if (ok) {
+        char bads[PIECES_MAX] = {0};
         Py_BEGIN_ALLOW_THREADS
-        FOR_PIECES(u0, u1, pieces, pack(x.buf, sl, sk, lines, K, width, out.buf, p_lo, p_hi));
+        FOR_PIECES(u0, u1, pieces,
+                   bads[piece] = (char)pack(x.buf, sl, sk, lines, K, width, out.buf, p_lo, p_hi,
+                                            gap));
         Py_END_ALLOW_THREADS
+        for (int i = 0; i < pieces; i++) bad |= bads[i];
     }
     PyBuffer_Release(&x);
     PyBuffer_Release(&out);
+    if (ok && bad) {
+        PyErr_SetString(PyExc_ValueError, "pack: a wide operand holds -128 (its slices must lie "
+                                          "in [-127, 127])");
+        return NULL;
+    }
     if (!ok && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "pack: bad arguments");
     return ok ? Py_NewRef(Py_None) : NULL;
 }
@@ -200,6 +312,83 @@ static PyObject *py_product(PyObject *self, PyObject *args) {
     return ok ? Py_NewRef(Py_None) : NULL;
 }
 
+static PyObject *py_product64(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *seq;
+    Py_buffer c, ab[MAX_TERMS], bb[MAX_TERMS];
+    term_t terms[MAX_TERMS];
+    Py_ssize_t M, N, K, u0, u1;
+    int pieces = 1, nt = 0;
+    if (!PyArg_ParseTuple(args, "Ow*nnnnn|i", &seq, &c, &M, &N, &K, &u0, &u1, &pieces))
+        return NULL;
+    Py_ssize_t P = (K + 1) / 2, rp = (M + MR - 1) / MR, cp = (N + NR - 1) / NR;
+    int ok = cpu_ok() && M >= 0 && N >= 0 && K >= 1 && PIECES_OK(pieces) &&
+             sized(&c, M * N * 8, "c") && range_ok(u0, u1, rp);
+    PyObject *fast = ok ? PySequence_Fast(seq, "product64: terms must be a sequence") : NULL;
+    Py_ssize_t n = fast ? PySequence_Fast_GET_SIZE(fast) : 0;
+    if (fast && (n < 1 || n > MAX_TERMS)) {
+        PyErr_Format(PyExc_ValueError, "product64: %zd terms, needs 1 to %d", n, MAX_TERMS);
+        ok = 0;
+    }
+    ok = ok && fast;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        int wide, shift;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "y*y*ii", &ab[nt], &bb[nt], &wide,
+                              &shift)) {
+            ok = 0;
+            break;
+        }
+        nt++;
+        terms[i] = (term_t){ab[i].buf, bb[i].buf, wide != 0, shift};
+        ok = sized(&ab[i], rp * P * MR * 4, "ap") && sized(&bb[i], cp * P * NR * 4, "bp");
+        if (ok && (shift < 0 || shift > 28)) {
+            PyErr_Format(PyExc_ValueError, "product64: shift %d outside [0, 28]", shift);
+            ok = 0;
+        }
+    }
+    Py_XDECREF(fast);
+#if PAIRMM_X86
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, product64(terms, nt, c.buf, M, N, P, p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+#endif
+    for (int i = 0; i < nt; i++) {
+        PyBuffer_Release(&ab[i]);
+        PyBuffer_Release(&bb[i]);
+    }
+    PyBuffer_Release(&c);
+    if (!ok && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "product64: needs x86-64 with AVX2 and K >= 1");
+    return ok ? Py_NewRef(Py_None) : NULL;
+}
+
+static PyObject *py_round(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer t, rowf, colf, out, rows, cols;
+    Py_ssize_t R, C, stride, c0, r0, r1;
+    int pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*w*w*nnnnnn|i", &t, &rowf, &colf, &out, &rows, &cols, &R,
+                          &C, &stride, &c0, &r0, &r1, &pieces))
+        return NULL;
+    int ok = R >= 0 && C >= 0 && c0 >= 0 && c0 + C <= stride && 0 <= r0 && r0 <= r1 &&
+             r1 <= R && PIECES_OK(pieces) && t.len == R * C * 8 && rowf.len == R * 8 &&
+             colf.len == C * 8 && out.len == R * stride * 4 && rows.len == R * 8 &&
+             cols.len == pieces * C * 8;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(r0, r1, pieces, round_rows(t.buf, rowf.buf, colf.buf, out.buf, rows.buf,
+                                              (uint64_t *)cols.buf + piece * C, C, stride, c0,
+                                              p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+    Py_buffer *bufs[] = {&t, &rowf, &colf, &out, &rows, &cols};
+    for (int i = 0; i < 6; i++) PyBuffer_Release(bufs[i]);
+    if (!ok) PyErr_SetString(PyExc_ValueError, "round: inconsistent shapes or row range");
+    return ok ? Py_NewRef(Py_None) : NULL;
+}
+
 static PyObject *py_available(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -210,11 +399,18 @@ static PyMethodDef methods[] = {
     {"available", py_available, METH_NOARGS,
      "available(): whether this CPU runs the pair product (x86-64 with AVX2)."},
     {"pack", py_pack, METH_VARARGS,
-     "pack(x, out, sl, sk, lines, K, width, u0, u1[, pieces]): panels [u0, u1) of `width` "
-     "(6: A's rows, 16: B's columns) lines of int8 x as int16 pair words."},
+     "pack(x, out, sl, sk, lines, K, width, u0, u1[, pieces[, gap]]): panels [u0, u1) of "
+     "`width` (6: A's rows, 16: B's columns) lines of int8 x as int16 pair words; gap > 0: "
+     "wide, each value 128 x[o] + x[o + gap]."},
     {"product", py_product, METH_VARARGS,
      "product(ap, bp, c, M, N, K, u0, u1[, pieces]): C's row panels [u0, u1) of the exact "
      "int32 product of the packed A and B."},
+    {"product64", py_product64, METH_VARARGS,
+     "product64(terms, c, M, N, K, u0, u1[, pieces]): C's row panels [u0, u1) += sum over the "
+     "terms (ap, bp, wide, shift) of 2^shift A . B^T, int64."},
+    {"round", py_round, METH_VARARGS,
+     "round(t, rowf, colf, out, rows, cols, R, C, stride, c0, r0, r1[, pieces]): the LM "
+     "head's rounding of int64 T into out[:, c0:c0 + C] with T's row and column sums."},
     {NULL, NULL, 0, NULL},
 };
 

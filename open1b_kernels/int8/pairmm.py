@@ -10,11 +10,12 @@ threads: each thread sums its own rows, so the result does not depend on the cut
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
 from open1b_kernels.core.mathc import flat
-from open1b_kernels.core.pieces import parallel
+from open1b_kernels.core.pieces import parallel, row_pieces
 from open1b_kernels.core.workspace import scratch
 
 try:
@@ -33,32 +34,104 @@ def available() -> bool:
             and _pairmm.available())
 
 
-def _source(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """(a contiguous 1-D int8 tensor spanning ``x``'s elements, line stride, k stride) for
-    ``x`` (int8, lines x K) with a unit stride on either side - row-major, a transposed
-    view, or a block of either (a column block of a transposed view has neither layout
-    whole: copying it cost more than the pair GEMM at the demo head's weight gradient);
-    else a row-major copy."""
+def _source(x: torch.Tensor, gap: int = 0) -> tuple[torch.Tensor, int, int]:
+    """(a contiguous 1-D int8 tensor spanning ``x``'s elements - and ``gap`` bytes more -,
+    line stride, k stride) for ``x`` (int8, lines x K) with a unit stride on either side -
+    row-major, a transposed view, or a block of either (a column block of a transposed
+    view has neither layout whole: copying it cost more than the pair GEMM at the demo
+    head's weight gradient); else a row-major copy (only without ``gap``)."""
     lines, k = x.shape
     sl, sk = x.stride()
     if not (sk == 1 or sl == 1) or min(sl, sk) < 0:
         x = x.contiguous()
         sl, sk = k, 1
-    span = (lines - 1) * sl + (k - 1) * sk + 1
+    span = (lines - 1) * sl + (k - 1) * sk + 1 + gap
     flat_view = torch.empty(0, dtype=torch.int8).set_(x.untyped_storage(), x.storage_offset(),
                                                       (span,), (1,))
     return flat_view, sl, sk
 
 
-def _pack(x: torch.Tensor, width: int, name: str) -> torch.Tensor:
+@dataclass(frozen=True, eq=False)
+class Packed:
+    """An operand packed into pair panels (``pack``): ``lines`` x ``k`` values, ``wide``
+    when each is 128 x + low of two int8 slices."""
+    words: torch.Tensor
+    lines: int
+    k: int
+    width: int
+    wide: bool
+
+
+def _wide_gap(x: torch.Tensor, low: torch.Tensor) -> int:
+    """The byte distance from ``x`` to ``low`` when ``low`` is ``x`` moved by a positive
+    distance in the same storage (two slices of one store); else 0."""
+    if (low.shape != x.shape or low.stride() != x.stride() or low.dtype != torch.int8
+            or low.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()):
+        return 0
+    gap = low.storage_offset() - x.storage_offset()
+    return gap if gap > 0 and (x.stride(0) == 1 or x.stride(1) == 1) else 0
+
+
+def pack(x: torch.Tensor, width: int, name: str, low: torch.Tensor | None = None) -> Packed:
+    """``x`` (int8, lines x K: row-major, transposed or a block of either) packed into pair
+    panels of ``width`` lines (MR: the A side, NR: the B side) in the scratch buffer
+    ``name``; with ``low`` (int8, x's shape), the wide operand 128 x + low - exact in int16,
+    and refused (ValueError) where a value is -128 (slices lie in [-127, 127]). ``low``
+    is read in place where it lies at a fixed distance after ``x`` in one storage (slice
+    i + 1 after slice i of one store), else both are copied side by side."""
     lines, k = x.shape
-    src, sl, sk = _source(x)
+    if x.dtype != torch.int8 or x.device.type != "cpu" or not 1 <= k:
+        raise ValueError(f"pack needs an int8 CPU (lines, K >= 1) matrix, got {x.dtype} "
+                         f"{tuple(x.shape)} on {x.device}")
+    gap = 0
+    if low is not None:
+        gap = _wide_gap(x, low)
+        if not gap:
+            both = torch.stack([x, low.to(torch.int8)])          # (2, lines, K): gap lines K
+            x, gap = both[0], lines * k
+    src, sl, sk = _source(x, gap)
     panels = -(-lines // width)
     out = scratch(name, (panels * ((k + 1) // 2) * width,), torch.int32)
     xs, o = flat(src).view("int8"), flat(out)
-    parallel(lambda lo, hi, p: _pairmm.pack(xs, o, sl, sk, lines, k, width, lo, hi, p), panels,
-             grain=max(1, 4096 // max(k, 1)))
-    return out
+    parallel(lambda lo, hi, p: _pairmm.pack(xs, o, sl, sk, lines, k, width, lo, hi, p, gap),
+             panels, grain=max(1, 4096 // max(k, 1)))
+    return Packed(out, lines, k, width, low is not None)
+
+
+def _pack(x: torch.Tensor, width: int, name: str) -> torch.Tensor:
+    return pack(x, width, name).words
+
+
+def product_add(terms: list[tuple[Packed, Packed, int]], out: torch.Tensor) -> None:
+    """``out`` (contiguous int64 (M, N)) += sum over ``terms`` (a, b, shift) of 2^shift
+    a @ b.T, exactly (``_pairmm.c``, product64: each term's K block in int32, its sum in
+    int64), for packed A sides (width MR) of M lines and B sides (NR) of N, all of one K.
+    The caller keeps ``out`` below 2^63. Needs ``available()``."""
+    m, n = out.shape
+    k = terms[0][0].k
+    for a, b, shift in terms:
+        if (a.width, b.width, a.lines, b.lines, a.k, b.k) != (MR, NR, m, n, k, k) or b.wide:
+            raise ValueError(f"product_add: a term of ({a.lines}, {a.k}) x ({b.lines}, {b.k}) "
+                             f"does not fit out {(m, n)} (or a wide B side)")
+    if out.dtype != torch.int64 or not out.is_contiguous():
+        raise ValueError("product_add: out must be contiguous int64")
+    if not (m and n):
+        return
+    ts = [(flat(a.words), flat(b.words), int(a.wide), shift) for a, b, shift in terms]
+    cn = flat(out)
+    parallel(lambda lo, hi, p: _pairmm.product64(ts, cn, m, n, k, lo, hi, p), -(-m // MR),
+             grain=16)
+
+
+def round_block(t: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor, out: torch.Tensor,
+                c0: int, rows: torch.Tensor, cols: torch.Tensor) -> None:
+    """``out[:, c0:c0 + C]`` = fp32((T * rowf[r]) * colf[c]) for the int64 T (R, C) (below
+    2^53: exact in float64), and T's row sums added into ``rows`` (R,) and its column sums
+    into ``cols`` (C,) - int64, modulo 2^64. Rows split among the torch threads."""
+    r, c = t.shape
+    args = (flat(t), flat(rowf.contiguous()), flat(colf.contiguous()), flat(out), flat(rows))
+    cols += row_pieces(r, c, r // 16, lambda lo, hi, parts, p: _pairmm.round(
+        *args, parts, r, c, out.shape[1], c0, lo, hi, p))
 
 
 def pair_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

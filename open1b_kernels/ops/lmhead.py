@@ -49,7 +49,7 @@ from open1b_kernels.int8.gemm import bf16_operand
 from open1b_kernels.int8.route import int_gemm_route
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from open1b_kernels.core.workspace import release, scratch
-from open1b_kernels.ops import float_products, products
+from open1b_kernels.ops import float_products, pair_products, products
 from open1b_kernels.ops.products import K_CHUNK
 from open1b_kernels.ops.slices import LevelSlices
 
@@ -155,8 +155,10 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     rounding, blocked so the temporaries stay small.
 
     Both operands are sliced into the level-ready layout (``open1b_kernels.ops.slices``); T
-    comes from an integer GEMM on the integer routes (``products.int_blocks``: the
-    library's or the pair GEMM) or from float GEMMs of the slices on the float route
+    comes from the library's int8 GEMM on the "int" route (``products.int_blocks``: the
+    definition's levels), from the pair GEMM's wide int64 terms on the "pairs" route
+    (``pair_products.pair_blocks``: two a slices against one b slice per product, a third
+    less work) or from float GEMMs of the slices on the float route
     (``float_products.float_blocks``, also the integer routes' fallback) - the same integer
     every way.
     ``fp32(T * 2^(Ea - bias_a) * 2^(Eb - bias_b))`` then equals ``combine_cpu``'s
@@ -164,7 +166,6 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     float64, and one rounding to float32 follows."""
     _check(a, b, slices)
     route = int_gemm_route() if a.device.type == "cpu" else "float"
-    int_route = route in ("int", "pairs")
     if route == "int" and _narrow_transposed(a, b):
         return ozaki_mm_cpu(b, a, slices).t().contiguous()
     r, k = a.shape
@@ -189,7 +190,9 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     bias = exp_bias(slices)
     rowf = _pow2_f64(ea)                                 # 2^Ea, exact
     colf = _pow2_f64(eb - bias)                          # 2^(Eb - bias), exact
-    if not (int_route and products.int_blocks(sa, sb, rowf, colf, out, slices)):
+    done = (pair_products.pair_blocks(sa, sb, rowf, colf, out, slices) if route == "pairs"
+            else route == "int" and products.int_blocks(sa, sb, rowf, colf, out, slices))
+    if not done:
         float_products.float_blocks(sa, sb, rowf, colf, out, slices, CPU_S3_TWO_GEMMS)
     return _non_finite(out, ea, eb)
 

@@ -1,5 +1,6 @@
-"""The LM head's slice products on the CPU's integer route (``open1b_kernels.ops.lmhead``, step 2):
-which int8 GEMMs one output block runs, and T from them.
+"""The LM head's slice products on the library's integer route (``open1b_kernels.ops.lmhead``,
+step 2): which int8 GEMMs one output block runs, and T from them (the pair route groups the
+same pairs differently: ``open1b_kernels.ops.pair_products``).
 
 T = sum over the slice pairs (i, j) with i + j <= S + 1 of ``a_i . b_j`` weighted by
 2^(7(S + 1 - i - j)). Integer sums are exact, so any grouping of the pairs and any subset of
@@ -139,8 +140,7 @@ def operand(s: LevelSlices, which: tuple[int, ...], rows: slice, p: Product, who
 def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch.Tensor,
                out: torch.Tensor, slices: int) -> bool:
     """T of step 2 by the library's int8 GEMM (``open1b_kernels.int8.route``'s "int" route, picked
-    on CPUs with an int8 dot-product instruction, where it runs 6-9x a float32 GEMM) or the
-    pair GEMM (its "pairs" route, AVX2 CPUs without one: ~1.6x a float32 GEMM), per
+    on CPUs with an int8 dot-product instruction, where it runs 6-9x a float32 GEMM), per
     output block the products of ``block_products``, added into an exact float64 T with
     their weights and rounded once into ``out`` (``fp32(T * rowf[r] * colf[c])``) - exact
     integers, so the float path's bits.

@@ -1,14 +1,13 @@
 """The int16-pair GEMM (open1b_kernels/int8/_pairmm.c): the exact int32 product on every
-shape, layout and extreme, the route that picks it, and the same bits as the float route
-through the LM head (through the linear: tests/kernels/test_int_gemm_guard.py, every
-route)."""
+shape, layout and extreme and the route that picks it (the same bits as the float route
+through the linear: tests/kernels/test_int_gemm_guard.py, every route; through the LM
+head, whose products run as wide int64 terms: tests/kernels/test_pair_products.py)."""
 from __future__ import annotations
 
 
 import pytest
 import torch
 
-from open1b_kernels.core.backend import force
 from open1b_kernels.int8 import pairmm
 from open1b_kernels.int8 import route as gemm_route
 
@@ -102,49 +101,6 @@ def test_pairs_unavailable_falls_back_to_float(route, monkeypatch):
     route("pairs")
     assert gemm_route.int_gemm_route() == "float"
     assert "no AVX2 pair GEMM" in gemm_route.int_gemm_status()["reason"]
-
-
-@needs_pairs
-@pytest.mark.parametrize("slices", [2, 3])
-@pytest.mark.parametrize("short,chunked", [(True, False), (False, True)])
-def test_lm_head_on_the_pair_route_gives_the_float_bits(route, monkeypatch, slices, short,
-                                                        chunked):
-    # the head's level products (pairs of slices side by side along K) on the pair GEMM,
-    # several row and column blocks, flushed contraction chunks or whole levels
-    from open1b_kernels.ops import lmhead as lm
-    from open1b_kernels.ops import products as pr
-    if short:
-        monkeypatch.setattr(pr, "SHORT_K", 1 << 30)
-        monkeypatch.setattr(pr, "SHORT_BLOCKS", (16, 32))
-    else:
-        monkeypatch.setattr(pr, "SHORT_K", 0)
-        monkeypatch.setattr(pr, "INT_ROW_BLOCK", 16)
-        monkeypatch.setattr(pr, "INT_COL_BLOCK", 32)
-    if chunked:
-        monkeypatch.setattr(pr, "K_CHUNK", 64)
-    g = torch.Generator().manual_seed(4)
-    h = torch.randn(40, 300, generator=g)
-    h[3] *= 1e-30
-    w = torch.randn(90, 300, generator=g) * 0.02
-    dl = torch.randn(40, 90, generator=g) * 1e-4
-    dl[5, 7] = float("nan")
-    h, w = h.to(torch.bfloat16), w.to(torch.bfloat16)
-
-    def run():
-        with force("cpu"):
-            return (lm.lmhead_forward(h, w, slices), *lm.lmhead_backward(dl, h, w, slices))
-
-    route("float")
-    want = run()
-    shapes = []
-    real = pairmm.pair_mm
-    monkeypatch.setattr(pairmm, "pair_mm",
-                        lambda a, b, out=None: shapes.append(a.shape[1]) or real(a, b, out))
-    route("pairs")
-    got = run()
-    assert {(60 if chunked else 300) * p for p in range(1, slices + 1)} <= set(shapes)
-    assert gemm_route.int_gemm_status()["failures"] == 0
-    assert all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(want, got))
 
 
 @needs_pairs

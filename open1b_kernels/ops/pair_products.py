@@ -1,0 +1,178 @@
+"""The LM head's slice products on the pair route (``open1b_kernels.int8.pairmm``): T of
+``open1b_kernels.ops.lmhead``'s step 2 with a third less multiply-add work, summed in one
+int64 block in the kernel.
+
+T = sum over the slice pairs (i, j) with i + j <= S + 1 of w_ij a_i . b_j, w_ij =
+2^(7(S + 1 - i - j)). The pairs (i, j) and (i + 1, j) have weights in the ratio 128, so
+both are one product of b_j with the *wide* operand 128 a_i + a_(i+1): an integer of at
+most 14 bits, which the pair GEMM multiplies at its int8 rate (it widens int8 to int16
+anyway; ``_pairmm.c``, product64, says why the sums stay exact). Per b slice j, the a
+slices i = 1 .. S + 1 - j that are not compacted go in consecutive twos (``terms``): for
+S = 3, b_1 meets (a_1, a_2) wide and a_3, b_2 meets (a_1, a_2) wide, b_3 meets a_1 - four
+products of length K where the level grouping (``open1b_kernels.ops.products``) runs six;
+with slice 1 compacted (the logits gradient, in both of its products) two where it runs
+three. A block's products all add into one int64 T inside the kernel (``product_add``:
+each 6 x 16 register block once per K block, not one int32 plane per level), and one pass
+rounds T into the output (``round_block``).
+
+Packing: an operand is packed once per block and contraction chunk, and kept where it is
+used again (``PACK_CACHE``): the a side's packs across the column blocks of its rows (the
+forward: 4,096 hidden states against the vocabulary's column blocks), the b side's across
+the row blocks (the weight gradient: the vocabulary's rows against the hidden states).
+The contraction runs in chunks of at most PACK_K, so one pack stays tens of MB.
+
+The exactness check is the integer route's, taken on T: T's row sums against ``sum_i a_i @
+(sum_j w_ij colsum(b_j))`` and its column sums against the same for b - the definition's
+pairs and weights, whatever the grouping, so a product dropped, doubled, or given the wrong
+weight or operand fails it (tested). On a mismatch the failure is recorded and the caller
+recomputes on the float route.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from open1b_kernels.core.workspace import scratch
+from open1b_kernels.int8 import pairmm
+from open1b_kernels.int8.checksum import _sum_dtype
+from open1b_kernels.int8.route import record_failure
+from open1b_kernels.ops.products import compacted
+from open1b_kernels.ops.slices import LevelSlices
+
+PACK_K = 8192            # contraction chunk of one pack (T sums across chunks in int64)
+T_BLOCK = 1 << 23        # elements of one int64 T block (64 MB)
+ROW_BLOCK = 4096         # rows of a T block (its columns: T_BLOCK / rows)
+PACK_CACHE = 256 << 20   # bytes of one side's packs kept for later blocks
+
+
+@dataclass(frozen=True)
+class Term:
+    """One product of a block: a slice ``a`` = (i,) of the a side, or (i, i + 1) for the
+    wide 128 a_i + a_(i+1), against b slice ``j``, weighted 2^``shift``."""
+    a: tuple[int, ...]
+    j: int
+    shift: int
+
+
+def weight_shift(slices: int, i: int, j: int) -> int:
+    """log2 of w_ij = 2^(7(S + 1 - i - j))."""
+    return 7 * (slices + 1 - i - j)
+
+
+def terms(slices: int, skip: frozenset[int] | set[int] = frozenset()) -> list[Term]:
+    """The products covering every pair (i, j), i + j <= S + 1, whose a slice i is not in
+    ``skip`` exactly once: per j, the a slices in consecutive twos (wide) and the last one
+    alone."""
+    out = []
+    for j in range(1, slices + 1):
+        ia = [i for i in range(1, slices + 2 - j) if i not in skip]
+        n = 0
+        while n < len(ia):
+            i = ia[n]
+            if n + 1 < len(ia) and ia[n + 1] == i + 1:      # w_ij = 128 w_(i+1)j
+                out.append(Term((i, i + 1), j, weight_shift(slices, i + 1, j)))
+                n += 2
+            else:
+                out.append(Term((i,), j, weight_shift(slices, i, j)))
+                n += 1
+    return out
+
+
+def _chunks(k: int, size: int) -> list[tuple[int, int]]:
+    n = -(-k // size)
+    return [(k * i // n, k * (i + 1) // n) for i in range(n)]
+
+
+class _Packs:
+    """One side's packs by key (its operand, then where it lies), kept for later blocks
+    while ``keep``; otherwise dropped after each use (``drop``) and written into one
+    buffer per operand."""
+
+    def __init__(self, side: str, width: int, keep: bool) -> None:
+        self.side, self.width, self.keep, self.got = side, width, keep, {}
+
+    def get(self, key: tuple, make) -> pairmm.Packed:
+        if key not in self.got:
+            tag = ".".join(map(str, key)) if self.keep else str(key[0])
+            x, low = make()
+            self.got[key] = pairmm.pack(x, self.width, f"lmhead.pack_{self.side}{tag}", low)
+        return self.got[key]
+
+    def drop(self) -> None:
+        if not self.keep:
+            self.got.clear()
+
+
+def _a_operand(sa: LevelSlices, a: tuple[int, ...], rows: slice, k0: int, k1: int):
+    x = sa[a[0] - 1][rows, k0:k1]
+    return x, (sa[a[1] - 1][rows, k0:k1] if len(a) == 2 else None)
+
+
+def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch.Tensor,
+                out: torch.Tensor, slices: int) -> bool:
+    """T by the pair GEMM's wide products (module docstring), rounded into ``out`` as
+    ``fp32(T * rowf[r] * colf[c])`` per block; True when the check holds, else the
+    failure is recorded and False returned (the caller recomputes ``out``)."""
+    r, c = out.shape
+    k = sa.shape[2]
+    rb = min(r, ROW_BLOCK)
+    cb = min(c, max(pairmm.NR, T_BLOCK // rb // pairmm.NR * pairmm.NR))
+    kc = _chunks(k, PACK_K)
+    rows_got = torch.zeros(r, dtype=torch.int64)
+    cols_got = torch.zeros(c, dtype=torch.int64)
+    # b's packs kept across row blocks when there are several and all of them fit
+    b_side = _Packs("b", pairmm.NR, r > rb and c * k * slices * 2 <= PACK_CACHE)
+    for r0 in range(0, r, rb):
+        rs = slice(r0, r0 + rb)
+        nr = min(r, r0 + rb) - r0
+        sparse = compacted(sa, rs, slices)
+        plan = terms(slices, set(sparse))
+        wide_ops = {t.a for t in plan}
+        a_side = _Packs("a", pairmm.MR, c > cb and nr * k * len(wide_ops) * 2 <= PACK_CACHE)
+        for c0 in range(0, c, cb):
+            cs = slice(c0, c0 + cb)
+            nc = min(c, c0 + cb) - c0
+            t = scratch("lmhead.pair_t", (nr, nc), torch.int64).zero_()
+            for n, (k0, k1) in enumerate(kc):
+                if not plan:
+                    break
+                group = [(a_side.get((t_.a, n), lambda t_=t_: _a_operand(sa, t_.a, rs, k0, k1)),
+                          b_side.get((t_.j, c0, n), lambda t_=t_: (sb[t_.j - 1][cs, k0:k1], None)),
+                          t_.shift) for t_ in plan]
+                pairmm.product_add(group, t)
+                a_side.drop()
+                b_side.drop()
+            for i, cols in sparse.items():
+                for g0, g1 in _chunks(cols.numel(), PACK_K):
+                    part = cols[g0:g1]
+                    ga = pairmm.pack(sa.gather(i, rs, part, "lmhead.gather_a"), pairmm.MR,
+                                     "lmhead.pack_ga")
+                    group = [(ga, pairmm.pack(sb.gather(j, cs, part, "lmhead.gather_b"),
+                                              pairmm.NR, f"lmhead.pack_gb{j}"),
+                              weight_shift(slices, i, j)) for j in range(1, slices + 2 - i)]
+                    pairmm.product_add(group, t)
+            pairmm.round_block(t, rowf[rs], colf[cs], out[rs], c0, rows_got[rs], cols_got[cs])
+    return _check(sa, sb, rows_got, cols_got, slices, k)
+
+
+def _check(sa: LevelSlices, sb: LevelSlices, rows_got: torch.Tensor, cols_got: torch.Tensor,
+           slices: int, k: int) -> bool:
+    """T's row and column sums against the definition's (module docstring): exact in
+    float64 while every value is below 2^53 (|T| < 2^28 K), else int64 modulo 2^64."""
+    r, c = rows_got.numel(), cols_got.numel()
+    dt = _sum_dtype(k << 14, r, c)
+    col_a = [x.to(dt) for x in sa.col_sums()]
+    col_b = [x.to(dt) for x in sb.col_sums()]
+    def w(i: int, j: int) -> int:
+        return 1 << weight_shift(slices, i, j)
+
+    # every pair (i, j) once with its weight, whatever grouping computed T
+    v_a = [sum(col_b[j - 1] * w(i, j) for j in range(1, slices + 2 - i))
+           for i in range(1, slices + 1)]
+    v_b = [sum(col_a[i - 1] * w(i, j) for i in range(1, slices + 2 - j))
+           for j in range(1, slices + 1)]
+    if torch.equal(rows_got.to(dt), sa.mv(v_a)) and torch.equal(cols_got.to(dt), sb.mv(v_b)):
+        return True
+    record_failure(f"checksum failed on the LM head's pair products ({r}x{k}x{c})")
+    return False
