@@ -166,7 +166,8 @@ static void product(const uint32_t *ap, const uint32_t *bp, int32_t *c, Py_ssize
     }
 }
 
-/* C (int64, M x N) += sum over the terms t of 2^shift_t A_t . B_t^T: the LM head's slice
+/* C (int64, M x N) += sum over the terms t of 2^shift_t A_t . B_t^T (with `start`: C =, its
+ * old contents never read - no pass to zero it first): the LM head's slice
  * products (open1b_kernels/ops/pair_products.py) for one output block in one pass, each
  * 6 x 16 block summed over all terms in registers and added to C once per K block.
  *
@@ -177,7 +178,7 @@ static void product(const uint32_t *ap, const uint32_t *bp, int32_t *c, Py_ssize
  * multiplied by its power of two there; integer sums, so any order. The caller keeps C's
  * total below 2^63 (the LM head's T is below 2^53). */
 static void product64(const term_t *terms, int nt, int64_t *c, Py_ssize_t M, Py_ssize_t N,
-                      Py_ssize_t P, Py_ssize_t r0, Py_ssize_t r1) {
+                      Py_ssize_t P, int start, Py_ssize_t r0, Py_ssize_t r1) {
     int32_t tile[MR * NR];
     int64_t acc[MR * NR];
     Py_ssize_t col_panels = (N + NR - 1) / NR;
@@ -204,7 +205,10 @@ static void product64(const term_t *terms, int nt, int64_t *c, Py_ssize_t M, Py_
                     for (Py_ssize_t i = 0; i < rows; i++) {
                         int64_t *dst = c + (i0 + i) * N + j0;
                         const int64_t *src = acc + i * NR;
-                        for (Py_ssize_t j = 0; j < cols; j++) dst[j] += src[j];
+                        if (start && pc == 0)
+                            for (Py_ssize_t j = 0; j < cols; j++) dst[j] = src[j];
+                        else
+                            for (Py_ssize_t j = 0; j < cols; j++) dst[j] += src[j];
                     }
                 }
             }
@@ -318,8 +322,8 @@ static PyObject *py_product64(PyObject *self, PyObject *args) {
     Py_buffer c, ab[MAX_TERMS], bb[MAX_TERMS];
     term_t terms[MAX_TERMS];
     Py_ssize_t M, N, K, u0, u1;
-    int pieces = 1, nt = 0;
-    if (!PyArg_ParseTuple(args, "Ow*nnnnn|i", &seq, &c, &M, &N, &K, &u0, &u1, &pieces))
+    int start, pieces = 1, nt = 0;
+    if (!PyArg_ParseTuple(args, "Ow*nnnpnn|i", &seq, &c, &M, &N, &K, &start, &u0, &u1, &pieces))
         return NULL;
     Py_ssize_t P = (K + 1) / 2, rp = (M + MR - 1) / MR, cp = (N + NR - 1) / NR;
     int ok = cpu_ok() && M >= 0 && N >= 0 && K >= 1 && PIECES_OK(pieces) &&
@@ -350,7 +354,7 @@ static PyObject *py_product64(PyObject *self, PyObject *args) {
 #if PAIRMM_X86
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        FOR_PIECES(u0, u1, pieces, product64(terms, nt, c.buf, M, N, P, p_lo, p_hi));
+        FOR_PIECES(u0, u1, pieces, product64(terms, nt, c.buf, M, N, P, start, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
 #endif
@@ -406,8 +410,8 @@ static PyMethodDef methods[] = {
      "product(ap, bp, c, M, N, K, u0, u1[, pieces]): C's row panels [u0, u1) of the exact "
      "int32 product of the packed A and B."},
     {"product64", py_product64, METH_VARARGS,
-     "product64(terms, c, M, N, K, u0, u1[, pieces]): C's row panels [u0, u1) += sum over the "
-     "terms (ap, bp, wide, shift) of 2^shift A . B^T, int64."},
+     "product64(terms, c, M, N, K, start, u0, u1[, pieces]): C's row panels [u0, u1) += (start: "
+     "=) the sum over the terms (ap, bp, wide, shift) of 2^shift A . B^T, int64."},
     {"round", py_round, METH_VARARGS,
      "round(t, rowf, colf, out, rows, cols, R, C, stride, c0, r0, r1[, pieces]): the LM "
      "head's rounding of int64 T into out[:, c0:c0 + C] with T's row and column sums."},

@@ -102,11 +102,13 @@ def _pack(x: torch.Tensor, width: int, name: str) -> torch.Tensor:
     return pack(x, width, name).words
 
 
-def product_add(terms: list[tuple[Packed, Packed, int]], out: torch.Tensor) -> None:
+def product_add(terms: list[tuple[Packed, Packed, int]], out: torch.Tensor,
+                start: bool = False) -> None:
     """``out`` (contiguous int64 (M, N)) += sum over ``terms`` (a, b, shift) of 2^shift
-    a @ b.T, exactly (``_pairmm.c``, product64: each term's K block in int32, its sum in
-    int64), for packed A sides (width MR) of M lines and B sides (NR) of N, all of one K.
-    The caller keeps ``out`` below 2^63. Needs ``available()``."""
+    a @ b.T (with ``start``: ``out`` = the sum, its contents never read), exactly
+    (``_pairmm.c``, product64: each term's K block in int32, its sum in int64), for
+    packed A sides (width MR) of M lines and B sides (NR) of N, all of one K. The caller
+    keeps ``out`` below 2^63. Needs ``available()``."""
     m, n = out.shape
     k = terms[0][0].k
     for a, b, shift in terms:
@@ -119,7 +121,7 @@ def product_add(terms: list[tuple[Packed, Packed, int]], out: torch.Tensor) -> N
         return
     ts = [(flat(a.words), flat(b.words), int(a.wide), shift) for a, b, shift in terms]
     cn = flat(out)
-    parallel(lambda lo, hi, p: _pairmm.product64(ts, cn, m, n, k, lo, hi, p), -(-m // MR),
+    parallel(lambda lo, hi, p: _pairmm.product64(ts, cn, m, n, k, start, lo, hi, p), -(-m // MR),
              grain=16)
 
 
