@@ -71,6 +71,9 @@ def test_product_add_is_exact_for_wide_and_plain_terms(m, k, n):
         assert group[0][0].wide and not group[1][0].wide
         pairmm.product_add(group, t)
         assert torch.equal(t, want)
+        t.fill_(-7)                                   # start: stored, never read
+        pairmm.product_add(group, t, start=True)
+        assert torch.equal(t, want - start)
 
 
 @needs_pairs
@@ -103,11 +106,11 @@ def test_wide_operands_refuse_minus_128_and_bad_arguments_are_named():
     words = (flat := lambda x: x.reshape(-1).numpy())(pa.words), flat(pb.words)
     c = flat(torch.zeros((5, 4), dtype=torch.int64))
     with pytest.raises(ValueError, match="shift"):                    # the C side too
-        pairmm._pairmm.product64([(*words, 0, 40)], c, 5, 4, 9, 0, 1)
+        pairmm._pairmm.product64([(*words, 0, 40)], c, 5, 4, 9, False, 0, 1)
     with pytest.raises(ValueError, match="terms"):
-        pairmm._pairmm.product64([(*words, 0, 0)] * 9, c, 5, 4, 9, 0, 1)
+        pairmm._pairmm.product64([(*words, 0, 0)] * 9, c, 5, 4, 9, False, 0, 1)
     with pytest.raises(ValueError, match="buffer"):
-        pairmm._pairmm.product64([(*words, 0, 0)], c, 5, 4, 99, 0, 1)
+        pairmm._pairmm.product64([(*words, 0, 0)], c, 5, 4, 99, False, 0, 1)
 
 
 def _head_case(g, m=40, k=300, v=600):
@@ -130,20 +133,21 @@ def _head(h, w, dl, slices):
 @pytest.mark.parametrize("slices", [2, 3])
 @pytest.mark.parametrize("blocks", ["one", "many", "many-kept"])
 def test_lm_head_on_the_pair_route_gives_the_float_bits(route, monkeypatch, slices, blocks):
-    # one block, or several row and column blocks with contraction chunks, with the packs
-    # made again per block or kept across blocks
+    # one block, or several row and column blocks with contraction chunks and compaction
+    # parts, with the packs made again per block or kept across blocks
     if blocks != "one":
         monkeypatch.setattr(pp, "ROW_BLOCK", 16)
         monkeypatch.setattr(pp, "T_BLOCK", 16 * 32)
         monkeypatch.setattr(pp, "PACK_K", 64)
         monkeypatch.setattr(pp, "PACK_CACHE", 1 << 30 if blocks == "many-kept" else 0)
+        monkeypatch.setattr(pp, "COMPACT_ROWS", 6)        # parts of a T block
     h, w, dl = _head_case(torch.Generator().manual_seed(4))
     route("float")
     want = _head(h, w, dl, slices)
     calls = []
     real = pairmm.product_add
-    monkeypatch.setattr(pairmm, "product_add", lambda terms, t: calls.append(
-        (len(terms), terms[0][0].k)) or real(terms, t))
+    monkeypatch.setattr(pairmm, "product_add", lambda terms, t, start=False: calls.append(
+        (len(terms), terms[0][0].k)) or real(terms, t, start))
     route("pairs")
     got = _head(h, w, dl, slices)
     assert gemm_route.int_gemm_status()["failures"] == 0
