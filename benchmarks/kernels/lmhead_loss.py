@@ -7,9 +7,12 @@ h (T, 2,048) bf16 x w (128,256, 2,048) bf16 -> fp32 logits), ``xent_forward`` /
 ``xent_backward`` (cross-entropy + z-loss), ``lmhead_backward`` (dh and dw, both exact
 slice GEMMs), once with the S = 3 two-GEMM form (``CPU_S3_TWO_GEMMS``, now) and once with
 the six slice products (before; the same bits, checked here) - a choice of the float
-route: on the integer routes ("int", "pairs") both run the level products. Anchor: torch float32
+route: on the integer routes both sides run the same products (the library's level
+products on "int", the pair GEMM's wide terms on "pairs"). Anchor: torch float32
 ``F.linear`` + ``F.cross_entropy`` forward and backward (to h and w) of the same shape.
 Alternating, median of ``--repeats`` after one warm-up; ratio = torch time / ours.
+Freed memory is kept for reuse as the trainer's process keeps it (``keep_freed_memory``,
+both sides; ``--fresh-pages`` leaves malloc as it is, as under the lean memory plan).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.machine import LoadLog, describe
+from open1b_train.allocator import keep_freed_memory
 from open1b_kernels.core.backend import force
 from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops.xent import xent_backward, xent_forward
@@ -33,7 +37,9 @@ V, D = 128_256, 2_048
 @click.option("--tokens", default=256)
 @click.option("--repeats", default=3)
 @click.option("--out", default=None)
-def main(tokens, repeats, out):
+@click.option("--fresh-pages", is_flag=True, help="leave malloc as it is (the lean plan's way)")
+def main(tokens, repeats, out, fresh_pages):
+    kept = not fresh_pages and keep_freed_memory()
     g = torch.Generator().manual_seed(0)
     h = torch.randn(tokens, D, generator=g).to(torch.bfloat16)
     w = (torch.randn(V, D, generator=g) * 0.02).to(torch.bfloat16)
@@ -76,8 +82,9 @@ def main(tokens, repeats, out):
     lines = [f"\n## {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC - "
              f"`python -m benchmarks.kernels.lmhead_loss {' '.join(sys.argv[1:])}`",
              f"\nMachine: {describe()}. {tokens} tokens x {D} -> {V:,} columns, forward + "
-             f"backward (dh, dw); median of {repeats} alternating runs. Two-GEMM form and six "
-             f"products give the same bits: {same}.\n",
+             f"backward (dh, dw); median of {repeats} alternating runs; freed memory "
+             f"{'kept for reuse (as the trainer keeps it)' if kept else 'returned (fresh pages)'}"
+             f". Two-GEMM form and six products give the same bits: {same}.\n",
              "| side | median s | runs | ratio torch / side |", "|---|---|---|---|"]
     for k, v in med.items():
         lines.append(f"| {k} | {v:.2f} | {', '.join(f'{x:.2f}' for x in times[k])} | "

@@ -133,6 +133,16 @@ typedef struct {
 
 #define MAX_TERMS 8
 
+/* product64's fused rounding (round_rows' operations on the finished T, which is then not
+ * stored): out, its row stride and first column, the row and column scales, T's row sums
+ * (R) and this piece's column sums (N). */
+typedef struct {
+    const double *rowf, *colf;
+    float *out;
+    Py_ssize_t stride, c0;
+    uint64_t *rows, *cols;
+} fused_t;
+
 #if PAIRMM_X86
 #include "_pairblock.h"
 
@@ -178,7 +188,8 @@ static void product(const uint32_t *ap, const uint32_t *bp, int32_t *c, Py_ssize
  * multiplied by its power of two there; integer sums, so any order. The caller keeps C's
  * total below 2^63 (the LM head's T is below 2^53). */
 static void product64(const term_t *terms, int nt, int64_t *c, Py_ssize_t M, Py_ssize_t N,
-                      Py_ssize_t P, int start, Py_ssize_t r0, Py_ssize_t r1) {
+                      Py_ssize_t P, int start, const fused_t *fuse, Py_ssize_t r0,
+                      Py_ssize_t r1) {
     int32_t tile[MR * NR];
     int64_t acc[MR * NR];
     Py_ssize_t col_panels = (N + NR - 1) / NR;
@@ -205,7 +216,18 @@ static void product64(const term_t *terms, int nt, int64_t *c, Py_ssize_t M, Py_
                     for (Py_ssize_t i = 0; i < rows; i++) {
                         int64_t *dst = c + (i0 + i) * N + j0;
                         const int64_t *src = acc + i * NR;
-                        if (start && pc == 0)
+                        if (fuse && pc + kc == P) {     /* the last K block: T is whole */
+                            float *o = fuse->out + (i0 + i) * fuse->stride + fuse->c0 + j0;
+                            double rf = fuse->rowf[i0 + i];
+                            uint64_t rs = 0;
+                            for (Py_ssize_t j = 0; j < cols; j++) {
+                                int64_t t = (start && pc == 0 ? 0 : dst[j]) + src[j];
+                                o[j] = (float)(((double)t * rf) * fuse->colf[j0 + j]);
+                                rs += (uint64_t)t;
+                                fuse->cols[j0 + j] += (uint64_t)t;
+                            }
+                            fuse->rows[i0 + i] += rs;
+                        } else if (start && pc == 0)
                             for (Py_ssize_t j = 0; j < cols; j++) dst[j] = src[j];
                         else
                             for (Py_ssize_t j = 0; j < cols; j++) dst[j] += src[j];
@@ -322,8 +344,13 @@ static PyObject *py_product64(PyObject *self, PyObject *args) {
     Py_buffer c, ab[MAX_TERMS], bb[MAX_TERMS];
     term_t terms[MAX_TERMS];
     Py_ssize_t M, N, K, u0, u1;
+    PyObject *rnd = Py_None;
+    Py_buffer rb[5];
+    int nrb = 0;
+    Py_ssize_t stride = 0, c0 = 0;
     int start, pieces = 1, nt = 0;
-    if (!PyArg_ParseTuple(args, "Ow*nnnpnn|i", &seq, &c, &M, &N, &K, &start, &u0, &u1, &pieces))
+    if (!PyArg_ParseTuple(args, "Ow*nnnpnn|iO", &seq, &c, &M, &N, &K, &start, &u0, &u1, &pieces,
+                          &rnd))
         return NULL;
     Py_ssize_t P = (K + 1) / 2, rp = (M + MR - 1) / MR, cp = (N + NR - 1) / NR;
     int ok = cpu_ok() && M >= 0 && N >= 0 && K >= 1 && PIECES_OK(pieces) &&
@@ -351,13 +378,29 @@ static PyObject *py_product64(PyObject *self, PyObject *args) {
         }
     }
     Py_XDECREF(fast);
+    /* the fused rounding: (rowf, colf, out, rows, cols, stride, c0) with cols pieces x N */
+    if (ok && rnd != Py_None) {
+        ok = PyArg_ParseTuple(rnd, "y*y*w*w*w*nn", &rb[0], &rb[1], &rb[2], &rb[3], &rb[4],
+                              &stride, &c0);
+        nrb = ok ? 5 : 0;
+        ok = ok && rb[0].len == M * 8 && rb[1].len == N * 8 && c0 >= 0 && c0 + N <= stride &&
+             rb[2].len == M * stride * 4 && rb[3].len == M * 8 && rb[4].len == pieces * N * 8;
+        if (nrb && !ok) PyErr_SetString(PyExc_ValueError, "product64: rounding buffers do not "
+                                                          "fit the shapes");
+    }
 #if PAIRMM_X86
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        FOR_PIECES(u0, u1, pieces, product64(terms, nt, c.buf, M, N, P, start, p_lo, p_hi));
+        FOR_PIECES(u0, u1, pieces, {
+            fused_t f = {nrb ? rb[0].buf : NULL, nrb ? rb[1].buf : NULL, nrb ? rb[2].buf : NULL,
+                         stride, c0, nrb ? rb[3].buf : NULL,
+                         nrb ? (uint64_t *)rb[4].buf + piece * N : NULL};
+            product64(terms, nt, c.buf, M, N, P, start, nrb ? &f : NULL, p_lo, p_hi);
+        });
         Py_END_ALLOW_THREADS
     }
 #endif
+    for (int i = 0; i < nrb; i++) PyBuffer_Release(&rb[i]);
     for (int i = 0; i < nt; i++) {
         PyBuffer_Release(&ab[i]);
         PyBuffer_Release(&bb[i]);
@@ -410,8 +453,10 @@ static PyMethodDef methods[] = {
      "product(ap, bp, c, M, N, K, u0, u1[, pieces]): C's row panels [u0, u1) of the exact "
      "int32 product of the packed A and B."},
     {"product64", py_product64, METH_VARARGS,
-     "product64(terms, c, M, N, K, start, u0, u1[, pieces]): C's row panels [u0, u1) += (start: "
-     "=) the sum over the terms (ap, bp, wide, shift) of 2^shift A . B^T, int64."},
+     "product64(terms, c, M, N, K, start, u0, u1[, pieces[, rounding]]): C's row panels [u0, "
+     "u1) += (start: =) the sum over the terms (ap, bp, wide, shift) of 2^shift A . B^T, "
+     "int64; with rounding (rowf, colf, out, rows, cols, stride, c0) the finished T rounded "
+     "into out instead (round's operations and sums)."},
     {"round", py_round, METH_VARARGS,
      "round(t, rowf, colf, out, rows, cols, R, C, stride, c0, r0, r1[, pieces]): the LM "
      "head's rounding of int64 T into out[:, c0:c0 + C] with T's row and column sums."},

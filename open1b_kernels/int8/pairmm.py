@@ -103,12 +103,15 @@ def _pack(x: torch.Tensor, width: int, name: str) -> torch.Tensor:
 
 
 def product_add(terms: list[tuple[Packed, Packed, int]], out: torch.Tensor,
-                start: bool = False) -> None:
+                start: bool = False, rounding: tuple | None = None) -> None:
     """``out`` (contiguous int64 (M, N)) += sum over ``terms`` (a, b, shift) of 2^shift
     a @ b.T (with ``start``: ``out`` = the sum, its contents never read), exactly
     (``_pairmm.c``, product64: each term's K block in int32, its sum in int64), for
     packed A sides (width MR) of M lines and B sides (NR) of N, all of one K. The caller
-    keeps ``out`` below 2^63. Needs ``available()``."""
+    keeps ``out`` below 2^63. With ``rounding`` = (rowf, colf, out32, c0, rows, cols) -
+    ``round_block``'s arguments - the finished sum is rounded as ``round_block`` would
+    round ``out`` (the same bits and sums) while each block is still in registers, and
+    not stored: for the last product of a block. Needs ``available()``."""
     m, n = out.shape
     k = terms[0][0].k
     for a, b, shift in terms:
@@ -121,8 +124,15 @@ def product_add(terms: list[tuple[Packed, Packed, int]], out: torch.Tensor,
         return
     ts = [(flat(a.words), flat(b.words), int(a.wide), shift) for a, b, shift in terms]
     cn = flat(out)
-    parallel(lambda lo, hi, p: _pairmm.product64(ts, cn, m, n, k, start, lo, hi, p), -(-m // MR),
-             grain=16)
+    panels = -(-m // MR)
+    if rounding is None:
+        parallel(lambda lo, hi, p: _pairmm.product64(ts, cn, m, n, k, start, lo, hi, p),
+                 panels, grain=16)
+        return
+    rowf, colf, o, c0, rows, cols = rounding
+    fixed = (flat(rowf.contiguous()), flat(colf.contiguous()), flat(o), flat(rows))
+    cols += row_pieces(panels, n, panels // 16, lambda lo, hi, parts, p: _pairmm.product64(
+        ts, cn, m, n, k, start, lo, hi, p, (*fixed[:3], fixed[3], parts, o.shape[1], c0)))
 
 
 def round_block(t: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor, out: torch.Tensor,

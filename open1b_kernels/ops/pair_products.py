@@ -159,6 +159,7 @@ def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torc
             cs = slice(c0, c0 + cb)
             nc = min(c, c0 + cb) - c0
             t = scratch("lmhead.pair_t", (nr, nc), torch.int64)
+            rounding = (rowf[rs], colf[cs], out[rs], c0, rows_got[rs], cols_got[cs])
             if not plan:
                 t.zero_()
             for n, (k0, k1) in enumerate(kc):
@@ -167,14 +168,17 @@ def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torc
                 group = [(a_side.get((t_.a, n), lambda t_=t_: _a_operand(sa, t_.a, rs, k0, k1)),
                           b_side.get((t_.j, c0, n), lambda t_=t_: (sb[t_.j - 1][cs, k0:k1], None)),
                           t_.shift) for t_ in plan]
-                pairmm.product_add(group, t, start=n == 0)
+                # the block's last product rounds T in the kernel (no pass over T)
+                last = n == len(kc) - 1 and not skip
+                pairmm.product_add(group, t, start=n == 0, rounding=rounding if last else None)
                 a_side.drop()
                 b_side.drop()
             for part, got in zip(parts, found):
                 tp = t[part.start - r0:part.stop - r0]
                 for i in sorted(skip):
                     _gathered(sa, sb, part, cs, i, got[i], slices, tp)
-            pairmm.round_block(t, rowf[rs], colf[cs], out[rs], c0, rows_got[rs], cols_got[cs])
+            if skip or not plan:
+                pairmm.round_block(t, *rounding)
     return _check(sa, sb, rows_got, cols_got, slices, k)
 
 

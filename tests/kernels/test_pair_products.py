@@ -74,6 +74,17 @@ def test_product_add_is_exact_for_wide_and_plain_terms(m, k, n):
         t.fill_(-7)                                   # start: stored, never read
         pairmm.product_add(group, t, start=True)
         assert torch.equal(t, want - start)
+        # rounded in the kernel: round_block's bits and sums, T not stored
+        rowf = lm._pow2_f64(torch.randint(-20, 20, (m,), generator=g))
+        colf = lm._pow2_f64(torch.randint(-280, -250, (n,), generator=g))
+        ref, got = torch.zeros((m, n + 3)), torch.zeros((m, n + 3))
+        sums = [torch.zeros(x, dtype=torch.int64) for x in (m, n, m, n)]
+        pairmm.round_block(want - start, rowf, colf, ref, 2, sums[0], sums[1])
+        t.fill_(-7)
+        pairmm.product_add(group, t, True, (rowf, colf, got, 2, sums[2], sums[3]))
+        assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+        assert torch.equal(sums[0], sums[2]) and torch.equal(sums[1], sums[3])
+        assert k > 2 * 1024 or torch.equal(t, torch.full_like(t, -7))   # one K block
 
 
 @needs_pairs
@@ -146,14 +157,18 @@ def test_lm_head_on_the_pair_route_gives_the_float_bits(route, monkeypatch, slic
     want = _head(h, w, dl, slices)
     calls = []
     real = pairmm.product_add
-    monkeypatch.setattr(pairmm, "product_add", lambda terms, t, start=False: calls.append(
-        (len(terms), terms[0][0].k)) or real(terms, t, start))
+    monkeypatch.setattr(pairmm, "product_add", lambda terms, t, start=False, rounding=None: (
+        calls.append((len(terms), terms[0][0].k, rounding is not None))
+        or real(terms, t, start, rounding)))
     route("pairs")
     got = _head(h, w, dl, slices)
     assert gemm_route.int_gemm_status()["failures"] == 0
     assert all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(want, got))
-    assert (len(pp.terms(slices)), 300 if blocks == "one" else 60) in calls  # the forward
-    assert any(n < len(pp.terms(slices)) for n, _ in calls)   # a compacted slice 1 (dh)
+    # the forward's products, the last one of a block rounding T in the kernel
+    assert (len(pp.terms(slices)), 300 if blocks == "one" else 60, True) in calls
+    assert any(n < len(pp.terms(slices)) for n, _, _ in calls)   # a compacted slice 1 (dh)
+    if blocks != "one":                               # chunked: earlier chunks only add
+        assert (len(pp.terms(slices)), 60, False) in calls
 
 
 def _corrupt_terms(kind):
