@@ -19,6 +19,10 @@
  * 32-bit word holding two int16), B by 16 columns (each pair of k 16 such words) - with
  * zeros past the edges (rows, columns, an odd K), then every 6 x 16 block of C is one
  * register block over a K block of KC pairs (_pairblock.h: inline assembly).
+ *
+ * For the LM head the same block runs product64 (below): wide A operands (two int8 slices
+ * of one element as one int16), several products summed into one int64 C, and optionally
+ * C rounded to float32 as it is finished (round_rows' operations).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

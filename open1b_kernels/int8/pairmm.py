@@ -6,6 +6,11 @@ in any order) and why it is faster there than float32 GEMMs of the same integers
 route that picks it is ``open1b_kernels.int8.route``. Both operands are packed once into
 pair panels (scratch buffers reused across calls), then C's row panels are cut between the
 threads: each thread sums its own rows, so the result does not depend on the cut.
+
+For the LM head (``open1b_kernels.ops.pair_products``) the same register block also runs
+*wide* A operands - two int8 slices of one element as the int16 128 x + low - and several
+products at once into one int64 sum (``pack`` with ``low``, ``product_add``), optionally
+rounded in the kernel (``round_block``'s operations).
 """
 from __future__ import annotations
 

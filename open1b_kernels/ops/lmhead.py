@@ -21,7 +21,8 @@ rounding). S = ``slices`` is 3 (default) or 2; the text gives S = 3 and [S = 2]:
    flushed into int64 every K_CHUNK = 32,768 contraction steps (3 * 127^2 * 32,768 <
    2^31: no overflow), as T += sum_L acc_L * 2^(7(S + 1 - L)) (acc2 * 2^14 + acc3 * 2^7 +
    acc4 [acc2 * 2^7 + acc3]). Integer sums are exact, so T does not depend on the order
-   (tile shapes, chunking, CPU vs GPU). K <= MAX_K keeps |T| < 2^53.
+   (tile shapes, chunking, CPU vs GPU) nor on how the pairs are grouped (the CPU's pair
+   route: ``open1b_kernels.ops.pair_products``). K <= MAX_K keeps |T| < 2^53.
 3. One rounding: out = fp32_rne( float64(T) * 2^(Ea[r] + Eb[c] - 259 - 7S) ); the float64
    conversion and the power-of-two multiply are exact, so out is T's exact value rounded
    once to nearest even (overflow -> inf, subnormal results rounded once, IEEE).
