@@ -70,7 +70,7 @@ class Packed:
 def _wide_gap(x: torch.Tensor, low: torch.Tensor) -> int:
     """The byte distance from ``x`` to ``low`` when ``low`` is ``x`` moved by a positive
     distance in the same storage (two slices of one store); else 0."""
-    if (low.shape != x.shape or low.stride() != x.stride() or low.dtype != torch.int8
+    if (low.stride() != x.stride()
             or low.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()):
         return 0
     gap = low.storage_offset() - x.storage_offset()
@@ -90,9 +90,12 @@ def pack(x: torch.Tensor, width: int, name: str, low: torch.Tensor | None = None
                          f"{tuple(x.shape)} on {x.device}")
     gap = 0
     if low is not None:
+        if low.dtype != torch.int8 or low.shape != x.shape:
+            raise ValueError(f"pack: low must be int8 {tuple(x.shape)}, got {low.dtype} "
+                             f"{tuple(low.shape)}")
         gap = _wide_gap(x, low)
         if not gap:
-            both = torch.stack([x, low.to(torch.int8)])          # (2, lines, K): gap lines K
+            both = torch.stack([x, low])                          # (2, lines, K): gap lines K
             x, gap = both[0], lines * k
     src, sl, sk = _source(x, gap)
     panels = -(-lines // width)
@@ -101,10 +104,6 @@ def pack(x: torch.Tensor, width: int, name: str, low: torch.Tensor | None = None
     parallel(lambda lo, hi, p: _pairmm.pack(xs, o, sl, sk, lines, k, width, lo, hi, p, gap),
              panels, grain=max(1, 4096 // max(k, 1)))
     return Packed(out, lines, k, width, low is not None)
-
-
-def _pack(x: torch.Tensor, width: int, name: str) -> torch.Tensor:
-    return pack(x, width, name).words
 
 
 def product_add(terms: list[tuple[Packed, Packed, int]], out: torch.Tensor,
@@ -137,7 +136,7 @@ def product_add(terms: list[tuple[Packed, Packed, int]], out: torch.Tensor,
     rowf, colf, o, c0, rows, cols = rounding
     fixed = (flat(rowf.contiguous()), flat(colf.contiguous()), flat(o), flat(rows))
     cols += row_pieces(panels, n, panels // 16, lambda lo, hi, parts, p: _pairmm.product64(
-        ts, cn, m, n, k, start, lo, hi, p, (*fixed[:3], fixed[3], parts, o.shape[1], c0)))
+        ts, cn, m, n, k, start, lo, hi, p, (*fixed, parts, o.shape[1], c0)))
 
 
 def round_block(t: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor, out: torch.Tensor,
@@ -170,7 +169,7 @@ def pair_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -
         raise ValueError(f"pair_mm: out must be contiguous int32 {(m, n)}")
     if not (m and n):
         return c
-    ap, bp = _pack(a, MR, "pairmm.a"), _pack(b, NR, "pairmm.b")
+    ap, bp = pack(a, MR, "pairmm.a").words, pack(b, NR, "pairmm.b").words
     ap_n, bp_n, cn = flat(ap), flat(bp), flat(c)
     parallel(lambda lo, hi, p: _pairmm.product(ap_n, bp_n, cn, m, n, k, lo, hi, p),
              -(-m // MR), grain=16)

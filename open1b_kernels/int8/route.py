@@ -269,13 +269,12 @@ def _float_int_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) ->
 
 def int_mm_unchecked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
                      ) -> torch.Tensor | None:
-    """int32 ``a @ b.T`` by the library's int8 GEMM, or the pair GEMM on the "pairs" route
-    (into ``out``, contiguous int32 (M, N), when given), *not* checked - for a caller that
-    checks the exact row and column sums of the whole product itself, once, instead of per
-    block (``open1b_kernels.ops.lmhead``); None where the library refuses the layout or
+    """int32 ``a @ b.T`` by the library's int8 GEMM (into ``out``, contiguous int32 (M, N),
+    when given), *not* checked - for a caller on the "int" route that checks the exact row
+    and column sums of the whole product itself, once, instead of per block
+    (``open1b_kernels.ops.products``; the pair route's head products are
+    ``open1b_kernels.ops.pair_products``'); None where the library refuses the layout or
     shape."""
-    if a.shape[1] and int_gemm_route() == "pairs":
-        return pairmm.pair_mm(a, b, out)
     if a.shape[1] < 2:                  # K = 1: the float route (comment above SGEMM_K)
         return None
     try:

@@ -163,11 +163,9 @@ def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torc
             nc = min(c, c0 + cb) - c0
             t = scratch("lmhead.pair_t", (nr, nc), torch.int64)
             rounding = (rowf[rs], colf[cs], out[rs], c0, rows_got[rs], cols_got[cs])
-            if not plan:
+            if not plan:                      # every slice compacted: gathered products only
                 t.zero_()
-            for n, (k0, k1) in enumerate(kc):
-                if not plan:
-                    break
+            for n, (k0, k1) in enumerate(kc if plan else []):
                 group = [(a_side.get((t_.a, n), lambda t_=t_: _a_operand(sa, t_.a, rs, k0, k1)),
                           b_side.get((t_.j, c0, n), lambda t_=t_: (sb[t_.j - 1][cs, k0:k1], None)),
                           t_.shift) for t_ in plan]

@@ -108,6 +108,8 @@ def test_wide_operands_refuse_minus_128_and_bad_arguments_are_named():
     low[2, 3] = -128
     with pytest.raises(ValueError, match="-128"):
         pairmm.pack(a, pairmm.MR, "bad.a", low)
+    with pytest.raises(ValueError, match="low must be int8"):    # never converted silently
+        pairmm.pack(a, pairmm.MR, "bad.a", low.to(torch.int16))
     pa = pairmm.pack(a, pairmm.MR, "ok.a")
     pb = pairmm.pack(torch.zeros((4, 9), dtype=torch.int8), pairmm.NR, "ok.b")
     with pytest.raises(ValueError, match="contiguous int64"):
