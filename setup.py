@@ -18,6 +18,9 @@
 * ``open1b_kernels.int8._pairmm`` (open1b_kernels/int8/_pairmm.c): the exact int8 GEMM in
   int16 pairs for x86-64 CPUs with AVX2 and no VNNI (integer arithmetic only: plain -O3);
   without it, or on another CPU, the int8 GEMMs take the library's or the float route.
+* ``open1b_kernels.int8._rowsparse`` (open1b_kernels/int8/_rowsparse.c): a sparse int8
+  slice's products row by row (the LM head's logits gradient on the pair route; integer
+  arithmetic only, plain -O3); without it those slices run as dense products.
 
 The loop extensions are built with -fopenmp where the compiler takes it (checked by a trial
 build): a loop's pieces then run at once on the OpenMP threads of the libgomp torch loads
@@ -91,7 +94,7 @@ class BuildExtWithOpenMP(build_ext):
 
 
 OPENMP = ("open1b_kernels.core._mathc", "open1b_kernels.attention._tilesc",
-          "open1b_kernels.int8._pairmm")
+          "open1b_kernels.int8._pairmm", "open1b_kernels.int8._rowsparse")
 
 # The license in the form the running setuptools reads without a deprecation notice (pip
 # prints one box per build step for the old form): an SPDX expression from setuptools 77
@@ -121,4 +124,6 @@ setup(**LICENSE, cmdclass={"build_py": BuildPyWithPth,
     Extension("open1b_kernels.int8._pairmm", ["open1b_kernels/int8/_pairmm.c"],
               depends=[PIECES_H, "open1b_kernels/int8/_pairblock.h"],
               extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
+    Extension("open1b_kernels.int8._rowsparse", ["open1b_kernels/int8/_rowsparse.c"],
+              depends=[PIECES_H], extra_compile_args=["-O3", "-std=c11"], optional=True),
 ])

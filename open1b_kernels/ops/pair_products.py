@@ -14,8 +14,18 @@ with slice 1 compacted (the logits gradient, in both of its products) two where 
 three. A block's products all add into one int64 T inside the kernel (``product_add``:
 each 6 x 16 register block once per K block, not one int32 plane per level, the first K
 block stored instead of T zeroed), and the block's last product rounds T into the output
-while each register block is finished (no pass over T; a block with a compacted slice,
-whose gathered products come last, is rounded by ``round_block`` - the same operations).
+while each register block is finished (no pass over T; a block with a compacted or a
+row-sparse slice, whose products come last, is rounded by ``round_block`` - the same
+operations).
+
+Row-sparse slices (``row_sparse``): a slice of ``a`` with few nonzeros in every row whose
+columns still cover most of K over a block's rows - slice 2 of the logits gradient in dh =
+dlogits W, nonzero where a row gives a token more than ~2^-14 of its largest magnitude:
+~420 of 128,256 a row at initialization, more than half the vocabulary over 1,024 rows, so
+not compacted - runs its pairs row by row (``open1b_kernels.int8.rowsparse``: each nonzero
+times the weighted sum of b's slices at its k, added into T): the Open-1B head's dh at
+1,024 tokens went from three dense products of the vocabulary's length to one (4.6 ->
+2.8 s on the Zen 3 host, the same bits).
 
 Packing: an operand is packed once per block and contraction chunk, and kept where it is
 used again (``PACK_CACHE``): the a side's packs across the column blocks of its rows (the
@@ -36,7 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from open1b_kernels.core.workspace import scratch
-from open1b_kernels.int8 import pairmm
+from open1b_kernels.int8 import pairmm, rowsparse
 from open1b_kernels.int8.checksum import _sum_dtype
 from open1b_kernels.int8.route import record_failure
 from open1b_kernels.ops.products import compacted
@@ -52,6 +62,12 @@ PACK_CACHE = 256 << 20   # bytes of one side's packs kept for later blocks
 # zeroing pass: 81 -> 76 ms per call)
 SHORT_K, SHORT_BLOCKS = 256, (512, 2048)
 COMPACT_ROWS = 1024      # rows over which a slice's nonzero columns are gathered
+# A slice with at most this share of nonzeros over a T block's rows runs row by row
+# (``rowsparse``): a nonzero costs each of its b slices' C columns at ~7 G multiply-adds/s
+# (memory-bound: one row of each b slice from a matrix that does not fit the cache), a
+# product dropped from the dense plan K x C per row at ~140 G/s, so for slice 2 (two b
+# slices, one wide product dropped) the two meet near 1/40 (Zen 3, the Open-1B head's dh)
+ROW_SPARSE_MAX = 1 / 64
 
 
 @dataclass(frozen=True)
@@ -131,6 +147,25 @@ def _gathered(sa: LevelSlices, sb: LevelSlices, rows: slice, cs: slice, i: int,
         pairmm.product_add(group, t)
 
 
+def row_sparse(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
+               skip: set[int]) -> list[int]:
+    """The slices of ``a`` after the compacted ones (``skip``), in order while they last,
+    with at most ROW_SPARSE_MAX of their elements over ``rows`` nonzero: their pairs run
+    row by row (``rowsparse.rows_add``). None where the extension is missing or a or b is
+    not read in place there (b's slices with the contraction as their rows: dh = dlogits W)."""
+    if not (rowsparse.available() and rowsparse.fits(sa[0][rows]) and rowsparse.fits(sb[0].t())):
+        return []
+    out = []
+    for i in range(1, slices + 1):
+        if i in skip:
+            continue
+        plane = sa[i - 1][rows]
+        if torch.count_nonzero(plane) > ROW_SPARSE_MAX * plane.numel():
+            break
+        out.append(i)
+    return out
+
+
 def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch.Tensor,
                 out: torch.Tensor, slices: int) -> bool:
     """T by the pair GEMM's wide products (module docstring), rounded into ``out`` as
@@ -155,7 +190,8 @@ def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torc
                  for p0 in range(r0, r0 + nr, COMPACT_ROWS)]
         found = [compacted(sa, part, slices) for part in parts]
         skip = set.intersection(*(set(f) for f in found))
-        plan = terms(slices, skip)
+        sparse = row_sparse(sa, sb, rs, slices, skip)
+        plan = terms(slices, skip | set(sparse))
         wide_ops = {t.a for t in plan}
         a_side = _Packs("a", pairmm.MR, c > cb and nr * k * len(wide_ops) * 2 <= PACK_CACHE)
         for c0 in range(0, c, cb):
@@ -163,14 +199,14 @@ def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torc
             nc = min(c, c0 + cb) - c0
             t = scratch("lmhead.pair_t", (nr, nc), torch.int64)
             rounding = (rowf[rs], colf[cs], out[rs], c0, rows_got[rs], cols_got[cs])
-            if not plan:                      # every slice compacted: gathered products only
+            if not plan:              # every slice compacted or row-sparse: no dense product
                 t.zero_()
             for n, (k0, k1) in enumerate(kc if plan else []):
                 group = [(a_side.get((t_.a, n), lambda t_=t_: _a_operand(sa, t_.a, rs, k0, k1)),
                           b_side.get((t_.j, c0, n), lambda t_=t_: (sb[t_.j - 1][cs, k0:k1], None)),
                           t_.shift) for t_ in plan]
                 # the block's last product rounds T in the kernel (no pass over T)
-                last = n == len(kc) - 1 and not skip
+                last = n == len(kc) - 1 and not (skip or sparse)
                 pairmm.product_add(group, t, start=n == 0, rounding=rounding if last else None)
                 a_side.drop()
                 b_side.drop()
@@ -178,7 +214,10 @@ def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torc
                 tp = t[part.start - r0:part.stop - r0]
                 for i in sorted(skip):
                     _gathered(sa, sb, part, cs, i, got[i], slices, tp)
-            if skip or not plan:
+            for i in sparse:
+                rowsparse.rows_add(sa[i - 1][rs], [(sb[j - 1][cs].t(), weight_shift(slices, i, j))
+                                                   for j in range(1, slices + 2 - i)], t)
+            if skip or sparse or not plan:
                 pairmm.round_block(t, *rounding)
     return _check(sa, sb, rows_got, cols_got, slices, k)
 

@@ -1,7 +1,8 @@
 """The LM head's products on the pair route (open1b_kernels/ops/pair_products.py and the
-wide operands, int64 sums and rounding of open1b_kernels/int8/_pairmm.c): every slice
-pair once with its weight, exact at the extremes, the float route's bits through the
-head, and a check that catches a wrong product."""
+wide operands, int64 sums and rounding of open1b_kernels/int8/_pairmm.c, the row-sparse
+slices of open1b_kernels/int8/_rowsparse.c): every slice pair once with its weight, exact
+at the extremes, the float route's bits through the head, and a check that catches a
+wrong product."""
 from __future__ import annotations
 
 import itertools
@@ -10,10 +11,11 @@ import pytest
 import torch
 
 from open1b_kernels.core.backend import force
-from open1b_kernels.int8 import pairmm
+from open1b_kernels.int8 import pairmm, rowsparse
 from open1b_kernels.int8 import route as gemm_route
 from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops import pair_products as pp
+from open1b_kernels.ops import products
 
 needs_pairs = pytest.mark.skipif(not pairmm.available(),
                                  reason="the pair GEMM needs x86-64 with AVX2 (and the build)")
@@ -171,6 +173,82 @@ def test_lm_head_on_the_pair_route_gives_the_float_bits(route, monkeypatch, slic
     assert any(n < len(pp.terms(slices)) for n, _, _ in calls)   # a compacted slice 1 (dh)
     if blocks != "one":                               # chunked: earlier chunks only add
         assert (len(pp.terms(slices)), 60, False) in calls
+
+
+def _sparse_dl(g, m=128, v=600):
+    # a logits gradient whose slice 2 is sparse in every row but spread over the columns:
+    # the target at -1/m (slice 1), five entries per row in [2^-10, 2^-9) of it (slice 2:
+    # above 2^-14 of the row's largest, below 2^-7), the rest below 2^-19 of it (slice 3
+    # alone for S = 3; zero slices for S = 2); over 128 rows slice 2's nonzero columns are
+    # more than half of the 600, so it is not compacted
+    dl = torch.rand(m, v, generator=g) * 2e-6 / m
+    dl.scatter_(1, torch.randint(0, v, (m, 5), generator=g),
+                (1 + torch.rand(m, 5, generator=g)) / 1024 / m)
+    dl[torch.arange(m), torch.randint(0, v, (m,), generator=g)] = -1.0 / m
+    return dl
+
+
+@needs_pairs
+@pytest.mark.skipif(not rowsparse.available(), reason="the row-sparse extension is not built")
+@pytest.mark.parametrize("slices", [2, 3])
+@pytest.mark.parametrize("case", ["one", "many", "uncompacted"])
+def test_a_row_sparse_slice_runs_row_by_row_with_the_float_bits(route, monkeypatch, slices,
+                                                               case):
+    # dh's slice 2 row by row after the compacted slice 1 (S = 2: no dense product left),
+    # in one T block or many; with no compaction, slices 1 and 2 row by row; the same bits
+    # as the float route, and a denser slice stays dense
+    if case == "many":                 # two row blocks, column blocks, contraction chunks
+        monkeypatch.setattr(pp, "ROW_BLOCK", 64)
+        monkeypatch.setattr(pp, "T_BLOCK", 64 * 32)
+        monkeypatch.setattr(pp, "PACK_K", 64)
+        monkeypatch.setattr(products, "COMPACT_MAX", 0.25)  # slice 2 over 64 rows: ~250 of 600
+    if case == "uncompacted":
+        monkeypatch.setattr(products, "COMPACT_MAX", 0.0)
+    g = torch.Generator().manual_seed(8)
+    h, w, _ = _head_case(g, m=128)
+    dl = _sparse_dl(g)
+    route("float")
+    want = _head(h, w, dl, slices)
+    calls = []
+    real = rowsparse.rows_add
+    monkeypatch.setattr(rowsparse, "rows_add", lambda a, bs, t: calls.append(
+        [s for _, s in bs]) or real(a, bs, t))
+    route("pairs")
+    got = _head(h, w, dl, slices)
+    assert gemm_route.int_gemm_status()["failures"] == 0
+    assert all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(want, got))
+    # slice i's pairs (i, j), j = 1 .. S + 1 - i, with their weights
+    weights = {i: [7 * (slices + 1 - i - j) for j in range(1, slices + 2 - i)] for i in (1, 2)}
+    assert calls and set(map(tuple, calls)) == (
+        {tuple(weights[1]), tuple(weights[2])} if case == "uncompacted" else {tuple(weights[2])})
+    calls.clear()
+    monkeypatch.setattr(pp, "ROW_SPARSE_MAX", 1 / 1200)     # below their 1-5 nonzeros a row
+    got = _head(h, w, dl, slices)
+    assert not calls
+    assert all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(want, got))
+
+
+@needs_pairs
+@pytest.mark.skipif(not rowsparse.available(), reason="the row-sparse extension is not built")
+@pytest.mark.parametrize("kind", ["weight", "dropped"])
+def test_the_check_catches_a_wrong_row_sparse_product(route, monkeypatch, kind):
+    # a row-sparse product with a wrong weight, or one never added: caught by T's sums,
+    # counted, and recomputed on the float route with the right bits
+    g = torch.Generator().manual_seed(9)
+    h, w, _ = _head_case(g, m=128)
+    dl = _sparse_dl(g)
+    route("float")
+    want = _head(h, w, dl, 3)
+    route("pairs")
+    real = rowsparse.rows_add
+    forged = {"weight": lambda a, bs, t: real(a, [(b, s + 1) for b, s in bs], t),
+              "dropped": lambda a, bs, t: 0}[kind]
+    monkeypatch.setattr(rowsparse, "rows_add", forged)
+    with pytest.warns(RuntimeWarning, match="pair products"):
+        got = _head(h, w, dl, 3)
+    status = gemm_route.int_gemm_status()
+    assert status["failures"] >= 1 and status["route"] == "float"
+    assert all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(want, got))
 
 
 def _corrupt_terms(kind):

@@ -1,0 +1,77 @@
+"""A sparse int8 slice's products, row by row, into an int64 sum
+(``open1b_kernels/int8/_rowsparse.c``, which says why they are exact and where they pay):
+
+    t[r, c] += sum over the k with a[r, k] != 0 of a[r, k] * sum_j 2^shift_j * b_j[k, c]
+
+For the LM head's logits gradient on the pair route (``open1b_kernels.ops.pair_products``):
+a slice with a few nonzeros in every row but nonzeros in most columns across the rows costs
+a dense product of the contraction's length there, and each nonzero's columns here.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from open1b_kernels.core.mathc import flat
+from open1b_kernels.core.pieces import parallel
+
+try:
+    from open1b_kernels.int8 import _rowsparse
+except ImportError:  # pragma: no cover - the extension is optional
+    _rowsparse = None
+
+MAX_B = 3          # b slices per call (the C file's MAX_B)
+MAX_SHIFT = 14     # the C file's bound: one nonzero's terms always fit an int32
+
+
+def available() -> bool:
+    """True when the extension is built and not switched off (OPEN1B_MATHC=0 switches off
+    every compiled loop)."""
+    return _rowsparse is not None and os.environ.get("OPEN1B_MATHC", "1") != "0"
+
+
+def _span(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous 1-D int8 view from ``x``'s first element to its last (``x`` 2-D with a
+    unit stride along dim 1 and a row stride >= its width)."""
+    r, c = x.shape
+    return torch.empty(0, dtype=torch.int8).set_(x.untyped_storage(), x.storage_offset(),
+                                                 ((r - 1) * x.stride(0) + c if r else 0,), (1,))
+
+
+def fits(x: torch.Tensor) -> bool:
+    """Whether ``x`` (int8, 2-D) is read in place: a unit stride along dim 1, rows apart by
+    at least their width."""
+    return x.dim() == 2 and x.stride(1) == 1 and x.stride(0) >= x.shape[1]
+
+
+def rows_add(a: torch.Tensor, bs: list[tuple[torch.Tensor, int]], t: torch.Tensor) -> int:
+    """``t`` (contiguous int64 (R, C)) += the products of ``a`` (int8 (R, K)) with
+    sum_j 2^shift_j b_j for ``bs`` = [(b_j int8 (K, C), shift_j), ...] (1 to 3 of them,
+    shifts 0 .. 14, all with one row stride), skipping a's zeros; a and the b_j in place
+    (``fits``). Rows split among the torch threads. Returns the nonzeros of ``a``. Needs
+    ``available()``."""
+    r, k = a.shape
+    c = t.shape[1] if t.dim() == 2 else -1
+    if not (a.dtype == torch.int8 and fits(a) and t.dtype == torch.int64 and t.is_contiguous()
+            and t.shape == (r, c) and 1 <= len(bs) <= MAX_B
+            and all(b.dtype == torch.int8 and b.shape == (k, c) and fits(b)
+                    and b.stride(0) == bs[0][0].stride(0) and 0 <= s <= MAX_SHIFT
+                    for b, s in bs)):
+        raise ValueError(f"rows_add needs int8 a (R, K) and 1 to {MAX_B} int8 b_j (K, C) with a "
+                         f"unit stride along their rows and one row stride, shifts 0..{MAX_SHIFT}, "
+                         f"and a contiguous int64 t (R, C); got a {a.dtype} {tuple(a.shape)}, "
+                         f"b {[(b.dtype, tuple(b.shape), b.stride(), s) for b, s in bs]}, t "
+                         f"{t.dtype} {tuple(t.shape)}")
+    if not (r and k and c):
+        return 0
+    an, tn = flat(_span(a)), flat(t)
+    bn = [(flat(_span(b)), s) for b, s in bs]
+    ldb = bs[0][0].stride(0)
+    seen = [0]
+
+    def run(lo: int, hi: int, pieces: int) -> None:
+        seen.append(_rowsparse.rows_add(an, r, k, a.stride(0), bn, ldb, tn, c, lo, hi, pieces))
+
+    parallel(run, r, grain=8)
+    return sum(seen)
