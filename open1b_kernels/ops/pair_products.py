@@ -152,7 +152,9 @@ def row_sparse(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
     """The slices of ``a`` after the compacted ones (``skip``), in order while they last,
     with at most ROW_SPARSE_MAX of their elements over ``rows`` nonzero: their pairs run
     row by row (``rowsparse.rows_add``). None where the extension is missing or a or b is
-    not read in place there (b's slices with the contraction as their rows: dh = dlogits W)."""
+    not read in place there: a's slices need their rows contiguous and b's the contraction
+    as their rows (dh = dlogits W has both; the forward's b, the weight, and the weight
+    gradient's a, dlogits^T, do not)."""
     if not (rowsparse.available() and rowsparse.fits(sa[0][rows]) and rowsparse.fits(sb[0].t())):
         return []
     out = []
