@@ -142,7 +142,7 @@ static PyObject *py_rows_add(PyObject *self, PyObject *args) {
     /* nonzeros an int32 accumulator takes: each adds at most 2^14 * weight in magnitude */
     Py_ssize_t flush = ok ? (Py_ssize_t)(INT32_MAX / ((int64_t)1 << 14) / weight) : 0;
     Py_ssize_t seen[PIECES_MAX];
-    for (int i = 0; i < pieces; i++) seen[i] = 0;         /* a piece with no rows stays 0 */
+    for (int i = 0; ok && i < pieces; i++) seen[i] = 0;   /* a piece with no rows stays 0 */
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
         FOR_PIECES(r0, r1, pieces, seen[piece] = rows_add(a.buf, lda, K, bp, shift, nb, ldb, t.buf,

@@ -84,6 +84,7 @@ def test_rows_add_refuses_bad_arguments_by_name():
     with pytest.raises(ValueError, match="b has 60 bytes, needs 69"):     # row stride 7
         rowsparse._rowsparse.rows_add(a.numpy(), 4, 10, 10, [(b.numpy(), 0)], 7, t.numpy(), 6,
                                       0, 4)
-    with pytest.raises(ValueError, match="row range"):
-        rowsparse._rowsparse.rows_add(a.numpy(), 4, 10, 10, [(b.numpy(), 0)], 6, t.numpy(), 6,
-                                      0, 5)
+    for r1, pieces in ((5, 1), (4, 0), (4, 100_000)):          # past R; pieces out of range
+        with pytest.raises(ValueError, match="row range"):
+            rowsparse._rowsparse.rows_add(a.numpy(), 4, 10, 10, [(b.numpy(), 0)], 6, t.numpy(), 6,
+                                          0, r1, pieces)
