@@ -147,6 +147,20 @@ typedef struct {
     uint64_t *rows, *cols;
 } fused_t;
 
+/* One row's span of the LM head's rounding: out[c] = fp32((T[c] * rf) * colf[c]) - the
+ * operations of the other routes' rounding loops on the same exact float64 value (T below
+ * 2^53), so their bits - T's values added into cols (modulo 2^64), their sum returned. */
+static uint64_t round_span(const int64_t *t, double rf, const double *colf, float *out,
+                           uint64_t *cols, Py_ssize_t n) {
+    uint64_t rs = 0;
+    for (Py_ssize_t c = 0; c < n; c++) {
+        out[c] = (float)(((double)t[c] * rf) * colf[c]);
+        rs += (uint64_t)t[c];
+        cols[c] += (uint64_t)t[c];
+    }
+    return rs;
+}
+
 #if PAIRMM_X86
 #include "_pairblock.h"
 
@@ -219,18 +233,14 @@ static void product64(const term_t *terms, int nt, int64_t *c, Py_ssize_t M, Py_
                     Py_ssize_t i0 = ir * MR, rows = M - i0 < MR ? M - i0 : MR;
                     for (Py_ssize_t i = 0; i < rows; i++) {
                         int64_t *dst = c + (i0 + i) * N + j0;
-                        const int64_t *src = acc + i * NR;
+                        int64_t *src = acc + i * NR;
                         if (fuse && pc + kc == P) {     /* the last K block: T is whole */
-                            float *o = fuse->out + (i0 + i) * fuse->stride + fuse->c0 + j0;
-                            double rf = fuse->rowf[i0 + i];
-                            uint64_t rs = 0;
-                            for (Py_ssize_t j = 0; j < cols; j++) {
-                                int64_t t = (start && pc == 0 ? 0 : dst[j]) + src[j];
-                                o[j] = (float)(((double)t * rf) * fuse->colf[j0 + j]);
-                                rs += (uint64_t)t;
-                                fuse->cols[j0 + j] += (uint64_t)t;
-                            }
-                            fuse->rows[i0 + i] += rs;
+                            if (!(start && pc == 0))
+                                for (Py_ssize_t j = 0; j < cols; j++) src[j] += dst[j];
+                            fuse->rows[i0 + i] += round_span(
+                                src, fuse->rowf[i0 + i], fuse->colf + j0,
+                                fuse->out + (i0 + i) * fuse->stride + fuse->c0 + j0,
+                                fuse->cols + j0, cols);
                         } else if (start && pc == 0)
                             for (Py_ssize_t j = 0; j < cols; j++) dst[j] = src[j];
                         else
@@ -252,18 +262,8 @@ static void product64(const term_t *terms, int nt, int64_t *c, Py_ssize_t M, Py_
 static void round_rows(const int64_t *t, const double *rowf, const double *colf, float *out,
                        uint64_t *rows, uint64_t *cols, Py_ssize_t C, Py_ssize_t stride,
                        Py_ssize_t c0, Py_ssize_t r0, Py_ssize_t r1) {
-    for (Py_ssize_t r = r0; r < r1; r++) {
-        const int64_t *tr = t + r * C;
-        float *o = out + r * stride + c0;
-        double rf = rowf[r];
-        uint64_t rs = 0;
-        for (Py_ssize_t c = 0; c < C; c++) {
-            o[c] = (float)(((double)tr[c] * rf) * colf[c]);
-            rs += (uint64_t)tr[c];
-            cols[c] += (uint64_t)tr[c];
-        }
-        rows[r] += rs;
-    }
+    for (Py_ssize_t r = r0; r < r1; r++)
+        rows[r] += round_span(t + r * C, rowf[r], colf, out + r * stride + c0, cols, C);
 }
 
 /* Python wrappers: buffers checked against the shapes before any access. */

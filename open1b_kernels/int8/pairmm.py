@@ -39,7 +39,7 @@ def available() -> bool:
             and _pairmm.available())
 
 
-def _source(x: torch.Tensor, gap: int = 0) -> tuple[torch.Tensor, int, int]:
+def source(x: torch.Tensor, gap: int = 0) -> tuple[torch.Tensor, int, int]:
     """(a contiguous 1-D int8 tensor spanning ``x``'s elements - and ``gap`` bytes more -,
     line stride, k stride) for ``x`` (int8, lines x K) with a unit stride on either side -
     row-major, a transposed view, or a block of either (a column block of a transposed
@@ -97,7 +97,7 @@ def pack(x: torch.Tensor, width: int, name: str, low: torch.Tensor | None = None
         if not gap:
             both = torch.stack([x, low])                          # (2, lines, K): gap lines K
             x, gap = both[0], lines * k
-    src, sl, sk = _source(x, gap)
+    src, sl, sk = source(x, gap)
     panels = -(-lines // width)
     out = scratch(name, (panels * ((k + 1) // 2) * width,), torch.int32)
     xs, o = flat(src).view("int8"), flat(out)

@@ -15,6 +15,7 @@ import torch
 
 from open1b_kernels.core.mathc import flat
 from open1b_kernels.core.pieces import parallel
+from open1b_kernels.int8.pairmm import source
 
 try:
     from open1b_kernels.int8 import _rowsparse
@@ -29,14 +30,6 @@ def available() -> bool:
     """True when the extension is built and not switched off (OPEN1B_MATHC=0 switches off
     every compiled loop)."""
     return _rowsparse is not None and os.environ.get("OPEN1B_MATHC", "1") != "0"
-
-
-def _span(x: torch.Tensor) -> torch.Tensor:
-    """A contiguous 1-D int8 view from ``x``'s first element to its last (``x`` 2-D with a
-    unit stride along dim 1 and a row stride >= its width)."""
-    r, c = x.shape
-    return torch.empty(0, dtype=torch.int8).set_(x.untyped_storage(), x.storage_offset(),
-                                                 ((r - 1) * x.stride(0) + c if r else 0,), (1,))
 
 
 def fits(x: torch.Tensor) -> bool:
@@ -65,8 +58,8 @@ def rows_add(a: torch.Tensor, bs: list[tuple[torch.Tensor, int]], t: torch.Tenso
                          f"{t.dtype} {tuple(t.shape)}")
     if not (r and k and c):
         return 0
-    an, tn = flat(_span(a)), flat(t)
-    bn = [(flat(_span(b)), s) for b, s in bs]
+    an, tn = flat(source(a)[0]), flat(t)          # in place: ``fits`` holds for a and b
+    bn = [(flat(source(b)[0]), s) for b, s in bs]
     ldb = bs[0][0].stride(0)
     seen = [0]
 

@@ -111,12 +111,12 @@ def test_blocks_of_larger_matrices_are_read_in_place():
     big = torch.randint(-128, 128, (300, 500), generator=g, dtype=torch.int8)
     b = torch.randint(-128, 128, (21, 77), generator=g, dtype=torch.int8)
     for a in (big.t()[40:123, 7:84], big[5:88, 100:177], big[5:88, 100:177].t().contiguous().t()):
-        src, sl, sk = pairmm._source(a)
+        src, sl, sk = pairmm.source(a)
         assert (sl, sk) == a.stride()
         assert src.untyped_storage().data_ptr() == big.untyped_storage().data_ptr() or \
             a.is_contiguous() or a.t().is_contiguous()
         assert torch.equal(pairmm.pair_mm(a, b).to(torch.int64), _exact(a, b))
         assert torch.equal(pairmm.pair_mm(b, a).to(torch.int64), _exact(b, a))
     odd = big[::2, ::3][:50, :77]                    # no unit stride: a copy, still exact
-    assert pairmm._source(odd)[1:] == (77, 1)
+    assert pairmm.source(odd)[1:] == (77, 1)
     assert torch.equal(pairmm.pair_mm(odd, b).to(torch.int64), _exact(odd, b))
