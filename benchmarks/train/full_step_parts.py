@@ -28,12 +28,28 @@ The full Open-1B step is mix-0626's main batch (``manifests/mix-0626.toml``: 1,1
 run ``cores / threads`` windows at once (each at this run's thread count); the projection
 counts that as linear in cores - a lower bound on time, since memory bandwidth is shared.
 
+Each plan is timed under the allocator its trainer runs with (``open1b_train.allocator``):
+the resident plan's process keeps freed memory for reuse (``keep_freed_memory``), the lean
+plan's leaves malloc as it is (so its large temporaries are fresh pages every time). The
+parts are therefore measured twice by default (``--allocator plans``), each time in a
+fresh child process - "kept" for the resident figures, "fresh" for the lean ones: one
+process cannot measure both, since the setting is process-wide and sticks. On the Zen 4
+VM (2026-12-05) they differ by a third: a window-512 layer took 2.6-2.9 s with freed memory
+kept against 4.0-4.1 s with fresh pages (the page faults of its large temporaries). Before
+that date every projection timed all plans with fresh pages, overstating the resident one.
+``--allocator kept`` or ``fresh`` times everything in this process under that one setting.
+
     python -m benchmarks.train.full_step_parts [--windows 512] [--head-tokens 64] [--repeats 1]
-        [--out benchmarks/results/results-full-step.md]
+        [--allocator plans|kept|fresh] [--out benchmarks/results/results-full-step.md]
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -115,20 +131,29 @@ def layers_seconds(layers: dict, m, kept: frozenset[int] | None) -> float:
         "resident" if kept is None or i in kept else "lean"] for i in range(m.n_layers))
 
 
-def full_step_lines(layers: dict, head: dict, m, cores: int, update: float | None,
+def full_step_lines(parts: dict, m, cores: int, update: float | None,
                     kept: frozenset[int] = frozenset(), free_gib: float = 0.0) -> list[str]:
-    """The projection of one full Open-1B step (module docstring) as markdown lines;
-    ``kept``: the layers the lean plan keeps with ``free_gib`` available."""
+    """The projection of one full Open-1B step (module docstring) as markdown lines, from
+    ``parts`` = {allocator: (layers, head)} (the resident plan from "kept" where measured,
+    the lean ones from "fresh"); ``kept``: the layers the lean plan keeps with ``free_gib``
+    available."""
     threads = torch.get_num_threads()
     keeps = f"lean, {len(kept)} layers kept"
-    per = {plan: layers_seconds(layers, m, k) + head["at_4096"]
-           for plan, k in (("resident", None), ("lean:0", frozenset()), (keeps, kept))}
+
+    def window(alloc: str, k: frozenset[int] | None) -> float:
+        layers, head = parts.get(alloc) or next(iter(parts.values()))
+        return layers_seconds(layers, m, k) + head["at_4096"]
+
+    per = {"resident": window("kept", None), "lean:0": window("fresh", frozenset()),
+           keeps: window("fresh", kept)}
     windows = main_batch_windows()
     out = [f"Full Open-1B step ({windows:,} windows of 4,096 tokens), per window: resident "
            f"plan (forward + backward) {per['resident']:,.0f} s, lean plan recomputing every "
            f"layer (`lean:0`, 2 x forward + backward) {per['lean:0']:,.0f} s, lean keeping "
            f"the {len(kept)} layers' activations {free_gib:g} GiB available hold "
-           f"(`memplan.fitting`) {per[keeps]:,.0f} s, at {threads} threads; the update "
+           f"(`memplan.fitting`) {per[keeps]:,.0f} s, at {threads} threads"
+           + (" (resident timed with freed memory kept, lean with fresh pages: each as its "
+              "trainer's process runs)" if len(parts) > 1 else "") + "; the update "
            + (f"{update:,.0f} s (measured, added once)." if update is not None else
               "not included."), "",
            "| machine | plan | one full step |", "|---|---|---|"]
@@ -140,6 +165,44 @@ def full_step_lines(layers: dict, head: dict, m, cores: int, update: float | Non
             t = windows * per[plan] / n + (update or 0.0) * (threads / c)
             out.append(f"| {label} | {plan} | {t:,.0f} s = **{t / 3600:.1f} h** |")
     return out
+
+
+def measure(windows: str, head_tokens: int, repeats: int) -> dict:
+    """The parts timed in this process (under whatever allocator setting it has): {"layers":
+    {window: timings}, "head": timings}, with the load samples' summary."""
+    from benchmarks.machine import LoadLog
+
+    load = LoadLog()
+    layers = {}
+    for w in windows.split(","):
+        print(f"[layer {w}] forward + backward at {SEQ} tokens ...", flush=True)
+        layers[w] = _median_run(lambda: time_layer(w), repeats)
+        print(f"[layer {w}] {layers[w]}", flush=True)
+        load.sample(f"layer {w}")
+    print(f"[head] {head_tokens} tokens ...", flush=True)
+    head = _median_run(lambda: time_head(head_tokens), repeats)
+    print(f"[head] {head}", flush=True)
+    load.sample("head")
+    return {"layers": layers, "head": head, "load": load.summary()}
+
+
+def _child(alloc: str, a) -> dict:
+    """``measure`` in a fresh interpreter whose allocator is set as ``alloc`` says: the
+    setting is per process and cannot be undone (module docstring)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "parts.json")
+        cmd = [sys.executable, "-m", "benchmarks.train.full_step_parts", "--allocator", alloc,
+               "--windows", a.windows, "--head-tokens", str(a.head_tokens), "--repeats",
+               str(a.repeats), "--parts-json", path]
+        print(f"[{alloc}] {' '.join(cmd[1:])}", flush=True)
+        subprocess.run(cmd, check=True)
+        with open(path) as f:
+            return json.load(f)
+
+
+ALLOCATORS = {"kept": "freed memory kept for reuse (`keep_freed_memory`: the resident "
+                      "plan's trainer)",
+              "fresh": "malloc as it is, fresh pages (the lean plan's trainer)"}
 
 
 def main() -> None:
@@ -157,56 +220,68 @@ def main() -> None:
                     help="timed runs of each part after one untimed warm-up (the median "
                          "counts); 1 = one run, no warm-up (the first call also pays for "
                          "the scratch buffers every later layer reuses)")
+    ap.add_argument("--allocator", choices=("plans", "kept", "fresh"), default="plans",
+                    help="plans: each plan under its trainer's allocator, measured in two "
+                         "child processes (module docstring); kept / fresh: everything in "
+                         "this process with freed memory kept / with fresh pages")
+    ap.add_argument("--parts-json", default=None, help=argparse.SUPPRESS)  # a child's output
     a = ap.parse_args()
 
-    from benchmarks.machine import LoadLog, describe, simd_flags
+    from benchmarks.machine import describe, simd_flags
     from open1b_train import memplan
+    from open1b_train.allocator import keep_freed_memory
     from open1b_train.config import open1b
 
-    load = LoadLog()
-    layers = {}
-    for w in a.windows.split(","):
-        print(f"[layer {w}] forward + backward at {SEQ} tokens ...", flush=True)
-        layers[w] = _median_run(lambda: time_layer(w), a.repeats)
-        print(f"[layer {w}] {layers[w]}", flush=True)
-        load.sample(f"layer {w}")
-    print(f"[head] {a.head_tokens} tokens ...", flush=True)
-    head = _median_run(lambda: time_head(a.head_tokens), a.repeats)
-    print(f"[head] {head}", flush=True)
-    load.sample("head")
+    if a.allocator == "plans":
+        got = {alloc: _child(alloc, a) for alloc in ALLOCATORS}
+    else:
+        if a.allocator == "kept" and not keep_freed_memory():
+            raise SystemExit("--allocator kept: this C library has no mallopt (not glibc) "
+                             "or OPEN1B_MALLOPT=0 is set; use --allocator fresh")
+        got = {a.allocator: measure(a.windows, a.head_tokens, a.repeats)}
+        if a.parts_json:
+            with open(a.parts_json, "w") as f:
+                json.dump(got[a.allocator], f)
+            return
     cfg = open1b()
     m = cfg.model
     n_kept = memplan.fitting(cfg, SEQ + 1, int(a.free_gib * 2**30))
     kept = frozenset(memplan.keep_order(m)[:n_kept])
     n_full = len(m.full_layers)
-    layer_s = layers_seconds(layers, m, frozenset())
-    total = layer_s + head["at_4096"]
-    rows = [f"| layer, window {w}, {SEQ:,} tokens | {r['forward']:.1f} | {r['backward']:.1f} "
-            f"| {r['lean']:.1f} (2 x fwd + bwd) |" for w, r in layers.items()]
-    runs = [f"{name}: {r['runs']}" for name, r in [*layers.items(), ("head", head)]
-            if "runs" in r]
-    rows.append(f"| LM head + loss, {head['tokens']} tokens | {head['forward']:.1f} | "
-                f"{head['backward']:.1f} | {head['at_4096']:.0f} (x {SEQ // head['tokens']}, "
-                f"at {SEQ:,} tokens) |")
+    lines = []
+    for alloc, r in got.items():
+        layers, head = r["layers"], r["head"]
+        layer_s = layers_seconds(layers, m, frozenset())
+        total = layer_s + head["at_4096"]
+        rows = [f"| layer, window {w}, {SEQ:,} tokens | {t['forward']:.1f} | "
+                f"{t['backward']:.1f} | {t['resident']:.1f} | {t['lean']:.1f} |"
+                for w, t in layers.items()]
+        rows.append(f"| LM head + loss, {head['tokens']} tokens | {head['forward']:.1f} | "
+                    f"{head['backward']:.1f} | {head['at_4096']:.1f} (x "
+                    f"{SEQ // head['tokens']}, at {SEQ:,} tokens) | the same |")
+        runs = [f"{name}: {t['runs']}" for name, t in [*layers.items(), ("head", head)]
+                if "runs" in t]
+        lines += [
+            f"Allocator **{alloc}**: {ALLOCATORS[alloc]}. {r['load']}", "",
+            "| part (CPU reference, Open-1B shapes) | forward s | backward s | resident s "
+            "(fwd + bwd) | lean s (2 x fwd + bwd) |", "|---|---|---|---|---|", *rows, "",
+            *([f"Median of {a.repeats} timed runs after a warm-up (totals, s: "
+               + "; ".join(runs) + ")", ""] if runs else []),
+            f"Per window recomputing every layer: {m.n_layers - n_full} windowed + {n_full} "
+            f"fully causal layers {layer_s:,.0f} s + LM head {head['at_4096']:,.0f} s = "
+            f"**{total:,.0f} s (~{total / 60:.1f} min)**"
+            + (" (the fully causal layers counted as windowed ones: not measured)"
+               if "full" not in layers else "") + ".", ""]
     text = "\n".join([
         f"\n## {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC - "
         f"`python -m benchmarks.train.full_step_parts --windows {a.windows} "
-        f"--head-tokens {a.head_tokens} --repeats {a.repeats}`", "",
-        f"- machine: {describe()}; CPU flags: {simd_flags()}",
-        f"- {load.summary()}", "",
-        "| part (CPU reference, Open-1B shapes) | forward s | backward s | lean step s |",
-        "|---|---|---|---|", *rows, "",
-        *([f"Median of {a.repeats} timed runs after a warm-up (totals, s: "
-           + "; ".join(runs) + ")", ""] if runs else []),
-        f"**Projected** full `open1b` step (one 4,097-token window, lean plan), layers and "
-        f"head only: {m.n_layers - n_full} windowed + {n_full} fully causal layers "
-        f"{layer_s:,.0f} s + LM head {head['at_4096']:,.0f} s = **{total:,.0f} s "
-        f"(~{total / 60:.1f} min)** per window on this machine; the replay re-executes the "
-        f"same step, so about as long again. An estimate: "
-        + ("the fully causal layers are counted as windowed ones (not measured), "
-           if "full" not in layers else "")
-        + "the embedding, AdamW update, hashes and checkpoint are not in it.", "",
-        *full_step_lines(layers, head, m, a.cores, a.update_seconds, kept, a.free_gib), ""])
+        f"--head-tokens {a.head_tokens} --repeats {a.repeats} --allocator {a.allocator}`", "",
+        f"- machine: {describe()}; CPU flags: {simd_flags()}", "",
+        *lines,
+        "An estimate: the embedding, AdamW update, hashes and checkpoint are not in the "
+        "per-window figures; the replay re-executes the same step, so about as long again.", "",
+        *full_step_lines({k: (r["layers"], r["head"]) for k, r in got.items()}, m, a.cores,
+                         a.update_seconds, kept, a.free_gib), ""])
     print(text)
     if a.out:
         with open(a.out, "a") as f:
