@@ -162,21 +162,25 @@ def int8_codes(y: torch.Tensor, div: torch.Tensor, clamp: bool, out: torch.Tenso
 
 def levels_round(accs: torch.Tensor, weights: list[float], rowf: torch.Tensor,
                  colf: torch.Tensor, out: torch.Tensor, c0: int, rows: torch.Tensor,
-                 cols: torch.Tensor) -> bool:
+                 cols: torch.Tensor, base: torch.Tensor | None = None) -> bool:
     """``open1b_kernels.ops.lmhead``'s integer route for one output block: the int32 products
-    ``accs`` (n, R, C) summed with their ``weights`` into an exact float64 T, rounded once
-    into ``out[:, c0:c0 + C]`` as ``fp32((T * rowf[r]) * colf[c])``, and their plain row and
-    column sums added into ``rows`` (R,) and ``cols`` (C,) int64 (the check's sums) - exact
+    ``accs`` (n, R, C) summed with their ``weights`` (powers of two) onto ``base`` (an int64
+    (R, C) part of T computed elsewhere, or None) into an exact float64 T, rounded once into
+    ``out[:, c0:c0 + C]`` as ``fp32((T * rowf[r]) * colf[c])``, and T's row and column sums
+    added into ``rows`` (R,) and ``cols`` (C,) int64 modulo 2^64 (the check's sums) - exact
     integer arithmetic and one rounding, so the torch code's values. False when the loop is
-    unavailable. Rows split among the torch threads, each with its own column sums."""
-    if not has("levels_round"):
+    unavailable (a build from an older source has only the unweighted sums' loop). Rows split
+    among the torch threads, each with its own column sums."""
+    if not has("levels_round_weighted"):
         return False
     n, r, c = accs.shape
     w = torch.tensor(weights, dtype=torch.float64)
+    none = torch.empty(0, dtype=torch.int64)
     args = (flat(accs), n, w.numpy(), flat(rowf.contiguous()), flat(colf.contiguous()),
             flat(out), flat(rows))
-    cols += row_pieces(r, c, r // 16, lambda lo, hi, parts, p: _mathc.levels_round(
-        *args, parts, r, c, out.shape[1], c0, lo, hi, p))
+    tail = flat(base if base is not None else none)
+    cols += row_pieces(r, c, r // 16, lambda lo, hi, parts, p: _mathc.levels_round_weighted(
+        *args, parts, tail, r, c, out.shape[1], c0, lo, hi, p))
     return True
 
 

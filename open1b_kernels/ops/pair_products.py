@@ -18,14 +18,14 @@ while each register block is finished (no pass over T; a block with a compacted 
 row-sparse slice, whose products come last, is rounded by ``round_block`` - the same
 operations).
 
-Row-sparse slices (``row_sparse``): a slice of ``a`` with few nonzeros in every row whose
-columns still cover most of K over a block's rows - slice 2 of the logits gradient in dh =
-dlogits W, nonzero where a row gives a token more than ~2^-14 of its largest magnitude:
-~420 of 128,256 a row at initialization, more than half the vocabulary over 1,024 rows, so
-not compacted - runs its pairs row by row (``open1b_kernels.int8.rowsparse``: each nonzero
-times the weighted sum of b's slices at its k, added into T): the Open-1B head's dh at
-1,024 tokens went from three dense products of the vocabulary's length to one (4.6 ->
-2.8 s on the Zen 3 host, the same bits).
+Row-sparse slices (``products.row_sparse``, shared with the int route): a slice of ``a``
+with few nonzeros in every row whose columns still cover most of K over a block's rows -
+slice 2 of the logits gradient in dh = dlogits W, nonzero where a row gives a token more
+than ~2^-14 of its largest magnitude: ~420 of 128,256 a row at initialization, more than
+half the vocabulary over 1,024 rows, so not compacted - runs its pairs row by row
+(``open1b_kernels.int8.rowsparse``: each nonzero times the weighted sum of b's slices at its
+k, added into T): the Open-1B head's dh at 1,024 tokens went from three dense products of
+the vocabulary's length to one (4.6 -> 2.8 s on the Zen 3 host, the same bits).
 
 Packing: an operand is packed once per block and contraction chunk, and kept where it is
 used again (``PACK_CACHE``): the a side's packs across the column blocks of its rows (the
@@ -33,11 +33,11 @@ forward: 4,096 hidden states against the vocabulary's column blocks), the b side
 the row blocks (the weight gradient: the vocabulary's rows against the hidden states).
 The contraction runs in chunks of at most PACK_K, so one pack stays tens of MB.
 
-The exactness check is the integer route's, taken on T: T's row sums against ``sum_i a_i @
-(sum_j w_ij colsum(b_j))`` and its column sums against the same for b - the definition's
-pairs and weights, whatever the grouping, so a product dropped, doubled, or given the wrong
-weight or operand fails it (tested). On a mismatch the failure is recorded and the caller
-recomputes on the float route.
+The exactness check is the int route's (``products.check_sums``), taken on T: T's row sums
+against ``sum_i a_i @ (sum_j w_ij colsum(b_j))`` and its column sums against the same for
+b - the definition's pairs and weights, whatever the grouping, so a product dropped,
+doubled, or given the wrong weight or operand fails it (tested). On a mismatch the failure
+is recorded and the caller recomputes on the float route.
 """
 from __future__ import annotations
 
@@ -46,10 +46,9 @@ from dataclasses import dataclass
 import torch
 
 from open1b_kernels.core.workspace import scratch
-from open1b_kernels.int8 import pairmm, rowsparse
-from open1b_kernels.int8.checksum import _sum_dtype
-from open1b_kernels.int8.route import record_failure
-from open1b_kernels.ops.products import compacted
+from open1b_kernels.int8 import pairmm
+from open1b_kernels.ops.products import (check_sums, compacted, row_sparse, rows_sparse_add,
+                                         weight_shift)
 from open1b_kernels.ops.slices import LevelSlices
 
 PACK_K = 8192            # contraction chunk of one pack (T sums across chunks in int64)
@@ -62,12 +61,6 @@ PACK_CACHE = 256 << 20   # bytes of one side's packs kept for later blocks
 # zeroing pass: 81 -> 76 ms per call)
 SHORT_K, SHORT_BLOCKS = 256, (512, 2048)
 COMPACT_ROWS = 1024      # rows over which a slice's nonzero columns are gathered
-# A slice with at most this share of nonzeros over a T block's rows runs row by row
-# (``rowsparse``): a nonzero costs each of its b slices' C columns at ~7 G multiply-adds/s
-# (memory-bound: one row of each b slice from a matrix that does not fit the cache), a
-# product dropped from the dense plan K x C per row at ~140 G/s, so for slice 2 (two b
-# slices, one wide product dropped) the two meet near 1/40 (Zen 3, the Open-1B head's dh)
-ROW_SPARSE_MAX = 1 / 64
 
 
 @dataclass(frozen=True)
@@ -77,11 +70,6 @@ class Term:
     a: tuple[int, ...]
     j: int
     shift: int
-
-
-def weight_shift(slices: int, i: int, j: int) -> int:
-    """log2 of w_ij = 2^(7(S + 1 - i - j))."""
-    return 7 * (slices + 1 - i - j)
 
 
 def terms(slices: int, skip: frozenset[int] | set[int] = frozenset()) -> list[Term]:
@@ -147,27 +135,6 @@ def _gathered(sa: LevelSlices, sb: LevelSlices, rows: slice, cs: slice, i: int,
         pairmm.product_add(group, t)
 
 
-def row_sparse(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
-               skip: set[int]) -> list[int]:
-    """The slices of ``a`` after the compacted ones (``skip``), in order while they last,
-    with at most ROW_SPARSE_MAX of their elements over ``rows`` nonzero: their pairs run
-    row by row (``rowsparse.rows_add``). None where the extension is missing or a or b is
-    not read in place there: a's slices need their rows contiguous and b's the contraction
-    as their rows (dh = dlogits W has both; the forward's b, the weight, and the weight
-    gradient's a, dlogits^T, do not)."""
-    if not (rowsparse.available() and rowsparse.fits(sa[0][rows]) and rowsparse.fits(sb[0].t())):
-        return []
-    out = []
-    for i in range(1, slices + 1):
-        if i in skip:
-            continue
-        plane = sa[i - 1][rows]
-        if torch.count_nonzero(plane) > ROW_SPARSE_MAX * plane.numel():
-            break
-        out.append(i)
-    return out
-
-
 def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch.Tensor,
                 out: torch.Tensor, slices: int) -> bool:
     """T by the pair GEMM's wide products (module docstring), rounded into ``out`` as
@@ -216,31 +183,7 @@ def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torc
                 tp = t[part.start - r0:part.stop - r0]
                 for i in sorted(skip):
                     _gathered(sa, sb, part, cs, i, got[i], slices, tp)
-            for i in sparse:
-                rowsparse.rows_add(sa[i - 1][rs], [(sb[j - 1][cs].t(), weight_shift(slices, i, j))
-                                                   for j in range(1, slices + 2 - i)], t)
+            rows_sparse_add(sa, sb, rs, cs, slices, sparse, t)
             if skip or sparse or not plan:
                 pairmm.round_block(t, *rounding)
-    return _check(sa, sb, rows_got, cols_got, slices, k)
-
-
-def _check(sa: LevelSlices, sb: LevelSlices, rows_got: torch.Tensor, cols_got: torch.Tensor,
-           slices: int, k: int) -> bool:
-    """T's row and column sums against the definition's (module docstring): exact in
-    float64 while every value is below 2^53 (|T| < 2^28 K), else int64 modulo 2^64."""
-    r, c = rows_got.numel(), cols_got.numel()
-    dt = _sum_dtype(k << 14, r, c)
-    col_a = [x.to(dt) for x in sa.col_sums()]
-    col_b = [x.to(dt) for x in sb.col_sums()]
-    def w(i: int, j: int) -> int:
-        return 1 << weight_shift(slices, i, j)
-
-    # every pair (i, j) once with its weight, whatever grouping computed T
-    v_a = [sum(col_b[j - 1] * w(i, j) for j in range(1, slices + 2 - i))
-           for i in range(1, slices + 1)]
-    v_b = [sum(col_a[i - 1] * w(i, j) for i in range(1, slices + 2 - j))
-           for j in range(1, slices + 1)]
-    if torch.equal(rows_got.to(dt), sa.mv(v_a)) and torch.equal(cols_got.to(dt), sb.mv(v_b)):
-        return True
-    record_failure(f"checksum failed on the LM head's pair products ({r}x{k}x{c})")
-    return False
+    return check_sums(sa, sb, rows_got, cols_got, slices, "pair products")

@@ -23,8 +23,17 @@ the contraction that holds every nonzero term gives the same T. Two groupings ar
   Slices are tried in order and the first one not sparse enough (more than COMPACT_MAX of
   K in the union) stops the search: lower slices are denser in every distribution seen.
 
-The exactness guard (``int_blocks``) is unchanged by the grouping: it sums every product's
-rows and columns, which the dropped all-zero columns do not change.
+**Row-sparse slices** (``row_sparse``): after the compacted ones, a slice of ``a`` with few
+nonzeros in every row of a block but nonzeros in most columns across its rows - slice 2 of
+the logits gradient in dh = dlogits W (~420 of 128,256 a row at initialization, more than
+half the vocabulary over 1,024 rows) - runs its pairs row by row
+(``open1b_kernels.int8.rowsparse``: each nonzero times the weighted sum of b's slices at its
+k, into an int64 part of T), on both integer routes.
+
+The exactness guard (``check_sums``) takes T's own row and column sums - whatever grouping
+computed T - against the definition's pairs and weights: ``sum_i a_i @ (sum_j w_ij
+colsum(b_j))`` for the rows and the same for b for the columns, so a product dropped,
+doubled, or given the wrong weight or operand fails it.
 """
 from __future__ import annotations
 
@@ -34,6 +43,7 @@ import torch
 
 from open1b_kernels.core import mathc
 from open1b_kernels.core.workspace import scratch
+from open1b_kernels.int8 import rowsparse
 from open1b_kernels.int8.checksum import _sum_dtype
 from open1b_kernels.int8.route import int_mm_unchecked, record_failure
 from open1b_kernels.ops.slices import LevelSlices, level_copy
@@ -52,6 +62,13 @@ SHORT_K, SHORT_BLOCKS = 256, (512, 2048)
 # compacted; gathering its operands costs O((rows + cols) K') against the GEMMs' O(rows cols
 # K') that it saves at the dropped columns
 COMPACT_MAX = 0.5
+# A slice with at most this share of nonzeros over a block's rows runs row by row
+# (``rowsparse``): a nonzero costs each of its b slices' C columns at ~7 G multiply-adds/s
+# (memory-bound: one row of each b slice from a matrix that does not fit the cache), a
+# product dropped from the dense plan K x C per row at the GEMM's rate, so for slice 2 (two
+# b slices, two level pairs or one wide product dropped) the two meet near 1/40 on both the
+# Zen 3's pair route and the Zen 4's int8 GEMM (140 and ~400 G/s against ~7 and ~10)
+ROW_SPARSE_MAX = 1 / 64
 
 
 def levels(slices: int) -> list[tuple[int, list[tuple[int, int]]]]:
@@ -96,6 +113,66 @@ def compacted(sa: LevelSlices, rows: slice, slices: int) -> dict[int, torch.Tens
     return out
 
 
+def weight_shift(slices: int, i: int, j: int) -> int:
+    """log2 of w_ij = 2^(7(S + 1 - i - j))."""
+    return 7 * (slices + 1 - i - j)
+
+
+def row_sparse(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
+               skip: set[int]) -> list[int]:
+    """The slices of ``a`` after the compacted ones (``skip``), in order while they last,
+    with at most ROW_SPARSE_MAX of their elements over ``rows`` nonzero: their pairs run
+    row by row (``rows_sparse_add``). None where the extension is missing or a or b is
+    not read in place there: a's slices need their rows contiguous and b's the contraction
+    as their rows (dh = dlogits W has both; the forward's b, the weight, and the weight
+    gradient's a, dlogits^T, do not)."""
+    if not (rowsparse.available() and rowsparse.fits(sa[0][rows]) and rowsparse.fits(sb[0].t())):
+        return []
+    out = []
+    for i in range(1, slices + 1):
+        if i in skip:
+            continue
+        plane = sa[i - 1][rows]
+        if torch.count_nonzero(plane) > ROW_SPARSE_MAX * plane.numel():
+            break
+        out.append(i)
+    return out
+
+
+def rows_sparse_add(sa: LevelSlices, sb: LevelSlices, rows: slice, cols: slice, slices: int,
+                    sparse: list[int], t: torch.Tensor) -> None:
+    """Every pair (i, j) of the row-sparse slices i in ``sparse`` (``rows`` of a, ``cols``
+    of b) with its weight, added into the int64 ``t``."""
+    for i in sparse:
+        rowsparse.rows_add(sa[i - 1][rows], [(sb[j - 1][cols].t(), weight_shift(slices, i, j))
+                                             for j in range(1, slices + 2 - i)], t)
+
+
+def check_sums(sa: LevelSlices, sb: LevelSlices, rows_got: torch.Tensor,
+               cols_got: torch.Tensor, slices: int, what: str) -> bool:
+    """T's row and column sums (``rows_got``, ``cols_got``) against the definition's
+    (module docstring): exact in float64 while every value is below 2^53 (|T| < 2^28 K),
+    else int64 modulo 2^64. On a mismatch the failure is recorded (the process moves to the
+    float route) and False returned: the caller recomputes."""
+    r, c, k = rows_got.numel(), cols_got.numel(), sa.shape[2]
+    dt = _sum_dtype(k << 14, r, c)
+    col_a = [x.to(dt) for x in sa.col_sums()]
+    col_b = [x.to(dt) for x in sb.col_sums()]
+
+    def w(i: int, j: int) -> int:
+        return 1 << weight_shift(slices, i, j)
+
+    # every pair (i, j) once with its weight, whatever grouping computed T
+    v_a = [sum(col_b[j - 1] * w(i, j) for j in range(1, slices + 2 - i))
+           for i in range(1, slices + 1)]
+    v_b = [sum(col_a[i - 1] * w(i, j) for i in range(1, slices + 2 - j))
+           for j in range(1, slices + 1)]
+    if torch.equal(rows_got.to(dt), sa.mv(v_a)) and torch.equal(cols_got.to(dt), sb.mv(v_b)):
+        return True
+    record_failure(f"checksum failed on the LM head's {what} ({r}x{k}x{c})")
+    return False
+
+
 def chunks(k: int) -> list[tuple[int, int]]:
     """[k0, k1) ranges of at most K_CHUNK covering [0, k), of equal length within one: never
     a one-column tail (the library's GEMM needs K >= 2, and a refused layout would send the
@@ -104,13 +181,14 @@ def chunks(k: int) -> list[tuple[int, int]]:
     return [(k * i // n, k * (i + 1) // n) for i in range(n)]
 
 
-def block_products(slices: int, k: int, sparse: dict[int, torch.Tensor]) -> list[Product]:
-    """The GEMMs of one block: every level's pairs whose a slice is not compacted, per
-    contraction chunk, then each compacted slice's pairs over its columns (in chunks of at
-    most K_CHUNK: one pair per GEMM, so int32 holds them)."""
+def block_products(slices: int, k: int, sparse: dict[int, torch.Tensor],
+                   by_rows: frozenset[int] | set[int] = frozenset()) -> list[Product]:
+    """The GEMMs of one block: every level's pairs whose a slice is neither compacted nor
+    row-sparse (``by_rows``), per contraction chunk, then each compacted slice's pairs over
+    its columns (in chunks of at most K_CHUNK: one pair per GEMM, so int32 holds them)."""
     out = []
     for lvl, pairs in levels(slices):
-        dense = [(i, j) for i, j in pairs if i not in sparse]
+        dense = [(i, j) for i, j in pairs if i not in sparse and i not in by_rows]
         if dense:
             weight = float(1 << (7 * (slices + 1 - lvl)))
             out += [Product(tuple(i for i, _ in dense), tuple(j for _, j in dense), weight,
@@ -141,31 +219,26 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
                out: torch.Tensor, slices: int) -> bool:
     """T of step 2 by the library's int8 GEMM (``open1b_kernels.int8.route``'s "int" route, picked
     on CPUs with an int8 dot-product instruction, where it runs 6-9x a float32 GEMM), per
-    output block the products of ``block_products``, added into an exact float64 T with
-    their weights and rounded once into ``out`` (``fp32(T * rowf[r] * colf[c])``) - exact
-    integers, so the float path's bits.
+    output block the products of ``block_products`` (and the row-sparse slices' pairs, into
+    an int64 part of T), added into an exact float64 T with their weights and rounded once
+    into ``out`` (``fp32(T * rowf[r] * colf[c])``) - exact integers, so the float path's bits.
 
-    Checked as every integer-route result is, but once per call instead of per block: the
-    row and column sums of all products together, accumulated over the output blocks,
-    against ``sum_i a_i @ colsum(sum of the b_j paired with a_i)`` and the same for the
-    columns - S exact matrix-vector products per operand (O((R + C) K S)) against the GEMMs'
-    O(R C K S (S + 1) / 2). On a mismatch the failure is counted, the process switches to
-    the float route and False is returned: the caller recomputes ``out``. False too (not a
-    fault) where the library refuses a layout.
+    Checked as every integer-route result is, but once per call instead of per block: T's
+    row and column sums, accumulated over the output blocks, against the definition's
+    (``check_sums``) - S exact matrix-vector products per operand (O((R + C) K S)) against
+    the GEMMs' O(R C K S (S + 1) / 2). On a mismatch the failure is counted, the process
+    switches to the float route and False is returned: the caller recomputes ``out``. False
+    too (not a fault) where the library refuses a layout.
     """
     r, c = out.shape
     k = sa.shape[2]
-    dt = _sum_dtype(3 * 3 * k, r, c)          # three levels' sums of up to 3 pairs each
-    # column sums of each slice (K,): exact int64 sums (one compiled pass, or torch's
-    # reduction), held exactly in dt
-    col_a = [x.to(dt) for x in sa.col_sums()]
-    col_b = [x.to(dt) for x in sb.col_sums()]
-    compiled = mathc.has("levels_round")
+    compiled = mathc.has("levels_round_weighted")
     rows_got = torch.zeros(r, dtype=torch.int64)
     cols_got = torch.zeros(c, dtype=torch.int64)
     whole = k <= K_CHUNK
     row_block, col_block = SHORT_BLOCKS if k < SHORT_K else (INT_ROW_BLOCK, INT_COL_BLOCK)
     once = r <= row_block
+    plans: dict[int, tuple] = {}         # per row block: (its products, its row-sparse slices)
     for c0 in range(0, c, col_block):
         cs = slice(c0, c0 + col_block)
         # with one row block each b operand is used once: built when used, into one buffer
@@ -175,7 +248,11 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
         for r0 in range(0, r, row_block):
             rs = slice(r0, r0 + row_block)
             nr, nc = min(r, r0 + row_block) - r0, min(c, c0 + col_block) - c0
-            products = block_products(slices, k, compacted(sa, rs, slices))
+            if r0 not in plans:
+                found = compacted(sa, rs, slices)
+                by_rows = row_sparse(sa, sb, rs, slices, set(found))
+                plans[r0] = (block_products(slices, k, found, set(by_rows)), by_rows)
+            products, by_rows = plans[r0]
             accs = scratch("lmhead.accs", (len(products), nr, nc), torch.int32)
             gathered = None
             for n, p in enumerate(products):
@@ -195,23 +272,22 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
                         bl = kept[key]
                 if int_mm_unchecked(al, bl, out=accs[n]) is None:
                     return False                # a layout the library refuses: not a fault
+            base = None
+            if by_rows:
+                base = scratch("lmhead.rows_t", (nr, nc), torch.int64).zero_()
+                rows_sparse_add(sa, sb, rs, cs, slices, by_rows, base)
             weights = [p.weight for p in products]
             if compiled:
                 mathc.levels_round(accs, weights, rowf[rs], colf[cs], out[rs], c0,
-                                   rows_got[rs], cols_got[cs])
+                                   rows_got[rs], cols_got[cs], base)
                 continue
-            u = accs.sum(0, dtype=torch.int64)            # the plain sum: the checks' sums
-            t = accs[0].to(torch.float64) * weights[0]
-            for acc, weight in zip(accs[1:], weights[1:]):
+            # T exactly in float64 (integers below 2^53) and in int64 modulo 2^64 (its sums)
+            t = torch.zeros((nr, nc), dtype=torch.float64) if base is None else base.double()
+            u = torch.zeros((nr, nc), dtype=torch.int64) if base is None else base.clone()
+            for acc, weight in zip(accs, weights):
                 t.add_(acc, alpha=weight)
+                u.add_(acc.to(torch.int64) * int(weight))
             rows_got[rs] += u.sum(1)
             cols_got[cs] += u.sum(0)
             out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
-    # every pair (i, j) of every level once: slice i of a meets the b slices j <= S + 1 - i
-    v_a = [sum(col_b[j - 1] for j in range(1, slices + 2 - i)) for i in range(1, slices + 1)]
-    v_b = [sum(col_a[i - 1] for i in range(1, slices + 2 - j)) for j in range(1, slices + 1)]
-    rows_want, cols_want = sa.mv(v_a), sb.mv(v_b)      # one product over each whole store
-    if torch.equal(rows_got.to(dt), rows_want) and torch.equal(cols_got.to(dt), cols_want):
-        return True
-    record_failure(f"checksum failed on the LM head's slice products ({r}x{k}x{c})")
-    return False
+    return check_sums(sa, sb, rows_got, cols_got, slices, "slice products")

@@ -188,19 +188,37 @@ def _sparse_dl(g, m=128, v=600):
     return dl
 
 
-@needs_pairs
+def _exact_mm(a, b_t):
+    return gemm_route._exact_ref(a, b_t.t()).to(torch.int32)
+
+
+def _integer_route(route, on: str) -> None:
+    """The pair route, or the int route with the exact reference as the library's GEMM
+    (so the test runs on any CPU)."""
+    if on == "pairs":
+        if not pairmm.available():
+            pytest.skip("the pair GEMM is not built")
+        route("pairs")
+    else:
+        route("int", _exact_mm)
+
+
 @pytest.mark.skipif(not rowsparse.available(), reason="the row-sparse extension is not built")
+@pytest.mark.parametrize("on", ["pairs", "int"])
 @pytest.mark.parametrize("slices", [2, 3])
 @pytest.mark.parametrize("case", ["one", "many", "uncompacted"])
-def test_a_row_sparse_slice_runs_row_by_row_with_the_float_bits(route, monkeypatch, slices,
+def test_a_row_sparse_slice_runs_row_by_row_with_the_float_bits(route, monkeypatch, on, slices,
                                                                case):
     # dh's slice 2 row by row after the compacted slice 1 (S = 2: no dense product left),
     # in one T block or many; with no compaction, slices 1 and 2 row by row; the same bits
-    # as the float route, and a denser slice stays dense
+    # as the float route on both integer routes, and a denser slice stays dense
     if case == "many":                 # two row blocks, column blocks, contraction chunks
         monkeypatch.setattr(pp, "ROW_BLOCK", 64)
         monkeypatch.setattr(pp, "T_BLOCK", 64 * 32)
         monkeypatch.setattr(pp, "PACK_K", 64)
+        monkeypatch.setattr(products, "INT_ROW_BLOCK", 64)
+        monkeypatch.setattr(products, "INT_COL_BLOCK", 32)
+        monkeypatch.setattr(products, "K_CHUNK", 256)
         monkeypatch.setattr(products, "COMPACT_MAX", 0.25)  # slice 2 over 64 rows: ~250 of 600
     if case == "uncompacted":
         monkeypatch.setattr(products, "COMPACT_MAX", 0.0)
@@ -213,25 +231,26 @@ def test_a_row_sparse_slice_runs_row_by_row_with_the_float_bits(route, monkeypat
     real = rowsparse.rows_add
     monkeypatch.setattr(rowsparse, "rows_add", lambda a, bs, t: calls.append(
         [s for _, s in bs]) or real(a, bs, t))
-    route("pairs")
+    _integer_route(route, on)
     got = _head(h, w, dl, slices)
     assert gemm_route.int_gemm_status()["failures"] == 0
+    assert gemm_route.int_gemm_status()["route"] == on
     assert all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(want, got))
     # slice i's pairs (i, j), j = 1 .. S + 1 - i, with their weights
     weights = {i: [7 * (slices + 1 - i - j) for j in range(1, slices + 2 - i)] for i in (1, 2)}
     assert calls and set(map(tuple, calls)) == (
         {tuple(weights[1]), tuple(weights[2])} if case == "uncompacted" else {tuple(weights[2])})
     calls.clear()
-    monkeypatch.setattr(pp, "ROW_SPARSE_MAX", 1 / 1200)     # below their 1-5 nonzeros a row
+    monkeypatch.setattr(products, "ROW_SPARSE_MAX", 1 / 1200)   # below their 1-5 nonzeros a row
     got = _head(h, w, dl, slices)
     assert not calls
     assert all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(want, got))
 
 
-@needs_pairs
 @pytest.mark.skipif(not rowsparse.available(), reason="the row-sparse extension is not built")
+@pytest.mark.parametrize("on", ["pairs", "int"])
 @pytest.mark.parametrize("kind", ["weight", "dropped"])
-def test_the_check_catches_a_wrong_row_sparse_product(route, monkeypatch, kind):
+def test_the_check_catches_a_wrong_row_sparse_product(route, monkeypatch, on, kind):
     # a row-sparse product with a wrong weight, or one never added: caught by T's sums,
     # counted, and recomputed on the float route with the right bits
     g = torch.Generator().manual_seed(9)
@@ -239,12 +258,13 @@ def test_the_check_catches_a_wrong_row_sparse_product(route, monkeypatch, kind):
     dl = _sparse_dl(g)
     route("float")
     want = _head(h, w, dl, 3)
-    route("pairs")
+    _integer_route(route, on)
     real = rowsparse.rows_add
     forged = {"weight": lambda a, bs, t: real(a, [(b, s + 1) for b, s in bs], t),
               "dropped": lambda a, bs, t: 0}[kind]
     monkeypatch.setattr(rowsparse, "rows_add", forged)
-    with pytest.warns(RuntimeWarning, match="pair products"):
+    with pytest.warns(RuntimeWarning, match="pair products" if on == "pairs" else
+                      "slice products"):
         got = _head(h, w, dl, 3)
     status = gemm_route.int_gemm_status()
     assert status["failures"] >= 1 and status["route"] == "float"

@@ -205,6 +205,32 @@ def test_a_compaction_that_loses_a_column_is_caught(route, monkeypatch, loops):
     assert st["route"] == "float" and st["failures"] == 1
 
 
+@pytest.mark.parametrize("kind", ["weight", "drop", "double"])
+def test_a_product_with_the_wrong_weight_or_dropped_or_doubled_is_caught(route, monkeypatch,
+                                                                        loops, kind):
+    # the check takes T's own sums against the definition's weighted pairs: a level product
+    # given another level's weight (which unweighted sums of the products could not see),
+    # or dropped, or run twice, is counted and the float path recomputes the same bits
+    h, w, dl = _case(seed=3, v=900)
+    route("float")
+    want = _run(h, w, dl)
+    real = pr.block_products
+
+    def forged(slices, k, sparse, by_rows=frozenset()):
+        got = real(slices, k, sparse, by_rows)
+        p = got[0]
+        if kind == "weight":
+            return [pr.Product(p.a, p.b, p.weight * 2, p.k0, p.k1, p.cols), *got[1:]]
+        return got[1:] if kind == "drop" else got + got[:1]
+    monkeypatch.setattr(pr, "block_products", forged)
+    route("int", exact_mm)
+    with pytest.warns(RuntimeWarning, match="checksum failed on the LM head.s slice products"):
+        got = _run(h, w, dl)
+    assert _same(want, got)
+    st = gemm_route.int_gemm_status()
+    assert st["route"] == "float" and st["failures"] == 1
+
+
 def test_the_real_library_gemm_compacts_with_the_same_bits(route, monkeypatch):
     # the library's own int8 GEMM (forced: its probe decides) on the gathered operands
     monkeypatch.setattr(pr, "SHORT_K", 0)
