@@ -28,19 +28,20 @@ The full Open-1B step is mix-0626's main batch (``manifests/mix-0626.toml``: 1,1
 run ``cores / threads`` windows at once (each at this run's thread count); the projection
 counts that as linear in cores - a lower bound on time, since memory bandwidth is shared.
 
-Each plan is timed under the allocator its trainer runs with (``open1b_train.allocator``):
-the resident plan's process keeps freed memory for reuse (``keep_freed_memory``), the lean
-plan's leaves malloc as it is (so its large temporaries are fresh pages every time). The
-parts are therefore measured twice by default (``--allocator plans``), each time in a
-fresh child process - "kept" for the resident figures, "fresh" for the lean ones: one
-process cannot measure both, since the setting is process-wide and sticks. On the Zen 4
-VM (2026-12-05) they differ by a third: a window-512 layer took 2.6-2.9 s with freed memory
-kept against 4.0-4.1 s with fresh pages (the page faults of its large temporaries). Before
-that date every projection timed all plans with fresh pages, overstating the resident one.
-``--allocator kept`` or ``fresh`` times everything in this process under that one setting.
+Each plan is timed under the allocator setting its trainer runs with
+(``open1b_train.allocator.keep_freed_memory``): the resident plan's process keeps freed
+blocks below 1 GiB for reuse, the lean plan's those below ``LEAN_KEEP``. The parts are
+therefore measured twice by default (``--allocator plans``), each time in a fresh child
+process - "resident" for the resident figures, "lean" for the lean ones: one process cannot
+measure both, since the setting is process-wide and sticks. "fresh" (malloc as it is) is
+what the lean plan ran with before 2026-12-05, and what every projection before that date
+timed all plans with: on the Zen 4 VM a window-512 layer took 2.6-2.9 s with freed memory
+kept against 4.0-4.1 s with fresh pages (the page faults of its large temporaries).
+``--allocator resident``, ``lean`` or ``fresh`` times everything in this process under
+that one setting.
 
     python -m benchmarks.train.full_step_parts [--windows 512] [--head-tokens 64] [--repeats 1]
-        [--allocator plans|kept|fresh] [--out benchmarks/results/results-full-step.md]
+        [--allocator plans|resident|lean|fresh] [--out benchmarks/results/results-full-step.md]
 """
 from __future__ import annotations
 
@@ -134,9 +135,9 @@ def layers_seconds(layers: dict, m, kept: frozenset[int] | None) -> float:
 def full_step_lines(parts: dict, m, cores: int, update: float | None,
                     kept: frozenset[int] = frozenset(), free_gib: float = 0.0) -> list[str]:
     """The projection of one full Open-1B step (module docstring) as markdown lines, from
-    ``parts`` = {allocator: (layers, head)} (the resident plan from "kept" where measured,
-    the lean ones from "fresh"); ``kept``: the layers the lean plan keeps with ``free_gib``
-    available."""
+    ``parts`` = {allocator: (layers, head)} (each plan from its own allocator's parts where
+    measured, else from the one measured); ``kept``: the layers the lean plan keeps with
+    ``free_gib`` available."""
     threads = torch.get_num_threads()
     keeps = f"lean, {len(kept)} layers kept"
 
@@ -144,16 +145,17 @@ def full_step_lines(parts: dict, m, cores: int, update: float | None,
         layers, head = parts.get(alloc) or next(iter(parts.values()))
         return layers_seconds(layers, m, k) + head["at_4096"]
 
-    per = {"resident": window("kept", None), "lean:0": window("fresh", frozenset()),
-           keeps: window("fresh", kept)}
+    per = {"resident": window("resident", None), "lean:0": window("lean", frozenset()),
+           keeps: window("lean", kept)}
     windows = main_batch_windows()
     out = [f"Full Open-1B step ({windows:,} windows of 4,096 tokens), per window: resident "
            f"plan (forward + backward) {per['resident']:,.0f} s, lean plan recomputing every "
            f"layer (`lean:0`, 2 x forward + backward) {per['lean:0']:,.0f} s, lean keeping "
            f"the {len(kept)} layers' activations {free_gib:g} GiB available hold "
            f"(`memplan.fitting`) {per[keeps]:,.0f} s, at {threads} threads"
-           + (" (resident timed with freed memory kept, lean with fresh pages: each as its "
-              "trainer's process runs)" if len(parts) > 1 else "") + "; the update "
+           + (" (each plan timed under its trainer's allocator setting)" if len(parts) > 1
+              else f" (every plan timed under the allocator setting '{next(iter(parts))}')")
+           + "; the update "
            + (f"{update:,.0f} s (measured, added once)." if update is not None else
               "not included."), "",
            "| machine | plan | one full step |", "|---|---|---|"]
@@ -200,9 +202,12 @@ def _child(alloc: str, a) -> dict:
             return json.load(f)
 
 
-ALLOCATORS = {"kept": "freed memory kept for reuse (`keep_freed_memory`: the resident "
-                      "plan's trainer)",
-              "fresh": "malloc as it is, fresh pages (the lean plan's trainer)"}
+ALLOCATORS = {"resident": "freed blocks below 1 GiB kept for reuse (`keep_freed_memory()`: "
+                          "the resident plan's trainer)",
+              "lean": "freed blocks below `LEAN_KEEP` kept (`keep_freed_memory(lean=True)`: "
+                      "the lean plan's trainer)",
+              "fresh": "malloc as it is, fresh pages (the lean plan's trainer before "
+                       "2026-12-05)"}
 
 
 def main() -> None:
@@ -220,10 +225,10 @@ def main() -> None:
                     help="timed runs of each part after one untimed warm-up (the median "
                          "counts); 1 = one run, no warm-up (the first call also pays for "
                          "the scratch buffers every later layer reuses)")
-    ap.add_argument("--allocator", choices=("plans", "kept", "fresh"), default="plans",
-                    help="plans: each plan under its trainer's allocator, measured in two "
-                         "child processes (module docstring); kept / fresh: everything in "
-                         "this process with freed memory kept / with fresh pages")
+    ap.add_argument("--allocator", choices=("plans", *ALLOCATORS), default="plans",
+                    help="plans: each plan under its trainer's allocator setting, measured in "
+                         "two child processes (module docstring); resident / lean / fresh: "
+                         "everything in this process under that setting")
     ap.add_argument("--parts-json", default=None, help=argparse.SUPPRESS)  # a child's output
     a = ap.parse_args()
 
@@ -233,11 +238,11 @@ def main() -> None:
     from open1b_train.config import open1b
 
     if a.allocator == "plans":
-        got = {alloc: _child(alloc, a) for alloc in ALLOCATORS}
+        got = {alloc: _child(alloc, a) for alloc in ("resident", "lean")}
     else:
-        if a.allocator == "kept" and not keep_freed_memory():
-            raise SystemExit("--allocator kept: this C library has no mallopt (not glibc) "
-                             "or OPEN1B_MALLOPT=0 is set; use --allocator fresh")
+        if a.allocator != "fresh" and not keep_freed_memory(lean=a.allocator == "lean"):
+            raise SystemExit(f"--allocator {a.allocator}: this C library has no mallopt (not "
+                             "glibc) or OPEN1B_MALLOPT=0 is set; use --allocator fresh")
         got = {a.allocator: measure(a.windows, a.head_tokens, a.repeats)}
         if a.parts_json:
             with open(a.parts_json, "w") as f:
