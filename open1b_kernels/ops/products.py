@@ -69,6 +69,11 @@ COMPACT_MAX = 0.5
 # b slices, two level pairs or one wide product dropped) the two meet near 1/40 on both the
 # Zen 3's pair route and the Zen 4's int8 GEMM (140 and ~400 G/s against ~7 and ~10)
 ROW_SPARSE_MAX = 1 / 64
+# Rows apart of the rows whose nonzeros estimate a slice's share (``row_sparse``): the choice
+# changes which exact grouping computes T, never T, and counting a whole 1,024-row block of
+# the demo's logits gradient (a strided view of the slice store) took 3-6 ms, twice a demo
+# step - every 16th row costs a sixteenth of that
+ROW_SPARSE_SAMPLE = 16
 
 
 def levels(slices: int) -> list[tuple[int, list[tuple[int, int]]]]:
@@ -121,9 +126,10 @@ def weight_shift(slices: int, i: int, j: int) -> int:
 def row_sparse(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
                skip: set[int]) -> list[int]:
     """The slices of ``a`` after the compacted ones (``skip``), in order while they last,
-    with at most ROW_SPARSE_MAX of their elements over ``rows`` nonzero: their pairs run
-    row by row (``rows_sparse_add``). None where the extension is missing or a or b is
-    not read in place there: a's slices need their rows contiguous and b's the contraction
+    with at most ROW_SPARSE_MAX of their elements over ``rows`` nonzero (estimated from every
+    ROW_SPARSE_SAMPLE-th row): their pairs run
+    row by row (``rows_sparse_add``). None of them where the extension is missing or a or b
+    is not read in place there: a's slices need their rows contiguous and b's the contraction
     as their rows (dh = dlogits W has both; the forward's b, the weight, and the weight
     gradient's a, dlogits^T, do not)."""
     if not (rowsparse.available() and rowsparse.fits(sa[0][rows]) and rowsparse.fits(sb[0].t())):
@@ -132,7 +138,7 @@ def row_sparse(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
     for i in range(1, slices + 1):
         if i in skip:
             continue
-        plane = sa[i - 1][rows]
+        plane = sa[i - 1][rows][::ROW_SPARSE_SAMPLE]
         if torch.count_nonzero(plane) > ROW_SPARSE_MAX * plane.numel():
             break
         out.append(i)
@@ -218,7 +224,8 @@ def operand(s: LevelSlices, which: tuple[int, ...], rows: slice, p: Product, who
 def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch.Tensor,
                out: torch.Tensor, slices: int) -> bool:
     """T of step 2 by the library's int8 GEMM (``open1b_kernels.int8.route``'s "int" route, picked
-    on CPUs with an int8 dot-product instruction, where it runs 6-9x a float32 GEMM), per
+    on CPUs with an int8 dot-product instruction, where it ran 2.8-4.3x a float32 GEMM on the
+    Zen 4 and 6-9x on the Zen 5), per
     output block the products of ``block_products`` (and the row-sparse slices' pairs, into
     an int64 part of T), added into an exact float64 T with their weights and rounded once
     into ``out`` (``fp32(T * rowf[r] * colf[c])``) - exact integers, so the float path's bits.
