@@ -32,17 +32,21 @@ import sys
 M_TRIM_THRESHOLD = -1          # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
 LEAN_KEEP = 192 << 20          # the lean plan's mmap threshold (module docstring)
-_done: bool | None = None
+_set: dict[bool, bool] = {}    # lean -> whether that setting took; the latest call's holds
+_last: bool | None = None
 
 
 def keep_freed_memory(lean: bool = False) -> bool:
-    """Raise glibc's mmap and trim thresholds once per process; True if they were set.
-    ``lean``: the lean memory plan runs here, so only blocks below LEAN_KEEP are kept
-    (module docstring). The first call of a process decides."""
-    global _done
-    if _done is not None:
-        return _done
-    _done = False
+    """Set glibc's mmap and trim thresholds for the plan that runs next in this process; True
+    if they were set. ``lean``: the lean memory plan runs here, so only blocks below
+    LEAN_KEEP are kept (module docstring). A process that runs both plans (a test, a replay
+    after a training) gets each plan's setting when it asks: the thresholds are set again
+    whenever the plan differs from the last call's."""
+    global _last
+    if _last == lean:
+        return _set[lean]
+    _last = lean
+    _set[lean] = False
     if os.environ.get("OPEN1B_MALLOPT", "1") == "0" or not sys.platform.startswith("linux"):
         return False
     try:
@@ -53,5 +57,5 @@ def keep_freed_memory(lean: bool = False) -> bool:
     # resident: 1 GiB - larger blocks are still mapped -, 2 GiB of free heap before trimming;
     # lean: LEAN_KEEP, and twice that of free heap
     mmap = LEAN_KEEP if lean else 1 << 30
-    _done = bool(mallopt(M_MMAP_THRESHOLD, mmap)) and bool(mallopt(M_TRIM_THRESHOLD, 2 * mmap))
-    return _done
+    _set[lean] = bool(mallopt(M_MMAP_THRESHOLD, mmap)) and bool(mallopt(M_TRIM_THRESHOLD, 2 * mmap))
+    return _set[lean]

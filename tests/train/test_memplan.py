@@ -186,7 +186,8 @@ from open1b_train.allocator import keep_freed_memory
 def rss():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) * 1024
-keep_freed_memory(lean=sys.argv[1] == "lean")
+for plan in sys.argv[1].split(","):         # the last plan asked for holds
+    keep_freed_memory(lean=plan == "lean")
 t = torch.ones(int(sys.argv[2]) << 18)      # MiB, pages touched
 before = rss()
 del t
@@ -195,13 +196,14 @@ print(before - rss())
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc (Linux)")
-@pytest.mark.parametrize("plan", ["resident", "lean"])
+@pytest.mark.parametrize("plan", ["resident", "lean", "resident,lean", "lean,resident"])
 @pytest.mark.parametrize("mib", [64, 256])
 def test_lean_plan_returns_large_freed_memory(plan, mib):
     # The failure this stops: a full-size lean step whose heap kept every freed block below
     # 1 GiB grew to 22.9 GB on a 24 GB machine (estimate 14.3 GiB). Under lean a freed
     # 256 MiB buffer (above LEAN_KEEP) goes back to the kernel and a 64 MiB one - a layer's
-    # temporary - is kept for the next layer; the resident plan keeps both (glibc).
+    # temporary - is kept for the next layer; the resident plan keeps both (glibc). A
+    # process that ran the resident plan first must not keep the 1 GiB setting under lean.
     import subprocess
     import sys
 
@@ -211,7 +213,8 @@ def test_lean_plan_returns_large_freed_memory(plan, mib):
                          capture_output=True, text=True, check=True,
                          env=dict(os.environ, OPEN1B_MALLOPT="1"))
     returned = int(out.stdout.strip().splitlines()[-1])
-    if plan == "lean" and mib == 256:
+    # one process asking for both plans (a replay after a training) gets the last one's
+    if plan.split(",")[-1] == "lean" and mib == 256:
         assert returned > 200 << 20, returned
     else:
         assert returned < 16 << 20, returned
