@@ -33,14 +33,35 @@ def test_a_per_backend_setting_is_restored_per_backend():
         torch.set_float32_matmul_precision(before)
 
 
+def _needs_full_float32() -> tuple[torch.Tensor, torch.Tensor]:
+    """Operands whose product is exact under every float32 summation order, yet wrong once
+    the inputs are rounded to bfloat16 or TF32. Each a is 1 + j 2^-12 (j = 1..8: 13
+    significand bits; bfloat16 keeps 8, TF32 11) and b is all ones, so every product is
+    exact and every partial sum of 64 of them lies below 2^7 on a 2^-12 grid: 19 bits, within
+    float32's 24 whatever the order, blocking or FMA use. (An earlier case, a @ a.T with
+    a = 1 + 2^-20, needed one rounding per product and so depended on the order: MKL's
+    AVX-512 sgemm on an Intel Xeon with AMX summed it to another float32.)"""
+    k = torch.arange(64, dtype=torch.float64)
+    a = (1 + (k % 8 + 1) * 2.0 ** -12).float().repeat(4, 1)
+    return a, torch.ones(64, 4)
+
+
+def test_the_case_is_one_bfloat16_and_tf32_inputs_break():
+    a, b = _needs_full_float32()
+    want = (a.double() @ b.double()).float()
+    assert not torch.equal(a.bfloat16().float() @ b, want)
+    tf32 = (a.view(torch.int32) & ~0x1FFF).view(torch.float32)   # 10 stored bits, truncated
+    assert not torch.equal(tf32 @ b, want)
+
+
 def test_a_product_needing_full_float32_is_exact_inside_the_scope():
-    # 1 + 2^-20 squared needs 21 significand bits: bfloat16 (8) and TF32 (11) lose them
-    a = torch.full((4, 64), 1 + 2.0 ** -20, dtype=torch.float32)
-    want = (a.double() @ a.double().T).float()
+    a, b = _needs_full_float32()
+    want = (a.double() @ b.double()).float()
     before = torch.get_float32_matmul_precision()
     try:
-        torch.set_float32_matmul_precision("medium")
+        torch.set_float32_matmul_precision("medium")     # bf16 on oneDNN, TF32 on CUDA
         with kb.force("cpu"):
-            assert torch.equal(a @ a.T, want)
+            assert torch.equal(a @ b, want)
+            assert torch.equal(b.T @ a.T, want.T)        # the other layout
     finally:
         torch.set_float32_matmul_precision(before)
