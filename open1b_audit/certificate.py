@@ -33,7 +33,7 @@ import os
 from typing import Any
 
 from open1b_audit import __version__
-from open1b_audit.chain import Finding
+from open1b_train.chain import Finding
 from open1b_train import statehash
 from open1b_audit.errors import CertificateError
 from open1b.safeio import read_json_object, read_regular

@@ -20,7 +20,7 @@ from open1b_train.cli import check_memory_plan
 
 
 def _hash_param(ctx, param, value):
-    from open1b_audit.chain import is_hash
+    from open1b_train.chain import is_hash
 
     if value is not None and not is_hash(value.lower()):
         raise click.BadParameter(f"{value!r} is not a run hash (64 hex digits)")
@@ -35,7 +35,7 @@ def expect_run_hash(f):
 
 def _log_of(run: str, expect: str | None = None):
     """RUN's log (``runlog.Log``), refused (one line) unless it ends in ``expect``."""
-    from open1b_audit import chain
+    from open1b_train import chain
     from open1b_train import runlog
 
     if not os.path.lexists(runlog.path_of(run)):
@@ -128,7 +128,7 @@ def selftest_cmd(steps, interpreter, work, as_json) -> None:
 def chain_cmd(run, expect, as_json) -> None:
     """Is RUN/steps.jsonl one unbroken hash chain? (No re-execution; seconds.) A cut-off
     last line is a finding; compare the run hash with the published one (--expect-run-hash)."""
-    from open1b_audit import chain
+    from open1b_train import chain
 
     try:
         log = _log_of(run, expect)
@@ -365,7 +365,8 @@ def assign_cmd(run, auditors, redundancy, seed, as_json) -> None:
 def coverage_cmd(run, certs, redundancy, trusted_keys, expect, as_json) -> None:
     """Which steps of RUN the certificates cover (signed, by distinct keys), the gaps, and
     any conflict (exit 1)."""
-    from open1b_audit import certificate, chain
+    from open1b_audit import certificate
+    from open1b_train import chain
     from open1b_audit.coverage import coverage, read_all
 
     paths = []
@@ -427,7 +428,7 @@ def fetch_step_cmd(mix_url, step, out, run, expect, as_json) -> None:
     each against its shard's Merkle root, and rebuild the step's windows and data digest;
     exits 1 naming a document that fails its proof, with nothing reported as verified.
     With --run, exits 1 when the digest is not the one RUN logged for STEP."""
-    from open1b_audit import chain
+    from open1b_train import chain
     from open1b_audit.fetch import fetch_step, run_step, write_step
 
     if expect and not run:

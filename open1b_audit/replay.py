@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from open1b_audit import chain
-from open1b_audit.chain import Finding
+from open1b_train import chain
+from open1b_train.chain import Finding
 from open1b_data import StreamLoader
 from open1b_data.errors import Open1bDataError
 from open1b_train import checkpoint, runlog

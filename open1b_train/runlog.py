@@ -49,7 +49,7 @@ class Log:
 def read_log(run: str, strict: bool = False, error=ResumeError) -> Log:
     """Every complete line of the log and the size of a partial last line. Each line must
     be a JSON object; ``strict`` also requires line i to hold step i (the audit reads
-    leniently and ``open1b_audit.chain`` names the first line that breaks a rule)."""
+    leniently and ``open1b_train.chain`` names the first line that breaks a rule)."""
     p = path_of(run)
     raw = read_regular(p, "step log", error)
     lines = raw.split(b"\n")

@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
 
-    from open1b_audit import chain
+    from open1b_train import chain
     from open1b_audit.site import render, static
     from open1b_audit.site.data import Explorer
 

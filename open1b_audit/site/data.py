@@ -2,7 +2,7 @@
 JSON-able dicts (rendered by ``render.py``).
 
 ``Explorer.open(run, mix, certs)`` reads the log once, checks the chain
-(``open1b_audit.chain``), opens the stream plan with the run's seed and refuses a mix whose
+(``open1b_train.chain``), opens the stream plan with the run's seed and refuses a mix whose
 fingerprint is not the genesis's. Every per-step value comes from the hashed ``scalars``
 of a line (float32 bits as hex, the LR as a hex float), never from the decimal fields
 beside them, which the chain does not cover; tokens/s is unhashed and is labelled
@@ -61,7 +61,8 @@ class Explorer:
     @classmethod
     def open(cls, run: str, mix: str | None = None, certs: str | None = None,
              build_index: bool = False) -> "Explorer":
-        from open1b_audit import certificate, chain
+        from open1b_audit import certificate
+        from open1b_train import chain
         from open1b_data import StreamPlan
         from open1b_data.stream.schedule import Schedule
         from open1b_train import runlog

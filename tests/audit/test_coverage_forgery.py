@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from open1b_audit import certificate
 from open1b_audit.cli import main as audit_cli
 from open1b_audit.coverage import coverage
-from open1b_audit.chain import Finding
+from open1b_train.chain import Finding
 from tests.fixtures.fakelog import lines_of, write_run
 
 STEPS = 8
