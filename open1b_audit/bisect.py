@@ -22,8 +22,11 @@ mismatch.
 
 The report: ``step`` (the differing step or None), ``finding``, ``search``,
 ``replayed_intervals`` and ``not_replayed`` (lists of ``[a, b]``), ``verified_steps``
-(the steps whose replay matched) and ``vouched`` - true only when every interval of
-1..UNTIL was replayed and matched.
+(the steps whose replay matched), ``vouched`` - true only when every interval of
+1..UNTIL was replayed and matched -, ``recipe`` (preset, mix fingerprint, departures) and
+``final_checkpoint``: the last published checkpoint in 1..UNTIL and whether a replay
+compared it with the log (every replay compares the published checkpoints of the steps it
+reproduces, so the released weights are checked, not only the steps before them).
 
 Operator: the differing step is replayed once more with a per-op digest trace
 (``trace.py``: forward, backward, the reduction and every optimizer stage) and compared
@@ -120,6 +123,17 @@ def first_difference_step(run_dir: str, until: int, search: str = "all", **kw) -
     return out
 
 
+def final_checkpoint(run_dir: str, until: int, found: Search) -> dict[str, Any] | None:
+    """The last published checkpoint in 1..``until`` (the weights users take away) and
+    whether a replay compared it with the log (``replay.published_checkpoint_difference``);
+    None when the run publishes none there."""
+    steps = [c for c in checkpoint.list_steps(run_dir) if 0 < c <= until]
+    if not steps:
+        return None
+    compared = any(steps[-1] in r.checkpoints_compared for r in found.replayed.values())
+    return {"step": steps[-1], "compared": compared}
+
+
 def bisect(run_dir: str, until: int, against: str | None = None, search: str = "all",
            **kw) -> dict[str, Any]:
     found = first_difference_step(run_dir, until, search, **kw)
@@ -129,8 +143,10 @@ def bisect(run_dir: str, until: int, against: str | None = None, search: str = "
         "finding": None if res is None else res.finding.to_dict(),
         "replayed_intervals": [list(iv) for iv in found.intervals if iv in found.replayed],
         "not_replayed": [list(iv) for iv in found.not_replayed],
-        "verified_steps": found.verified_steps, "vouched": found.vouched, "operator": None}
-    if step is None:
+        "verified_steps": found.verified_steps, "vouched": found.vouched, "operator": None,
+        "recipe": next((r.recipe for r in found.replayed.values() if r.recipe), None),
+        "final_checkpoint": final_checkpoint(run_dir, until, found)}
+    if step is None or res.finding.component == "recipe":    # nothing was replayed
         return out
     theirs = against or tracemod.path_of(run_dir, step)
     if not os.path.exists(theirs):

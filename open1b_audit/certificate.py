@@ -11,7 +11,12 @@ A certificate is a JSON object::
      "finding": null | {"step", "component", "detail"},
      "auditor": "<name>", "backend": "cpu" | "triton", "machine": {...},
      "software": {"open1b": ..., "torch": ...}, "replayed_from": <checkpoint step>,
+     "recipe": {"preset", "mix_fingerprint", "schedule", "departures": [...]},
+     "published_checkpoint_compared": bool,
      "signature": null | {"algorithm": "ed25519", "public_key": <hex>, "value": <hex>}}
+
+``coverage`` counts a certificate only when its signed ``recipe`` is the announced one with
+no departure (``open1b_train.recipe.on_recipe``).
 
 The signature is Ed25519 (``cryptography``) over the canonical JSON (sorted keys, no
 spaces, ASCII) of the certificate with ``signature`` set to null; ``public_key`` is the raw
@@ -51,8 +56,12 @@ def _state(line: dict[str, Any]) -> dict[str, Any]:
 
 def build(lines: list[dict[str, Any]], step: int, replayed: dict[str, Any] | None,
           finding: Finding | None, auditor: str, backend: str, machine: dict[str, Any],
-          replayed_from: int) -> dict[str, Any]:
-    """The certificate of ``step`` from the published ``lines`` and the replay's line."""
+          replayed_from: int, recipe: dict[str, Any] | None = None,
+          checkpoint_compared: bool = False) -> dict[str, Any]:
+    """The certificate of ``step`` from the published ``lines`` and the replay's line;
+    ``recipe``: the replay's (``open1b_train.recipe.summary``: preset, mix fingerprint,
+    departures); ``checkpoint_compared``: the published checkpoint of ``step`` was compared
+    with the replayed state."""
     import torch
 
     return {"format": FORMAT, "version": VERSION,
@@ -63,7 +72,8 @@ def build(lines: list[dict[str, Any]], step: int, replayed: dict[str, Any] | Non
             "finding": None if finding is None else finding.to_dict(),
             "auditor": auditor, "backend": backend, "machine": machine,
             "software": {"open1b": __version__, "torch": torch.__version__},
-            "replayed_from": replayed_from, "signature": None}
+            "replayed_from": replayed_from, "recipe": recipe,
+            "published_checkpoint_compared": checkpoint_compared, "signature": None}
 
 
 def _message(cert: dict[str, Any]) -> bytes:

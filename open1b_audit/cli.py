@@ -33,6 +33,62 @@ def expect_run_hash(f):
         help="The run hash its owner published: refuse a log that does not end in it.")(f)
 
 
+def _fingerprint_param(ctx, param, value):
+    from open1b_train.chain import is_hash
+
+    if value is not None and not is_hash(value.lower()):
+        raise click.BadParameter(f"{value!r} is not a mix fingerprint (64 hex digits, as "
+                                 f"`open1b-data verify` prints it)")
+    return None if value is None else value.lower()
+
+
+def _preset_param(ctx, param, value):
+    from open1b_train.config import PRESETS
+
+    if value is not None and value not in PRESETS:
+        raise click.BadParameter(f"{value!r} is not a preset; choose one of {sorted(PRESETS)}")
+    return value
+
+
+def expect_recipe(f):
+    """--expect-preset and --expect-mix: the recipe its owner announced (recipe.py)."""
+    f = click.option("--expect-mix", "expect_mix", default=None, metavar="FINGERPRINT",
+                     callback=_fingerprint_param,
+                     help="The mix fingerprint its owner announced: refuse a run trained on "
+                          "another mix.")(f)
+    return click.option("--expect-preset", "expect_preset", default=None, metavar="NAME",
+                        callback=_preset_param,
+                        help="The preset its owner announced: refuse a run that claims "
+                             "another or departs from it (schedule and held-out rule "
+                             "included).")(f)
+
+
+def _announcement(expect, expect_preset, expect_mix):
+    from open1b_train.recipe import Announcement
+
+    return Announcement(run_hash=expect, preset=expect_preset, mix=expect_mix)
+
+
+def _recipe_lines(rc: dict | None, announce) -> list[str]:
+    """The recipe a run was checked against, in a report's normal output."""
+    if not rc:
+        return []
+    out = [f"recipe: preset {rc['preset']!r}, mix {rc['mix_fingerprint']}, schedule "
+           f"{rc['schedule']}"]
+    if rc["departures"]:
+        out.append("RECIPE: the run departs from the published "
+                   f"{rc['preset']!r} preset in " + ", ".join(
+                       f"{d['field']} ({d['preset']!r} -> {d['run']!r})"
+                       for d in rc["departures"]))
+    else:
+        out.append("recipe: no departure from the preset")
+    missing = announce.unpinned()
+    if missing:
+        out.append(f"not pinned: {', '.join(missing)} (without them the run is checked "
+                   f"against itself, not against what its owner announced)")
+    return out
+
+
 def _log_of(run: str, expect: str | None = None):
     """RUN's log (``runlog.Log``), refused (one line) unless it ends in ``expect``."""
     from open1b_train import chain
@@ -172,9 +228,10 @@ def chain_cmd(run, expect, as_json) -> None:
               help="Sign the certificates with this Ed25519 key (open1b-audit keygen).")
 @click.option("--auditor", default=None, help="Your name in the certificates.")
 @expect_run_hash
+@expect_recipe
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def replay_cmd(run, step, mix, backend, from_step, spill, memory_plan, certify, key, auditor,
-               expect, as_json) -> None:
+               expect, expect_preset, expect_mix, as_json) -> None:
     """Re-execute steps of RUN and compare every component digest with its log; exits 1
     naming the first step and component that differ."""
     from open1b_audit import certificate
@@ -184,7 +241,9 @@ def replay_cmd(run, step, mix, backend, from_step, spill, memory_plan, certify, 
         raise click.UsageError("--key signs certificates: give --certify DIR too")
     try:
         log = _log_of(run, expect)
-        res = replay(run, step, mix, backend, spill, from_step, memory_plan=memory_plan)
+        announce = _announcement(expect, expect_preset, expect_mix)
+        res = replay(run, step, mix, backend, spill, from_step, memory_plan=memory_plan,
+                     announce=announce)
         written = []
         if certify:
             lines = log.lines
@@ -194,8 +253,8 @@ def replay_cmd(run, step, mix, backend, from_step, spill, memory_plan, certify, 
                                                   res.finding.step > res.start else set())):
                 cert = certificate.build(lines, s, res.lines.get(s),
                                          res.finding if s not in res.verified else None,
-                                         who, backend, machine(), res.start)
-                cert["recipe"] = res.recipe        # signed with the rest
+                                         who, backend, machine(), res.start, res.recipe,
+                                         s in res.checkpoints_compared)
                 if key:
                     cert = certificate.sign(cert, key)
                 path = certificate.path_for(certify, s, cert)
@@ -217,17 +276,56 @@ def replay_cmd(run, step, mix, backend, from_step, spill, memory_plan, certify, 
         click.echo(f"verdict: {r['verdict'].upper()}  time {r['seconds']:.1f} s, peak memory "
                    f"{r['peak_memory_bytes'] / 2**20:.0f} MiB, TreeFold partials <= "
                    f"{r['treefold_peak_partials']}")
-        rc = r.get("recipe")
-        if rc and rc["departures"]:
-            click.echo(f"RECIPE: the run departs from the published {rc['preset']!r} preset in "
-                       + ", ".join(f"{d['field']} ({d['preset']!r} -> {d['run']!r})"
-                                   for d in rc["departures"]))
+        for line in _recipe_lines(r.get("recipe"), announce):
+            click.echo(line)
+        if r["checkpoints_compared"]:
+            click.echo(f"published checkpoints compared with the replayed state: steps "
+                       f"{', '.join(map(str, r['checkpoints_compared']))}")
         for p in r["certificates"]:
             click.echo(f"  wrote {p}")
     emit(rep, as_json, human)
     if _cut_note(log) and not as_json:
         click.echo(_cut_note(log))
     if not res.ok:
+        sys.exit(1)
+
+
+@main.command("verify-model")
+@click.argument("model_dir", type=click.Path(file_okay=False))
+@click.option("--run", "run", type=click.Path(file_okay=False), required=True,
+              help="The published run the model claims to come from.")
+@click.option("--mix", default=None, help="The run's built mix (default: the one it names).")
+@expect_run_hash
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def verify_model_cmd(model_dir, run, mix, expect, as_json) -> None:
+    """Is MODEL_DIR (a checkpoint directory, or a folder written by `open1b-train export` as
+    downloaded from a model hub) step N of RUN? Names the first differing tensor, config
+    field, tokenizer file or provenance field; exits 1 unless it is a step of the run."""
+    from open1b_eval.verify import verify_model
+    from open1b_train.published import open_published
+    from open1b_train.recipe import Announcement
+
+    try:
+        pub = open_published(run, mix, Announcement(run_hash=expect))
+        v = verify_model(model_dir, pub)
+    except ERRORS as e:
+        fail(e)
+    rep = {**v.to_dict(), "notes": pub.notes}
+
+    def human(r):
+        for n in r["notes"]:
+            click.echo(f"note: {n}")
+        for c in r["checked"]:
+            click.echo(f"  checked {c}")
+        if v.ok:
+            click.echo(f"{model_dir} is step {r['step']} of run {r['run_hash']}"
+                       + (" (the published run hash)" if expect else
+                          " (run hash NOT pinned: pass --expect-run-hash)"))
+        else:
+            d = r["difference"] or {}
+            click.echo(f"DIFFERS: {d.get('what')} {d.get('name')}: {d.get('detail')}")
+    emit(rep, as_json, human)
+    if not v.ok:
         sys.exit(1)
 
 
@@ -267,15 +365,18 @@ def trace_cmd(run, step, out, mix, backend) -> None:
               help="all: replay every checkpoint interval (vouches for 1..UNTIL); binary: "
                    "sample O(log n) intervals - never vouches, names what it skipped.")
 @expect_run_hash
+@expect_recipe
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def bisect_cmd(run, until, against, mix, backend, search, expect, as_json) -> None:
+def bisect_cmd(run, until, against, mix, backend, search, expect, expect_preset, expect_mix,
+               as_json) -> None:
     """The first step whose replay differs from RUN's log, then its first differing op.
     Exits 0 only when every step 1..UNTIL was replayed and reproduced."""
     from open1b_audit.bisect import bisect
 
+    announce = _announcement(expect, expect_preset, expect_mix)
     try:
         _log_of(run, expect)
-        rep = bisect(run, until, against, search, mix=mix, backend=backend)
+        rep = bisect(run, until, against, search, mix=mix, backend=backend, announce=announce)
     except ERRORS as e:
         fail(e)
 
@@ -283,6 +384,16 @@ def bisect_cmd(run, until, against, mix, backend, search, expect, as_json) -> No
         return ", ".join(f"{a + 1}..{b}" if b > a + 1 else f"{b}" for a, b in ivs)
 
     def human(r):
+        for line in _recipe_lines(r.get("recipe"), announce):
+            click.echo(line)
+        fc = r.get("final_checkpoint")
+        if fc is None:
+            click.echo(f"no published checkpoint in steps 1..{until}: no released weights "
+                       f"were compared")
+        else:
+            click.echo(f"published checkpoint of step {fc['step']} (the last in 1..{until}): "
+                       + ("compared with the log - it is the replayed state" if fc["compared"]
+                          else "NOT compared (its step was not replayed)"))
         if r["vouched"]:
             click.echo(f"steps 1..{until} of {run} all reproduce (every checkpoint interval "
                        f"replayed: {steps(r['replayed_intervals'])}): nothing to bisect")
@@ -361,13 +472,18 @@ def assign_cmd(run, auditors, redundancy, seed, as_json) -> None:
               help="Count only certificates signed by the keys in this file (lines of 64-hex "
                    "Ed25519 public keys and/or PEM public keys as keygen writes KEY.pub).")
 @expect_run_hash
+@expect_recipe
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def coverage_cmd(run, certs, redundancy, trusted_keys, expect, as_json) -> None:
-    """Which steps of RUN the certificates cover (signed, by distinct keys), the gaps, and
-    any conflict (exit 1)."""
+def coverage_cmd(run, certs, redundancy, trusted_keys, expect, expect_preset, expect_mix,
+                 as_json) -> None:
+    """Which steps of RUN the certificates cover (signed, by distinct keys, on the announced
+    recipe), the gaps, certificates off the recipe, any conflict, and whether the released
+    weights (the last step's checkpoint) are the log's; exits 1 on a conflict, an off-recipe
+    certificate or released weights that differ."""
     from open1b_audit import certificate
     from open1b_train import chain
     from open1b_audit.coverage import coverage, read_all
+    from open1b_train.published import hashed_config, released_weights
 
     paths = []
     for c in certs:
@@ -382,7 +498,16 @@ def coverage_cmd(run, certs, redundancy, trusted_keys, expect, as_json) -> None:
         if f is not None:
             raise click.ClickException(f"{run}: the log is not one chain ({f}); certificates "
                                        f"cannot be checked against it")
-        rep = coverage(lines, read_all(paths), redundancy, trusted)
+        announce = _announcement(expect, expect_preset, expect_mix)
+        genesis = lines[0]["genesis"]
+        try:
+            preset, why = hashed_config(run, genesis).preset, None
+        except ERRORS as e:           # no checked config: no preset to compare or announce
+            preset, why = None, f"its config cannot be checked ({e})"
+        why = announce.refusal(genesis, preset) or (why if expect_preset else None)
+        rep = coverage(lines, read_all(paths), redundancy, trusted, announce, why)
+        rep["preset"], rep["mix_fingerprint"] = preset, genesis.get("mix_fingerprint")
+        rep["final_checkpoint"] = released_weights(run, lines)
     except ERRORS as e:
         fail(e)
     if trusted is None:
@@ -404,10 +529,28 @@ def coverage_cmd(run, certs, redundancy, trusted_keys, expect, as_json) -> None:
         for c in r["untrusted"]:
             click.echo(f"untrusted key (not counted) step {c['step']}: {c['certificate']} "
                        f"(key {c['key'][:16]}...)")
+        click.echo(f"recipe: the run claims preset {r['preset']!r} on mix "
+                   f"{r['mix_fingerprint']}" + "".join(
+                       f"; announced {k} {v!r}" for k, v in r["announced"].items() if v))
+        if r["run_recipe"]:
+            click.echo(f"NOT THE ANNOUNCED RECIPE: {r['run_recipe']}")
+        if r["off_recipe"]:
+            click.echo(f"certified but off the recipe (not counted): "
+                       f"{len(r['off_recipe_steps'])} step(s) certified only off recipe")
+        for c in r["off_recipe"]:
+            click.echo(f"off recipe step {c['step']}: {c['certificate']}: {c['why']}")
+        if announce.unpinned():
+            click.echo(f"not pinned: {', '.join(announce.unpinned())} (the run is checked "
+                       f"against itself, not against what its owner announced)")
+        fc = r["final_checkpoint"]
+        click.echo(f"released weights (step {fc['step']}): " + (
+            "the log's - compared" if fc["matches"] else
+            f"DIFFER: {fc['detail']}" if fc["compared"] else f"not compared: {fc['detail']}"))
         for c in r["conflicts"]:
             click.echo(f"CONFLICT step {c['step']}: {c['certificate']}: {c['why']}")
     emit(rep, as_json, human)
-    if rep["conflicts"]:
+    if rep["conflicts"] or rep["off_recipe"] or rep["run_recipe"] or \
+            rep["final_checkpoint"]["matches"] is False:
         sys.exit(1)
 
 

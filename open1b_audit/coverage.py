@@ -16,6 +16,13 @@ Every certificate is checked (never an exception, the report always completes):
 The report lists per step the distinct keys that certified it, the steps certified by
 fewer than ``redundancy`` of them (gaps), the unsigned and untrusted certificates, and
 every conflict. Conflicts fail the command.
+
+Recipe: a certificate counts only when the recipe it signs (preset, mix fingerprint and
+departures, ``open1b_train.recipe``) is the announced one - ``announce.preset`` and
+``announce.mix`` when given - with no departure. Others are *off recipe*: listed with why,
+and the steps they certify are reported apart (``off_recipe_steps``), never added to the
+coverage; any of them fails the command, as does a run whose own genesis or config is not
+the announced recipe (``run_recipe``).
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from typing import Any
 
 from open1b_audit import certificate
 from open1b_audit.certificate import CertificateError
+from open1b_train.recipe import Announcement, on_recipe
 
 
 def read_all(paths: list[str]) -> list[tuple[str, dict[str, Any] | CertificateError]]:
@@ -57,11 +65,17 @@ def _why_not(lines: list[dict[str, Any]], cert: dict[str, Any]) -> str | None:
 
 def coverage(lines: list[dict[str, Any]],
              certs: list[tuple[str, dict[str, Any] | CertificateError]],
-             redundancy: int = 1, trusted: set[str] | None = None) -> dict[str, Any]:
+             redundancy: int = 1, trusted: set[str] | None = None,
+             announce: Announcement = Announcement(), run_recipe: str | None = None
+             ) -> dict[str, Any]:
+    """The report (see the module docstring); ``run_recipe``: why the run itself is not the
+    announced recipe (``Announcement.refusal``), or None."""
     by_step: dict[int, set[str]] = defaultdict(set)
+    off_step: dict[int, set[str]] = defaultdict(set)
     conflicts: list[dict[str, Any]] = []
     unsigned: list[dict[str, Any]] = []
     untrusted: list[dict[str, Any]] = []
+    off_recipe: list[dict[str, Any]] = []
     for path, cert in certs:
         if isinstance(cert, CertificateError):
             conflicts.append({"certificate": path, "step": None,
@@ -86,7 +100,12 @@ def coverage(lines: list[dict[str, Any]],
             untrusted.append({"certificate": path, "step": s, "key": key,
                               "auditor": cert.get("auditor")})
         else:
-            by_step[s].add(key)
+            off = run_recipe or on_recipe(cert.get("recipe"), announce.preset, announce.mix)
+            if off is None:
+                by_step[s].add(key)
+            else:
+                off_step[s].add(key)
+                off_recipe.append({"certificate": path, "step": s, "key": key, "why": off})
     last = len(lines) - 1
     steps = list(range(1, last + 1))
     keys = set().union(*by_step.values()) if by_step else set()
@@ -97,4 +116,7 @@ def coverage(lines: list[dict[str, Any]],
             "keys_counted": len(keys),
             "trusted_keys": None if trusted is None else len(trusted),
             "unsigned": unsigned, "untrusted": untrusted,
+            "off_recipe": off_recipe, "run_recipe": run_recipe,
+            "off_recipe_steps": sorted(s for s in off_step if not by_step[s]),
+            "announced": {"preset": announce.preset, "mix": announce.mix},
             "conflicts": conflicts, "run_hash": lines[-1].get("hash")}

@@ -12,7 +12,13 @@ and compare every component digest with its log.
    virtual ranks in mesh order, TreeFold over replicas) on one device, on the CPU reference
    or the Triton kernels. Its data digest is compared before anything is computed, then the
    gradient, scalars, parameters and optimizer state, and the step hash.
-The first difference stops the replay with a ``Finding`` naming the step and the component.
+5. The published checkpoint of every reproduced step is compared with the replayed state
+   (``published_checkpoint_difference``): the released weights of the last step are what
+   users take away, and no later replay starts from them.
+Before any of this, the run's recipe is reported (``open1b_train.recipe``: preset, mix
+fingerprint, every departure from the preset's published recipe) and checked against what
+its owner announced (``announce``). The first difference stops the replay with a
+``Finding`` naming the step and the component.
 
 Memory: the replay holds the parameters, the Adam moments, one virtual rank's gradient,
 one replica partial (when dp_shard > 1) and the TreeFold stack (at most log2(dp_replicate)
@@ -38,15 +44,15 @@ from open1b_train import chain
 from open1b_train.chain import Finding
 from open1b_data import StreamLoader
 from open1b_data.errors import Open1bDataError
-from open1b_train import checkpoint, runlog
+from open1b_train import checkpoint, memplan, recipe, runlog, statehash
 from open1b_train.allocator import keep_freed_memory
-from open1b_train.config import departures
-from open1b_train.errors import DivergenceError
+from open1b_train.errors import CheckpointError, DivergenceError
 from open1b_audit.errors import Open1bAuditError
 from open1b_train.loop import micro_batches
 from open1b_train.params import Layout, param_specs
+from open1b_train.recipe import Announcement
 from open1b_train.run import (Run, State, StateMismatch, backend_scope, checkpoint_state,
-                              initial_state, read_run, resolve)
+                              initial_state, read_run, resolve, tensors_of)
 from open1b_train.step import compute_step, data_digest_of
 from open1b_train.treefold import file_spill
 
@@ -68,7 +74,8 @@ class ReplayResult:
     seconds: float = 0.0
     peak_memory_bytes: int = 0
     fold_peak_partials: int = 0
-    recipe: dict[str, Any] | None = None    # the preset claimed and every departure from it
+    recipe: dict[str, Any] | None = None    # preset, mix fingerprint, departures (recipe.py)
+    checkpoints_compared: list[int] = field(default_factory=list)   # published, replayed steps
     memory_plan: str | None = None          # memplan.py's choice (never changes a bit)
     memory_plan_text: str = ""
 
@@ -84,6 +91,7 @@ class ReplayResult:
                 "seconds": round(self.seconds, 3), "step_seconds": self.step_seconds,
                 "peak_memory_bytes": self.peak_memory_bytes,
                 "treefold_peak_partials": self.fold_peak_partials, "recipe": self.recipe,
+                "checkpoints_compared": self.checkpoints_compared,
                 "memory_plan": self.memory_plan, "memory_plan_text": self.memory_plan_text}
 
 
@@ -112,10 +120,13 @@ def _start_state(run: Run, lines: list[dict], c: int) -> tuple[State, Finding | 
 
 def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu",
            spill: str | None = None, from_step: int | None = None, trace=None,
-           trace_steps: set[int] | None = None, memory_plan: str = "auto") -> ReplayResult:
+           trace_steps: set[int] | None = None, memory_plan: str = "auto",
+           announce: Announcement = Announcement()) -> ReplayResult:
     """Replay up to ``step`` (see the module docstring). ``trace(step, name, tensor)`` is
     called with every op's output of the steps in ``trace_steps``. ``memory_plan``: auto,
-    resident or lean (``open1b_train.memplan``; the bits do not depend on it)."""
+    resident or lean (``open1b_train.memplan``; the bits do not depend on it).
+    ``announce``: the preset and mix its owner announced - a run that is not on them is a
+    ``recipe`` finding at step 0, before any work."""
     t_start = time.perf_counter()
     lines = runlog.read(run_dir, strict=False)
     cfg, mix = read_run(run_dir, mix)
@@ -131,9 +142,8 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
     keep_freed_memory(run.memory.lean)
     res.device = str(run.device)
     res.memory_plan, res.memory_plan_text = run.memory.name, run.memory.describe()
-    res.recipe = {"preset": run.cfg.preset, "departures": [
-        {"field": k, "preset": want, "run": got}
-        for k, want, got in departures(run.cfg, run.plan.view.seed)]}
+    res.recipe = recipe.summary(run.cfg, run.plan.view.definition, run.plan.fingerprint,
+                                run.plan.view.seed)
     g = lines[0]["genesis"]
     for key, have in (("config_identity", run.cfg.identity_sha256()),
                       ("mix_fingerprint", run.plan.fingerprint), ("seed", run.cfg.seed)):
@@ -142,7 +152,14 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
                                   f"the run's genesis names {key} {g.get(key)!r}, the "
                                   f"replay has {have!r}")
             return _done(res, t_start)
-    avail = [s for s in checkpoint.list_steps(run_dir) if s < step]
+    why = announce.refusal(g, run.cfg.preset)
+    if why is None and announce.preset is not None and res.recipe["departures"]:
+        why = recipe.on_recipe(res.recipe)          # the announced preset, departed from
+    if why is not None:
+        res.finding = Finding(0, "recipe", f"not the announced recipe: {why}")
+        return _done(res, t_start)
+    published = set(checkpoint.list_steps(run_dir))
+    avail = [s for s in published if s < step]
     c = from_step if from_step is not None else (avail[-1] if avail else 0)
     if c >= step or (c and c not in avail):
         raise Open1bAuditError(f"no checkpoint at step {c} before step {step} in {run_dir} "
@@ -200,9 +217,47 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
                                                   "does not")
                 break
             state.step, state.prev_hash = s, line["hash"]
+            if s in published:          # the published state at s: what users take away
+                res.finding = published_checkpoint_difference(run, lines, s,
+                                                              moments=not run.memory.lean)
+                if res.finding is not None:
+                    break
+                res.checkpoints_compared.append(s)
             res.verified.append(s)
             res.step_seconds[s] = round(time.perf_counter() - t0, 3)
     return _done(res, t_start)
+
+
+def published_checkpoint_difference(run: Run, lines: list[dict], s: int,
+                                    moments: bool = True) -> Finding | None:
+    """The published checkpoint at a replayed step ``s`` against the log (which the replay
+    just reproduced): its record must be the chain's, its parameters - and, with
+    ``moments``, its optimizer state - the log's digests. A checkpoint swapped after
+    training (the released weights of the last step, which no later replay starts from)
+    is a ``params`` finding at ``s``, edited moments an ``optim`` one, a record that is not
+    the chain's a ``checkpoint`` one. The lean plan compares the parameters only: the
+    moments would not fit beside its own; the replay that starts from that checkpoint
+    compares them."""
+    path = checkpoint.step_dir(run.dir, s)
+    specs = param_specs(run.cfg.model)
+    names = [p.name for p in specs]
+    comps = lines[s]["components"]
+    try:
+        ck = checkpoint.load(path, params_only=not moments)
+        why = checkpoint.record_difference(ck.record, lines, s)
+        if why is not None:
+            return Finding(s, "checkpoint", f"the published checkpoint {path}: {why}")
+        params, opt = tensors_of(ck, run) if moments else (ck.params, None)
+    except CheckpointError as e:
+        return Finding(s, "checkpoint", f"the published checkpoint {path}: {e}")
+    if sorted(params) != sorted(names) or \
+            statehash.tensors_digest({n: params[n] for n in names}) != comps["params"]:
+        return Finding(s, "params", f"the published checkpoint {path}: its parameters are not "
+                                    f"the replayed step's (swapped or edited)")
+    if opt is not None and memplan.optim_digest(Layout(specs), opt) != comps["optim"]:
+        return Finding(s, "optim", f"the published checkpoint {path}: its optimizer state "
+                                   f"(moments or counters) is not the replayed step's (edited)")
+    return None
 
 
 def informational_difference(run: Run, info, line: dict) -> str | None:

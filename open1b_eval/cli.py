@@ -23,14 +23,35 @@ def _force(backend: str):
     return kb.force(None if backend == "auto" else backend)   # auto: by device
 
 
-def _load(run: str, step: int | None):
+def _load(run: str, step: int | None, expect: str | None):
     from open1b_eval.trained import load
     from open1b_data.errors import Open1bDataError
 
     try:
-        return load(run, step)
+        t = load(run, step, expect=expect)
     except (EvalError, Open1bDataError) as e:
         _fail(e)
+    _notes(t.notes)
+    return t
+
+
+def _notes(notes: list[str]) -> None:
+    for n in notes:                     # on stderr: --json output stays one object
+        click.echo(f"note: {n}", err=True)
+
+
+def _hash_param(ctx, param, value):
+    from open1b_train.chain import is_hash
+
+    if value is not None and not is_hash(value.lower()):
+        raise click.BadParameter(f"{value!r} is not a run hash (64 hex digits)")
+    return None if value is None else value.lower()
+
+
+_EXPECT = click.option(
+    "--expect-run-hash", "expect", default=None, metavar="H", callback=_hash_param,
+    help="The run hash its owner published: refuse a run whose log does not end in it "
+         "(without it, the weights are checked against the run's own log only).")
 
 
 _BACKEND = click.option("--backend", type=click.Choice(["auto", "cpu", "triton"]),
@@ -53,14 +74,16 @@ _STEP = click.option("--step", type=click.IntRange(min=0), default=None,
 @click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True,
               help="Sampling seed: Philox word at (seed, position).")
 @_BACKEND
+@_EXPECT
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def generate_cmd(run, step, prompts, max_tokens, temperature, seed, backend, as_json) -> None:
+def generate_cmd(run, step, prompts, max_tokens, temperature, seed, backend, expect,
+                 as_json) -> None:
     """Continue each PROMPT with the checkpoint's model, KV-cached on the reproducible
     runtime: the same checkpoint, prompt and seed give the same tokens everywhere."""
     from open1b_eval.decoder import Decoder
     from open1b_eval.generate import generate
 
-    t = _load(run, step)
+    t = _load(run, step, expect)
     ids = [t.encode_prompt(p) for p in prompts]
     with _force(backend):
         gens = generate(Decoder(t.cfg, t.params), ids, max_tokens, temperature, seed,
@@ -69,6 +92,7 @@ def generate_cmd(run, step, prompts, max_tokens, temperature, seed, backend, as_
             "text": t.decode([x for x in g if x != t.eot])} for p, i, g in zip(prompts, ids, gens)]
     if as_json:
         click.echo(json.dumps({"run": run, "step": t.step, "run_hash": t.run_hash,
+                               "step_hash": t.step_hash, "run_hash_pinned": expect is not None,
                                "temperature": temperature, "seed": seed, "outputs": out},
                               indent=1))
         return
@@ -81,18 +105,25 @@ def generate_cmd(run, step, prompts, max_tokens, temperature, seed, backend, as_
 @click.argument("run", type=click.Path(file_okay=False))
 @_STEP
 @click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="Directory for config.json, model.safetensors and the tokenizer.")
-def export_cmd(run, step, out) -> None:
-    """Write a checkpoint as a transformers model directory (model_type open1b; load it
-    after `import open1b_eval.hf`)."""
+              help="Directory for config.json, model.safetensors, the tokenizer and "
+                   "open1b_provenance.json (replaced once the new one is complete).")
+@_EXPECT
+def export_cmd(run, step, out, expect) -> None:
+    """Write a checked checkpoint as a transformers model directory with its provenance
+    (model_type open1b; load it after `import open1b_eval.hf`; check it with `open1b-audit
+    verify-model`)."""
     from open1b_eval.export import export
 
-    t = _load(run, step)
+    t = _load(run, step, expect)
     try:
         export(t, out)
     except OSError as e:
         _fail(EvalError(f"{out}: cannot write the export ({e})"))
-    click.echo(f"wrote {out} (step {t.step}, run hash {t.run_hash[:16]}...)")
+    click.echo(f"wrote {out} (step {t.step} of run {t.run_hash[:16]}..."
+               + (", the published run hash" if expect else ", run hash not pinned") + ")")
+    click.echo(f"load it with `import open1b_eval.hf` then AutoModelForCausalLM."
+               f"from_pretrained({out!r}); check it with `open1b-audit verify-model {out} "
+               f"--run {run} --expect-run-hash {t.run_hash}`")
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
@@ -115,12 +146,14 @@ def main() -> None:
               help="Held-out windows per source scored when the run's mix has held-out data "
                    "(the documents it never trains on); 0 = skip them.")
 @_BACKEND
+@_EXPECT
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def perplexity_cmd(run, files, step, all_steps, window, png, heldout_windows, backend,
+def perplexity_cmd(run, files, step, all_steps, window, png, heldout_windows, backend, expect,
                    as_json) -> None:
     """Loss (nats/token) and perplexity per source of the text FILES (one source each),
     and of the mix's held-out data when it has some (then FILES may be omitted)."""
     from open1b_eval import perplexity as pp
+    from open1b_eval.trained import open_run
     from open1b_train.checkpoint import list_steps
 
     try:
@@ -128,13 +161,15 @@ def perplexity_cmd(run, files, step, all_steps, window, png, heldout_windows, ba
                                   and not all_steps)
         with _force(backend):
             if not all_steps:
-                t = _load(run, step)
+                t = _load(run, step, expect)
                 if not sources and not pp.has_heldout(t):
                     pp.read_sources([])          # raises: no files and nothing held out
                 reps = [pp.perplexity(t, sources, window, heldout_windows)]
             else:
                 png = png or os.path.join(run, "validation.png")
-                reps = pp.over_steps(run, sources, list_steps(run), window, png)
+                pub = open_run(run, expect=expect)
+                _notes(pub.notes)
+                reps = pp.over_steps(pub, sources, list_steps(run), window, png)
     except EvalError as e:
         _fail(e)
     if as_json:
@@ -169,8 +204,9 @@ def perplexity_cmd(run, files, step, all_steps, window, png, heldout_windows, ba
 @click.option("--out", default=None, help="Directory for suite.md, suite.json, suite.png "
               "(default: RUN/suite).")
 @_BACKEND
+@_EXPECT
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def suite_cmd(run, tasks, steps, include_path, limit, out, backend, as_json) -> None:
+def suite_cmd(run, tasks, steps, include_path, limit, out, backend, expect, as_json) -> None:
     """Run lm-eval TASKS on several checkpoints: a table and a PNG of score vs tokens."""
     from open1b_eval.suite import run_suite
     from open1b_train.checkpoint import list_steps
@@ -181,7 +217,7 @@ def suite_cmd(run, tasks, steps, include_path, limit, out, backend, as_json) -> 
         raise click.BadParameter(f"expected steps like 20,40, got {steps!r}") from None
     try:
         rep = run_suite(run, step_list, [t for t in tasks.split(",") if t], include_path,
-                        limit, backend, out or os.path.join(run, "suite"))
+                        limit, backend, out or os.path.join(run, "suite"), expect)
     except EvalError as e:
         _fail(e)
     if as_json:

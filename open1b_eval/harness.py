@@ -11,6 +11,9 @@ Importing this module registers the class too (for an interpreter started withou
 ``site``, ``python -S``).
 
 Model arguments: ``run`` (a run directory), ``step`` (default: the latest checkpoint),
+``expect_run_hash`` (the run hash its owner published: a run whose log does not end in it
+is refused; without it the weights are checked against the run's own log and a warning
+says so - ``open1b_eval.trained``),
 ``backend`` (auto | cpu | triton), ``max_length`` (tokens a scored sequence keeps, the
 rightmost; default 8,192, RoPE's domain), ``batch_size`` (sequences decoded together by
 ``generate_until``; results do not depend on it).
@@ -28,6 +31,7 @@ sets ``do_sample`` with a ``temperature`` > 0, seed ``seed``), stopped at the se
 """
 from __future__ import annotations
 
+import warnings
 
 import lm_eval.models  # noqa: F401  (lm-eval's own models first: see ``register_model`` below)
 from lm_eval.api.model import LM
@@ -54,9 +58,12 @@ def _backend(name: str):
 class Open1bLM(LM):
     def __init__(self, run: str, step: int | None = None, backend: str = "auto",
                  max_length: int = MAX_T, batch_size: int | str = 8, seed: int = 0,
-                 **kwargs) -> None:
+                 expect_run_hash: str | None = None, **kwargs) -> None:
         super().__init__()
-        self.trained = load(run, None if step in (None, "") else int(step))
+        self.trained = load(run, None if step in (None, "") else int(step),
+                            expect=expect_run_hash or None)
+        for note in self.trained.notes:
+            warnings.warn(f"open1b {run}: {note}", stacklevel=2)
         self.backend = backend
         with _backend(backend):
             self.dec = Decoder(self.trained.cfg, self.trained.params)

@@ -23,7 +23,8 @@ import os
 from open1b_eval.decoder import Decoder
 from open1b_eval.errors import EvalError
 from open1b_eval.scoring import rolling_nll, token_logprobs
-from open1b_eval.trained import Trained, load
+from open1b_eval.trained import Trained, at_step
+from open1b_train.published import PublishedRun
 
 
 def training_window(t: Trained) -> int:
@@ -106,10 +107,12 @@ def perplexity(t: Trained, sources: dict[str, str], window: int | None = None,
     return rep
 
 
-def over_steps(run: str, sources: dict[str, str], steps: list[int], window: int | None,
-               png: str | None) -> list[dict]:
-    """``perplexity`` at every step in ``steps``; with ``png``, the loss-vs-step plot."""
-    reps = [perplexity(load(run, s), sources, window) for s in steps]
+def over_steps(pub: PublishedRun, sources: dict[str, str], steps: list[int],
+               window: int | None, png: str | None) -> list[dict]:
+    """``perplexity`` at every step in ``steps`` of the checked run ``pub``; with ``png``,
+    the loss-vs-step plot."""
+    run = pub.dir
+    reps = [perplexity(at_step(pub, s), sources, window) for s in steps]
     if png:
         import matplotlib
         matplotlib.use("Agg")

@@ -43,7 +43,8 @@ def main_metric(res: dict) -> tuple[str, float]:
 
 
 def run_suite(run: str, steps: list[int], tasks: list[str], include_path: str | None = None,
-              limit: int | None = None, backend: str = "auto", out: str | None = None) -> dict:
+              limit: int | None = None, backend: str = "auto", out: str | None = None,
+              expect: str | None = None) -> dict:
     """{"rows": [{"step", "tokens", "task", "metric", "score"}], "table", "png"}."""
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -55,7 +56,8 @@ def run_suite(run: str, steps: list[int], tasks: list[str], include_path: str | 
     rows = []
     for step in steps:
         res = lm_eval.simple_evaluate(model="open1b",
-                                      model_args=f"run={run},step={step},backend={backend}",
+                                      model_args=f"run={run},step={step},backend={backend}"
+                                      + (f",expect_run_hash={expect}" if expect else ""),
                                       tasks=names, task_manager=tm, limit=limit)["results"]
         for t in names:
             metric, score = main_metric(res[t])

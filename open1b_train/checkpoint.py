@@ -190,13 +190,35 @@ def _record_and_files(path: str) -> tuple[dict, dict]:
     return rec, files
 
 
-def load(path: str, device: torch.device | str = "cpu") -> Checkpoint:
-    """Read and verify a checkpoint directory (see the module docstring)."""
+# ----------------------------------------------------------------------------- checks
+
+def record_difference(rec: dict[str, Any], lines: list[dict[str, Any]], step: int
+                      ) -> str | None:
+    """Why a checkpoint record is not step ``step`` of this chain (None: it is). Its
+    ``run_hash`` is the step's hash; mix fingerprint, seed and config identity the
+    genesis's."""
+    g = lines[0]["genesis"]
+    for key in ("mix_fingerprint", "seed", "config_identity"):
+        if rec.get(key) != g.get(key):
+            return (f"its record has {key} {rec.get(key)!r}, the run's genesis {g.get(key)!r}; "
+                    f"it belongs to another run")
+    if rec.get("run_hash") != lines[step]["hash"]:
+        return (f"its record names step hash {rec.get('run_hash')!r}, the log's step {step} is "
+                f"{lines[step]['hash']!r} (a checkpoint of another run or step)")
+    return None
+
+
+def load(path: str, device: torch.device | str = "cpu", params_only: bool = False
+         ) -> Checkpoint:
+    """Read and verify a checkpoint directory (see the module docstring); ``params_only``
+    reads the parameters alone (a model for use, not a state to train from)."""
     rec, files = _record_and_files(path)
     params: dict[str, torch.Tensor] = {}
     m: dict[str, torch.Tensor] = {}
     v: dict[str, torch.Tensor] = {}
     for name in sorted(files):
+        if params_only and name != "params.safetensors":
+            continue
         if not isinstance(name, str) or not isinstance(files[name], str) or \
                 os.path.basename(name) != name or not name.endswith(".safetensors"):
             raise CheckpointError(f"{path}/record.json: files lists {name!r}; a checkpoint "

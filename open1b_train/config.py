@@ -188,7 +188,8 @@ EVAL_FIELDS = ("eval_every", "eval_windows")
 NOT_RECIPE = ("preset", "mesh", *EVAL_FIELDS)
 
 
-def departures(cfg: TrainConfig, mix_seed: int | None = None) -> list[tuple[str, Any, Any]]:
+def config_departures(cfg: TrainConfig, mix_seed: int | None = None
+                      ) -> list[tuple[str, Any, Any]]:
     """Every field of ``cfg``'s identity that differs from its published preset, as
     (field, preset value, run value), ``model.*`` fields by their dotted name. The preset's
     "take it from the mix" values (``model.vocab = 0``, ``seed = None``) stand for the

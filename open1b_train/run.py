@@ -197,16 +197,10 @@ def checkpoint_state(run: Run, lines: list[dict[str, Any]], c: int) -> State:
                                                                           run.device))
         else:
             ck = checkpoint.load(path, run.device)
+        why = checkpoint.record_difference(ck.record, lines, c)   # its genesis: this run's
+        if why:
+            raise CheckpointError(f"checkpoint {path}: {why}")
         rec = ck.record
-        for key, want in (("mix_fingerprint", run.plan.fingerprint), ("seed", run.cfg.seed),
-                          ("config_identity", run.cfg.identity_sha256())):
-            if rec.get(key) != want:
-                raise CheckpointError(f"checkpoint {path} has {key} {rec.get(key)!r}, this run "
-                                      f"{want!r}; it belongs to another run")
-        if rec.get("run_hash") != lines[c]["hash"]:
-            raise CheckpointError(f"{path} records step hash {rec.get('run_hash')}, the log's "
-                                  f"step {c} is {lines[c]['hash']} (a checkpoint of another "
-                                  f"run)")
         params, opt = tensors_of(ck, run)
     except CheckpointError as e:
         raise CheckpointMismatch(c, "checkpoint", str(e)) from None

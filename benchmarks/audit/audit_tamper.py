@@ -4,7 +4,9 @@ An honest ``micro`` run (8 steps, checkpoints every 2) on a small built mix, the
 tampered in each way of ``tests/fixtures/tamper.py``; each copy is audited the way auditors
 covering a whole run do it (every checkpoint interval replayed with ``open1b-audit``'s
 ``replay``). A case counts as caught when the audit reports a finding, and as named when
-that finding's step and component are the expected ones. The honest run must pass.
+that finding's step and component are the expected ones. The honest run must pass. Then
+forged auditors (``tests/fixtures/auditors.py``) and forgeries of what users take away
+(``tests/fixtures/released.py``), each where a user meets it.
 
     .venv/bin/python -m benchmarks.audit.audit_tamper --out benchmarks/results/results-tamper.md
 """
@@ -21,7 +23,7 @@ import torch
 from benchmarks.machine import report_end, report_head
 from open1b_train import runlog
 from open1b_train.train import train
-from tests.fixtures import auditors, tamper
+from tests.fixtures import auditors, released, tamper
 from tests.fixtures.runs import micro_cfg
 from tests.fixtures.trainmix import train_mix
 
@@ -72,6 +74,20 @@ def main() -> None:
             ok += hit
             lines.append(f"| {name} | {'yes' if hit else '**no**'} | {rep['covered']} | {step} |")
         lines.append(f"\n**caught {ok} / {len(forged)}** forged-auditor cases.")
+        lines += ["", "What users take away (the released weights, the config they are "
+                  "read with, the tokenizer, an export, the recipe and the mix), checked "
+                  "where a user meets them (`open1b_train.published` for every loader, "
+                  "`replay`, `verify-model`):", "",
+                  "| forgery | refused | reported | must name |", "|---|---|---|---|"]
+        cases = released.audit_cases(ref, mix4, os.path.join(d, "released"))
+        hits = 0
+        for case, got, want in cases:
+            hit = got is not None and want in got
+            hits += hit
+            shown = "-" if got is None else got.replace(d, "...").replace("|", "/")
+            lines.append(f"| {case} | {'yes' if hit else '**no**'} | {shown} | {want} |")
+        lines.append(f"\n**refused and named {hits} / {len(cases)}** (the record's config is "
+                     f"never read: refusing it is not needed, its values never reach a model).")
     report_end(lines, a.out)
 
 

@@ -15,6 +15,7 @@ from open1b_audit import certificate
 from open1b_audit.cli import main as audit_cli
 from open1b_audit.coverage import coverage
 from open1b_train.chain import Finding
+from tests.fixtures.auditors import on_recipe
 from tests.fixtures.fakelog import lines_of, write_run
 
 STEPS = 8
@@ -43,7 +44,7 @@ def keys(tmp_path_factory):
 def _cert(lines, step, auditor, key=None, finding=None):
     """What replay --certify writes - but written straight from the log: nothing replayed."""
     c = certificate.build(lines, step, {"components": lines[step]["components"]}, finding,
-                          auditor, "cpu", {}, step - 1)
+                          auditor, "cpu", {}, step - 1, on_recipe(lines))
     return certificate.sign(c, key) if key else c
 
 

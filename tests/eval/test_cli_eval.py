@@ -19,11 +19,11 @@ def test_generate_json_is_reproducible_and_names_the_step(ref_run):
             "--max-tokens", "5", "--temperature", "0.9", "--seed", "4", "--json"]
     a = CliRunner().invoke(train_main, args)
     assert a.exit_code == 0, a.output
-    rep = json.loads(a.output)
+    rep = json.loads(a.stdout)
     assert rep["step"] == 6 and len(rep["outputs"]) == 2
     assert all(1 <= len(o["ids"]) <= 5 for o in rep["outputs"])
     b = CliRunner().invoke(train_main, args[:4] + args[6:])      # the second prompt alone
-    assert json.loads(b.output)["outputs"][0]["ids"] == rep["outputs"][1]["ids"]
+    assert json.loads(b.stdout)["outputs"][0]["ids"] == rep["outputs"][1]["ids"]
 
 
 def test_generate_refuses_a_missing_step_in_one_line(ref_run):
@@ -48,7 +48,7 @@ def test_perplexity_per_source_and_over_steps(ref_run, tmp_path):
     f2.write_text("def main():\n    return 0\n" * 4)
     r = CliRunner().invoke(eval_main, ["perplexity", ref_run, str(f1), str(f2), "--json"])
     assert r.exit_code == 0, r.output
-    rep = json.loads(r.output)
+    rep = json.loads(r.stdout)
     assert set(rep["sources"]) == {"physics.txt", "code.txt"} and rep["window"] == 32
     s = rep["sources"]["physics.txt"]
     assert math.isclose(s["perplexity"], math.exp(s["loss"]))
@@ -56,6 +56,6 @@ def test_perplexity_per_source_and_over_steps(ref_run, tmp_path):
     r = CliRunner().invoke(eval_main, ["perplexity", ref_run, str(f1), "--all-steps",
                                        "--png", str(png)])
     assert r.exit_code == 0, r.output
-    assert png.stat().st_size > 1000 and r.output.count("step ") == 5
+    assert png.stat().st_size > 1000 and r.stdout.count("step ") == 5
     bad = CliRunner().invoke(eval_main, ["perplexity", ref_run])
     assert bad.exit_code == 1 and "no text files" in bad.output
