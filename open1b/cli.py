@@ -8,6 +8,8 @@ Failures are one line on standard error, never a traceback (``Cli.main``):
   a check that found a difference (the command reports it first, then exits 1);
 * exit 2: ``Error: <message>; see '<tool> CMD --help'`` for a usage error (click's own,
   which would print the usage block and a hint on three more lines);
+* exit 1 too, naming the extra to install, for an optional package a command needs and
+  this environment lacks (``EXTRAS``: transformers for ``export``, ...);
 * exit 3: ``internal error: <type>: <message> (set OPEN1B_DEBUG=1 for the traceback)`` for
   anything else - a bug, since every failure a user can cause has its own message. With
   ``OPEN1B_DEBUG=1`` the exception propagates with its traceback.
@@ -65,6 +67,13 @@ class Cli(click.Group):
             _fail("Aborted.", 1)
         except Open1bError as e:  # a command that forgot to convert it
             _fail(f"Error: {e}", 1)
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] not in EXTRAS:
+                raise                   # not an optional package: a bug, reported below
+            _fail(f"Error: this command needs the Python package {e.name!r}, which the "
+                  f"project's {EXTRAS[e.name.split('.')[0]]!r} extra installs: "
+                  f"pip install -e '.[{EXTRAS[e.name.split('.')[0]]}]' (in the repository, "
+                  f"with the environment's pip, e.g. .venv/bin/pip)", 1)
         except Exception as e:
             if os.environ.get("OPEN1B_DEBUG") == "1":
                 raise
@@ -75,6 +84,9 @@ class Cli(click.Group):
 
 
 ERRORS = (Open1bError, ValueError, OSError)     # what a command reports as one line
+# optional packages (pyproject.toml's extras) -> the extra that installs them: a command that
+# needs one says which extra to install instead of failing as a bug
+EXTRAS = {"transformers": "eval", "lm_eval": "eval", "triton": "gpu"}
 
 
 def fail(e: Exception) -> None:

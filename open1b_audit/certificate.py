@@ -171,6 +171,7 @@ def keygen(path: str) -> str:
 
     if os.path.exists(path):
         raise CertificateError(f"{path} exists; refusing to overwrite a key")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
@@ -182,6 +183,19 @@ def keygen(path: str) -> str:
         f.write(pub.public_bytes(serialization.Encoding.PEM,
                                  serialization.PublicFormat.SubjectPublicKeyInfo))
     return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+
+def git_work_tree(path: str) -> str | None:
+    """The git work tree ``path`` lies in (a private key there is one ``git add -A`` away
+    from being published), or None."""
+    d = os.path.dirname(os.path.abspath(path))
+    while True:
+        if os.path.exists(os.path.join(d, ".git")):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
 
 
 def write(cert: dict[str, Any], path: str) -> None:

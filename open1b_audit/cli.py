@@ -437,6 +437,11 @@ def keygen_cmd(key) -> None:
     except ERRORS as e:
         fail(e)
     click.echo(f"wrote {key} (private, mode 600) and {key}.pub; public key {pub}")
+    tree = certificate.git_work_tree(key)
+    if tree is not None:
+        click.echo(f"warning: {key} is a private key inside the git work tree {tree}; keep it "
+                   f"out of every commit (this repository's .gitignore ignores *.pem), or "
+                   f"keep keys outside, e.g. ~/.open1b/", err=True)
 
 
 @main.command("assign")

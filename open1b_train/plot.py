@@ -104,6 +104,14 @@ def phase_start_tokens(run: str, genesis: dict, mix: str | None = None) -> list[
     return [p.start_tokens for p in spec.phases]
 
 
+def xlabel(s: Series) -> str:
+    """The step axis's label, naming only the marks this run's plot has: dashed lines
+    where it has batch-ramp phase starts, red bands where it has skipped updates."""
+    marks = ([f"dashed: {s.phase_source}"] if s.phase_starts else []) + \
+        (["red: skipped updates"] if s.skipped else [])
+    return "step" + (f" ({'; '.join(marks)})" if marks else "")
+
+
 def figure(s: Series, title: str = ""):
     """The matplotlib figure of ``s``: loss, LR, gradient norm, tokens/s (in that order)."""
     import matplotlib
@@ -129,7 +137,7 @@ def figure(s: Series, title: str = ""):
     if s.val_loss:
         axes[0].legend(fontsize=7)
     axes[2].set_yscale("log")
-    axes[-1].set_xlabel(f"step (dashed: {s.phase_source}; red: skipped updates)")
+    axes[-1].set_xlabel(xlabel(s))
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -59,3 +59,20 @@ def test_perplexity_per_source_and_over_steps(ref_run, tmp_path):
     assert png.stat().st_size > 1000 and r.stdout.count("step ") == 5
     bad = CliRunner().invoke(eval_main, ["perplexity", ref_run])
     assert bad.exit_code == 1 and "no text files" in bad.output
+
+
+def test_export_without_transformers_names_the_extra_to_install(ref_run, tmp_path):
+    """After `make demo` (the runtime dependencies only) `export` failed with "No module
+    named 'transformers'" as an internal error (exit 3); it now names the extra."""
+    import subprocess
+    import sys
+
+    from tests.fixtures.runs import cli_env
+
+    code = ("import sys; sys.modules['transformers'] = None; from open1b_train.cli import main;"
+            f" sys.argv = ['open1b-train', 'export', {ref_run!r}, '--out', "
+            f"{str(tmp_path / 'hf')!r}]; main()")
+    p = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "pip install -e '.[eval]'" in p.stderr and "'transformers'" in p.stderr

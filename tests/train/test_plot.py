@@ -47,6 +47,7 @@ def test_plot_shows_the_hashed_scalars(forged_run, tmp_path):
     for ax, want in zip(fig.axes, (s.loss, s.lr, s.grad_norm)):
         assert list(ax.lines[0].get_ydata()) == want
     assert "unhashed" in fig.axes[3].get_ylabel()
+    assert fig.axes[3].get_xlabel() == "step"         # no phase starts, no skipped updates
     png = plot.plot_run(forged_run, str(tmp_path / "t.png"))
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -94,3 +95,14 @@ def test_phase_starts_need_the_runs_own_mix(forged_run, mix12):
     with open(f"{forged_run}/run.json", "w") as f:
         json.dump({"mix": "/nonexistent/mix"}, f)
     assert plot.phase_start_tokens(forged_run, genesis) is None
+
+
+def test_the_step_axis_names_only_the_marks_the_run_has():
+    def label(starts, skipped):
+        return plot.xlabel(plot.Series([1, 2], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [1, 2],
+                                       skipped, starts, plot.FROM_SCHEDULE, [None, None]))
+    assert label([], []) == "step"
+    assert label([2], []) == f"step (dashed: {plot.FROM_SCHEDULE})"
+    assert label([], [2]) == "step (red: skipped updates)"
+    assert label([2], [2]) == f"step (dashed: {plot.FROM_SCHEDULE}; red: skipped updates)"
+
