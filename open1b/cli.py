@@ -32,6 +32,15 @@ from open1b.errors import Open1bError
 
 INTERNAL_ERROR = 3
 
+# OpenMP threads (torch's and the project's C loops share libgomp) spin while they wait for
+# work by default. On a machine where another process holds a core, every parallel region
+# then waits for a spinning thread the kernel has descheduled: 6 demo steps on 2 threads took
+# 58-80 s against 10 s on 1 thread (a loaded 2-core Xeon, BENCHMARKS.md "Threads under
+# load"). Passive waiting removes that cliff; the commands set it before torch loads libgomp
+# (no command imports torch at import time), unless the user chose a policy.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
 
 def _one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
