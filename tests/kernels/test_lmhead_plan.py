@@ -244,3 +244,30 @@ def test_the_real_library_gemm_compacts_with_the_same_bits(route, monkeypatch):
     got = _run(h, w, dl)
     assert gemm_route.int_gemm_status()["failures"] == 0 and done == [True] * 3
     assert _same(want, got)
+
+
+def test_every_route_runs_the_one_plan(route, monkeypatch):
+    # the three routes take their compaction from the one planner: for the products whose
+    # a is the 70 token rows (the forward's h, dh's dlogits: one row block on every route;
+    # the weight gradient's blocks and orientation are the route's own) the same compacted
+    # slices and columns - the route changes only the products behind the plan, and the
+    # bits agree
+    from open1b_kernels.int8 import pairmm
+    h, w, dl = _case(v=2000, seed=4)
+    real = lp.compacted
+    runs = {}
+    for on in ("int", "pairs", "float"):
+        if on == "pairs" and not pairmm.available():
+            continue
+        seen: list = []
+        monkeypatch.setattr(lp, "compacted", lambda sa, rows, s: seen.append(
+            (sa.shape, rows.start, {i: c.tolist() for i, c in real(sa, rows, s).items()}))
+            or real(sa, rows, s))
+        route(on, exact_mm if on == "int" else None)
+        out = _run(h, w, dl)
+        runs[on] = (sorted((x for x in seen if x[0][1] == 70), key=lambda x: x[0]), out)
+    (want_plans, want), *others = runs.values()
+    assert [x[0] for x in want_plans] == [(3, 70, 40), (3, 70, 2000)]
+    assert not want_plans[0][2] and set(want_plans[1][2]) == {1}   # dh's slice 1 compacted
+    for plans, bits in others:
+        assert plans == want_plans and _same(want, bits)
