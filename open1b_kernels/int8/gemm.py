@@ -128,11 +128,11 @@ def dequantize_cpu(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.
 
 def _dequant_compiled(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
                       out: torch.Tensor, sums: bool):
-    """``dequantize_cpu`` of int32 ``acc`` (R, C) into ``out`` (contiguous
-    float32 or bfloat16, acc's shape) by the compiled loop - the same float32 operations in
-    the same order - with, when ``sums``, the exactness guard's int64 (row sums, column
-    sums) of acc from the same pass. Returns (rows, cols) or () without sums; None when the
-    loop is unavailable or a layout does not fit (nothing was written)."""
+    """``dequantize_cpu`` of int32 ``acc`` (R, C) into ``out`` (contiguous float32 or bfloat16,
+    acc's shape) by the compiled loop - the same float32 operations in the same order -
+    with, when ``sums``, the exactness guard's int64 (row sums, column sums) of acc from the
+    same pass. Returns (rows, cols) or () without sums; None when the loop is unavailable or
+    a layout does not fit (nothing was written)."""
     if (not LOOPS.available() or acc.dtype != torch.int32 or not acc.is_contiguous()
             or acc.dim() != 2 or out.dtype not in (torch.float32, torch.bfloat16)
             or not out.is_contiguous() or out.shape != acc.shape):

@@ -139,10 +139,10 @@ def hadamard_dim0_cpu_(y: torch.Tensor, block: int = BLOCK, fill=None, on_tile=N
 
 
 def _stages_compiled(y: torch.Tensor, block: int, rows: slice, cols: slice) -> bool:
-    """The butterfly stages of ``hadamard_dim0_cpu_`` on the tile
-    ``y[rows, cols]`` of a contiguous float32 (R, C) tensor, in place, by the compiled loop
-    (the same IEEE adds and subtracts: the same bits); False when the loop is unavailable.
-    Columns are independent, so the tile is split by columns among the torch threads."""
+    """The butterfly stages of ``hadamard_dim0_cpu_`` on the tile ``y[rows, cols]`` of a
+    contiguous float32 (R, C) tensor, in place, by the compiled loop (the same IEEE adds and
+    subtracts: the same bits); False when the loop is unavailable. Columns are independent,
+    so the tile is split by columns among the torch threads."""
     if not LOOPS.available():
         return False
     r, c = y.shape

@@ -210,9 +210,9 @@ def rotate_quantize_cols_cpu(s: torch.Tensor, name: str, row_scale: torch.Tensor
 
 
 def _quantize_compiled(x: torch.Tensor, div: torch.Tensor) -> torch.Tensor | None:
-    """``quantize_cpu``'s int8 codes of a 2-D bf16 or float32 CPU
-    tensor for the safe step ``div`` ((R,) per row or (1,)) by the compiled loop - the same
-    division, clamp and rounding - or None when the loop is unavailable."""
+    """``quantize_cpu``'s int8 codes of a 2-D bf16 or float32 CPU tensor for the safe step
+    ``div`` ((R,) per row or (1,)) by the compiled loop - the same division, clamp and
+    rounding - or None when the loop is unavailable."""
     if (not LOOPS.available() or x.device.type != "cpu" or x.dim() != 2
             or x.dtype not in (torch.bfloat16, torch.float32)):
         return None
@@ -230,10 +230,10 @@ def _quantize_compiled(x: torch.Tensor, div: torch.Tensor) -> torch.Tensor | Non
 
 
 def _ste_compiled(g: torch.Tensor, x: torch.Tensor, div: torch.Tensor, want_term: bool):
-    """``ste_cpu`` with bf16 dx by the compiled loop - the same float32
-    operations (division, comparisons, clamp, round half to even, subtraction, product) -
-    for contiguous (R, C) float32 ``g`` and bf16/float32 ``x``, ``div`` the safe step per
-    row (R,) or for all (1,): (dx bf16, term float32 or None), or None when unavailable."""
+    """``ste_cpu`` with bf16 dx by the compiled loop - the same float32 operations (division,
+    comparisons, clamp, round half to even, subtraction, product) - for contiguous (R, C)
+    float32 ``g`` and bf16/float32 ``x``, ``div`` the safe step per row (R,) or for all
+    (1,): (dx bf16, term float32 or None), or None when unavailable."""
     if (not LOOPS.available() or g.device.type != "cpu"
             or g.dtype != torch.float32 or x.dtype not in (torch.bfloat16, torch.float32)
             or g.dim() != 2 or g.shape != x.shape or not (g.is_contiguous() and x.is_contiguous())):
@@ -256,10 +256,10 @@ def _rotate_cols_compiled(kind: int, src: torch.Tensor, row_scale: torch.Tensor 
                           valid: int, y: torch.Tensor, block: int, scale: float,
                           cmax: torch.Tensor, cmin: torch.Tensor, tile_rows: int,
                           tile_cols: int) -> bool:
-    """``rotate_quantize_cols_cpu``'s fill, rotation, scale and column
-    extremes by the compiled loop (see ``rotq`` in _quantize.c for the source kinds; ``src``
-    is the source's contiguous storage), columns split among the threads; False when the
-    loop is unavailable."""
+    """``rotate_quantize_cols_cpu``'s fill, rotation, scale and column extremes by the compiled
+    loop (see ``rotq`` in _quantize.c for the source kinds; ``src`` is the source's
+    contiguous storage), columns split among the threads; False when the loop is
+    unavailable."""
     if not LOOPS.available():
         return False
     r, c = y.shape
@@ -277,10 +277,10 @@ def _rotate_cols_compiled(kind: int, src: torch.Tensor, row_scale: torch.Tensor 
 
 
 def _steps_compiled(cmax: torch.Tensor, cmin: torch.Tensor, inv127: float):
-    """``rotate_quantize_cols_cpu``'s (step, divisor, subnormal) from
-    the rotation's column extremes by the compiled loop - step = |max(cmax, -cmin)| *
-    inv127, the divisor 1 where step == 0, whether a step is subnormal: the torch code's
-    operations - or None when the loop is unavailable."""
+    """``rotate_quantize_cols_cpu``'s (step, divisor, subnormal) from the rotation's column
+    extremes by the compiled loop - step = |max(cmax, -cmin)| * inv127, the divisor 1 where
+    step == 0, whether a step is subnormal: the torch code's operations - or None when the
+    loop is unavailable."""
     if not LOOPS.available():
         return None
     step, div = torch.empty_like(cmax), torch.empty_like(cmax)

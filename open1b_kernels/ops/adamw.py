@@ -152,10 +152,10 @@ if HAVE_TRITON:
 
 def _update_compiled(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
           scalars) -> bool:
-    """``adamw_step_cpu_``'s update of contiguous CPU tensors in place -
-    bf16 or float32 ``param``, float32 ``grad``, ``m``, ``v`` - by the compiled loop (the
-    same float32 operations in the same order); False when the loop is unavailable or a
-    layout does not fit (nothing was written). ``scalars``: the step's ``StepScalars``."""
+    """``adamw_step_cpu_``'s update of contiguous CPU tensors in place - bf16 or float32
+    ``param``, float32 ``grad``, ``m``, ``v`` - by the compiled loop (the same float32
+    operations in the same order); False when the loop is unavailable or a layout does not
+    fit (nothing was written). ``scalars``: the step's ``StepScalars``."""
     if (not LOOPS.available() or param.device.type != "cpu"
             or param.dtype not in (torch.bfloat16, torch.float32)
             or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in (grad, m, v))

@@ -89,8 +89,8 @@ def random_words_cpu(seed: int, stream: int, offset: int, n: int) -> torch.Tenso
 
 
 def _words_compiled(seed: int, stream: int, offset: int, n: int) -> torch.Tensor | None:
-    """``random_words_cpu`` by the compiled loop (integer arithmetic
-    only: the same words), or None when the loop is unavailable."""
+    """``random_words_cpu`` by the compiled loop (integer arithmetic only: the same words), or
+    None when the loop is unavailable."""
     if not LOOPS.available():
         return None
     out = torch.empty((n,), dtype=torch.int64)

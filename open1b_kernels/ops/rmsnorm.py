@@ -97,9 +97,9 @@ def _gain32(gain: torch.Tensor | None):
 
 
 def _rms_fwd_compiled(x: torch.Tensor, gain: torch.Tensor | None, rd: float, eps: float):
-    """``rmsnorm_fwd_cpu`` for bf16 x by the compiled loop (the same
-    float32 operations in the same order, the pairwise tree for the row sums): (y, rstd), or
-    None when the loop is unavailable or x is not bf16."""
+    """``rmsnorm_fwd_cpu`` for bf16 x by the compiled loop (the same float32 operations in the
+    same order, the pairwise tree for the row sums): (y, rstd), or None when the loop is
+    unavailable or x is not bf16."""
     if not _rms_ok(x, gain):
         return None
     d = x.shape[-1]
@@ -116,9 +116,9 @@ def _rms_fwd_compiled(x: torch.Tensor, gain: torch.Tensor | None, rd: float, eps
 
 def _rms_bwd_compiled(dy: torch.Tensor, x: torch.Tensor, gain: torch.Tensor | None,
                       rstd: torch.Tensor, rd: float, prod: torch.Tensor | None):
-    """``rmsnorm_bwd_cpu``'s dx (bf16) for bf16 x by the compiled loop,
-    writing the gain gradient's terms dy * xhat into ``prod`` (float32, x's shape) when
-    given; None when the loop is unavailable or a dtype does not fit."""
+    """``rmsnorm_bwd_cpu``'s dx (bf16) for bf16 x by the compiled loop, writing the gain
+    gradient's terms dy * xhat into ``prod`` (float32, x's shape) when given; None when the
+    loop is unavailable or a dtype does not fit."""
     if not _rms_ok(x, gain) or dy.dtype not in (torch.bfloat16, torch.float32):
         return None
     d = x.shape[-1]

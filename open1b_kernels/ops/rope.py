@@ -125,9 +125,9 @@ if HAVE_TRITON:
 
 def _rotate_compiled(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float
                      ) -> torch.Tensor | None:
-    """``_rotate_cpu`` for bf16 x (..., T, H, D) with the float32 tables
-    (T, D/2) by the compiled rows - the same float32 operations in the same order - or None
-    when the loop is unavailable or a dtype or sign does not fit."""
+    """``_rotate_cpu`` for bf16 x (..., T, H, D) with the float32 tables (T, D/2) by the
+    compiled rows - the same float32 operations in the same order - or None when the loop is
+    unavailable or a dtype or sign does not fit."""
     if (not LOOPS.available() or x.device.type != "cpu" or x.dtype != torch.bfloat16
             or cos.dtype != torch.float32 or sin.dtype != torch.float32
             or sign not in (1.0, -1.0)):

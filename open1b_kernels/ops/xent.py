@@ -125,9 +125,9 @@ def xent_backward_cpu(dloss: torch.Tensor, x: torch.Tensor, t: torch.Tensor,
 
 
 def _lse_compiled(x: torch.Tensor, chunk: int) -> torch.Tensor | None:
-    """``row_lse_cpu`` for contiguous float32 CPU logits by the compiled
-    rows (the same operations in the same order), or None when the loop is unavailable or
-    the layout does not fit."""
+    """``row_lse_cpu`` for contiguous float32 CPU logits by the compiled rows (the same
+    operations in the same order), or None when the loop is unavailable or the layout does
+    not fit."""
     if (not LOOPS.available() or x.device.type != "cpu" or x.dtype != torch.float32
             or x.dim() != 2 or not x.is_contiguous() or x.shape[1] == 0):
         return None
@@ -139,9 +139,9 @@ def _lse_compiled(x: torch.Tensor, chunk: int) -> torch.Tensor | None:
 
 
 def _grad_compiled(x: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, g: float):
-    """``xent_backward_cpu``'s dlogits for float32 logits by the compiled
-    loop (the same float32 operations in the same order: the same bits), or None when the
-    loop is unavailable or the inputs are not contiguous CPU float32/int64."""
+    """``xent_backward_cpu``'s dlogits for float32 logits by the compiled loop (the same
+    float32 operations in the same order: the same bits), or None when the loop is
+    unavailable or the inputs are not contiguous CPU float32/int64."""
     if (not LOOPS.available() or x.device.type != "cpu"
             or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous()):
         return None
