@@ -8,7 +8,9 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check
 RUNTIME := $(VENV)/.installed-runtime
 TESTDEPS := $(VENV)/.installed
-SOURCES := pyproject.toml setup.py $(wildcard open1b_data/ingest/tokenizer/_bpe*.[ch]) $(wildcard open1b_kernels/core/_*.[ch]) $(wildcard open1b_kernels/attention/_*.[ch])
+# every C source and header of the extensions (open1b_kernels: one per folder), so an edit
+# to any of them rebuilds
+SOURCES := pyproject.toml setup.py $(wildcard open1b_data/ingest/tokenizer/_bpe*.[ch]) $(wildcard open1b_kernels/*/_*.[ch])
 
 .PHONY: setup demo test test-fast bench clean
 

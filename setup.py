@@ -2,25 +2,25 @@
 
 * ``open1b_data.ingest.tokenizer._bpe`` (open1b_data/ingest/tokenizer/_bpe.c): the build's
   fast encoder; without it ``FastEncoder`` uses tiktoken alone.
-* ``open1b_kernels.core._mathc`` (open1b_kernels/core/_mathc.c): compiled loops of
-  ``open1b_kernels.core.mathfn``'s exp and log
-  for the CPU reference, the same bits as its torch code; without it the torch code runs.
-  Its flags keep every float operation a separate IEEE float32 operation: no fused
-  multiply-add contraction, no value-changing optimization; -fno-trapping-math only lets
-  the compiler vectorize the selects (no program here reads floating-point exception
-  flags), it changes no value; -fno-math-errno lets it vectorize the correctly rounded
-  square root (AdamW's update ran one element at a time around the libm call kept for
-  errno, which nothing here reads), also without changing a value.
-* ``open1b_kernels.attention._tilesc`` (open1b_kernels/attention/_tilesc.c): attention's CPU tile loops
-  (softmax, quantization, p/ds, ordered tile sums) between torch's exact products; the same
-  flags and the same bits; without it the torch code of open1b_kernels/attention runs.
-
-* ``open1b_kernels.int8._pairmm`` (open1b_kernels/int8/_pairmm.c): the exact int8 GEMM in
-  int16 pairs for x86-64 CPUs with AVX2 and no VNNI (integer arithmetic only: plain -O3);
-  without it, or on another CPU, the int8 GEMMs take the library's or the float route.
-* ``open1b_kernels.int8._rowsparse`` (open1b_kernels/int8/_rowsparse.c): a sparse int8
-  slice's products row by row (the LM head's logits gradient on the pair route; integer
-  arithmetic only, plain -O3); without it those slices run as dense products.
+* The compiled CPU loops, one extension per folder of open1b_kernels, each built from every
+  ``_*.c`` file of its folder (``loop_extension``) - one C file beside the Python op it
+  serves - with the shared headers of open1b_kernels/core (``_ext.h``: CPU-level copies,
+  probes, the wrappers' checks and ends, the module init; ``_pieces.h``; ``_mathfn.h``):
+  ``open1b_kernels.core._corec`` (mathfn's exp and log, reduce's tree, rounding's bf16 sum),
+  ``open1b_kernels.ops._opsc`` (rmsnorm, SwiGLU, RoPE, the loss, AdamW, Philox, the LM
+  head's slicer, sums and row-sparse products), ``open1b_kernels.int8._int8c`` (the
+  Hadamard butterflies, the W8A8 quantizer's passes, the GEMM epilogue, the exactness
+  guard's sums, the float route's operand, the int16-pair GEMM for x86-64 CPUs with AVX2
+  and no VNNI) and ``open1b_kernels.attention._tilesc`` (attention's tile loops between
+  torch's exact products). Each computes the bits of the torch code it replaces; without it
+  (no C compiler at install, or ``OPEN1B_MATHC=0``) that torch code runs. Their flags keep
+  every float operation a separate IEEE float32 operation: no fused multiply-add
+  contraction, no value-changing optimization; -fno-trapping-math only lets the compiler
+  vectorize the selects (no program here reads floating-point exception flags), it changes
+  no value; -fno-math-errno lets it vectorize the correctly rounded square root (AdamW's
+  update ran one element at a time around the libm call kept for errno, which nothing here
+  reads), also without changing a value. Integer loops (the pair GEMM, the guard's sums,
+  the row-sparse products, the slicer) are exact under any flags; they share them.
 
 The loop extensions are built with -fopenmp where the compiler takes it (checked by a trial
 build): a loop's pieces then run at once on the OpenMP threads of the libgomp torch loads
@@ -31,6 +31,7 @@ every loop's result is the same whatever the cut.
 And one file at the root of site-packages, ``open1b_lmeval.pth``: the startup hook that makes
 lm-eval's own ``lm_eval`` command know the ``open1b`` model (open1b_eval/lmeval_hook.py).
 """
+import glob
 import os
 import tempfile
 
@@ -93,8 +94,9 @@ class BuildExtWithOpenMP(build_ext):
         return True
 
 
-OPENMP = ("open1b_kernels.core._mathc", "open1b_kernels.attention._tilesc",
-          "open1b_kernels.int8._pairmm", "open1b_kernels.int8._rowsparse")
+# folder of open1b_kernels -> the name of its loop extension
+LOOPS = {"core": "_corec", "ops": "_opsc", "int8": "_int8c", "attention": "_tilesc"}
+OPENMP = tuple(f"open1b_kernels.{folder}.{name}" for folder, name in LOOPS.items())
 
 # The license in the form the running setuptools reads without a deprecation notice (pip
 # prints one box per build step for the old form): an SPDX expression from setuptools 77
@@ -103,27 +105,27 @@ OPENMP = ("open1b_kernels.core._mathc", "open1b_kernels.attention._tilesc",
 LICENSE = ({"license_expression": "Apache-2.0"} if int(setuptools.__version__.split(".")[0]) >= 77
            else {"license": "Apache-2.0"})
 
-# The float extensions (and the pair GEMM, for its rounding epilogue): every float
-# operation a separate IEEE operation (see above).
+# Every float operation a separate IEEE operation (see above).
 EXACT_FLOAT_FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math",
                      "-fno-trapping-math", "-fno-math-errno"]
-MATHFN_H = "open1b_kernels/core/_mathfn.h"
-PIECES_H = "open1b_kernels/core/_pieces.h"
+HEADERS = sorted(glob.glob("open1b_kernels/core/_*.h"))
 
-setup(**LICENSE, cmdclass={"build_py": BuildPyWithPth,
-                                   "build_ext": BuildExtWithOpenMP}, ext_modules=[
-    Extension("open1b_data.ingest.tokenizer._bpe", ["open1b_data/ingest/tokenizer/_bpe.c"],
-              depends=[f"open1b_data/ingest/tokenizer/_bpe_{h}.h" for h in
-                       ("split", "table", "merge", "unicode")],
-              extra_compile_args=["-O3", "-std=c11"], optional=True),
-    Extension("open1b_kernels.core._mathc", ["open1b_kernels/core/_mathc.c"], depends=[MATHFN_H, PIECES_H],
-              extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
-    Extension("open1b_kernels.attention._tilesc", ["open1b_kernels/attention/_tilesc.c"],
-              depends=[MATHFN_H, PIECES_H, "open1b_kernels/attention/_tilemm.h"],
-              extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
-    Extension("open1b_kernels.int8._pairmm", ["open1b_kernels/int8/_pairmm.c"],
-              depends=[PIECES_H, "open1b_kernels/int8/_pairblock.h"],
-              extra_compile_args=EXACT_FLOAT_FLAGS, optional=True),
-    Extension("open1b_kernels.int8._rowsparse", ["open1b_kernels/int8/_rowsparse.c"],
-              depends=[PIECES_H], extra_compile_args=["-O3", "-std=c11"], optional=True),
-])
+
+def loop_extension(folder: str) -> Extension:
+    """The loop extension of open1b_kernels/<folder>: its ``_*.c`` files (sorted, so the
+    build is the same wherever it runs), its own and core's ``_*.h`` as dependencies."""
+    sources = sorted(glob.glob(f"open1b_kernels/{folder}/_*.c"))
+    own = sorted(glob.glob(f"open1b_kernels/{folder}/_*.h"))
+    return Extension(f"open1b_kernels.{folder}.{LOOPS[folder]}", sources,
+                     depends=sorted(set(HEADERS + own)), extra_compile_args=EXACT_FLOAT_FLAGS,
+                     optional=True)
+
+
+setup(**LICENSE, cmdclass={"build_py": BuildPyWithPth, "build_ext": BuildExtWithOpenMP},
+      ext_modules=[
+          Extension("open1b_data.ingest.tokenizer._bpe", ["open1b_data/ingest/tokenizer/_bpe.c"],
+                    depends=[f"open1b_data/ingest/tokenizer/_bpe_{h}.h" for h in
+                             ("split", "table", "merge", "unicode")],
+                    extra_compile_args=["-O3", "-std=c11"], optional=True),
+          *(loop_extension(folder) for folder in LOOPS),
+      ])

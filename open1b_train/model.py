@@ -52,7 +52,7 @@ from open1b_kernels.attention.forward import attention_forward
 from open1b_kernels.attention.backward import attention_backward
 from open1b_kernels.ops.embedding import embedding_bwd, embedding_fwd
 from open1b_kernels.int8.linear import linear_int8_backward, linear_int8_forward, linear_int8_forward_cpu
-from open1b_kernels.core import mathc
+from open1b_kernels.core.rounding import add_bf16
 from open1b_kernels.core.backend import use_triton
 from open1b_kernels.ops.lmhead import lmhead_backward, lmhead_forward, ozaki_mm
 from open1b_kernels.core.reduce import reciprocal_f32, tree_sum
@@ -68,18 +68,6 @@ BF16 = torch.bfloat16
 F32 = torch.float32
 HEAD_ROWS = 1024        # tokens per LM-head / loss block of the lean plan
 HEAD_COLS = 16_384      # vocabulary rows per block of the lean plan's LM-head weight gradient
-
-
-def add_bf16(*xs: torch.Tensor) -> torch.Tensor:
-    """bf16(((fp32(a) + fp32(b)) + fp32(c))...): exact widening, IEEE adds, one rounding
-    (by open1b_kernels.core.mathc's compiled loop for two or three CPU operands: the same ops)."""
-    fast = mathc.add_bf16(xs)
-    if fast is not None:
-        return fast
-    acc = xs[0].to(F32)
-    for x in xs[1:]:
-        acc = acc + x.to(F32)
-    return acc.to(BF16)
 
 
 def _linear(x2: torch.Tensor, w: torch.Tensor, s: torch.Tensor):

@@ -9,15 +9,17 @@ its own process - recording "equal" or the first differing step and component.
     python scripts/portability_check.py --inside [...]    # one variant, in this process
 
 The toolchain rows run interpreters of scripts/portability_envs.sh's environments (ENVS,
-default /tmp/open1b-envs) on a copy of this checkout with the C extension built for them;
+default /tmp/open1b-envs) on a copy of this checkout with the C extensions built for them;
 a missing environment is reported as "not set up". The FMA row is the negative control: the
-C math extension compiled with -ffp-contract=fast -mfma, loaded in place of the real one -
-the matrix must show a difference there, and ``open1b-audit bisect`` must name the operator.
+loop extensions of core, ops and int8 compiled with -ffp-contract=fast -mfma, loaded in place
+of the real ones - the matrix must show a difference there, and ``open1b-audit bisect`` must
+name the operator.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import importlib.util
 import json
 import os
@@ -47,7 +49,7 @@ ROWS: dict[str, tuple[dict[str, str], list[str], str | None]] = {
     "threads-3": ({"OMP_NUM_THREADS": "3"}, ["--threads", "3"], None),
     "threads-7": ({"OMP_NUM_THREADS": "7"}, ["--threads", "7"], None),
     "mathc-off": ({"OPEN1B_MATHC": "0"}, [], None),
-    # the compiled loops' pieces on open1b_kernels.core.mathc's own thread pool instead of torch's
+    # the compiled loops' pieces on open1b_kernels.core.pieces' own thread pool instead of torch's
     # OpenMP team (open1b_kernels/core/_pieces.h), three of them
     "pool-3": ({"OPEN1B_MATHC_OMP": "0", "OMP_NUM_THREADS": "3"}, ["--threads", "3"], None),
     # the three exact integer GEMM routes (open1b_kernels.int8.route): the library's int8 GEMM
@@ -77,22 +79,34 @@ ROWS: dict[str, tuple[dict[str, str], list[str], str | None]] = {
 
 # --------------------------------------------------------------------------- inside
 
+# The loop extensions the negative control rebuilds with FMA contraction (folder -> module):
+# every one whose float loops the trainer runs, attention's tile loops excepted (they keep
+# their normal build, so a difference is the contracted loops')
+FMA_EXTENSIONS = {"core": "_corec", "ops": "_opsc", "int8": "_int8c"}
+
+
 def _load_fma_extension(work: str) -> str:
-    """Compile open1b_kernels/core/_mathc.c with FMA contraction and register it as
-    ``open1b_kernels.core._mathc`` before anything imports the kernels (the negative control)."""
+    """Compile the loop extensions of FMA_EXTENSIONS (every ``_*.c`` file of the folder, as
+    setup.py builds them) with FMA contraction and register them in place of the real ones
+    before anything imports the kernels (the negative control)."""
     out = os.path.join(work, "fma")
     os.makedirs(out, exist_ok=True)
-    so = os.path.join(out, "_mathc" + sysconfig.get_config_var("EXT_SUFFIX"))
     import numpy
     cc = os.environ.get("CC", "cc")
-    subprocess.run([cc, "-shared", "-fPIC", "-O3", "-std=c11", "-ffp-contract=fast", "-mfma",
-                    f"-I{sysconfig.get_paths()['include']}", f"-I{numpy.get_include()}",
-                    os.path.join(ROOT, "open1b_kernels", "core", "_mathc.c"), "-o", so], check=True)
-    spec = importlib.util.spec_from_file_location("open1b_kernels.core._mathc", so)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    sys.modules["open1b_kernels.core._mathc"] = mod
-    return so
+    built = []
+    for folder, name in FMA_EXTENSIONS.items():
+        so = os.path.join(out, name + sysconfig.get_config_var("EXT_SUFFIX"))
+        sources = sorted(glob.glob(os.path.join(ROOT, "open1b_kernels", folder, "_*.c")))
+        subprocess.run([cc, "-shared", "-fPIC", "-O3", "-std=c11", "-ffp-contract=fast",
+                        "-mfma", f"-I{sysconfig.get_paths()['include']}",
+                        f"-I{numpy.get_include()}", *sources, "-o", so], check=True)
+        full = f"open1b_kernels.{folder}.{name}"
+        spec = importlib.util.spec_from_file_location(full, so)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules[full] = mod
+        built.append(so)
+    return " ".join(built)
 
 
 def inside(args) -> dict:

@@ -15,14 +15,12 @@
  * Each function works on units [u0, u1) (a row or a tile), independent of each other, so
  * the caller may split the units across threads: the result does not depend on the split.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
+#include "../core/_ext.h"
+
 #include <math.h>
 #include <string.h>
 
 #include "../core/_mathfn.h"
-#include "../core/_pieces.h"
 
 #define BLK 64  /* BLOCK_M = BLOCK_N of open1b_kernels.attention.tiles (checked by the caller) */
 
@@ -74,11 +72,6 @@ static inline double fixed_value(uint16_t bits, int32_t e) {
 /* The loops below are written as straight passes over 64 lanes (selects, no early exits)
  * so the compiler vectorizes them; on x86-64 GCC also builds AVX2 and AVX-512 clones, the
  * same IEEE operations on wider registers (FMA stays off), picked at load time. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#else
-#define CLONES
-#endif
 
 /* Forward, one query block's band for rows [u0, u1) of (BK, R): the online softmax over nk
  * key blocks from key `col0`, as forward_reference's loop body. s64 (BK, R, nk*64) float64
@@ -258,20 +251,10 @@ CLONES static void bwd_tiles(const double *s64, const double *dp64, const float 
 #define TM_ROWS 4
 #include "_tilemm.h"
 
-/* The highest copy this CPU runs: 2 x86-64-v4, 1 x86-64-v3, 0 the baseline. */
-static int tile_level_max(void) {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("x86-64-v4") ? 2 : __builtin_cpu_supports("x86-64-v3") ? 1 : 0;
-#else
-    return 0;
-#endif
-}
-
 static int tile_level_now = -1;  /* the copy in use; tile_level(n) lowers it for the tests */
 
 static int tile_level(void) {
-    if (tile_level_now < 0) tile_level_now = tile_level_max();
+    if (tile_level_now < 0) tile_level_now = cpu_level();  /* the highest copy this CPU runs */
     return tile_level_now;
 }
 
@@ -353,21 +336,6 @@ CLONES static void fixed_planes(const uint16_t *x, double *out, Py_ssize_t S, Py
 
 /* Python wrappers: buffers checked against the shapes before any access. */
 
-static int sized(Py_buffer *b, Py_ssize_t n, Py_ssize_t item, const char *name) {
-    if (b->len != n * item) {
-        PyErr_Format(PyExc_ValueError, "%s: buffer of %zd bytes, expected %zd", name, b->len,
-                     n * item);
-        return 0;
-    }
-    return 1;
-}
-
-static int units_ok(Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t n) {
-    if (0 <= u0 && u0 <= u1 && u1 <= n) return 1;
-    PyErr_Format(PyExc_ValueError, "unit range [%zd, %zd) outside [0, %zd)", u0, u1, n);
-    return 0;
-}
-
 static int positions_ok(Py_ssize_t seq, Py_ssize_t window, Py_ssize_t rows, Py_ssize_t cols) {
     if (seq >= 0 && window >= 0 && rows >= 0 && cols >= 0 && seq < INT32_MAX &&
         window < INT32_MAX && rows < INT32_MAX && cols < INT32_MAX)
@@ -375,15 +343,6 @@ static int positions_ok(Py_ssize_t seq, Py_ssize_t window, Py_ssize_t rows, Py_s
     PyErr_Format(PyExc_ValueError, "positions out of int32 range (seq %zd, window %zd)", seq,
                  window);
     return 0;
-}
-
-/* The end of a wrapper: release its n buffers, then None - or NULL with the error set by a
- * check above (or `msg` as a ValueError) when the arguments were inconsistent. */
-static PyObject *finish(Py_buffer *bufs, int n, int ok, const char *msg) {
-    for (int i = 0; i < n; i++) PyBuffer_Release(&bufs[i]);
-    if (ok) Py_RETURN_NONE;
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, msg);
-    return NULL;
 }
 
 static PyObject *py_fwd_rows(PyObject *self, PyObject *args) {
@@ -537,24 +496,16 @@ static PyObject *py_tile_level(PyObject *self, PyObject *args) {
     int want = -1;
     if (!PyArg_ParseTuple(args, "|i", &want)) return NULL;
     if (want >= 0) {
-        int top = tile_level_max();
+        int top = cpu_level();
         tile_level_now = want < top ? want : top;
     }
     return PyLong_FromLong(tile_level());
-}
-
-static PyObject *py_openmp(PyObject *self, PyObject *args) {
-    (void)self;
-    (void)args;
-    return PyBool_FromLong(PIECES_OPENMP);
 }
 
 static PyMethodDef methods[] = {
     {"tile_level", py_tile_level, METH_VARARGS,
      "tile_level([n]): which copy of dq_tiles/kv_tiles runs (2 x86-64-v4, 1 x86-64-v3, 0 the "
      "baseline); n lowers it (capped at what this CPU runs), -1 or none only reads it."},
-    {"openmp", py_openmp, METH_NOARGS,
-     "openmp(): whether the loops' pieces run at once on an OpenMP team (built with -fopenmp)."},
     {"fwd_rows", py_fwd_rows, METH_VARARGS,
      "fwd_rows(s64, u, p8, alpha, t, m, l, BK, R, nk, ustride, col0, row0, seq, window, scale,"
      " u0, u1): the forward's online softmax over one query block's band."},
@@ -575,8 +526,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tilesc",
-                                    "Compiled tile loops of attention's CPU reference (same bits).",
-                                    -1, methods, NULL, NULL, NULL, NULL};
-
-PyMODINIT_FUNC PyInit__tilesc(void) { return PyModule_Create(&module); }
+EXT_MODULE(_tilesc, "Compiled tile loops of attention's CPU reference (same bits).", {methods})

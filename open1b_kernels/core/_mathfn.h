@@ -1,5 +1,5 @@
-/* open1b_kernels/core/_mathfn.h: mathfn's exp and log as single float32 operations (shared by the
- * compiled loops of open1b_kernels.core._mathc and open1b_kernels.attention._tilesc).
+/* open1b_kernels/core/_mathfn.h: mathfn's exp and log as single float32 operations, and the
+ * exact bf16 <-> float32 conversions (shared by every float loop of the compiled extensions).
  *
  * The torch code of open1b_kernels/core/mathfn.py is the definition; these evaluate exactly its
  * float32 operations in the same order. Includers must compile with -ffp-contract=off and
@@ -83,6 +83,8 @@ static inline float log1(float x) {
     return (x < 0.0f || x != x) ? from_bits(NAN_BITS) : y;
 }
 
+/* bf16 bits -> float32: exact (the top half of the float32 bits). */
+static inline float widen_bf16(uint16_t v) { return from_bits((uint32_t)v << 16); }
 
 /* float32 -> bf16 bits, round to nearest even (torch's conversion and
  * open1b_kernels.int8.gemm.bf16_rne); NaN -> 0x7FC0. */

@@ -57,6 +57,8 @@ if HAVE_TRITON:
 
     from open1b_kernels.core.rounding import cast_tl, to_bf16_tl, widen_tl  # noqa: F401 (re-exported)
 
+LOOPS = mathc.Loops("open1b_kernels.core._corec")    # exp and log compiled: _mathfn.c
+
 # --- constants: every value is exactly representable in float32 ------------------------
 RND = 12582912.0  # 1.5 * 2^23: (t + RND) - RND rounds t to the nearest integer, ties even
 LOG2E = 1.4426950216293335
@@ -259,15 +261,15 @@ def _erfinv(x: torch.Tensor) -> torch.Tensor:
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
-    """e^x (float32, CPU reference; same bits as ``exp_tl``). The compiled loop of
-    ``open1b_kernels.core.mathc`` when it is built (same operations, same bits), else ``_exp``."""
-    out = mathc.apply("exp", _f32(x))
+    """e^x (float32, CPU reference; same bits as ``exp_tl``). The compiled loop
+    (open1b_kernels/core/_mathfn.c) when it is built (same operations, same bits), else ``_exp``."""
+    out = mathc.unary(LOOPS, "exp", _f32(x))
     return out if out is not None else map_chunks(_exp, x)
 
 
 def log(x: torch.Tensor) -> torch.Tensor:
     """Natural log (float32, CPU reference; same bits as ``log_tl``); compiled as ``exp``."""
-    out = mathc.apply("log", _f32(x))
+    out = mathc.unary(LOOPS, "log", _f32(x))
     return out if out is not None else map_chunks(_log, x)
 
 

@@ -1,8 +1,9 @@
 """Running a compiled loop's range in pieces, one per torch intra-op thread.
 
-Built with OpenMP (``team()``), a loop of ``open1b_kernels.core._mathc`` or
-``open1b_kernels.attention._tilesc`` cuts its range itself (open1b_kernels/core/_pieces.h) and runs the
-pieces at once on the OpenMP threads torch's own operations run on. Why not a pool of our
+Built with OpenMP (``team()``), a compiled loop (``open1b_kernels.core.mathc``: one extension
+per folder, all built with the same flags) cuts its range itself
+(open1b_kernels/core/_pieces.h) and runs the pieces at once on the OpenMP threads torch's own
+operations run on. Why not a pool of our
 own: torch's OpenMP threads spin for a while after each operation, so the pool's second
 piece waited for a core that was busy spinning - on 2 cores two pieces were no faster than
 one. Otherwise (no OpenMP in the build, a second OpenMP runtime in the process, or
@@ -19,27 +20,26 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-try:
-    from open1b_kernels.core import _mathc
+try:                 # the core folder's loops: built with OpenMP or not, as every folder's are
+    from open1b_kernels.core import _corec
 except ImportError:  # pragma: no cover - the extension is optional
-    _mathc = None
+    _corec = None
 
 _POOL: ThreadPoolExecutor | None = None
 
 
 def team() -> bool:
-    """True when the loops' pieces run on torch's OpenMP threads: the extension is built
-    (from a source whose loops take a piece count) with OpenMP, torch's intra-op backend
-    is OpenMP, the process holds one OpenMP runtime (a second one would be a second set of
-    threads competing with torch's for the cores), and OPEN1B_MATHC_OMP is not 0 (the
-    switch the benchmarks compare with)."""
+    """True when the loops' pieces run on torch's OpenMP threads: the extensions are built
+    with OpenMP, torch's intra-op backend is OpenMP, the process holds one OpenMP runtime (a
+    second one would be a second set of threads competing with torch's for the cores), and
+    OPEN1B_MATHC_OMP is not 0 (the switch the benchmarks compare with)."""
     return (os.environ.get("OPEN1B_MATHC_OMP", "1") != "0"
             and _one_openmp_runtime())
 
 
 @functools.lru_cache(maxsize=1)
 def _one_openmp_runtime() -> bool:
-    if _mathc is None or not hasattr(_mathc, "openmp") or not _mathc.openmp():
+    if _corec is None or not _corec.openmp():
         return False
     if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
         return False

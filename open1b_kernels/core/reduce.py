@@ -25,8 +25,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from open1b_kernels.core import mathc
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
+from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat
+from open1b_kernels.core.pieces import parallel
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from open1b_kernels.core.workspace import scratch
 
@@ -38,6 +39,9 @@ if HAVE_TRITON:
 MAX_BLOCK = 4096
 # Rows per program when a row fits in one chunk (keeps tiny rows from wasting lanes).
 ROWS_PER_PROGRAM = 4
+# Values per block of the compiled tree over one vector (16 KB: in L1 through its levels).
+TREE_BLOCK = 4096
+LOOPS = Loops("open1b_kernels.core._corec")    # the tree compiled: _reduce.c
 
 
 def next_pow2(n: int) -> int:
@@ -63,17 +67,57 @@ def reciprocal_f32(n: int) -> float:
     return float(np.float32(1.0) / np.float32(n))
 
 
+def _tree_rows_compiled(x: torch.Tensor) -> torch.Tensor | None:
+    """``tree_sum_cpu(x, -1)`` of a contiguous float32 (R, N) CPU matrix (N >= 1) by the
+    compiled rows - each row zero-padded to the next power of two and summed by the same
+    adds in the same order - as (R,); None when the loop is unavailable or ``x`` does not
+    fit (the caller sums with torch)."""
+    if (not LOOPS.available() or x.device.type != "cpu" or x.dtype != torch.float32
+            or x.dim() != 2 or not x.is_contiguous() or x.shape[1] < 1):
+        return None
+    r, n = x.shape
+    out = torch.empty(r, dtype=torch.float32)
+    src, dst = flat(x), flat(out)
+    parallel(lambda lo, hi, p: LOOPS.tree_rows(src, dst, r, n, lo, hi, p), r,
+             grain=max(1, PARALLEL_MIN // n))
+    return out
+
+
+def _tree_1d_compiled(x: torch.Tensor) -> torch.Tensor | None:
+    """``tree_sum_cpu`` of a contiguous float32 CPU vector of at least TREE_BLOCK values by
+    the compiled blocks (the tree's first levels inside each aligned block), then the same
+    tree over the block partials - the blockable tree of the module docstring, so the same
+    adds in the same order - as a 0-d tensor; None when the loop is unavailable or ``x``
+    does not fit (the caller sums with torch)."""
+    if (not LOOPS.available() or x.device.type != "cpu" or x.dtype != torch.float32
+            or x.dim() != 1 or not x.is_contiguous() or x.numel() < TREE_BLOCK):
+        return None
+    n = x.numel()
+    p = 1 << (n - 1).bit_length()
+    partials = torch.empty(p // TREE_BLOCK, dtype=torch.float32)
+    src, out = flat(x), flat(partials)
+    parallel(lambda lo, hi, k: LOOPS.tree_blocks(src, out, n, TREE_BLOCK, lo, hi, k),
+             partials.numel(), grain=8)
+    while partials.numel() > 1:       # P / B partials: a power of two, summed by the tree
+        m = partials.numel()
+        b = min(m, TREE_BLOCK)
+        nxt = torch.empty(m // b, dtype=torch.float32)
+        LOOPS.tree_blocks(flat(partials), flat(nxt), m, b, 0, m // b)
+        partials = nxt
+    return partials.reshape(())
+
+
 def tree_sum_cpu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """The pairwise tree sum of float32 ``x`` along ``dim`` (CPU reference, any device)."""
     if x.dtype != torch.float32:
         raise TypeError(f"tree sums are defined on float32, got {x.dtype}; convert first")
     dim = dim % x.dim()
     if x.dim() == 1:
-        fast = mathc.tree_sum_1d(x)        # compiled blocks, the same adds in the same order
+        fast = _tree_1d_compiled(x)        # compiled blocks, the same adds in the same order
         if fast is not None:
             return fast
     elif dim == x.dim() - 1 and x.is_contiguous() and x.shape[-1] and x.numel():
-        fast = mathc.tree_rows(x.reshape(-1, x.shape[-1]))     # compiled rows, the same adds
+        fast = _tree_rows_compiled(x.reshape(-1, x.shape[-1]))     # compiled rows, the same adds
         if fast is not None:
             return fast.reshape(x.shape[:-1])
     # Along dim 0 of a contiguous tensor every level's operands are whole contiguous

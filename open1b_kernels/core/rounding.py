@@ -14,14 +14,20 @@ float32 square root.
 - ``sqrt_rn(x)``: the CPU twin of ``tl.sqrt_rn`` - the float64 root of a float32 value
   rounded to float32, which is the correctly rounded float32 root (53 >= 2*24 + 2 bits,
   so the double rounding is innocuous).
+- ``add_bf16(*xs)``: the sum of bf16 tensors as the model's residual adds define it -
+  exact widenings, IEEE float32 adds in order, one rounding to bf16 - by torch's operations
+  (the definition, on any device) or, for two or three CPU operands, by the compiled loop
+  of open1b_kernels/core/_rounding.c (the same operations: the same bits).
 
-``open1b_kernels.core.mathfn`` re-exports all four (where they lived first).
+``open1b_kernels.core.mathfn`` re-exports the first four (where they lived first).
 """
 from __future__ import annotations
 
 import torch
 
 from open1b_kernels.core.backend import HAVE_TRITON
+from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat, none
+from open1b_kernels.core.pieces import parallel
 
 if HAVE_TRITON:
     import triton
@@ -33,6 +39,37 @@ def sqrt_rn(x: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.float32:
         raise TypeError(f"sqrt_rn takes float32 tensors, got {x.dtype}; convert first")
     return torch.sqrt(x.to(torch.float64)).to(torch.float32)
+
+
+LOOPS = Loops("open1b_kernels.core._corec")    # add_bf16 compiled: _rounding.c
+
+
+def add_bf16(*xs: torch.Tensor) -> torch.Tensor:
+    """bf16(((fp32(a) + fp32(b)) + fp32(c))...): exact widening, IEEE adds, one rounding."""
+    fast = _add_bf16_compiled(xs)
+    if fast is not None:
+        return fast
+    acc = xs[0].to(torch.float32)
+    for x in xs[1:]:
+        acc = acc + x.to(torch.float32)
+    return acc.to(torch.bfloat16)
+
+
+def _add_bf16_compiled(xs) -> torch.Tensor | None:
+    """``add_bf16`` of two or three bf16 CPU tensors of one shape by the compiled loop, or
+    None when it is unavailable or the operands do not fit."""
+    if (not LOOPS.available() or len(xs) not in (2, 3)
+            or any(x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.shape != xs[0].shape
+                   for x in xs)):
+        return None
+    bits = [flat(x.contiguous().view(torch.int16)) for x in xs]
+    if len(bits) == 2:
+        bits.append(none(torch.int16))
+    out = torch.empty(xs[0].shape, dtype=torch.bfloat16)
+    o = flat(out.view(torch.int16))
+    parallel(lambda lo, hi, p: LOOPS.add_bf16(*bits, o, lo, hi, p), o.shape[0],
+             grain=PARALLEL_MIN)
+    return out
 
 
 if HAVE_TRITON:

@@ -24,12 +24,9 @@
  * of one element as one int16), several products summed into one int64 C, and optionally
  * C rounded to float32 as it is finished (round_rows' operations).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
+#include "../core/_ext.h"
 
-#include "../core/_pieces.h"
+#include <string.h>
 
 #define MR 6     /* rows per register block (12 accumulators + 2 B + 2 scratch = 16 ymm) */
 #define NR 16    /* columns per register block: two ymm of 8 int32 */
@@ -46,15 +43,6 @@
 #else
 #define PAIRMM_X86 0
 #endif
-
-static int cpu_ok(void) {
-#if PAIRMM_X86
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2");
-#else
-    return 0;
-#endif
-}
 
 /* One element of a packed operand: x[o], or for a wide operand (gap > 0) the int16
  * 128 x[o] + x[o + gap] - two int8 slices of one element as one 14-bit number (see
@@ -196,7 +184,7 @@ static void product(const uint32_t *ap, const uint32_t *bp, int32_t *c, Py_ssize
 
 /* C (int64, M x N) += sum over the terms t of 2^shift_t A_t . B_t^T (with `start`: C =, its
  * old contents never read - no pass to zero it first): the LM head's slice
- * products (open1b_kernels/ops/pair_products.py) for one output block in one pass, each
+ * products (open1b_kernels/ops/lmhead_pairs.py) for one output block in one pass, each
  * 6 x 16 block summed over all terms in registers and added to C once per K block.
  *
  * Exact: a term's K block of pairs sums in int32 below 2^31 - a plain term (int8 both
@@ -268,18 +256,6 @@ static void round_rows(const int64_t *t, const double *rowf, const double *colf,
 
 /* Python wrappers: buffers checked against the shapes before any access. */
 
-static int sized(Py_buffer *b, Py_ssize_t need, const char *name) {
-    if (b->len >= need) return 1;
-    PyErr_Format(PyExc_ValueError, "%s: buffer of %zd bytes, needs %zd", name, b->len, need);
-    return 0;
-}
-
-static int range_ok(Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t n) {
-    if (0 <= u0 && u0 <= u1 && u1 <= n) return 1;
-    PyErr_Format(PyExc_ValueError, "panel range [%zd, %zd) outside [0, %zd)", u0, u1, n);
-    return 0;
-}
-
 static PyObject *py_pack(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer x, out;
@@ -293,8 +269,8 @@ static PyObject *py_pack(PyObject *self, PyObject *args) {
      * for a wide operand its second slice `gap` bytes on */
     Py_ssize_t last = lines && K ? (lines - 1) * sl + (K - 1) * sk + 1 + gap : 0;
     int ok = (width == MR || width == NR) && sl >= 0 && sk >= 1 && lines >= 0 && K >= 1 &&
-             gap >= 0 && PIECES_OK(pieces) && sized(&x, last, "x") &&
-             sized(&out, panels * P * width * 4, "out") && range_ok(u0, u1, panels);
+             gap >= 0 && PIECES_OK(pieces) && holds(&x, last, "x") &&
+             holds(&out, panels * P * width * 4, "out") && units_ok(u0, u1, panels);
     int bad = 0;
     if (ok) {
         char bads[PIECES_MAX] = {0};
@@ -324,9 +300,9 @@ static PyObject *py_product(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*w*nnnnn|i", &ap, &bp, &c, &M, &N, &K, &u0, &u1, &pieces))
         return NULL;
     Py_ssize_t P = (K + 1) / 2, rp = (M + MR - 1) / MR, cp = (N + NR - 1) / NR;
-    int ok = cpu_ok() && M >= 0 && N >= 0 && K >= 1 && K <= 131071 && PIECES_OK(pieces) &&
-             sized(&ap, rp * P * MR * 4, "ap") && sized(&bp, cp * P * NR * 4, "bp") &&
-             sized(&c, M * N * 4, "c") && range_ok(u0, u1, rp);
+    int ok = cpu_avx2() && M >= 0 && N >= 0 && K >= 1 && K <= 131071 && PIECES_OK(pieces) &&
+             holds(&ap, rp * P * MR * 4, "ap") && holds(&bp, cp * P * NR * 4, "bp") &&
+             holds(&c, M * N * 4, "c") && units_ok(u0, u1, rp);
 #if PAIRMM_X86
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
@@ -334,12 +310,7 @@ static PyObject *py_product(PyObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS
     }
 #endif
-    PyBuffer_Release(&ap);
-    PyBuffer_Release(&bp);
-    PyBuffer_Release(&c);
-    if (!ok && !PyErr_Occurred())
-        PyErr_SetString(PyExc_ValueError, "product: needs x86-64 with AVX2, 1 <= K <= 131071");
-    return ok ? Py_NewRef(Py_None) : NULL;
+    return FINISH(ok, "product: needs x86-64 with AVX2, 1 <= K <= 131071", &ap, &bp, &c);
 }
 
 static PyObject *py_product64(PyObject *self, PyObject *args) {
@@ -357,8 +328,8 @@ static PyObject *py_product64(PyObject *self, PyObject *args) {
                           &rnd))
         return NULL;
     Py_ssize_t P = (K + 1) / 2, rp = (M + MR - 1) / MR, cp = (N + NR - 1) / NR;
-    int ok = cpu_ok() && M >= 0 && N >= 0 && K >= 1 && PIECES_OK(pieces) &&
-             sized(&c, M * N * 8, "c") && range_ok(u0, u1, rp);
+    int ok = cpu_avx2() && M >= 0 && N >= 0 && K >= 1 && PIECES_OK(pieces) &&
+             holds(&c, M * N * 8, "c") && units_ok(u0, u1, rp);
     PyObject *fast = ok ? PySequence_Fast(seq, "product64: terms must be a sequence") : NULL;
     Py_ssize_t n = fast ? PySequence_Fast_GET_SIZE(fast) : 0;
     if (fast && (n < 1 || n > MAX_TERMS)) {
@@ -375,7 +346,7 @@ static PyObject *py_product64(PyObject *self, PyObject *args) {
         }
         nt++;
         terms[i] = (term_t){ab[i].buf, bb[i].buf, wide != 0, shift};
-        ok = sized(&ab[i], rp * P * MR * 4, "ap") && sized(&bb[i], cp * P * NR * 4, "bp");
+        ok = holds(&ab[i], rp * P * MR * 4, "ap") && holds(&bb[i], cp * P * NR * 4, "bp");
         if (ok && (shift < 0 || shift > 28)) {
             PyErr_Format(PyExc_ValueError, "product64: shift %d outside [0, 28]", shift);
             ok = 0;
@@ -409,10 +380,7 @@ static PyObject *py_product64(PyObject *self, PyObject *args) {
         PyBuffer_Release(&ab[i]);
         PyBuffer_Release(&bb[i]);
     }
-    PyBuffer_Release(&c);
-    if (!ok && !PyErr_Occurred())
-        PyErr_SetString(PyExc_ValueError, "product64: needs x86-64 with AVX2 and K >= 1");
-    return ok ? Py_NewRef(Py_None) : NULL;
+    return FINISH(ok, "product64: needs x86-64 with AVX2 and K >= 1", &c);
 }
 
 static PyObject *py_round(PyObject *self, PyObject *args) {
@@ -434,20 +402,18 @@ static PyObject *py_round(PyObject *self, PyObject *args) {
                                               p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
-    Py_buffer *bufs[] = {&t, &rowf, &colf, &out, &rows, &cols};
-    for (int i = 0; i < 6; i++) PyBuffer_Release(bufs[i]);
-    if (!ok) PyErr_SetString(PyExc_ValueError, "round: inconsistent shapes or row range");
-    return ok ? Py_NewRef(Py_None) : NULL;
+    return FINISH(ok, "round: inconsistent shapes or row range", &t, &rowf, &colf, &out, &rows,
+                  &cols);
 }
 
-static PyObject *py_available(PyObject *self, PyObject *args) {
+static PyObject *py_pair_cpu(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
-    return PyBool_FromLong(cpu_ok());
+    return PyBool_FromLong(cpu_avx2());
 }
 
-static PyMethodDef methods[] = {
-    {"available", py_available, METH_NOARGS,
+EXT_METHODS(pairmm) = {
+    {"pair_cpu", py_pair_cpu, METH_NOARGS,
      "available(): whether this CPU runs the pair product (x86-64 with AVX2)."},
     {"pack", py_pack, METH_VARARGS,
      "pack(x, out, sl, sk, lines, K, width, u0, u1[, pieces[, gap]]): panels [u0, u1) of "
@@ -466,9 +432,3 @@ static PyMethodDef methods[] = {
      "head's rounding of int64 T into out[:, c0:c0 + C] with T's row and column sums."},
     {NULL, NULL, 0, NULL},
 };
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pairmm",
-                                    "The exact int8 GEMM in int16 pairs (AVX2 vpmaddwd).", -1,
-                                    methods, NULL, NULL, NULL, NULL};
-
-PyMODINIT_FUNC PyInit__pairmm(void) { return PyModule_Create(&module); }

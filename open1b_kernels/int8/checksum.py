@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from open1b_kernels.core import intmatrix
+from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat, none
+from open1b_kernels.core.pieces import parallel, row_pieces
 
 
 def _sum_dtype(k: int, m: int, n: int) -> torch.dtype:
@@ -21,12 +22,56 @@ def _sum_dtype(k: int, m: int, n: int) -> torch.dtype:
 
 
 CHECK_ELEMS = 1 << 18  # int8 elements widened per piece of a checksum product (L2-sized)
+LOOPS = Loops("open1b_kernels.int8._int8c")    # the sums compiled: _checksum.c
+
+
+def _sums_compiled(x: torch.Tensor, want_rows: bool = True, want_cols: bool = True):
+    """(row sums (R,) or None, column sums (C,) or None) in int64 of a contiguous int32 or
+    int8 (R, C) CPU matrix by the compiled loop - exact integer sums, the values of torch's
+    ``x.sum(dim, dtype=torch.int64)`` - or None when the loop is unavailable or ``x`` is not
+    contiguous (the caller then sums with torch)."""
+    if (not LOOPS.available() or x.device.type != "cpu"
+            or x.dtype not in (torch.int32, torch.int8) or x.dim() != 2
+            or not x.is_contiguous() or not (want_rows or want_cols)):
+        return None
+    r, c = x.shape
+    rows = torch.empty(r if want_rows else 0, dtype=torch.int64)
+    src, rr, is_int8 = flat(x), rows.numpy(), x.dtype == torch.int8
+    if not want_cols:
+        empty = none(torch.int64)
+        parallel(lambda lo, hi, p: LOOPS.int_sums(src, is_int8, rr, empty, r, c, lo, hi, p), r,
+                 grain=max(1, PARALLEL_MIN // max(c, 1)))
+        return rows, None
+    cols = row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, parts, p: LOOPS.int_sums(
+        src, is_int8, rr, parts, r, c, lo, hi, p))
+    return (rows if want_rows else None), cols
+
+
+def _mv_compiled(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """``x @ v`` in int64 for an int8 (R, K) CPU matrix - row-major or a transposed view of a
+    row-major one - and an int64 vector (K,): the exactness guard's products, exact while
+    every sum stays below 2^63 (the caller's bound). None when the loop is unavailable or
+    the layout is neither."""
+    if (not LOOPS.available() or x.device.type != "cpu"
+            or x.dtype != torch.int8 or x.dim() != 2 or v.dtype != torch.int64):
+        return None
+    r, k = x.shape
+    if x.is_contiguous():
+        src, transposed = x, False
+    elif x.t().is_contiguous():
+        src, transposed = x.t(), True
+    else:
+        return None
+    out = torch.empty(r, dtype=torch.int64)
+    args = (src.reshape(-1).numpy(), v.contiguous().numpy(), out.numpy(), r, k, transposed)
+    parallel(lambda lo, hi, p: LOOPS.mv_int8(*args, lo, hi, p), r, grain=64)
+    return out
 
 
 def row_col_sums(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact int64 (row sums, column sums) of an integer matrix: one compiled pass
-    (``open1b_kernels.core.intmatrix.int_sums``) where available, else torch's two reductions."""
-    fast = intmatrix.int_sums(x)
+    (``_sums_compiled``) where available, else torch's two reductions."""
+    fast = _sums_compiled(x)
     if fast is not None:
         return fast
     return x.sum(1, dtype=torch.int64), x.sum(0, dtype=torch.int64)
@@ -34,10 +79,10 @@ def row_col_sums(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def col_sums(x: torch.Tensor) -> torch.Tensor:
     """Exact int64 column sums of an integer matrix (row-major or a transposed view)."""
-    fast = intmatrix.int_sums(x, want_rows=False)
+    fast = _sums_compiled(x, want_rows=False)
     if fast is None and x.dim() == 2:
         # a transposed view: its storage's row sums (and no column sums)
-        fast = intmatrix.int_sums(x.t(), want_cols=False)
+        fast = _sums_compiled(x.t(), want_cols=False)
         if fast is not None:
             return fast[0]
     return fast[1] if fast is not None else x.sum(0, dtype=torch.int64)
@@ -49,7 +94,7 @@ def _mv(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     row-major (each row's sum done in one product), of columns when it is a transposed
     view (the rows of its storage), so every block is read contiguously."""
     r, k = x.shape
-    fast = intmatrix.mv_int8(x, v.to(torch.int64)) if x.dtype == torch.int8 else None
+    fast = _mv_compiled(x, v.to(torch.int64)) if x.dtype == torch.int8 else None
     if fast is not None:      # exact int64 sums (the values of v are integers): the same values
         return fast.to(v.dtype)
     if x.stride(-1) == 1 or k <= 1:
@@ -68,7 +113,8 @@ def _mv(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def checksum_ok(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, sums=None) -> bool:
     """Exact row and column sums of ``acc`` = a @ b.T against ``a @ colsum(b)`` and
     ``rowsum(a) @ b`` (exact: ``_sum_dtype``). O((M + N) K) work. ``sums``: acc's int64
-    (row sums, column sums) when the caller already has them (``intmatrix.dequant``)."""
+    (row sums, column sums) when the caller already has them (the compiled dequantization
+    of ``open1b_kernels.int8.gemm``)."""
     dt = _sum_dtype(a.shape[1], a.shape[0], b.shape[0])
     bs = col_sums(b).to(dt)                                # (K,)
     as_ = col_sums(a).to(dt)                               # (K,)

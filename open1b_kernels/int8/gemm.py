@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import torch
 
-from open1b_kernels.core import intmatrix, mathc
+from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat, none
+from open1b_kernels.core.pieces import parallel, row_pieces
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from open1b_kernels.core.workspace import scratch
@@ -52,6 +53,7 @@ GPU_BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8,
 INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 4}
 
 _OUT_DTYPES = (torch.int32, torch.float32, torch.bfloat16)
+LOOPS = Loops("open1b_kernels.int8._int8c")    # the CPU epilogue compiled: _gemm.c
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, row_scale, col_scale, out_dtype) -> None:
@@ -81,7 +83,7 @@ def _check(a: torch.Tensor, b: torch.Tensor, row_scale, col_scale, out_dtype) ->
 
 def bf16_rne(x: torch.Tensor) -> torch.Tensor:
     """float32 -> bfloat16, round to nearest even by bit arithmetic (NaN -> 0x7FC0)."""
-    fast = mathc.bf16_rne(x)           # the same bit arithmetic, compiled
+    fast = _bf16_rne_compiled(x)           # the same bit arithmetic, compiled
     if fast is not None:
         return fast
     b = x.contiguous().view(torch.int32)
@@ -90,6 +92,19 @@ def bf16_rne(x: torch.Tensor) -> torch.Tensor:
     r = (b >> 16).bitwise_and_(1).add_(0x7FFF).add_(b).bitwise_right_shift_(16)
     r.masked_fill_(torch.isnan(x), 0x7FC0)
     return r.to(torch.int16).view(torch.bfloat16)
+
+
+def _bf16_rne_compiled(x: torch.Tensor) -> torch.Tensor | None:
+    """``bf16_rne`` (float32 -> bf16, round to nearest even by bit arithmetic, NaN ->
+    0x7FC0) by the compiled loop, or None when unavailable."""
+    if not LOOPS.available() or x.device.type != "cpu" or x.dtype != torch.float32:
+        return None
+    src = x.contiguous()
+    out = torch.empty(src.shape, dtype=torch.bfloat16)
+    a, b = src.reshape(-1).numpy(), out.reshape(-1).view(torch.int16).numpy()
+    n = a.shape[0]
+    parallel(lambda lo, hi, p: LOOPS.bf16_rne(a[lo:hi], b[lo:hi], p), n, grain=PARALLEL_MIN)
+    return out
 
 
 def bf16_operand(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -111,6 +126,38 @@ def dequantize_cpu(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.
     return bf16_rne(y) if out_dtype == torch.bfloat16 else y
 
 
+def _dequant_compiled(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
+                      out: torch.Tensor, sums: bool):
+    """``dequantize_cpu`` of int32 ``acc`` (R, C) into ``out`` (contiguous float32 or bfloat16,
+    acc's shape) by the compiled loop - the same float32 operations in the same order -
+    with, when ``sums``, the exactness guard's int64 (row sums, column sums) of acc from the
+    same pass. Returns (rows, cols) or () without sums; None when the loop is unavailable or
+    a layout does not fit (nothing was written)."""
+    if (not LOOPS.available() or acc.dtype != torch.int32 or not acc.is_contiguous()
+            or acc.dim() != 2 or out.dtype not in (torch.float32, torch.bfloat16)
+            or not out.is_contiguous() or out.shape != acc.shape):
+        return None
+    r, c = acc.shape
+    rs = row_scale.reshape(-1).to(torch.float32).contiguous()
+    cs = col_scale.reshape(-1).to(torch.float32).contiguous()
+    if rs.numel() not in (1, r) or cs.numel() != c:
+        return None
+    bf = out.dtype == torch.bfloat16
+    a, o = flat(acc), flat(out.view(torch.int16) if bf else out)
+    rsn, csn = rs.numpy(), cs.numpy()
+    if not sums:
+        empty = none(torch.int64)
+        parallel(lambda lo, hi, p: LOOPS.dequant(a, rsn, csn, o, bf, empty, empty, r, c, lo, hi,
+                                                 p),
+                 r, grain=max(1, PARALLEL_MIN // max(c, 1)))
+        return ()
+    rows = torch.empty(r, dtype=torch.int64)
+    rr = rows.numpy()
+    cols = row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, parts, p: LOOPS.dequant(
+        a, rsn, csn, o, bf, rr, parts, r, c, lo, hi, p))
+    return rows, cols
+
+
 def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
                       col_scale: torch.Tensor, out_dtype: torch.dtype,
                       out: torch.Tensor | None = None, slabs: SlabCheck | None = None
@@ -118,7 +165,7 @@ def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
     """``dequantize_cpu(exact_int_mm_cpu(a, b, slabs=slabs), row_scale, col_scale,
     out_dtype, out)``: the same bits, and the same checks. On the integer route the check's
     row and column sums of the int32 product are taken in the dequantization's own pass
-    (``intmatrix.dequant``: one read of the product instead of four or five), and the result is
+    (``_dequant_compiled``: one read of the product instead of four or five), and the result is
     returned only after the check passed; a failed check is counted, switches the process
     to the float route and recomputes, as ``exact_int_mm_cpu`` does. ``out``: a contiguous
     float32 destination (out_dtype float32 only)."""
@@ -129,10 +176,10 @@ def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
         # check: the pair GEMM is exact by construction, open1b_kernels.int8.route)
         acc = pairmm.pair_mm(a, b, out=scratch("gemm.acc", (m, n), torch.int32))
         y = out if out is not None else torch.empty((m, n), dtype=out_dtype)
-        if intmatrix.dequant(acc, row_scale, col_scale, y, sums=False) is not None:
+        if _dequant_compiled(acc, row_scale, col_scale, y, sums=False) is not None:
             return y
         return dequantize_cpu(acc, row_scale, col_scale, out_dtype, out=out)
-    if (m and n and a.shape[1] > 1 and route.int_gemm_route() == "int" and mathc.has("dequant")
+    if (m and n and a.shape[1] > 1 and route.int_gemm_route() == "int" and LOOPS.available()
             and (out is None or out_dtype == torch.float32)):
         try:               # the product is only read here: a reused buffer (page faults)
             acc = route._raw_int_mm(a, b.t(), out=scratch("gemm.acc", (m, n), torch.int32))
@@ -140,7 +187,7 @@ def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
             acc = None
         if acc is not None:
             y = out if out is not None else torch.empty((m, n), dtype=out_dtype)
-            sums = intmatrix.dequant(acc, row_scale, col_scale, y, sums=True)
+            sums = _dequant_compiled(acc, row_scale, col_scale, y, sums=True)
             if sums is not None:
                 if (slabs.rows_ok(acc, a, sums) if slabs is not None
                         else checksum_ok(acc, a, b, sums)):

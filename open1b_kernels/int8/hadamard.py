@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from open1b_kernels.core import mathc
+from open1b_kernels.core.mathc import Loops
+from open1b_kernels.core.pieces import parallel
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from open1b_kernels.int8.gemm import bf16_operand
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
@@ -43,6 +44,7 @@ BLOCK = 256  # default rotation block: a power of four (exact 1/16 normalization
 ROWS_GPU = 16  # rows per program on the GPU
 ROWS_INTERPRET = 64  # fewer, larger programs under the interpreter
 DIM0_TILE = 1 << 19  # float32 elements per CPU tile of hadamard_dim0_cpu_ (2 MB: one L2)
+LOOPS = Loops("open1b_kernels.int8._int8c")    # the butterflies compiled: _hadamard.c
 
 
 def _log2_pow4(block: int) -> int:
@@ -115,7 +117,7 @@ def hadamard_dim0_cpu_(y: torch.Tensor, block: int = BLOCK, fill=None, on_tile=N
             src = tile = y[rs, cs]
             if fill is not None:
                 fill(tile, rs, cs)
-            if mathc.fwht_dim0_(y, block, rs, cs):  # the compiled stages: the same bits
+            if _stages_compiled(y, block, rs, cs):  # the compiled stages: the same bits
                 tile.mul_(2.0 ** -(log // 2))
                 if on_tile is not None:
                     on_tile(tile, rs, cs)
@@ -134,6 +136,21 @@ def hadamard_dim0_cpu_(y: torch.Tensor, block: int = BLOCK, fill=None, on_tile=N
             if on_tile is not None:
                 on_tile(tile, rs, cs)
     return y
+
+
+def _stages_compiled(y: torch.Tensor, block: int, rows: slice, cols: slice) -> bool:
+    """The butterfly stages of ``hadamard_dim0_cpu_`` on the tile ``y[rows, cols]`` of a
+    contiguous float32 (R, C) tensor, in place, by the compiled loop (the same IEEE adds and
+    subtracts: the same bits); False when the loop is unavailable. Columns are independent,
+    so the tile is split by columns among the torch threads."""
+    if not LOOPS.available():
+        return False
+    r, c = y.shape
+    buf = y.reshape(-1).numpy()
+    c0, c1 = cols.start, cols.stop
+    parallel(lambda lo, hi, p: LOOPS.fwht_dim0(buf, r, c, rows.start, rows.stop, block,
+                                               c0 + lo, c0 + hi, p), c1 - c0)
+    return True
 
 
 if HAVE_TRITON:

@@ -7,26 +7,22 @@ route that picks it is ``open1b_kernels.int8.route``. Both operands are packed o
 pair panels (scratch buffers reused across calls), then C's row panels are cut between the
 threads: each thread sums its own rows, so the result does not depend on the cut.
 
-For the LM head (``open1b_kernels.ops.pair_products``) the same register block also runs
+For the LM head (``open1b_kernels.ops.lmhead_pairs``) the same register block also runs
 *wide* A operands - two int8 slices of one element as the int16 128 x + low - and several
 products at once into one int64 sum (``pack`` with ``low``, ``product_add``), optionally
 rounded in the kernel (``round_block``'s operations).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
-from open1b_kernels.core.mathc import flat
+from open1b_kernels.core.mathc import Loops, flat
 from open1b_kernels.core.pieces import parallel, row_pieces
 from open1b_kernels.core.workspace import scratch
 
-try:
-    from open1b_kernels.int8 import _pairmm
-except ImportError:  # pragma: no cover - the extension is optional
-    _pairmm = None
+LOOPS = Loops("open1b_kernels.int8._int8c")    # the pair GEMM: _pairmm.c
 
 MR, NR = 6, 16     # the C file's register block: A's panels of rows, B's of columns
 MAX_K = 131_071    # int32 sums of K products of at most 2^14
@@ -35,8 +31,7 @@ MAX_K = 131_071    # int32 sums of K products of at most 2^14
 def available() -> bool:
     """True when the extension is built, this CPU runs it (x86-64 with AVX2) and it is not
     switched off (OPEN1B_MATHC=0 switches off every compiled loop)."""
-    return (_pairmm is not None and os.environ.get("OPEN1B_MATHC", "1") != "0"
-            and _pairmm.available())
+    return LOOPS.available() and LOOPS.pair_cpu()
 
 
 def source(x: torch.Tensor, gap: int = 0) -> tuple[torch.Tensor, int, int]:
@@ -101,7 +96,7 @@ def pack(x: torch.Tensor, width: int, name: str, low: torch.Tensor | None = None
     panels = -(-lines // width)
     out = scratch(name, (panels * ((k + 1) // 2) * width,), torch.int32)
     xs, o = flat(src).view("int8"), flat(out)
-    parallel(lambda lo, hi, p: _pairmm.pack(xs, o, sl, sk, lines, k, width, lo, hi, p, gap),
+    parallel(lambda lo, hi, p: LOOPS.pack(xs, o, sl, sk, lines, k, width, lo, hi, p, gap),
              panels, grain=max(1, 4096 // max(k, 1)))
     return Packed(out, lines, k, width, low is not None)
 
@@ -130,12 +125,12 @@ def product_add(terms: list[tuple[Packed, Packed, int]], out: torch.Tensor,
     cn = flat(out)
     panels = -(-m // MR)
     if rounding is None:
-        parallel(lambda lo, hi, p: _pairmm.product64(ts, cn, m, n, k, start, lo, hi, p),
+        parallel(lambda lo, hi, p: LOOPS.product64(ts, cn, m, n, k, start, lo, hi, p),
                  panels, grain=16)
         return
     rowf, colf, o, c0, rows, cols = rounding
     fixed = (flat(rowf.contiguous()), flat(colf.contiguous()), flat(o), flat(rows))
-    cols += row_pieces(panels, n, panels // 16, lambda lo, hi, parts, p: _pairmm.product64(
+    cols += row_pieces(panels, n, panels // 16, lambda lo, hi, parts, p: LOOPS.product64(
         ts, cn, m, n, k, start, lo, hi, p, (*fixed, parts, o.shape[1], c0)))
 
 
@@ -146,7 +141,7 @@ def round_block(t: torch.Tensor, rowf: torch.Tensor, colf: torch.Tensor, out: to
     into ``cols`` (C,) - int64, modulo 2^64. Rows split among the torch threads."""
     r, c = t.shape
     args = (flat(t), flat(rowf.contiguous()), flat(colf.contiguous()), flat(out), flat(rows))
-    cols += row_pieces(r, c, r // 16, lambda lo, hi, parts, p: _pairmm.round(
+    cols += row_pieces(r, c, r // 16, lambda lo, hi, parts, p: LOOPS.round(
         *args, parts, r, c, out.shape[1], c0, lo, hi, p))
 
 
@@ -171,6 +166,6 @@ def pair_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -
         return c
     ap, bp = pack(a, MR, "pairmm.a").words, pack(b, NR, "pairmm.b").words
     ap_n, bp_n, cn = flat(ap), flat(bp), flat(c)
-    parallel(lambda lo, hi, p: _pairmm.product(ap_n, bp_n, cn, m, n, k, lo, hi, p),
+    parallel(lambda lo, hi, p: LOOPS.product(ap_n, bp_n, cn, m, n, k, lo, hi, p),
              -(-m // MR), grain=16)
     return c

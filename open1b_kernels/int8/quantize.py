@@ -33,7 +33,8 @@ import math
 
 import torch
 
-from open1b_kernels.core import mathc
+from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat, none
+from open1b_kernels.core.pieces import parallel
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from open1b_kernels.int8.hadamard import hadamard, hadamard_dim0_cpu_, padded_width
 from open1b_kernels.int8.gemm import bf16_operand, bf16_rne
@@ -60,6 +61,7 @@ SLAB = 1 << 19  # elements per row slab of the CPU weight passes (2 MB of float3
 # each column still meets its rows in ascending order, so the same bits)
 STRIP = 128
 FLT_MIN = 2.0 ** -126  # smallest normal float32
+LOOPS = Loops("open1b_kernels.int8._int8c")    # the CPU passes compiled: _quantize.c
 
 if HAVE_TRITON:
     RND_K = tl.constexpr(RND)
@@ -91,7 +93,7 @@ def codes_(v: torch.Tensor, clamp: bool = True, out: torch.Tensor | None = None
 def quantize_cpu(x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """q = rne(clamp(x / step, -127, 127)) as int8; step (R,) per row or (1,) per tensor."""
     div = safe_step(step.reshape(-1, 1))
-    fast = mathc.quantize(x, div) if x.dim() == 2 else None   # the same ops, compiled
+    fast = _quantize_compiled(x, div) if x.dim() == 2 else None   # the same ops, compiled
     if fast is not None:
         return fast
     return codes_(x.to(torch.float32) / div)
@@ -111,7 +113,7 @@ def ste_cpu(g: torch.Tensor, x: torch.Tensor, step: torch.Tensor, want_term: boo
             out_bf16: bool):
     """STE mask (and LSQ term g * dv/ds) of the quantizer at (x, step); see module doc."""
     if out_bf16:                       # the same operations in one compiled pass
-        fast = mathc.ste(g, x, safe_step(step.reshape(-1)), want_term)
+        fast = _ste_compiled(g, x, safe_step(step.reshape(-1)), want_term)
         if fast is not None:
             return fast
     v = x.to(torch.float32) / safe_step(step.reshape(-1, 1))
@@ -182,16 +184,16 @@ def rotate_quantize_cols_cpu(s: torch.Tensor, name: str, row_scale: torch.Tensor
     log = HADAMARD_BLOCK.bit_length() - 1
     cmax = torch.full((r,), -math.inf)
     cmin = torch.full((r,), math.inf)
-    if kind is not None and mathc.rotate_cols(kind, src, row_scale, k, y, HADAMARD_BLOCK,
+    if kind is not None and _rotate_cols_compiled(kind, src, row_scale, k, y, HADAMARD_BLOCK,
                                               2.0 ** -(log // 2), cmax, cmin, HADAMARD_BLOCK,
                                               STRIP):
-        got = mathc.rotation_steps(cmax, cmin, INV_127)   # the operations below, one call
+        got = _steps_compiled(cmax, cmin, INV_127)   # the operations below, one call
         if got is None:
             step = torch.maximum(cmax, cmin.neg_()).abs_().mul_(INV_127)   # as below
             got = step, safe_step(step), bool(((step > 0) & (step < FLT_MIN)).any())
         step, div, clamp = got
         codes = scratch(name, (r, kp) if transposed else (kp, r), torch.int8)
-        if mathc.int8_codes(y, div, clamp, codes, transposed):
+        if _codes_compiled(y, div, clamp, codes, transposed):
             return codes, step
     # the torch steps: y filled (w_hat tile by tile), then rotate_quantize_dim0_cpu
     fill = None
@@ -205,6 +207,98 @@ def rotate_quantize_cols_cpu(s: torch.Tensor, name: str, row_scale: torch.Tensor
             tile[hi - lo:].zero_()
     codes, step = rotate_quantize_dim0_cpu(y, name, fill)
     return (codes.t().contiguous() if transposed else codes), step
+
+
+def _quantize_compiled(x: torch.Tensor, div: torch.Tensor) -> torch.Tensor | None:
+    """``quantize_cpu``'s int8 codes of a 2-D bf16 or float32 CPU tensor for the safe step
+    ``div`` ((R,) per row or (1,)) by the compiled loop - the same division, clamp and
+    rounding - or None when the loop is unavailable."""
+    if (not LOOPS.available() or x.device.type != "cpu" or x.dim() != 2
+            or x.dtype not in (torch.bfloat16, torch.float32)):
+        return None
+    r, c = x.shape
+    d = div.reshape(-1).to(torch.float32).contiguous()
+    if d.numel() not in (1, r):
+        return None
+    xc = x.contiguous()
+    out = torch.empty((r, c), dtype=torch.int8)
+    bf = x.dtype == torch.bfloat16
+    args = (flat(xc.view(torch.int16) if bf else xc), bf, flat(d), flat(out), r, c)
+    parallel(lambda lo, hi, p: LOOPS.quant(*args, lo, hi, p), r,
+             grain=max(1, PARALLEL_MIN // max(c, 1)))
+    return out
+
+
+def _ste_compiled(g: torch.Tensor, x: torch.Tensor, div: torch.Tensor, want_term: bool):
+    """``ste_cpu`` with bf16 dx by the compiled loop - the same float32 operations (division,
+    comparisons, clamp, round half to even, subtraction, product) - for contiguous (R, C)
+    float32 ``g`` and bf16/float32 ``x``, ``div`` the safe step per row (R,) or for all
+    (1,): (dx bf16, term float32 or None), or None when unavailable."""
+    if (not LOOPS.available() or g.device.type != "cpu"
+            or g.dtype != torch.float32 or x.dtype not in (torch.bfloat16, torch.float32)
+            or g.dim() != 2 or g.shape != x.shape or not (g.is_contiguous() and x.is_contiguous())):
+        return None
+    r, c = g.shape
+    d = div.reshape(-1).to(torch.float32).contiguous()
+    if d.numel() not in (1, r):
+        return None
+    dx = torch.empty((r, c), dtype=torch.bfloat16)
+    term = torch.empty((r, c)) if want_term else torch.empty(0)
+    xs = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+    args = (g.reshape(-1).numpy(), xs.reshape(-1).numpy(), x.dtype == torch.bfloat16,
+            d.numpy(), d.numel() == r and r != 1, dx.view(torch.int16).reshape(-1).numpy(),
+            term.reshape(-1).numpy())
+    parallel(lambda lo, hi, p: LOOPS.ste(*args, r, c, lo, hi, p), r, grain=16)
+    return dx, (term if want_term else None)
+
+
+def _rotate_cols_compiled(kind: int, src: torch.Tensor, row_scale: torch.Tensor | None,
+                          valid: int, y: torch.Tensor, block: int, scale: float,
+                          cmax: torch.Tensor, cmin: torch.Tensor, tile_rows: int,
+                          tile_cols: int) -> bool:
+    """``rotate_quantize_cols_cpu``'s fill, rotation, scale and column extremes by the compiled
+    loop (see ``rotq`` in _quantize.c for the source kinds; ``src`` is the source's
+    contiguous storage), columns split among the threads; False when the loop is
+    unavailable."""
+    if not LOOPS.available():
+        return False
+    r, c = y.shape
+    bits = src.view(torch.int16) if src.dtype == torch.bfloat16 else src
+    if kind == 1:     # a transposed bf16 source: y filled first by one blocked transpose
+        sb = flat(bits)
+        parallel(lambda lo, hi, p: LOOPS.widen_t(sb, flat(y), valid, c, r, lo * 64,
+                                                 min(r, hi * 64), p), -(-r // 64), grain=4)
+    rs = (flat(row_scale.to(torch.float32).contiguous()) if row_scale is not None
+          else none())
+    args = (kind, flat(bits), rs, valid, flat(y), r, c, block, scale, flat(cmax), flat(cmin),
+            tile_rows, tile_cols)
+    parallel(lambda lo, hi, p: LOOPS.rotq(*args, lo, hi, p), c, grain=16)
+    return True
+
+
+def _steps_compiled(cmax: torch.Tensor, cmin: torch.Tensor, inv127: float):
+    """``rotate_quantize_cols_cpu``'s (step, divisor, subnormal) from the rotation's column
+    extremes by the compiled loop - step = |max(cmax, -cmin)| * inv127, the divisor 1 where
+    step == 0, whether a step is subnormal: the torch code's operations - or None when the
+    loop is unavailable."""
+    if not LOOPS.available():
+        return None
+    step, div = torch.empty_like(cmax), torch.empty_like(cmax)
+    sub = LOOPS.rot_steps(flat(cmax), flat(cmin), flat(step), flat(div), inv127)
+    return step, div, sub
+
+
+def _codes_compiled(y: torch.Tensor, div: torch.Tensor, clamp: bool, out: torch.Tensor,
+                    transposed: bool) -> bool:
+    """int8 ``rne(clamp(y / div[col]))`` of float32 (R, C) ``y`` into ``out`` ((R, C), or
+    (C, R) when ``transposed``) by the compiled loop; False when it is unavailable."""
+    if not LOOPS.available():
+        return False
+    r, c = y.shape
+    args = (flat(y), flat(div.to(torch.float32).contiguous()), clamp, flat(out), transposed, r, c)
+    parallel(lambda lo, hi, p: LOOPS.codes(*args, lo, hi, p), r,
+             grain=max(64, PARALLEL_MIN // max(c, 1)))
+    return True
 
 
 # ------------------------------------------------------------------- Triton kernels

@@ -12,7 +12,8 @@ import os
 
 import torch
 
-from open1b_kernels.core import intmatrix
+from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat, none
+from open1b_kernels.core.pieces import parallel, row_pieces
 from open1b_kernels.core.workspace import scratch
 from open1b_kernels.int8 import pairmm
 from open1b_kernels.int8.checksum import SlabCheck, checksum_ok
@@ -74,6 +75,7 @@ SGEMM_K = 1024
 ONE_GEMM_BOUND = 1 << 48     # (2^24)^2: compared with exact integer squared norms
 INT_GEMM_ENV = "OPEN1B_INT_GEMM"
 _VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+LOOPS = Loops("open1b_kernels.int8._int8c")    # the float route's operand compiled: _route.c
 
 
 def _raw_int_mm(a: torch.Tensor, b_t: torch.Tensor, out: torch.Tensor | None = None
@@ -220,6 +222,28 @@ def _sq_max(x32: torch.Tensor) -> int:
     return int(x32.square().sum(1, dtype=torch.float64).max())
 
 
+def _widen_sq_compiled(x: torch.Tensor, out: torch.Tensor, by_rows: bool) -> torch.Tensor | None:
+    """``out`` (contiguous float32, ``x``'s shape) = the contiguous int8 (R, C) CPU matrix
+    ``x`` widened, in one compiled pass with the exact int64 sums of squares of its rows
+    (``by_rows``, (R,)) or of its columns ((C,)), which are returned; None when the loop is
+    unavailable or the layouts do not fit (the caller then uses torch)."""
+    if (not LOOPS.available() or x.device.type != "cpu" or x.dtype != torch.int8
+            or x.dim() != 2 or not x.is_contiguous() or out.dtype != torch.float32
+            or out.shape != x.shape or not out.is_contiguous()):
+        return None
+    r, c = x.shape
+    src, y = flat(x), flat(out)
+    if by_rows:
+        rows = torch.empty(r, dtype=torch.int64)
+        rr, empty = rows.numpy(), none(torch.int64)
+        parallel(lambda lo, hi, p: LOOPS.widen_sq(src, y, rr, empty, r, c, lo, hi, p), r,
+                 grain=max(1, PARALLEL_MIN // max(c, 1)))
+        return rows
+    empty = none(torch.int64)
+    return row_pieces(r, c, (r * c) // PARALLEL_MIN, lambda lo, hi, parts, p: LOOPS.widen_sq(
+        src, y, empty, parts, r, c, lo, hi, p))
+
+
 def _f32(x: torch.Tensor, name: str, norm: bool) -> tuple[torch.Tensor, int | None]:
     """(``x`` (int8) as float32 in the scratch buffer ``name``, and with ``norm`` the largest
     exact sum of squares of its rows). In ``x``'s own layout: a transposed view is widened
@@ -228,7 +252,7 @@ def _f32(x: torch.Tensor, name: str, norm: bool) -> tuple[torch.Tensor, int | No
     flip = not (x.stride(-1) == 1 or x.shape[-1] == 1 or x.stride(0) != 1)
     src = x.t() if flip else x
     buf = scratch(name, tuple(src.shape), torch.float32)
-    sq = intmatrix.widen_sq(src, buf, by_rows=not flip) if norm else None
+    sq = _widen_sq_compiled(src, buf, by_rows=not flip) if norm else None
     if sq is None:
         buf.copy_(src)
     out = buf.t() if flip else buf
@@ -272,9 +296,8 @@ def int_mm_unchecked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None 
     """int32 ``a @ b.T`` by the library's int8 GEMM (into ``out``, contiguous int32 (M, N),
     when given), *not* checked - for a caller on the "int" route that checks the exact row
     and column sums of the whole product itself, once, instead of per block
-    (``open1b_kernels.ops.products``; the pair route's head products are
-    ``open1b_kernels.ops.pair_products``'); None where the library refuses the layout or
-    shape."""
+    (``open1b_kernels.ops.lmhead_int`` through ``lmhead_check``); None where the library
+    refuses the layout or shape."""
     if a.shape[1] < 2:                  # K = 1: the float route (comment above SGEMM_K)
         return None
     try:

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from open1b_kernels.core import mathc
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
+from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat
+from open1b_kernels.core.pieces import parallel
 from open1b_kernels.core.mathfn import map_chunks, sqrt_rn
 from open1b_kernels.core.reduce import f32
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
@@ -41,6 +42,7 @@ if HAVE_TRITON:
     from open1b_kernels.core.mathfn import cast_tl, widen_tl
 
 BLOCK = 1024
+LOOPS = Loops("open1b_kernels.ops._opsc")    # the CPU update compiled: _adamw.c
 
 
 @dataclass(frozen=True)
@@ -111,9 +113,9 @@ def step_scalars(step: int, lr: float, weight_decay: float, cfg: AdamWConfig = A
 
 def adamw_step_cpu_(param, grad, m, v, s: StepScalars) -> None:
     """CPU reference: update (param, m, v) in place (elementwise, evaluated in chunks), by
-    the compiled loop of ``open1b_kernels.core.mathc`` where it is built (the same operations in
+    the compiled loop (``_adamw.c``) where it is built (the same operations in
     the same order: one pass instead of a dozen) - the torch code below is the definition."""
-    if mathc.adamw(param, grad, m, v, s):
+    if _update_compiled(param, grad, m, v, s):
         return
 
     def update(p, g, m_, v_):
@@ -146,6 +148,27 @@ if HAVE_TRITON:
         tl.store(m_ptr + offs, m, mask=mask)
         tl.store(v_ptr + offs, v, mask=mask)
         tl.store(p_ptr + offs, cast_tl(p, p_ptr.dtype.element_ty), mask=mask)
+
+
+def _update_compiled(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+          scalars) -> bool:
+    """``adamw_step_cpu_``'s update of contiguous CPU tensors in place - bf16 or float32
+    ``param``, float32 ``grad``, ``m``, ``v`` - by the compiled loop (the same float32
+    operations in the same order); False when the loop is unavailable or a layout does not
+    fit (nothing was written). ``scalars``: the step's ``StepScalars``."""
+    if (not LOOPS.available() or param.device.type != "cpu"
+            or param.dtype not in (torch.bfloat16, torch.float32)
+            or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in (grad, m, v))
+            or not all(t.is_contiguous() for t in (param, grad, m, v))
+            or not param.numel() == grad.numel() == m.numel() == v.numel()):
+        return False
+    n = param.numel()
+    bf = param.dtype == torch.bfloat16
+    args = (flat(param.view(torch.int16) if bf else param), bf, flat(grad), flat(m), flat(v),
+            scalars.a, scalars.r2, scalars.decay, scalars.b1, scalars.b2, scalars.c1,
+            scalars.c2, scalars.eps, n)
+    parallel(lambda lo, hi, p: LOOPS.adamw(*args, lo, hi, p), n, grain=PARALLEL_MIN // 4)
+    return True
 
 
 def adamw_step_(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,

@@ -22,7 +22,7 @@ rounding). S = ``slices`` is 3 (default) or 2; the text gives S = 3 and [S = 2]:
    2^31: no overflow), as T += sum_L acc_L * 2^(7(S + 1 - L)) (acc2 * 2^14 + acc3 * 2^7 +
    acc4 [acc2 * 2^7 + acc3]). Integer sums are exact, so T does not depend on the order
    (tile shapes, chunking, CPU vs GPU) nor on how the pairs are grouped (the CPU's pair
-   route: ``open1b_kernels.ops.pair_products``). K <= MAX_K keeps |T| < 2^53.
+   route: ``open1b_kernels.ops.lmhead_pairs``). K <= MAX_K keeps |T| < 2^53.
 3. One rounding: out = fp32_rne( float64(T) * 2^(Ea[r] + Eb[c] - 259 - 7S) ); the float64
    conversion and the power-of-two multiply are exact, so out is T's exact value rounded
    once to nearest even (overflow -> inf, subnormal results rounded once, IEEE).
@@ -39,20 +39,26 @@ the accurate one.
 
 Zero results are +0.0. Non-finite inputs: a row or column holding inf/NaN yields NaN for
 that whole row/column of the output (never a partial, backend-dependent value).
+
+The CPU path in files beside this one: ``lmhead_slices`` (step 1's slicer and the slices'
+store), ``lmhead_plan`` (one plan of the products for every route), ``lmhead_int``,
+``lmhead_pairs`` and ``lmhead_float`` (one route per CPU class: ``open1b_kernels.int8.route``),
+``lmhead_rowsparse`` (a sparse slice's products row by row), ``lmhead_check`` (what catches a
+wrong T), and their C loops ``_lmhead_slices.c``, ``_lmhead_sums.c``,
+``_lmhead_rowsparse.c``.
 """
 from __future__ import annotations
 
 import torch
 
-from open1b_kernels.core import slicer
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from open1b_kernels.int8.gemm import bf16_operand
 from open1b_kernels.int8.route import int_gemm_route
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from open1b_kernels.core.workspace import release, scratch
-from open1b_kernels.ops import float_products, pair_products, products
-from open1b_kernels.ops.products import K_CHUNK
-from open1b_kernels.ops.slices import LevelSlices
+from open1b_kernels.ops import lmhead_float, lmhead_int, lmhead_pairs
+from open1b_kernels.ops.lmhead_plan import K_CHUNK
+from open1b_kernels.ops.lmhead_slices import LevelSlices, slice_rows
 
 if HAVE_TRITON:
     import triton
@@ -64,7 +70,7 @@ SLICES = 3  # default int8 slices per operand (2 is the faster, less accurate op
 MAX_K = 11_000_000  # K * 3 * 127^2 * (2^14 + 2^7 + 1) < 2^53: T exact in float64
 CPU_SLICE_ELEMS = 1 << 22  # elements per row block of the CPU slicer (bounds temporaries)
 # S = 3 on the float route: T as one float64 GEMM of 14-bit heads plus one float32 GEMM of
-# two slice pairs (``float_products.head_form``), the work of four float32 GEMMs of length K
+# two slice pairs (``lmhead_float.head_form``), the work of four float32 GEMMs of length K
 # instead of six; False runs the six slice products level by level (the same bits; tests)
 CPU_S3_TWO_GEMMS = True
 # A product with at most NARROW_C output columns whose ``a`` is a transposed view (the
@@ -96,13 +102,13 @@ def exp_bias(slices: int) -> int:
 def slice_rows_cpu(x: torch.Tensor, slices: int = SLICES, out_name: str | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(R, K) float -> (int8 slices (S, R, K), row exponents E (R,) int32); see step 1.
-    Integer and bit operations only; ``open1b_kernels.core.mathc`` runs the same loop compiled (for
-    a transposed view in its storage's layout: the slices are then transposed views too).
+    Integer and bit operations only; ``lmhead_slices.slice_rows`` runs the same loop compiled
+    (for a transposed view in its storage's layout: the slices are then transposed views too).
     ``out_name``: write the compiled loop's slices into that scratch buffer (reused memory:
     a weight's 0.8 GB of slices cost more in page faults than in slicing) - for a caller
     that drops them before it returns (``ozaki_mm_cpu``)."""
     out = scratch(out_name, (slices * x.numel(),), torch.int8) if out_name else None
-    fast = slicer.slice_rows(x, slices, out)
+    fast = slice_rows(x, slices, out)
     if fast is not None:
         return fast
     r, k = x.shape
@@ -155,13 +161,14 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     """CPU reference of ``ozaki_mm``: T of step 2 computed exactly, then ``combine_cpu``'s
     rounding, blocked so the temporaries stay small.
 
-    Both operands are sliced into the level-ready layout (``open1b_kernels.ops.slices``); T
-    comes from the library's int8 GEMM on the "int" route (``products.int_blocks``: the
-    definition's levels), from the pair GEMM's wide int64 terms on the "pairs" route
-    (``pair_products.pair_blocks``: two a slices against one b slice per product, a third
-    less work) or from float GEMMs of the slices on the float route
-    (``float_products.float_blocks``, also the integer routes' fallback) - the same integer
-    every way.
+    Both operands are sliced into the level-ready layout (``open1b_kernels.ops.lmhead_slices``);
+    one plan per row block of ``a`` (``lmhead_plan``: which slices run compacted, row by
+    row or dense), then T from the route's products: the library's int8 GEMM on the "int"
+    route (``lmhead_int.int_blocks``: the definition's levels), the pair GEMM's wide int64
+    terms on the "pairs" route (``lmhead_pairs.pair_blocks``: two a slices against one b
+    slice per product, a third less work) or float GEMMs of the slices on the float route
+    (``lmhead_float.float_blocks``, also the integer routes' fallback) - the same integer
+    every way, checked by ``lmhead_check``.
     ``fp32(T * 2^(Ea - bias_a) * 2^(Eb - bias_b))`` then equals ``combine_cpu``'s
     ``fp32(float64(T) * 2^(Ea + Eb - bias))``: the power-of-two multiplies are exact in
     float64, and one rounding to float32 follows."""
@@ -191,10 +198,10 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     bias = exp_bias(slices)
     rowf = _pow2_f64(ea)                                 # 2^Ea, exact
     colf = _pow2_f64(eb - bias)                          # 2^(Eb - bias), exact
-    done = (pair_products.pair_blocks(sa, sb, rowf, colf, out, slices) if route == "pairs"
-            else route == "int" and products.int_blocks(sa, sb, rowf, colf, out, slices))
+    done = (lmhead_pairs.pair_blocks(sa, sb, rowf, colf, out, slices) if route == "pairs"
+            else route == "int" and lmhead_int.int_blocks(sa, sb, rowf, colf, out, slices))
     if not done:
-        float_products.float_blocks(sa, sb, rowf, colf, out, slices, CPU_S3_TWO_GEMMS)
+        lmhead_float.float_blocks(sa, sb, rowf, colf, out, slices, CPU_S3_TWO_GEMMS)
     return _non_finite(out, ea, eb)
 
 

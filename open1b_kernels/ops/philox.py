@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from open1b_kernels.core import mathc
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
+from open1b_kernels.core.mathc import Loops
+from open1b_kernels.core.pieces import parallel
 from open1b_kernels.core.mathfn import erfinv
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled
 
@@ -44,6 +45,7 @@ SQRT2 = 1.4142135381698608  # sqrt(2) rounded to float32
 TRUNC = 2.0  # truncation bound in standard deviations (Open-1B: +-2 sigma)
 BLOCK = 1024
 CPU_CHUNK = 1 << 22  # elements per chunk of the CPU truncated normal (16 MB of float32)
+LOOPS = Loops("open1b_kernels.ops._opsc")    # the word generator compiled: _philox.c
 
 
 def _check_ids(seed: int, stream: int, offset: int = 0) -> None:
@@ -79,11 +81,23 @@ def philox4x32_10(counter: torch.Tensor, key: tuple[int, int]) -> torch.Tensor:
 
 def random_words_cpu(seed: int, stream: int, offset: int, n: int) -> torch.Tensor:
     """The uint32 words at positions offset .. offset+n-1 (int64 tensor, CPU reference):
-    ``open1b_kernels.core.mathc``'s compiled loop when built (integer arithmetic: the same words,
+    the compiled loop (``_philox.c``) when built (integer arithmetic: the same words,
     ~50x faster), else ``random_words_torch``, the definition."""
     _check_ids(seed, stream, offset)
-    fast = mathc.philox_words(seed, stream, offset, n)
+    fast = _words_compiled(seed, stream, offset, n)
     return fast if fast is not None else random_words_torch(seed, stream, offset, n)
+
+
+def _words_compiled(seed: int, stream: int, offset: int, n: int) -> torch.Tensor | None:
+    """``random_words_cpu`` by the compiled loop (integer arithmetic only: the same words), or
+    None when the loop is unavailable."""
+    if not LOOPS.available():
+        return None
+    out = torch.empty((n,), dtype=torch.int64)
+    o = out.numpy()
+    parallel(lambda lo, hi, p: LOOPS.philox_words(seed, stream, offset, o[lo:hi], lo, hi, p),
+             n)
+    return out
 
 
 def random_words_torch(seed: int, stream: int, offset: int, n: int) -> torch.Tensor:

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from open1b_kernels.core import mathc
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
+from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat, none
+from open1b_kernels.core.pieces import parallel
 from open1b_kernels.core.mathfn import sqrt_rn
 from open1b_kernels.core.reduce import f32, next_pow2, reciprocal_f32, tree_sum_cpu
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
@@ -40,6 +41,7 @@ if HAVE_TRITON:
 EPS = 1e-6
 MAX_D = 16_384  # one row lives in registers; Open-1B uses D = 2048 and head dim 128
 TILE = 4096  # elements per program: ROWS = TILE // BLOCK_D rows at a time
+LOOPS = Loops("open1b_kernels.ops._opsc")    # the CPU reference compiled: _rmsnorm.c
 
 
 def _check(x: torch.Tensor, gain: torch.Tensor | None) -> int:
@@ -54,7 +56,7 @@ def _check(x: torch.Tensor, gain: torch.Tensor | None) -> int:
 # ------------------------------------------------------------------ CPU reference
 def rmsnorm_fwd_cpu(x, gain, eps):
     d = _check(x, gain)
-    fast = mathc.rms_fwd(x, gain, reciprocal_f32(d), f32(eps))   # the same ops, compiled
+    fast = _rms_fwd_compiled(x, gain, reciprocal_f32(d), f32(eps))   # the same ops, compiled
     if fast is not None:
         return fast
     xf = x.to(torch.float32)
@@ -69,7 +71,7 @@ def rmsnorm_fwd_cpu(x, gain, eps):
 def rmsnorm_bwd_cpu(dy, x, gain, rstd):
     d = _check(x, gain)
     prod = scratch("rmsnorm.prod", tuple(x.shape), torch.float32) if gain is not None else None
-    dx = mathc.rms_bwd(dy, x, gain, rstd, reciprocal_f32(d), prod)    # the same ops, compiled
+    dx = _rms_bwd_compiled(dy, x, gain, rstd, reciprocal_f32(d), prod)    # the same ops, compiled
     if dx is not None:
         return dx, (tree_sum_cpu(prod.reshape(-1, d), 0) if gain is not None else None)
     xhat = x.to(torch.float32) * rstd[..., None]
@@ -81,6 +83,56 @@ def rmsnorm_bwd_cpu(dy, x, gain, rstd):
     if gain is not None:
         dgain = tree_sum_cpu((dyf * xhat).reshape(-1, d), 0)
     return dx.to(x.dtype), dgain
+
+
+def _rms_ok(x: torch.Tensor, gain: torch.Tensor | None) -> bool:
+    return (LOOPS.available() and x.device.type == "cpu" and x.dtype == torch.bfloat16
+            and (gain is None or gain.dtype in (torch.bfloat16, torch.float32)))
+
+
+def _gain32(gain: torch.Tensor | None):
+    if gain is None:
+        return none()
+    return gain.to(torch.float32).contiguous().numpy()
+
+
+def _rms_fwd_compiled(x: torch.Tensor, gain: torch.Tensor | None, rd: float, eps: float):
+    """``rmsnorm_fwd_cpu`` for bf16 x by the compiled loop (the same float32 operations in the
+    same order, the pairwise tree for the row sums): (y, rstd), or None when the loop is
+    unavailable or x is not bf16."""
+    if not _rms_ok(x, gain):
+        return None
+    d = x.shape[-1]
+    xc = x.contiguous()
+    r = xc.numel() // d
+    y = torch.empty_like(xc)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32)
+    args = (flat(xc.view(torch.int16)), _gain32(gain), rd, eps, flat(y.view(torch.int16)),
+            flat(rstd), r, d)
+    parallel(lambda lo, hi, p: LOOPS.rms_fwd(*args, lo, hi, p), r,
+             grain=max(1, PARALLEL_MIN // 4 // d))
+    return y, rstd
+
+
+def _rms_bwd_compiled(dy: torch.Tensor, x: torch.Tensor, gain: torch.Tensor | None,
+                      rstd: torch.Tensor, rd: float, prod: torch.Tensor | None):
+    """``rmsnorm_bwd_cpu``'s dx (bf16) for bf16 x by the compiled loop, writing the gain
+    gradient's terms dy * xhat into ``prod`` (float32, x's shape) when given; None when the
+    loop is unavailable or a dtype does not fit."""
+    if not _rms_ok(x, gain) or dy.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    d = x.shape[-1]
+    xc, dyc = x.contiguous(), dy.contiguous()
+    r = xc.numel() // d
+    dx = torch.empty_like(xc)
+    bf = dyc.dtype == torch.bfloat16
+    pr = flat(prod) if prod is not None else none()
+    args = (flat(dyc.view(torch.int16) if bf else dyc), bf, flat(xc.view(torch.int16)),
+            _gain32(gain), flat(rstd.to(torch.float32).contiguous()), rd,
+            flat(dx.view(torch.int16)), pr, r, d)
+    parallel(lambda lo, hi, p: LOOPS.rms_bwd(*args, lo, hi, p), r,
+             grain=max(1, PARALLEL_MIN // 4 // d))
+    return dx
 
 
 # ------------------------------------------------------------------ Triton

@@ -25,8 +25,10 @@ import functools
 
 import torch
 
-from open1b_kernels.core import mathc, mathfn
+from open1b_kernels.core import mathfn
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
+from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat
+from open1b_kernels.core.pieces import parallel
 from open1b_kernels.core.reduce import f32, next_pow2
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 
@@ -39,6 +41,7 @@ if HAVE_TRITON:
 THETA = 500_000.0
 MAX_T = 8192  # angles stay inside mathfn.sincos's stated accuracy domain |a| <= 8192
 BLOCK_T = 16
+LOOPS = Loops("open1b_kernels.ops._opsc")    # the CPU rotation compiled: _rope.c
 
 
 def _check(x: torch.Tensor) -> tuple[int, int, int]:
@@ -76,7 +79,7 @@ def _tables_cached(t: int, d: int, theta: float) -> tuple[torch.Tensor, torch.Te
 def _rotate_cpu(x: torch.Tensor, theta: float, sign: float) -> torch.Tensor:
     t, h, d = _check(x)
     cos, sin = _tables_cached(t, d, float(theta))
-    fast = mathc.rope(x, cos, sin, sign) if x.numel() else None
+    fast = _rotate_compiled(x, cos, sin, sign) if x.numel() else None
     if fast is not None:           # the compiled rows: the same operations in the same order
         return fast
     cos, sin = cos[:, None, :], sin[:, None, :] * sign  # (T, 1, D/2) broadcast over heads
@@ -118,6 +121,26 @@ if HAVE_TRITON:
             y2 = x2 * cs + x1 * sn
             tl.store(y_ptr + offs, cast_tl(y1, y_ptr.dtype.element_ty), mask=mask)
             tl.store(y_ptr + offs + half, cast_tl(y2, y_ptr.dtype.element_ty), mask=mask)
+
+
+def _rotate_compiled(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float
+                     ) -> torch.Tensor | None:
+    """``_rotate_cpu`` for bf16 x (..., T, H, D) with the float32 tables (T, D/2) by the
+    compiled rows - the same float32 operations in the same order - or None when the loop is
+    unavailable or a dtype or sign does not fit."""
+    if (not LOOPS.available() or x.device.type != "cpu" or x.dtype != torch.bfloat16
+            or cos.dtype != torch.float32 or sin.dtype != torch.float32
+            or sign not in (1.0, -1.0)):
+        return None
+    t, h, d = x.shape[-3:]
+    xc = x.contiguous()
+    r = xc.numel() // max(d, 1)
+    out = torch.empty_like(xc)
+    args = (flat(xc.view(torch.int16)), flat(cos.contiguous()), flat(sin.contiguous()),
+            float(sign), flat(out.view(torch.int16)), r, t, h, d // 2)
+    parallel(lambda lo, hi, p: LOOPS.rope(*args, lo, hi, p), r,
+             grain=max(1, PARALLEL_MIN // 4 // max(d, 1)))
+    return out
 
 
 def _rotate(x: torch.Tensor, theta: float, sign: float) -> torch.Tensor:

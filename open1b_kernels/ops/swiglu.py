@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from open1b_kernels.core import mathc, mathfn
+from open1b_kernels.core import mathfn
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, use_triton
+from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat, none
+from open1b_kernels.core.pieces import parallel
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 
 if HAVE_TRITON:
@@ -28,6 +30,7 @@ if HAVE_TRITON:
     from open1b_kernels.core.mathfn import cast_tl, exp_tl, widen_tl
 
 BLOCK = 1024
+LOOPS = Loops("open1b_kernels.ops._opsc")    # the CPU reference compiled: _swiglu.c
 
 
 def _split(h: torch.Tensor) -> int:
@@ -54,7 +57,7 @@ def _bwd_elems(dy: torch.Tensor, g: torch.Tensor, u: torch.Tensor):
 
 def swiglu_fwd_cpu(h: torch.Tensor) -> torch.Tensor:
     f = _split(h)
-    fast = mathc.swiglu(h)                              # the same operations, compiled
+    fast = _swiglu_compiled(h)                              # the same operations, compiled
     if fast is not None:
         return fast
     return mathfn.map_chunks(_fwd_elems, h[..., :f], h[..., f:])
@@ -62,11 +65,31 @@ def swiglu_fwd_cpu(h: torch.Tensor) -> torch.Tensor:
 
 def swiglu_bwd_cpu(dy: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     f = _split(h)
-    fast = mathc.swiglu(h, dy) if dy.shape == (*h.shape[:-1], f) else None
+    fast = _swiglu_compiled(h, dy) if dy.shape == (*h.shape[:-1], f) else None
     if fast is not None:
         return fast
     d_gate, d_up = mathfn.map_chunks(_bwd_elems, dy, h[..., :f], h[..., f:])
     return torch.cat([d_gate, d_up], dim=-1)
+
+
+def _swiglu_compiled(h: torch.Tensor, dy: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``open1b_kernels.ops.swiglu``'s CPU forward (dy None: y (..., F)) or backward (dh (..., 2F))
+    for bf16 h (..., 2F) and dy (..., F) by the compiled rows - the same float32 operations
+    in the same order - or None when the loop is unavailable or a dtype does not fit."""
+    if (not LOOPS.available() or h.device.type != "cpu" or h.dtype != torch.bfloat16
+            or (dy is not None and dy.dtype != torch.bfloat16) or h.shape[-1] % 2):
+        return None
+    f = h.shape[-1] // 2
+    hc = h.contiguous()
+    r = hc.numel() // max(2 * f, 1)
+    shape = (*h.shape[:-1], f if dy is None else 2 * f)
+    out = torch.empty(shape, dtype=torch.bfloat16)
+    d = (flat(dy.contiguous().view(torch.int16)) if dy is not None
+         else none(torch.int16))
+    args = (flat(hc.view(torch.int16)), d, flat(out.view(torch.int16)), r, f)
+    parallel(lambda lo, hi, p: LOOPS.swiglu(*args, lo, hi, p), r,
+             grain=max(1, PARALLEL_MIN // 8 // max(f, 1)))
+    return out
 
 
 # ------------------------------------------------------------------ Triton

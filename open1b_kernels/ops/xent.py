@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import torch
 
-from open1b_kernels.core import mathc
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
+from open1b_kernels.core.mathc import Loops, flat
+from open1b_kernels.core.pieces import parallel
 from open1b_kernels.int8.gemm import bf16_operand
 from open1b_kernels.core.mathfn import exp, log
 from open1b_kernels.core.reduce import tree_sum, tree_sum_cpu
@@ -56,6 +57,7 @@ Z_LOSS = 9.999999747378752e-05  # fp32(1e-4)
 TWO_Z = 0.00019999999494757503  # 2 * fp32(1e-4), exact
 ROWS_GPU, ROWS_INTERPRET = 1, 8  # rows per forward program
 BWD_BLOCK = 1_024  # columns per backward program
+LOOPS = Loops("open1b_kernels.ops._opsc")    # the CPU references compiled: _xent.c
 
 if HAVE_TRITON:
     Z_LOSS_K = tl.constexpr(Z_LOSS)
@@ -79,7 +81,7 @@ def _check(x: torch.Tensor, t: torch.Tensor) -> None:
 # ------------------------------------------------------------------- CPU references
 def row_lse_cpu(x: torch.Tensor) -> torch.Tensor:
     """Online logsumexp per row over CHUNK-column chunks in ascending order."""
-    fast = mathc.xent_lse(x, CHUNK)                     # the same operations, compiled
+    fast = _lse_compiled(x, CHUNK)                     # the same operations, compiled
     if fast is not None:
         return fast
     m_rows, v = x.shape
@@ -112,7 +114,7 @@ def xent_backward_cpu(dloss: torch.Tensor, x: torch.Tensor, t: torch.Tensor,
                       lse: torch.Tensor, rows: int | None = None) -> torch.Tensor:
     """CPU reference of ``xent_backward``."""
     g = dloss.reshape(()).to(torch.float32) * _inv(rows or x.shape[0])
-    fast = mathc.xent_grad(x, t, lse, float(g))         # the same operations, compiled
+    fast = _grad_compiled(x, t, lse, float(g))         # the same operations, compiled
     if fast is not None:
         return fast
     coef = 1.0 + TWO_Z * lse
@@ -120,6 +122,36 @@ def xent_backward_cpu(dloss: torch.Tensor, x: torch.Tensor, t: torch.Tensor,
     hit = torch.arange(x.shape[1])[None, :] == t[:, None]
     d = torch.where(hit, d - 1.0, d)
     return d * g
+
+
+def _lse_compiled(x: torch.Tensor, chunk: int) -> torch.Tensor | None:
+    """``row_lse_cpu`` for contiguous float32 CPU logits by the compiled rows (the same
+    operations in the same order), or None when the loop is unavailable or the layout does
+    not fit."""
+    if (not LOOPS.available() or x.device.type != "cpu" or x.dtype != torch.float32
+            or x.dim() != 2 or not x.is_contiguous() or x.shape[1] == 0):
+        return None
+    r, v = x.shape
+    lse = torch.empty(r, dtype=torch.float32)
+    args = (flat(x), flat(lse), r, v, chunk)
+    parallel(lambda lo, hi, p: LOOPS.xent_lse(*args, lo, hi, p), r, grain=1)
+    return lse
+
+
+def _grad_compiled(x: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, g: float):
+    """``xent_backward_cpu``'s dlogits for float32 logits by the compiled loop (the same
+    float32 operations in the same order: the same bits), or None when the loop is
+    unavailable or the inputs are not contiguous CPU float32/int64."""
+    if (not LOOPS.available() or x.device.type != "cpu"
+            or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous()):
+        return None
+    r, v = x.shape
+    t64 = t.to(torch.int64).contiguous()
+    lse32 = lse.to(torch.float32).contiguous()
+    out = torch.empty_like(x)
+    args = (x.reshape(-1).numpy(), t64.numpy(), lse32.numpy(), g, out.reshape(-1).numpy(), r, v)
+    parallel(lambda lo, hi, p: LOOPS.xent_grad(*args, lo, hi, p), r, grain=1)
+    return out
 
 
 # ------------------------------------------------------------------- Triton kernels

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from open1b_kernels.core import backend
+from open1b_kernels.core import backend, mathc
 
 # Kernels on the tensors' own device: a CUDA device, or CPU tensors under the interpreter.
 needs_triton = pytest.mark.skipif(not backend.triton_available(),
@@ -28,3 +28,7 @@ def same_bits(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
         return a is None and b is None
     na, nb = torch.isnan(a), torch.isnan(b)
     return torch.equal(na, nb) and torch.equal(bits(a)[~na], bits(b)[~nb])
+
+
+# The compiled CPU loops: every folder's extension built and not switched off.
+needs_loops = pytest.mark.skipif(not mathc.available(), reason="the compiled loops are not built")

@@ -92,11 +92,10 @@ def test_rejects_non_power_of_four_block():
 
 
 def test_compiled_dim0_stages_give_the_torch_bits(monkeypatch):
-    # open1b_kernels.core.mathc.fwht_dim0_ (the C butterflies) against the torch stage loop, on
+    # the compiled butterflies (open1b_kernels/int8/_hadamard.c) against the torch stage loop, on
     # subnormal, huge (overflowing to inf), signed-zero and ordinary values, several tiles
-    from open1b_kernels.core import mathc
     from open1b_kernels.int8 import hadamard as hd
-    if not mathc.available():
+    if not hd.LOOPS.available():
         pytest.skip("the compiled loops are not built")
     g = torch.Generator().manual_seed(9)
     x = torch.randn(512, 300, generator=g) * torch.exp(torch.randn(512, 300, generator=g) * 8)

@@ -8,6 +8,8 @@ import torch
 from open1b_kernels.core import backend
 from open1b_kernels.int8.gemm import MAX_K, bf16_rne, int8_mm, int8_mm_cpu
 from tests.kernels.support import bits, needs_interpreter
+from tests.kernels.support import needs_loops
+from open1b_kernels.int8.gemm import _dequant_compiled
 
 
 def _ints(shape, g, lo=-128, hi=128):
@@ -105,3 +107,35 @@ def test_rejects_bad_arguments():
         int8_mm(a, torch.zeros((2, 4), dtype=torch.int8))
     with pytest.raises(ValueError, match="scales"):
         int8_mm(a, a, out_dtype=torch.float32)
+
+
+@needs_loops
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_row", [True, False])
+def test_compiled_dequantization_equals_torch(out_dtype, per_row):
+    """open1b_kernels.int8.gemm's dequantization (int32 -> float32 rounded, two float32 multiplies,
+    bf16 rounding) and the guard's sums from the same pass, against the torch code - int32
+    extremes (conversion rounds above 2^24), scales that overflow to inf and underflow to
+    subnormals and zero, a zero scale - on shapes that split among threads."""
+    from open1b_kernels.int8.checksum import row_col_sums
+    from open1b_kernels.int8.gemm import dequantize_cpu
+
+    g = torch.Generator().manual_seed(8)
+    acc = torch.randint(-2**31, 2**31 - 1, (301, 1200), generator=g,
+                        dtype=torch.int64).to(torch.int32)
+    acc[0], acc[1, :7] = 2**31 - 1, torch.tensor([-2**31, 16777217, -16777219, 1, 0, -1, 3])
+    rs = torch.rand(301 if per_row else 1, generator=g) * 1e-3
+    cs = torch.rand(1200, generator=g) * 1e-4
+    cs[:4] = torch.tensor([1e30, 1e-30, 0.0, 3.0e-39])
+    if per_row:
+        rs[5] = 1e-38
+    out = torch.empty(acc.shape, dtype=out_dtype)
+    sums = _dequant_compiled(acc, rs, cs, out, sums=True)
+    want = dequantize_cpu(acc, rs, cs, out_dtype)
+    bits = torch.int16 if out_dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(out.view(bits), want.view(bits))
+    assert all(torch.equal(a, b) for a, b in zip(sums, row_col_sums(acc)))
+    out2 = torch.empty(acc.shape, dtype=out_dtype)
+    assert _dequant_compiled(acc, rs, cs, out2, sums=False) == ()
+    assert torch.equal(out2.view(bits), want.view(bits))
+    assert _dequant_compiled(acc.t(), rs, cs, out2, sums=False) is None   # not contiguous

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from open1b_kernels.core import intmatrix, mathc
+from open1b_kernels.core import mathc
 from open1b_kernels.int8 import gemm
 from open1b_kernels.int8 import route as gemm_route
 
@@ -101,12 +101,12 @@ def test_a_bound_exactly_at_the_limit_takes_the_chunks(route, monkeypatch):
 @pytest.mark.parametrize("by_rows", [True, False])
 @pytest.mark.parametrize("shape", [(1, 1), (7, 300), (40, 70_000), (70_000, 3)])
 def test_compiled_widening_and_sums_of_squares_equal_torch(by_rows, shape):
-    if not mathc.has("widen_sq"):
+    if not mathc.available():
         pytest.skip("the compiled loops are not built")
     g = torch.Generator().manual_seed(shape[0])
     x = torch.randint(-128, 128, shape, generator=g, dtype=torch.int8)
     x[0, 0] = -128                                # the one square of 2^14
     out = torch.empty(shape, dtype=torch.float32)
-    sq = intmatrix.widen_sq(x, out, by_rows)
+    sq = gemm_route._widen_sq_compiled(x, out, by_rows)
     assert torch.equal(out, x.to(torch.float32))
     assert torch.equal(sq, x.to(torch.int64).square().sum(1 if by_rows else 0))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from open1b_kernels.core import backend
-from open1b_kernels.ops import float_products as fp
+from open1b_kernels.ops import lmhead_float as fp
 from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops.lmhead import (lmhead_backward, lmhead_forward, ozaki_mm, ozaki_mm_cpu,
                             slice_rows_cpu)

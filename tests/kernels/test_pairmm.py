@@ -1,7 +1,7 @@
 """The int16-pair GEMM (open1b_kernels/int8/_pairmm.c): the exact int32 product on every
 shape, layout and extreme and the route that picks it (the same bits as the float route
 through the linear: tests/kernels/test_int_gemm_guard.py, every route; through the LM
-head, whose products run as wide int64 terms: tests/kernels/test_pair_products.py)."""
+head, whose products run as wide int64 terms: tests/kernels/test_lmhead_pairs.py)."""
 from __future__ import annotations
 
 
@@ -76,9 +76,9 @@ def test_out_and_bad_arguments():
     with pytest.raises(ValueError, match="K = 0"):
         pairmm.pair_mm(a[:, :0], b[:, :0])
     with pytest.raises(ValueError, match="buffer"):       # the C side checks sizes too
-        pairmm._pairmm.product(torch.zeros(4, dtype=torch.int32).numpy(),
-                               torch.zeros(4, dtype=torch.int32).numpy(),
-                               torch.zeros(4, dtype=torch.int32).numpy(), 9, 4, 5, 0, 2)
+        pairmm.LOOPS.product(torch.zeros(4, dtype=torch.int32).numpy(),
+                             torch.zeros(4, dtype=torch.int32).numpy(),
+                             torch.zeros(4, dtype=torch.int32).numpy(), 9, 4, 5, 0, 2)
 
 
 @needs_pairs

@@ -100,17 +100,16 @@ def test_golden_init_digest():
     assert hashing.digest({"w": w}) == golden["philox_truncated_normal_seed42_stream7_2x3000"]
 
 
-# The compiled word loop (open1b_kernels/core/_mathc.c) against the torch definition: the edges of
+# The compiled word loop (open1b_kernels/ops/_philox.c) against the torch definition: the edges of
 # every id (largest seed, stream and offset), offsets not aligned to a 4-word block, and a
 # count split across threads (each thread starts mid-block).
 @pytest.mark.parametrize("seed,stream,offset,n", [
     (0, 0, 0, 1), (SEED, 3, 1, 7), (2**64 - 1, 2**32 - 1, 2**62 - 9, 9),
     (SEED, 5, (1 << 33) + 2, 300_001), (0xFFFFFFFF, 1 << 31, 3, 1 << 19)])
 def test_compiled_words_equal_the_definition(seed, stream, offset, n):
-    from open1b_kernels.core import mathc
-    if not mathc.available():
+    if not philox.LOOPS.available():
         pytest.skip("the C extension is not built")
-    fast = mathc.philox_words(seed, stream, offset, n)
+    fast = philox._words_compiled(seed, stream, offset, n)
     assert fast is not None and torch.equal(fast, philox.random_words_torch(seed, stream,
                                                                             offset, n))
 
@@ -118,10 +117,9 @@ def test_compiled_words_equal_the_definition(seed, stream, offset, n):
 def test_compiled_words_catch_a_changed_round(monkeypatch):
     # the comparison above can fail: a definition with one round fewer differs everywhere
     monkeypatch.setattr(philox, "ROUNDS", 9)
-    from open1b_kernels.core import mathc
-    if not mathc.available():
+    if not philox.LOOPS.available():
         pytest.skip("the C extension is not built")
-    a, b = mathc.philox_words(SEED, 3, 0, 64), philox.random_words_torch(SEED, 3, 0, 64)
+    a, b = philox._words_compiled(SEED, 3, 0, 64), philox.random_words_torch(SEED, 3, 0, 64)
     assert not torch.equal(a, b)
 
 

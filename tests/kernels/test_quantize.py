@@ -8,6 +8,7 @@ import torch
 from open1b_kernels.core import backend, mathc
 from open1b_kernels.int8 import hadamard, linear as linear_int8, quantize
 from tests.kernels.support import bits, needs_interpreter
+from tests.kernels.support import needs_loops
 
 
 def _operands(seed: int):
@@ -89,8 +90,8 @@ def copies(request):
     """The compiled rotation's plain x86-64-v4 copy, its 8-lane x86-64-v3 copy (each where
     this CPU runs it) and the target_clones copies older CPUs run: all tested on an AVX-512
     machine, the last two on an AVX2 one."""
-    lib = mathc._mathc
-    if lib is None or not hasattr(lib, "v3"):
+    lib = quantize.LOOPS
+    if not lib.available():
         yield request.param
         return
     before = lib.v4(), lib.v3()
@@ -145,7 +146,7 @@ def test_rotated_column_extremes_are_the_definitions(kind, copies):
     else the largest / smallest rotated value - over whole 16-column vectors and the scalar
     columns after them, with NaN and infinities. (Which zero a column of zeros keeps
     depends on the order rows are met; the caller takes max(|max|, |min|).)"""
-    if not mathc.has("rotq"):
+    if not mathc.available():
         pytest.skip("the compiled loops are not built")
     g = torch.Generator().manual_seed(5)
     p, c = 300, 37                                  # two vectors of columns and 5 more
@@ -162,7 +163,7 @@ def test_rotated_column_extremes_are_the_definitions(kind, copies):
     rs = torch.rand(p, generator=g) if kind == 3 else None
     y = torch.empty(512, c)
     cmax, cmin = torch.full((c,), -float("inf")), torch.full((c,), float("inf"))
-    assert mathc.rotate_cols(kind, src, rs, p, y, 256, 0.0625, cmax, cmin, 256, 64)
+    assert quantize._rotate_cols_compiled(kind, src, rs, p, y, 256, 0.0625, cmax, cmin, 256, 64)
     nan = y.isnan().any(0)
     assert nan.tolist() == [kind == 0 and j in (2, 20, 33) for j in range(c)]
     assert kind != 0 or (cmax[9] == float("inf") and cmin[9] == -float("inf"))
@@ -175,7 +176,7 @@ def test_rotation_steps_are_the_torch_operations():
     """The compiled steps of the rotated columns (one call) against the torch operations
     they replace: zero columns (divisor 1), subnormal steps (the clamp flag), signed zeros,
     infinities, and NaN extremes."""
-    if mathc.rotation_steps(torch.zeros(1), torch.zeros(1), quantize.INV_127) is None:
+    if quantize._steps_compiled(torch.zeros(1), torch.zeros(1), quantize.INV_127) is None:
         pytest.skip("the compiled loops are not built")
     g = torch.Generator().manual_seed(8)
     cmax = torch.randn(40, generator=g) * 3
@@ -190,7 +191,7 @@ def test_rotation_steps_are_the_torch_operations():
     subs = []
     for lo, hi in ((cmin, cmax), (cmin[6:], cmax[6:])):   # with and without the subnormal
         want = torch.maximum(hi, lo.neg()).abs_().mul_(quantize.INV_127)
-        step, div, sub = mathc.rotation_steps(hi, lo, quantize.INV_127)
+        step, div, sub = quantize._steps_compiled(hi, lo, quantize.INV_127)
         assert torch.equal(step.isnan(), want.isnan())
         ok = ~want.isnan()
         assert torch.equal(bits(step[ok]), bits(want[ok]))
@@ -198,7 +199,7 @@ def test_rotation_steps_are_the_torch_operations():
         subs.append(sub)
         assert sub == bool(((want > 0) & (want < quantize.FLT_MIN)).any())
     assert subs == [True, False]
-    step, div, _ = mathc.rotation_steps(cmax[:2], cmin[:2], quantize.INV_127)
+    step, div, _ = quantize._steps_compiled(cmax[:2], cmin[:2], quantize.INV_127)
     assert step.tolist() == [0.0, 0.0] and div.tolist() == [1.0, 1.0]
 
 
@@ -208,7 +209,7 @@ def test_compiled_transposed_widening_equals_torch(p, q):
     # widened exactly (4 x 4 tiles in 64-bit words inside each
     # 64 x 64 block, the edges element by element), zero rows from P; row ranges that start
     # and stop off the blocks and tiles (the pieces' cuts)
-    if not mathc.has("widen_t"):
+    if not mathc.available():
         pytest.skip("the compiled loops are not built")
     g = torch.Generator().manual_seed(p * 1000 + q)
     src = torch.randn(q, p, generator=g).bfloat16()          # (Q, P): read transposed
@@ -220,6 +221,63 @@ def test_compiled_transposed_widening_equals_torch(p, q):
     for cuts in ([0, r], [0, min(5, r), min(70, r), r], [0, r // 2, r]):
         y = torch.full((r, q), -7.0)
         for lo, hi in zip(cuts, cuts[1:]):
-            mathc._mathc.widen_t(mathc.flat(src.view(torch.int16)), mathc.flat(y), p, q, r,
+            quantize.LOOPS.widen_t(mathc.flat(src.view(torch.int16)), mathc.flat(y), p, q, r,
                                  lo, hi)
         assert torch.equal(y.view(torch.int32), want.view(torch.int32))
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("per_row", [True, False])
+def test_compiled_quantizer_equals_torch(dtype, per_row, monkeypatch):
+    """open1b_kernels.int8.quantize.quantize_cpu by the compiled loop against the torch steps:
+    values past the clamp, exact ties (rounded half to even), a zero step (the safe
+    divisor 1), subnormal steps, huge values, rows split among threads."""
+    from open1b_kernels.int8.quantize import quantize_cpu
+
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(300, 1111, generator=g) * 50
+    x[0, :8] = torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5, 126.5, -127.5, 1e30])
+    x = x.to(dtype)
+    step = (torch.rand(300 if per_row else 1, generator=g) + 0.5)
+    step[0] = 1.0
+    if per_row:
+        step[1], step[2] = 0.0, 1e-40
+    got = quantize_cpu(x, step)
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want = quantize_cpu(x, step)
+    assert got.dtype == torch.int8 and torch.equal(got, want)
+    assert got[0, :7].tolist() == [0, 2, 2, 0, -2, 126, -127]
+
+
+@needs_loops
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("per_row", [True, False])
+def test_compiled_ste_and_bf16_rounding_equal_the_torch_code(monkeypatch, x_dtype, per_row):
+    """The linear's straight-through estimator (open1b_kernels.int8.quantize.ste_cpu) and the
+    float32 -> bf16 rounding (open1b_kernels.int8.gemm.bf16_rne) compiled vs the torch code: codes
+    clipped on both sides, exact +-127 and .5 ties of v, a zero step, subnormal and huge
+    gradients, NaN."""
+    from open1b_kernels.int8.gemm import bf16_rne
+    from open1b_kernels.int8.quantize import ste_cpu
+
+    g = torch.Generator().manual_seed(9)
+    r, c = 33, 257
+    step = (torch.rand(r if per_row else 1, generator=g) * 0.1 + 0.01)
+    if per_row:
+        step[4] = 0.0                                    # a zero step: divisor 1
+    x = torch.randn(r, c, generator=g) * 3.0
+    x[1, :8] = step[1 if per_row else 0] * torch.tensor([127.0, -127.0, 127.5, -127.5,
+                                                         2.5, -3.5, 300.0, -0.0])
+    x = x.to(x_dtype)
+    grad = torch.randn(r, c, generator=g) * 10.0 ** torch.randint(-42, 38, (r, c),
+                                                                   generator=g).float()
+    grad[2, 3] = float("nan")
+    got = [ste_cpu(grad, x, step, want_term=w, out_bf16=True) for w in (True, False)]
+    rne = bf16_rne(grad)
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want = [ste_cpu(grad, x, step, want_term=w, out_bf16=True) for w in (True, False)]
+    assert torch.equal(bf16_rne(grad).view(torch.int16), rne.view(torch.int16))
+    for (dx, t), (dx_w, t_w) in zip(got, want):
+        assert torch.equal(dx.view(torch.int16), dx_w.view(torch.int16))
+        assert (t is None and t_w is None) or torch.equal(t.view(torch.int32), t_w.view(torch.int32))

@@ -5,6 +5,7 @@ import torch
 from open1b_kernels.core import reduce
 from open1b_kernels.core.backend import force
 from tests.kernels.support import needs_triton
+from tests.kernels.support import needs_loops
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -37,8 +38,7 @@ def test_row_trees_match_the_definition(compiled, monkeypatch):
     levels with OPEN1B_MATHC=0) against the definition row by row: widths that are and are
     not powers of two, one column, signed zeros (the +0 padding turns -0 + -0 + -0 into +0),
     infinities, NaN, subnormals, a 3-D tensor."""
-    from open1b_kernels.core import mathc
-    if compiled and not mathc.has("tree_rows"):
+    if compiled and not reduce.LOOPS.available():
         pytest.skip("the compiled loops are not built")
     if not compiled:
         monkeypatch.setenv("OPEN1B_MATHC", "0")
@@ -114,3 +114,34 @@ def test_the_cpu_tree_sum_keeps_a_tensor_on_its_own_device(shape, dim):
     assert out.shape == tuple(n for i, n in enumerate(shape) if i != dim % len(shape))
     o = torch.empty(2, 4, 64, 16, dtype=torch.bfloat16, device="meta")
     assert row_delta(o, o).shape == (2, 4, 64) and row_delta(o, o).device.type == "meta"
+
+
+@needs_loops
+def test_compiled_tree_sum_equals_the_torch_tree(monkeypatch):
+    """open1b_kernels.core.reduce's pairwise tree of a long vector by the compiled blocks and the
+    tree over their partials vs the torch levels: the same bits for lengths at, past and far
+    from a power of two (padding inside the last block and whole padded blocks), with
+    cancelling magnitudes (the order shows in the result), signed zeros, subnormals and
+    inf; shorter vectors stay on the torch code."""
+    from open1b_kernels.core import reduce
+
+    g = torch.Generator().manual_seed(13)
+    for n in (reduce.TREE_BLOCK, reduce.TREE_BLOCK + 1, 3 * reduce.TREE_BLOCK + 5,
+              (1 << 20) + 3, 2_564_096):
+        x = torch.randn(n, generator=g) * torch.pow(10.0, torch.randint(-20, 20, (n,),
+                                                                         generator=g).float())
+        x[:4] = torch.tensor([-0.0, 1e-45, -3e-39, 1e30])
+        got = reduce.tree_sum_cpu(x, 0)
+        monkeypatch.setenv("OPEN1B_MATHC", "0")
+        want = reduce.tree_sum_cpu(x, 0)
+        monkeypatch.setenv("OPEN1B_MATHC", "1")
+        assert got.shape == want.shape == ()
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), n
+        assert float(got) != float(x.double().sum())          # the order matters here
+    x = torch.full((2 * reduce.TREE_BLOCK,), -0.0)
+    assert torch.equal(reduce.tree_sum_cpu(x, 0).view(torch.int32),
+                       torch.tensor(-0.0).view(torch.int32))
+    inf = torch.zeros(reduce.TREE_BLOCK + 9)
+    inf[7] = float("inf")
+    assert reduce.tree_sum_cpu(inf, 0) == float("inf")
+    assert reduce._tree_1d_compiled(torch.ones(100)) is None            # short: the torch tree

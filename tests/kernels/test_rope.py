@@ -96,12 +96,11 @@ def test_token_blocking_is_bit_identical():
 
 @pytest.mark.parametrize("shape", [(2, 37, 3, 128), (5, 1, 6), (3, 2, 7, 4, 10)])
 def test_compiled_rotation_equals_the_torch_code(shape, monkeypatch):
-    """open1b_kernels.core.mathc.rope (the C rows) against _rotate_cpu's torch operations
+    """The compiled rotation (open1b_kernels/ops/_rope.c) against _rotate_cpu's torch operations
     (OPEN1B_MATHC=0), forward and backward sign, bf16 inputs over the whole range: normal,
     subnormal, zero of both signs, huge (products overflow to inf), inf and NaN (the NaN
     positions must agree; their payload is outside the contract)."""
-    from open1b_kernels.core import mathc
-    if not mathc.has("rope"):
+    if not rope.LOOPS.available():
         pytest.skip("the compiled loops are not built")
     g = torch.Generator().manual_seed(3)
     x = torch.randn(*shape, generator=g) * torch.exp(torch.randn(*shape, generator=g) * 6)

@@ -6,6 +6,7 @@ from open1b_kernels.ops import swiglu
 from tests.kernels import autograd
 from open1b_kernels.core.backend import force
 from tests.kernels.support import needs_triton, same_bits
+from tests.kernels.support import needs_loops
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -55,3 +56,28 @@ def test_large_negative_gate_gives_finite_limits():
 def test_odd_width_is_rejected():
     with pytest.raises(ValueError, match="2F"):
         swiglu.swiglu_fwd(torch.ones(2, 5))
+
+
+@needs_loops
+def test_compiled_swiglu_equals_torch(monkeypatch):
+    """open1b_kernels.ops.swiglu's CPU forward and backward by the compiled rows against the torch
+    code: gates far below zero (exp overflows: s = -0, sig = 0), large and subnormal
+    values, zeros of both signs, inf and NaN (NaN where torch has NaN: payloads are outside
+    the contract), rows split among threads."""
+    from open1b_kernels.ops.swiglu import swiglu_bwd_cpu, swiglu_fwd_cpu
+
+    g = torch.Generator().manual_seed(12)
+    h = torch.randn(301, 2 * 700, generator=g) * 10.0 ** torch.randint(-3, 3, (301, 1400),
+                                                                       generator=g).float()
+    h[0, :8] = torch.tensor([-200.0, -88.0, 90.0, 1e-40, -0.0, 0.0, float("inf"),
+                             float("nan")])
+    h[1, :3] = torch.tensor([-float("inf"), 3e38, -3e38])
+    h = h.to(torch.bfloat16)
+    dy = (torch.randn(301, 700, generator=g) * 2).to(torch.bfloat16)
+    got = swiglu_fwd_cpu(h), swiglu_bwd_cpu(dy, h)
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want = swiglu_fwd_cpu(h), swiglu_bwd_cpu(dy, h)
+    for a, b in zip(got, want):
+        nan = b.isnan()
+        assert a.shape == b.shape and bool(nan.any()) and torch.equal(a.isnan(), nan)
+        assert torch.equal(a[~nan].view(torch.int16), b[~nan].view(torch.int16))

@@ -9,6 +9,7 @@ from open1b_kernels.core import backend
 from open1b_kernels.ops.xent import CHUNK, Z_LOSS, xent_backward, xent_forward
 from tests.kernels.autograd import xent
 from tests.kernels.support import bits, needs_interpreter
+from tests.kernels.support import needs_loops
 
 
 def _case(m, v, seed, kind="normal"):
@@ -100,3 +101,50 @@ def test_lmhead_xent_chain_parity():
     for name, ref, got in zip(("loss", "lse", "dh", "dw"), outs["cpu"], outs["triton"]):
         view = torch.int16 if ref.dtype == torch.bfloat16 else torch.int32
         assert torch.equal(ref.view(view), got.view(view)), name
+
+
+@needs_loops
+def test_compiled_xent_backward_equals_the_torch_code(monkeypatch):
+    from open1b_kernels.ops import xent
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(7, 5000, generator=g) * 30.0       # > CHUNK columns, wide logits
+    x[2, 17] = float("nan")                             # a non-finite row
+    x[4] = -1e30                                        # exp underflows to 0 (subnormal path)
+    t = torch.tensor([0, 4999, 17, 3, 2500, 1, 77])
+    lse = xent.row_lse_cpu(torch.nan_to_num(x, nan=0.0))
+    dloss = torch.tensor(0.37)
+    got = xent.xent_backward_cpu(dloss, x, t, lse)
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want = xent.xent_backward_cpu(dloss, x, t, lse)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@needs_loops
+def test_compiled_row_logsumexp_equals_torch(monkeypatch):
+    """open1b_kernels.ops.xent's online logsumexp by the compiled rows against the torch code: a
+    vocabulary that is not a multiple of the chunk (the -inf padding), a NaN logit, a row
+    of -inf, huge and tiny logits, a maximum that moves between chunks, chunks whose
+    maximum is a zero of either sign."""
+    from open1b_kernels.ops.xent import CHUNK, row_lse_cpu, xent_forward_cpu
+
+    g = torch.Generator().manual_seed(13)
+    v = 2 * CHUNK + 77
+    x = torch.randn(9, v, generator=g) * 5
+    x[1, 5] = float("nan")
+    x[2] = -float("inf")
+    x[3, :10] = torch.tensor([3e38, -3e38, 1e-40, 88.0, 89.0, -104.0, 0.0, -0.0, 50.0, 60.0])
+    x[4, -1] = 300.0                                     # the maximum in the padded chunk
+    x[6] = -x[6].abs() - 1.0                             # maxima of zero: the first's sign
+    x[6, 100], x[6, 200] = -0.0, 0.0
+    x[7] = -x[7].abs() - 1.0
+    x[7, 100], x[7, 200] = 0.0, -0.0
+    got = row_lse_cpu(x)
+    t = torch.randint(0, v, (9,), generator=g)
+    loss = xent_forward_cpu(x[5:], t[5:])[0]
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want = row_lse_cpu(x)
+    nan = want.isnan()
+    assert bool(nan[1]) and torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
+    assert torch.equal(loss.view(torch.int32), xent_forward_cpu(x[5:], t[5:])[0].view(torch.int32))

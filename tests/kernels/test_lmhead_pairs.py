@@ -1,6 +1,6 @@
-"""The LM head's products on the pair route (open1b_kernels/ops/pair_products.py and the
+"""The LM head's products on the pair route (open1b_kernels/ops/lmhead_pairs.py and the
 wide operands, int64 sums and rounding of open1b_kernels/int8/_pairmm.c, the row-sparse
-slices of open1b_kernels/int8/_rowsparse.c): every slice pair once with its weight, exact
+slices of open1b_kernels/ops/_lmhead_rowsparse.c): every slice pair once with its weight, exact
 at the extremes, the float route's bits through the head, and a check that catches a
 wrong product."""
 from __future__ import annotations
@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from open1b_kernels.core.backend import force
-from open1b_kernels.int8 import pairmm, rowsparse
+from open1b_kernels.int8 import pairmm
 from open1b_kernels.int8 import route as gemm_route
 from open1b_kernels.ops import lmhead as lm
-from open1b_kernels.ops import pair_products as pp
-from open1b_kernels.ops import products
+from open1b_kernels.ops import lmhead_int, lmhead_plan
+from open1b_kernels.ops import lmhead_pairs as pp
+from open1b_kernels.ops import lmhead_rowsparse as rowsparse
 
 needs_pairs = pytest.mark.skipif(not pairmm.available(),
                                  reason="the pair GEMM needs x86-64 with AVX2 (and the build)")
@@ -121,11 +122,11 @@ def test_wide_operands_refuse_minus_128_and_bad_arguments_are_named():
     words = (flat := lambda x: x.reshape(-1).numpy())(pa.words), flat(pb.words)
     c = flat(torch.zeros((5, 4), dtype=torch.int64))
     with pytest.raises(ValueError, match="shift"):                    # the C side too
-        pairmm._pairmm.product64([(*words, 0, 40)], c, 5, 4, 9, False, 0, 1)
+        pairmm.LOOPS.product64([(*words, 0, 40)], c, 5, 4, 9, False, 0, 1)
     with pytest.raises(ValueError, match="terms"):
-        pairmm._pairmm.product64([(*words, 0, 0)] * 9, c, 5, 4, 9, False, 0, 1)
+        pairmm.LOOPS.product64([(*words, 0, 0)] * 9, c, 5, 4, 9, False, 0, 1)
     with pytest.raises(ValueError, match="buffer"):
-        pairmm._pairmm.product64([(*words, 0, 0)], c, 5, 4, 99, False, 0, 1)
+        pairmm.LOOPS.product64([(*words, 0, 0)], c, 5, 4, 99, False, 0, 1)
 
 
 def _head_case(g, m=40, k=300, v=600):
@@ -216,12 +217,12 @@ def test_a_row_sparse_slice_runs_row_by_row_with_the_float_bits(route, monkeypat
         monkeypatch.setattr(pp, "ROW_BLOCK", 64)
         monkeypatch.setattr(pp, "T_BLOCK", 64 * 32)
         monkeypatch.setattr(pp, "PACK_K", 64)
-        monkeypatch.setattr(products, "INT_ROW_BLOCK", 64)
-        monkeypatch.setattr(products, "INT_COL_BLOCK", 32)
-        monkeypatch.setattr(products, "K_CHUNK", 256)
-        monkeypatch.setattr(products, "COMPACT_MAX", 0.25)  # slice 2 over 64 rows: ~250 of 600
+        monkeypatch.setattr(lmhead_int, "INT_ROW_BLOCK", 64)
+        monkeypatch.setattr(lmhead_int, "INT_COL_BLOCK", 32)
+        monkeypatch.setattr(lmhead_plan, "K_CHUNK", 256)
+        monkeypatch.setattr(lmhead_plan, "COMPACT_MAX", 0.25)  # slice 2 over 64 rows: ~250 of 600
     if case == "uncompacted":
-        monkeypatch.setattr(products, "COMPACT_MAX", 0.0)
+        monkeypatch.setattr(lmhead_plan, "COMPACT_MAX", 0.0)
     g = torch.Generator().manual_seed(8)
     h, w, _ = _head_case(g, m=128)
     dl = _sparse_dl(g)
@@ -241,7 +242,7 @@ def test_a_row_sparse_slice_runs_row_by_row_with_the_float_bits(route, monkeypat
     assert calls and set(map(tuple, calls)) == (
         {tuple(weights[1]), tuple(weights[2])} if case == "uncompacted" else {tuple(weights[2])})
     calls.clear()
-    monkeypatch.setattr(products, "ROW_SPARSE_MAX", 1 / 1200)   # below their 1-5 nonzeros a row
+    monkeypatch.setattr(lmhead_plan, "ROW_SPARSE_MAX", 1 / 1200)   # below their 1-5 nonzeros a row
     got = _head(h, w, dl, slices)
     assert not calls
     assert all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(want, got))

@@ -1,4 +1,4 @@
-"""The LM head's CPU integer route (``open1b_kernels.ops.products``): the library's
+"""The LM head's CPU integer route (``open1b_kernels.ops.lmhead_int``): the library's
 int8 GEMM per slice level, checked once per product by exact row and column sums. It must
 give the float path's bits (both slice counts, chunked contractions, several output blocks,
 non-finite rows), and a faulty integer GEMM - a wrong element, or two that cancel in their
@@ -11,8 +11,10 @@ import torch
 from open1b_kernels.core import backend, mathc
 from open1b_kernels.int8 import route as gemm_route
 from open1b_kernels.ops import lmhead as lm
-from open1b_kernels.ops import products as pr
+from open1b_kernels.ops import lmhead_int as li
+from open1b_kernels.ops import lmhead_plan as lp
 from open1b_kernels.ops.lmhead import lmhead_backward, lmhead_forward
+from tests.kernels.support import needs_loops
 
 
 def exact_mm(a, b_t):
@@ -39,8 +41,8 @@ def _same(xs, ys):
 
 @pytest.fixture(params=["compiled", "torch"])
 def loops(request, monkeypatch):
-    """The integer route's work between GEMMs by open1b_kernels.core.mathc's compiled loops (level
-    sums, check sums, rounding), or by the torch code (OPEN1B_MATHC=0): both are tested."""
+    """The integer route's work between GEMMs by its compiled loop (level sums, check sums,
+    rounding: ``_lmhead_sums.c``), or by the torch code (OPEN1B_MATHC=0): both are tested."""
     if request.param == "torch":
         monkeypatch.setenv("OPEN1B_MATHC", "0")
     elif not mathc.available():
@@ -56,18 +58,18 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops,
                                               short, chunked):
     # small blocks and chunks: several row and column blocks, contraction chunks flushed
     # (level operands copied chunk by chunk) or one chunk (level operands are views of the
-    # level-ready slices, open1b_kernels.ops.slices); 128 rows: one row block, where each b
+    # level-ready slices, open1b_kernels.ops.lmhead_slices); 128 rows: one row block, where each b
     # operand is built when used; the blocks of short contractions (every K here counted
     # short), or the long ones (SHORT_K = 0)
     if short:
-        monkeypatch.setattr(pr, "SHORT_K", 1 << 30)
-        monkeypatch.setattr(pr, "SHORT_BLOCKS", (row_block, 32))
+        monkeypatch.setattr(li, "SHORT_K", 1 << 30)
+        monkeypatch.setattr(li, "SHORT_BLOCKS", (row_block, 32))
     else:
-        monkeypatch.setattr(pr, "SHORT_K", 0)
-        monkeypatch.setattr(pr, "INT_ROW_BLOCK", row_block)
-        monkeypatch.setattr(pr, "INT_COL_BLOCK", 32)
+        monkeypatch.setattr(li, "SHORT_K", 0)
+        monkeypatch.setattr(li, "INT_ROW_BLOCK", row_block)
+        monkeypatch.setattr(li, "INT_COL_BLOCK", 32)
     if chunked:
-        monkeypatch.setattr(pr, "K_CHUNK", 64)
+        monkeypatch.setattr(lp, "K_CHUNK", 64)
     h, w, dl = _case()
     dl[5, 7] = float("nan")                         # a non-finite row and column of dlogits
     route("float")
@@ -90,8 +92,8 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops,
 
 @pytest.mark.parametrize("fault", ["one element", "cancelling in a row"])
 def test_a_faulty_integer_gemm_is_caught_and_recomputed(route, monkeypatch, fault, loops):
-    monkeypatch.setattr(pr, "SHORT_K", 1 << 30)
-    monkeypatch.setattr(pr, "SHORT_BLOCKS", (16, 32))
+    monkeypatch.setattr(li, "SHORT_K", 1 << 30)
+    monkeypatch.setattr(li, "SHORT_BLOCKS", (16, 32))
     h, w, dl = _case(seed=1)
     route("float")
     want = _run(h, w, dl, 3)
@@ -120,7 +122,7 @@ def test_a_narrow_weight_gradient_runs_swapped_with_the_same_bits(route, monkeyp
                                                                   loops):
     # d_model 24 < the vocabulary's 90 rows: the weight gradient dlogits^T h (a transposed
     # view, 24 output columns) runs as (h^T dlogits)^T on the integer route (NARROW_C)
-    monkeypatch.setattr(pr, "SHORT_BLOCKS", (16, 32))
+    monkeypatch.setattr(li, "SHORT_BLOCKS", (16, 32))
     h, w, dl = _case(k=24)
     dl[5, 7] = float("nan")                         # its column is a NaN row of the swap
     route("float")
@@ -135,3 +137,65 @@ def test_a_narrow_weight_gradient_runs_swapped_with_the_same_bits(route, monkeyp
     assert _same(want, got)
     monkeypatch.setattr(lm, "NARROW_C", 0)          # the unswapped orientation: same bits
     assert _same(want, _run(h, w, dl, slices))
+
+
+@needs_loops
+@pytest.mark.parametrize("n, with_base", [(n, b) for n in (0, 2, 3, 6) for b in (False, True)
+                                          if n or b])   # nothing at all: refused, tested below
+def test_compiled_lmhead_level_loop_equals_torch(n, with_base):
+    """The level loop (``levels_round_weighted`` in ``_lmhead_sums.c``): the pass after the
+    level GEMMs of one block (the weighted level sum
+    T on an int64 base part - the row-sparse slices' - or on zero, its one rounding into the
+    output's columns, T's row and column sums modulo 2^64) against the torch operations it
+    replaces - int32 extremes, the two levels of S = 2 and the three of S = 3 (the loop's
+    unrolled cases), S = 3 with two contraction chunks per level (six products: the general
+    loop) and the base alone, rows split among threads, sums added to what is there."""
+    g = torch.Generator().manual_seed(4)
+    accs = torch.randint(-2**31, 2**31 - 1, (n, 37, 70), generator=g,
+                         dtype=torch.int64).to(torch.int32)
+    if n:
+        accs[0, 0], accs[-1, 1] = 2**31 - 1, -2**31
+    weights = {0: [], 2: [float(1 << 7), 1.0], 3: [float(1 << 14), float(1 << 7), 1.0],
+               6: [float(1 << 14)] * 2 + [float(1 << 7)] * 2 + [1.0] * 2}[n]
+    base = None
+    if with_base:                      # |T| < 2^53 keeps float64 exact: the base below 2^51
+        base = torch.randint(-2**51, 2**51, (37, 70), generator=g, dtype=torch.int64)
+    rowf = torch.pow(2.0, torch.randint(-60, 60, (37,), generator=g).double())
+    colf = torch.pow(2.0, torch.randint(-200, -100, (70,), generator=g).double())
+    out = torch.zeros((37, 90))
+    # sums near the int64 limits: T's row sums wrap modulo 2^64, as the check's do
+    rows = torch.full((37,), 2**63 - 5, dtype=torch.int64)
+    cols = torch.full((70,), -2**63 + 3, dtype=torch.int64)
+    want_rows, want_cols = rows.clone(), cols.clone()
+    assert li._levels_round_compiled(accs, weights, rowf, colf, out, 11, rows, cols, base)
+    t = base.double() if with_base else torch.zeros((37, 70), dtype=torch.float64)
+    u = base.clone() if with_base else torch.zeros((37, 70), dtype=torch.int64)
+    for a, w in zip(accs, weights):
+        t = t + a.to(torch.float64) * w
+        u = u + a.to(torch.int64) * int(w)
+    ref = (t * rowf[:, None] * colf[None, :]).to(torch.float32)
+    assert torch.equal(out[:, 11:81].view(torch.int32), ref.view(torch.int32))
+    assert not out[:, :11].any() and not out[:, 81:].any()
+    # the reference sums in Python integers, reduced modulo 2^64 to int64
+    def wrap(x: int) -> int:
+        return (x + 2**63) % 2**64 - 2**63
+    uu = u.tolist()
+    assert rows.tolist() == [wrap(r0 + sum(row)) for r0, row in zip(want_rows.tolist(), uu)]
+    assert cols.tolist() == [wrap(c0 + sum(uu[r][c] for r in range(37)))
+                             for c, c0 in enumerate(want_cols.tolist())]
+
+
+@needs_loops
+def test_compiled_lmhead_level_loop_refuses_bad_arguments():
+    # a weight that is not a power of two (the sums' shifts), or no products and no base:
+    # refused by name, nothing written
+    accs = torch.ones((2, 4, 5), dtype=torch.int32)
+    out = torch.zeros((4, 5))
+    rows, cols = torch.zeros(4, dtype=torch.int64), torch.zeros(5, dtype=torch.int64)
+    one = torch.ones(4, dtype=torch.float64), torch.ones(5, dtype=torch.float64)
+    for weights in ([3.0, 1.0], [0.5, 1.0], [float(2**63), 1.0]):
+        with pytest.raises(ValueError, match="power of two"):
+            li._levels_round_compiled(accs, weights, *one, out, 0, rows, cols)
+    with pytest.raises(ValueError, match="levels_round_weighted"):
+        li._levels_round_compiled(accs[:0], [], *one, out, 0, rows, cols)
+    assert not out.any() and not rows.any() and not cols.any()

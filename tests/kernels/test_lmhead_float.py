@@ -1,4 +1,4 @@
-"""The LM head's CPU float route (``open1b_kernels.ops.float_products``): float GEMMs of the
+"""The LM head's CPU float route (``open1b_kernels.ops.lmhead_float``): float GEMMs of the
 int8 slices, converted chunk by chunk from the level-ready store. Its groupings - levels side
 by side along K, S = 3's two-GEMM head form, a sparse slice compacted to its nonzero
 columns, contraction chunks that straddle two slices, transposed stores - must all give the
@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from open1b_kernels.core import backend
-from open1b_kernels.ops import float_products as fp
 from open1b_kernels.ops import lmhead as lm
-from open1b_kernels.ops import products as pr
+from open1b_kernels.ops import lmhead_float as fp
+from open1b_kernels.ops import lmhead_plan as lp
+from open1b_kernels.ops.lmhead_slices import LevelSlices
 from open1b_kernels.ops.lmhead import lmhead_backward, lmhead_forward
+from tests.kernels.support import needs_loops
 
 
 def _case(m=48, k=300, v=70, seed=0):
@@ -44,7 +46,7 @@ def plain(route, monkeypatch):
 
     def run(h, w, dl, slices):
         with monkeypatch.context() as m:
-            m.setattr(pr, "COMPACT_MAX", -1.0)
+            m.setattr(lp, "COMPACT_MAX", -1.0)
             m.setattr(lm, "CPU_S3_TWO_GEMMS", False)
             m.setattr(fp, "ROW_BLOCK", 1 << 20)
             m.setattr(fp, "COL_BLOCK", 1 << 20)
@@ -57,13 +59,13 @@ def test_the_compacted_slice_gives_the_plain_bits(plain, monkeypatch, slices):
     h, w, dl = _case()
     want = plain(h, w, dl, slices)
     gathered = []
-    real = pr.LevelSlices.gather
+    real = LevelSlices.gather
 
     def spy(self, i, rows, cols, name):
         gathered.append((i, cols.numel()))
         return real(self, i, rows, cols, name)
 
-    monkeypatch.setattr(pr.LevelSlices, "gather", spy)
+    monkeypatch.setattr(LevelSlices, "gather", spy)
     monkeypatch.setattr(fp, "ROW_BLOCK", 16)            # several row blocks, each its own union
     monkeypatch.setattr(fp, "COL_BLOCK", 32)
     got = _bits(_run(h, w, dl, slices))
@@ -115,51 +117,48 @@ def test_a_compaction_that_loses_a_column_is_caught_on_the_float_route(plain, mo
     # the slice's nonzeros against the gathered ones sends the block to the plain products
     h, w, dl = _case(seed=4)
     want = plain(h, w, dl, 3)
-    real = pr.nonzero_cols
-    monkeypatch.setattr(pr, "nonzero_cols", lambda sa, i, rows: real(sa, i, rows)[:-1])
+    real = lp.nonzero_cols
+    monkeypatch.setattr(lp, "nonzero_cols", lambda sa, i, rows: real(sa, i, rows)[:-1])
     with pytest.warns(RuntimeWarning, match="compacted slice 1 missed a nonzero column"):
         got = _bits(_run(h, w, dl, 3))
     for name, a, b in zip(("logits", "dh", "dw"), want, got):
         assert torch.equal(a, b), name
-    monkeypatch.setattr(fp, "_checked", lambda sa, rs, sparse: sparse)   # without the check
+    monkeypatch.setattr(fp, "verified", lambda sa, p: p)   # without the check
     assert not torch.equal(want[1], _bits(_run(h, w, dl, 3))[1])
 
 
+@needs_loops
 @pytest.mark.parametrize("slices", [2, 3])
 @pytest.mark.parametrize("parts", [1, 2, fp.PARTS])
 def test_the_compiled_sum_of_the_products_gives_the_torch_bits(route, monkeypatch, slices,
                                                                 parts):
     # a block's float32 products wait in scratch and one compiled pass adds them into T
-    # (mathc.float_sum), the last rounding into the output: against the torch adds and
+    # (_float_sum_compiled), the last rounding into the output: against the torch adds and
     # multiplies, with chunks of 70 so that products outnumber the waiting parts (the
     # passes that store T, then the one that rounds), S = 3's head product writing T first
-    from open1b_kernels.core import mathc
-    if not mathc.has("float_sum"):
-        pytest.skip("the compiled loops are not built")
     route("float")
     h, w, dl = _case(seed=5)
     monkeypatch.setattr(fp, "SGEMM_K", 70)
     monkeypatch.setattr(fp, "ROW_BLOCK", 20)
     monkeypatch.setattr(fp, "COL_BLOCK", 24)
+    full = fp.PARTS
     monkeypatch.setattr(fp, "PARTS", parts)
     calls = []
-    real = mathc.float_sum
-    monkeypatch.setattr(mathc, "float_sum", lambda *a: calls.append(a[4]) or real(*a))
+    real = fp._float_sum_compiled
+    monkeypatch.setattr(fp, "_float_sum_compiled", lambda *a: calls.append(a[3]) or real(*a))
     got = _bits(_run(h, w, dl, slices))
-    assert len(calls) > 0 and (parts == fp.PARTS or True in calls)   # stored T, then added
-    monkeypatch.setattr(mathc, "float_sum", lambda *a: False)          # the torch code
+    assert len(calls) > 0 and (parts == full or True in calls)   # stored T, then added to it
+    monkeypatch.setattr(fp, "_float_sum_compiled", lambda *a: False)  # the torch code
     want = _bits(_run(h, w, dl, slices))
     for name, a, b in zip(("logits", "dh", "dw"), want, got):
         assert torch.equal(a, b), name
 
 
+@needs_loops
 def test_the_compiled_sum_rounds_into_its_columns_and_keeps_the_weights():
-    # mathc.float_sum directly: T from 0 and from its values, the rounding into columns
+    # the compiled sum directly: T from 0 and from its values, the rounding into columns
     # [c0, c0 + C) of a wider output (the others untouched), against float64 torch; and a
     # wrong weight does not give those bits
-    from open1b_kernels.core import mathc
-    if not mathc.has("float_sum"):
-        pytest.skip("the compiled loops are not built")
     g = torch.Generator().manual_seed(6)
     parts = torch.randint(-(1 << 23), 1 << 23, (3, 5, 7), generator=g).to(torch.float32)
     weights = [128.0, 1.0, 2.0 ** -7]
@@ -168,19 +167,19 @@ def test_the_compiled_sum_rounds_into_its_columns_and_keeps_the_weights():
     colf = 2.0 ** torch.randint(-60, -20, (7,), generator=g).to(torch.float64)
     want_t = base + sum(p.double() * w for p, w in zip(parts, weights))
     t = base.clone()
-    assert mathc.float_sum(parts, weights, t, True)
+    assert fp._float_sum_compiled(parts, weights, t, True)
     assert torch.equal(t, want_t)
     t2 = torch.full((5, 7), float("nan"), dtype=torch.float64)
-    assert mathc.float_sum(parts, weights, t2, False)                  # from 0, not from t
+    assert fp._float_sum_compiled(parts, weights, t2, False)                  # from 0, not from t
     assert torch.equal(t2, want_t - base)
     out = torch.full((5, 12), -1.0)
-    assert mathc.float_sum(parts, weights, base.clone(), True, (out, 3, rowf, colf))
+    assert fp._float_sum_compiled(parts, weights, base.clone(), True, (out, 3, rowf, colf))
     want = (want_t * rowf[:, None] * colf[None, :]).to(torch.float32)
     assert torch.equal(out[:, 3:10], want)
     assert bool((out[:, :3] == -1).all()) and bool((out[:, 10:] == -1).all())
     out2 = out.clone()
-    assert mathc.float_sum(parts, [128.0, 1.0, 2.0 ** -6], base.clone(), True,
-                           (out2, 3, rowf, colf))
+    assert fp._float_sum_compiled(parts, [128.0, 1.0, 2.0 ** -6], base.clone(), True,
+                                  (out2, 3, rowf, colf))
     assert not torch.equal(out2, out)
 
 
@@ -217,7 +216,7 @@ def test_the_head_product_after_other_products_gives_the_plain_bits(plain, monke
     monkeypatch.setattr(fp, "ROW_BLOCK", 16)
     monkeypatch.setattr(fp, "COL_BLOCK", 24)
     monkeypatch.setattr(fp, "head_form",
-                        lambda k: (pr.Product((1, 3), (3, 1), 1.0, 0, k), fp.HeadProduct()))
+                        lambda k: (lp.Product((1, 3), (3, 1), 1.0, 0, k), fp.HeadProduct()))
     got = _bits(_run(h, w, dl, 3))
     for name, a, b in zip(("logits", "dh", "dw"), want, got):
         assert torch.equal(a, b), name

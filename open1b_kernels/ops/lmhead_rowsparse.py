@@ -1,26 +1,28 @@
 """A sparse int8 slice's products, row by row, into an int64 sum
-(``open1b_kernels/int8/_rowsparse.c``, which says why they are exact and where they pay):
+(``open1b_kernels/ops/_lmhead_rowsparse.c``, which says why they are exact and where they pay):
 
     t[r, c] += sum over the k with a[r, k] != 0 of a[r, k] * sum_j 2^shift_j * b_j[k, c]
 
-For the LM head's logits gradient on the pair route (``open1b_kernels.ops.pair_products``):
-a slice with a few nonzeros in every row but nonzeros in most columns across the rows costs
-a dense product of the contraction's length there, and each nonzero's columns here.
+For the LM head's logits gradient on the integer routes (``open1b_kernels.ops.lmhead_plan``
+plans which slices run so; ``add_planned`` runs them): a slice with a few nonzeros in every
+row but nonzeros in most columns across the rows costs a dense product of the contraction's
+length there, and each nonzero's columns here.
 """
 from __future__ import annotations
 
-import os
+from typing import TYPE_CHECKING
 
 import torch
 
-from open1b_kernels.core.mathc import flat
+from open1b_kernels.core.mathc import Loops, flat
 from open1b_kernels.core.pieces import parallel
 from open1b_kernels.int8.pairmm import source
 
-try:
-    from open1b_kernels.int8 import _rowsparse
-except ImportError:  # pragma: no cover - the extension is optional
-    _rowsparse = None
+if TYPE_CHECKING:
+    from open1b_kernels.ops.lmhead_plan import Plan
+    from open1b_kernels.ops.lmhead_slices import LevelSlices
+
+LOOPS = Loops("open1b_kernels.ops._opsc")    # the row-by-row products: _lmhead_rowsparse.c
 
 MAX_B = 3          # b slices per call (the C file's MAX_B)
 MAX_SHIFT = 14     # the C file's bound: one nonzero's terms always fit an int32
@@ -29,7 +31,7 @@ MAX_SHIFT = 14     # the C file's bound: one nonzero's terms always fit an int32
 def available() -> bool:
     """True when the extension is built and not switched off (OPEN1B_MATHC=0 switches off
     every compiled loop)."""
-    return _rowsparse is not None and os.environ.get("OPEN1B_MATHC", "1") != "0"
+    return LOOPS.available()
 
 
 def fits(x: torch.Tensor) -> bool:
@@ -64,7 +66,14 @@ def rows_add(a: torch.Tensor, bs: list[tuple[torch.Tensor, int]], t: torch.Tenso
     seen = [0]
 
     def run(lo: int, hi: int, pieces: int) -> None:
-        seen.append(_rowsparse.rows_add(an, r, k, a.stride(0), bn, ldb, tn, c, lo, hi, pieces))
+        seen.append(LOOPS.rows_add(an, r, k, a.stride(0), bn, ldb, tn, c, lo, hi, pieces))
 
     parallel(run, r, grain=8)
     return sum(seen)
+
+
+def add_planned(sa: LevelSlices, sb: LevelSlices, p: Plan, cols: slice, t: torch.Tensor) -> None:
+    """Every pair (i, j) of the slices ``p`` runs row by row (its rows of a, ``cols`` of b)
+    with its weight, added into the int64 ``t``."""
+    for i, pairs in p.row_pairs():
+        rows_add(sa[i - 1][p.rows], [(sb[j - 1][cols].t(), shift) for j, shift in pairs], t)

@@ -7,25 +7,22 @@ T = sum over the slice pairs (i, j) with i + j <= S + 1 of w_ij a_i . b_j, w_ij 
 both are one product of b_j with the *wide* operand 128 a_i + a_(i+1): an integer of at
 most 14 bits, which the pair GEMM multiplies at its int8 rate (it widens int8 to int16
 anyway; ``_pairmm.c``, product64, says why the sums stay exact). Per b slice j, the a
-slices i = 1 .. S + 1 - j that are not compacted go in consecutive twos (``terms``): for
-S = 3, b_1 meets (a_1, a_2) wide and a_3, b_2 meets (a_1, a_2) wide, b_3 meets a_1 - four
-products of length K where the level grouping (``open1b_kernels.ops.products``) runs six;
-with slice 1 compacted (the logits gradient, in both of its products) two where it runs
-three. A block's products all add into one int64 T inside the kernel (``product_add``:
-each 6 x 16 register block once per K block, not one int32 plane per level, the first K
-block stored instead of T zeroed), and the block's last product rounds T into the output
-while each register block is finished (no pass over T; a block with a compacted or a
-row-sparse slice, whose products come last, is rounded by ``round_block`` - the same
-operations).
+slices i = 1 .. S + 1 - j that the plan (``open1b_kernels.ops.lmhead_plan``) runs dense go
+in consecutive twos (``terms``): for S = 3, b_1 meets (a_1, a_2) wide and a_3, b_2 meets
+(a_1, a_2) wide, b_3 meets a_1 - four products of length K where the level grouping
+(``level_products``, the int and float routes') runs six; with slice 1 compacted (the
+logits gradient, in both of its products) two where it runs three. A block's products all
+add into one int64 T inside the kernel (``product_add``: each 6 x 16 register block once
+per K block, not one int32 plane per level, the first K block stored instead of T zeroed),
+and the block's last product rounds T into the output while each register block is
+finished (no pass over T; a block with a compacted or a row-sparse slice, whose products
+come last, is rounded by ``round_block`` - the same operations).
 
-Row-sparse slices (``products.row_sparse``, shared with the int route): a slice of ``a``
-with few nonzeros in every row whose columns still cover most of K over a block's rows -
-slice 2 of the logits gradient in dh = dlogits W, nonzero where a row gives a token more
-than ~2^-14 of its largest magnitude: ~420 of 128,256 a row at initialization, more than
-half the vocabulary over 1,024 rows, so not compacted - runs its pairs row by row
-(``open1b_kernels.int8.rowsparse``: each nonzero times the weighted sum of b's slices at its
-k, added into T): the Open-1B head's dh at 1,024 tokens went from three dense products of
-the vocabulary's length to one (4.6 -> 2.8 s on the Zen 3 host, the same bits).
+The plan's compacted slices are gathered per part of COMPACT_ROWS rows of a T block; its
+row-sparse slices (slice 2 of the logits gradient in dh = dlogits W) run row by row
+(``open1b_kernels.ops.lmhead_rowsparse``): the Open-1B head's dh at 1,024 tokens went from
+three dense products of the vocabulary's length to one (4.6 -> 2.8 s on the Zen 3 host, the
+same bits).
 
 Packing: an operand is packed once per block and contraction chunk, and kept where it is
 used again (``PACK_CACHE``): the a side's packs across the column blocks of its rows (the
@@ -33,8 +30,8 @@ forward: 4,096 hidden states against the vocabulary's column blocks), the b side
 the row blocks (the weight gradient: the vocabulary's rows against the hidden states).
 The contraction runs in chunks of at most PACK_K, so one pack stays tens of MB.
 
-The exactness check is the int route's (``products.check_sums``), taken on T: T's row sums
-against ``sum_i a_i @ (sum_j w_ij colsum(b_j))`` and its column sums against the same for
+The exactness check is the int route's (``lmhead_check.check_sums``), taken on T: T's row
+sums against ``sum_i a_i @ (sum_j w_ij colsum(b_j))`` and its column sums against the same for
 b - the definition's pairs and weights, whatever the grouping, so a product dropped,
 doubled, or given the wrong weight or operand fails it (tested). On a mismatch the failure
 is recorded and the caller recomputes on the float route.
@@ -47,9 +44,10 @@ import torch
 
 from open1b_kernels.core.workspace import scratch
 from open1b_kernels.int8 import pairmm
-from open1b_kernels.ops.products import (check_sums, compacted, row_sparse, rows_sparse_add,
-                                         weight_shift)
-from open1b_kernels.ops.slices import LevelSlices
+from open1b_kernels.ops import lmhead_rowsparse
+from open1b_kernels.ops.lmhead_check import check_sums
+from open1b_kernels.ops.lmhead_plan import COMPACT_ROWS, chunks, plan, weight_shift
+from open1b_kernels.ops.lmhead_slices import LevelSlices
 
 PACK_K = 8192            # contraction chunk of one pack (T sums across chunks in int64)
 T_BLOCK = 1 << 23        # elements of one int64 T block (64 MB)
@@ -60,7 +58,6 @@ PACK_CACHE = 256 << 20   # bytes of one side's packs kept for later blocks
 # (the demo head's forward, K = 128, measured with the first block stored instead of a
 # zeroing pass: 81 -> 76 ms per call)
 SHORT_K, SHORT_BLOCKS = 256, (512, 2048)
-COMPACT_ROWS = 1024      # rows over which a slice's nonzero columns are gathered
 
 
 @dataclass(frozen=True)
@@ -89,11 +86,6 @@ def terms(slices: int, skip: frozenset[int] | set[int] = frozenset()) -> list[Te
                 out.append(Term((i,), j, weight_shift(slices, i, j)))
                 n += 1
     return out
-
-
-def _chunks(k: int, size: int) -> list[tuple[int, int]]:
-    n = -(-k // size)
-    return [(k * i // n, k * (i + 1) // n) for i in range(n)]
 
 
 class _Packs:
@@ -125,7 +117,7 @@ def _gathered(sa: LevelSlices, sb: LevelSlices, rows: slice, cs: slice, i: int,
               cols: torch.Tensor, slices: int, t: torch.Tensor) -> None:
     """The pairs of a's compacted slice ``i`` over its nonzero columns ``cols`` (``rows``
     of a, ``cs`` of b) added into ``t``."""
-    for g0, g1 in _chunks(cols.numel(), PACK_K):
+    for g0, g1 in chunks(cols.numel(), PACK_K):
         part = cols[g0:g1]
         ga = pairmm.pack(sa.gather(i, rows, part, "lmhead.gather_a"), pairmm.MR,
                          "lmhead.pack_ga")
@@ -145,7 +137,7 @@ def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torc
     rb, cb = (min(r, SHORT_BLOCKS[0]), min(c, SHORT_BLOCKS[1])) if k < SHORT_K else (
         min(r, ROW_BLOCK), min(c, max(pairmm.NR, T_BLOCK // min(r, ROW_BLOCK) // pairmm.NR
                                       * pairmm.NR)))
-    kc = _chunks(k, PACK_K)
+    kc = chunks(k, PACK_K)
     rows_got = torch.zeros(r, dtype=torch.int64)
     cols_got = torch.zeros(c, dtype=torch.int64)
     # b's packs kept across row blocks when there are several and all of them fit
@@ -155,35 +147,31 @@ def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torc
         nr = min(r, r0 + rb) - r0
         # compacted per COMPACT_ROWS rows (a union over fewer rows has fewer columns); the
         # slices compacted in every part leave the dense products
-        parts = [slice(p0, min(r0 + nr, p0 + COMPACT_ROWS))
-                 for p0 in range(r0, r0 + nr, COMPACT_ROWS)]
-        found = [compacted(sa, part, slices) for part in parts]
-        skip = set.intersection(*(set(f) for f in found))
-        sparse = row_sparse(sa, sb, rs, slices, skip)
-        plan = terms(slices, skip | set(sparse))
-        wide_ops = {t.a for t in plan}
+        p = plan(sa, sb, rs, slices, part_rows=COMPACT_ROWS)
+        dense = terms(slices, p.compact | set(p.by_rows))
+        wide_ops = {t.a for t in dense}
         a_side = _Packs("a", pairmm.MR, c > cb and nr * k * len(wide_ops) * 2 <= PACK_CACHE)
         for c0 in range(0, c, cb):
             cs = slice(c0, c0 + cb)
             nc = min(c, c0 + cb) - c0
             t = scratch("lmhead.pair_t", (nr, nc), torch.int64)
             rounding = (rowf[rs], colf[cs], out[rs], c0, rows_got[rs], cols_got[cs])
-            if not plan:              # every slice compacted or row-sparse: no dense product
+            if not dense:             # every slice compacted or row-sparse: no dense product
                 t.zero_()
-            for n, (k0, k1) in enumerate(kc if plan else []):
+            for n, (k0, k1) in enumerate(kc if dense else []):
                 group = [(a_side.get((t_.a, n), lambda t_=t_: _a_operand(sa, t_.a, rs, k0, k1)),
                           b_side.get((t_.j, c0, n), lambda t_=t_: (sb[t_.j - 1][cs, k0:k1], None)),
-                          t_.shift) for t_ in plan]
+                          t_.shift) for t_ in dense]
                 # the block's last product rounds T in the kernel (no pass over T)
-                last = n == len(kc) - 1 and not (skip or sparse)
+                last = n == len(kc) - 1 and not (p.compact or p.by_rows)
                 pairmm.product_add(group, t, start=n == 0, rounding=rounding if last else None)
                 a_side.drop()
                 b_side.drop()
-            for part, got in zip(parts, found):
+            for part, got in p.parts:
                 tp = t[part.start - r0:part.stop - r0]
-                for i in sorted(skip):
+                for i in sorted(p.compact):
                     _gathered(sa, sb, part, cs, i, got[i], slices, tp)
-            rows_sparse_add(sa, sb, rs, cs, slices, sparse, t)
-            if skip or sparse or not plan:
+            lmhead_rowsparse.add_planned(sa, sb, p, cs, t)
+            if p.compact or p.by_rows or not dense:
                 pairmm.round_block(t, *rounding)
     return check_sums(sa, sb, rows_got, cols_got, slices, "pair products")

@@ -1,5 +1,7 @@
-"""An operand's int8 slices (``open1b_kernels.ops.lmhead``, step 1) stored so that every level's
-operand is a view.
+"""The LM head's int8 slices on the CPU (``open1b_kernels.ops.lmhead``, step 1): the compiled
+slicer (``_lmhead_slices.c``: integer and bit operations only, so the values of the torch
+code, ``open1b_kernels.ops.lmhead.slice_rows_cpu``, in any split), and the slices stored so
+that every level's operand is a view (``LevelSlices``).
 
 The LM head's integer route multiplies, per level L, the slices a_1 .. a_(L-1) of one
 operand side by side along the contraction with b_(L-1) .. b_1 of the other (the level's
@@ -18,19 +20,78 @@ the levels want them:
 
 The same int8 values as ``slice_rows_cpu`` (only where they are written changes), so the
 same products and bits; without the compiled slicer, ``from_planes`` arranges the torch
-slicer's planes the same way. A contraction cut into several chunks (K > ``K_CHUNK``)
-still copies each chunk's level operand (``level_copy``). The exactness guard's sums run
-over the whole store at once: the column sums of every slice in one pass, and
-``sum_i slice_i @ v_i`` as one matrix-vector product of the store with the v_i side by
-side.
+slicer's planes the same way. The slicer also writes the planes (S, R, K) of the operand's
+storage (``slice_rows``: ``slice_rows_cpu``'s compiled path). A contraction cut into
+several chunks (K > ``K_CHUNK``) still copies each chunk's level operand (``level_copy``).
+The exactness guard's sums run over the whole store at once: the column sums of every
+slice in one pass, and ``sum_i slice_i @ v_i`` as one matrix-vector product of the store
+with the v_i side by side.
 """
 from __future__ import annotations
 
 import torch
 
-from open1b_kernels.core import slicer
+from open1b_kernels.core.mathc import Loops
+from open1b_kernels.core.pieces import parallel
 from open1b_kernels.core.workspace import scratch
 from open1b_kernels.int8.checksum import _mv, col_sums
+
+LOOPS = Loops("open1b_kernels.ops._opsc")    # the slicer compiled: _lmhead_slices.c
+
+
+def slice_rows(x: torch.Tensor, slices: int, out: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``open1b_kernels.ops.lmhead.slice_rows_cpu`` by the compiled loop (integer operations
+    only, so the same result), or None when the loop is unavailable.
+
+    A transposed view of a row-major matrix (a weight seen as ``w.t()``) is sliced in its
+    storage's layout, one exponent per storage column, and the slices come back as the
+    matching transposed views - no transposed copy of the operand or of its slices. ``out``:
+    a contiguous int8 buffer of ``slices * x.numel()`` elements to write the slices into
+    (reused memory: no page faults), else a new tensor."""
+    if out is None:
+        out = torch.empty((slices * x.numel(),), dtype=torch.int8)
+    got = _slice(x, slices, out, None)
+    if got is None:
+        return None
+    planes, exps, by_cols = got
+    return (planes.transpose(1, 2) if by_cols else planes), exps
+
+
+def slice_store(x: torch.Tensor, slices: int, out: torch.Tensor, descending: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, bool] | None:
+    """``slice_rows``'s slices stored so that the slices of a level sit side by side along
+    the contraction (``LevelSlices``): a row-major ``x`` (R, K) into (R, S, K) - each row's
+    slices interleaved - and a transposed view into the planes (S, K, R) of its storage;
+    ``descending``: slice S first. Returns (that storage view of ``out``, the exponents,
+    whether ``x`` was sliced by storage columns), or None when the loop is unavailable."""
+    if not LOOPS.available():
+        return None
+    return _slice(x, slices, out, descending)
+
+
+def _slice(x: torch.Tensor, slices: int, out: torch.Tensor, descending: bool | None):
+    """The slicer's call: planes (S, r, k) of the storage when ``descending`` is None, else
+    the level-ready layout in that order. (storage view of ``out``, exponents, by_cols)."""
+    if (not LOOPS.available() or x.device.type != "cpu"
+            or x.dtype not in (torch.float32, torch.bfloat16)):
+        return None
+    by_cols = x.dim() == 2 and not x.is_contiguous() and x.t().is_contiguous()
+    src = x.t() if by_cols else x.contiguous()
+    r, k = src.shape
+    if out.dtype != torch.int8 or not out.is_contiguous() or out.numel() != slices * r * k:
+        raise ValueError(f"the slicer's out must be contiguous int8 with {slices * r * k} "
+                         f"elements, got {out.dtype} {tuple(out.shape)}")
+    bits = src.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
+    n = k if by_cols else r
+    exps = torch.empty((n,), dtype=torch.int32)
+    interleave = descending is not None and not by_cols
+    layout = (1 if interleave else 0) | (2 if descending else 0)
+    a, o, e = bits.reshape(-1).numpy(), out.reshape(-1).numpy(), exps.numpy()
+    parallel(lambda lo, hi, p: LOOPS.slice_planes(a, x.dtype == torch.bfloat16, r, k, slices,
+                                                  by_cols, o, e, lo, hi, p, layout),
+             n, grain=64 if by_cols else 1)
+    return (out.view(r, slices, k) if interleave else out.view(slices, r, k)), exps, by_cols
 
 
 class LevelSlices:
@@ -49,7 +110,7 @@ class LevelSlices:
     def make(cls, x: torch.Tensor, slices: int, name: str, descending: bool
              ) -> LevelSlices | None:
         out = scratch(name, (slices * x.numel(),), torch.int8)
-        got = slicer.slice_store(x, slices, out, descending)
+        got = slice_store(x, slices, out, descending)
         return None if got is None else cls(got[0], got[1], got[2], descending)
 
     @classmethod

@@ -8,7 +8,7 @@
  * i.e. for the tokens a row gives a probability above ~2^-14: ~420 of 128,256 per row at
  * initialization (measured), a few thousand in a trained model's flat rows - while the
  * union over 1,024 rows covers more than half the vocabulary, so the compaction by columns
- * of open1b_kernels.ops.products cannot drop it. In dh = dlogits W its pairs cost a dense
+ * of open1b_kernels.ops.lmhead_plan cannot drop it. In dh = dlogits W its pairs cost a dense
  * product of the vocabulary's length; row by row they cost each nonzero's C columns.
  *
  * a: int8 rows of K with a unit stride along k (row stride lda); b_j: int8 (K, C) with a
@@ -17,23 +17,15 @@
  * magnitude to a column (|a|, |b| <= 128); an int32 row of C accumulators takes `flush`
  * nonzeros' terms (computed here from the shifts, so it never overflows) before it is added
  * into T. Integer sums: the cut of the rows between threads changes no bit.
+ * (open1b_kernels.ops.lmhead_rowsparse is its Python side.)
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
+#include "../core/_ext.h"
+
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/_pieces.h"
-
 #define MAX_B 3          /* b slices per nonzero: S + 1 - i <= 3 for S <= 3 */
 #define MAX_SHIFT 14     /* 2^14 * 3 * 2^14 < 2^31: one nonzero always fits an accumulator */
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#else
-#define CLONES
-#endif
 
 /* acc[c] += sum_j x_j b_j[c] for the nb b rows of one nonzero (x_j = a value * 2^shift_j):
  * one pass over the accumulators per nonzero, the b rows read side by side */
@@ -95,12 +87,6 @@ static Py_ssize_t rows_add(const int8_t *a, Py_ssize_t lda, Py_ssize_t K, const 
     return seen;
 }
 
-static int sized(Py_buffer *buf, Py_ssize_t need, const char *name) {
-    if (buf->len >= need) return 1;
-    PyErr_Format(PyExc_ValueError, "rows_add: %s has %zd bytes, needs %zd", name, buf->len, need);
-    return 0;
-}
-
 static PyObject *py_rows_add(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer a, t, bb[MAX_B];
@@ -113,7 +99,8 @@ static PyObject *py_rows_add(PyObject *self, PyObject *args) {
     int ok = R >= 0 && K >= 1 && lda >= K && ldb >= C && C >= 0 && 0 <= r0 && r0 <= r1 &&
              r1 <= R && PIECES_OK(pieces);
     if (!ok) PyErr_SetString(PyExc_ValueError, "rows_add: inconsistent shapes or row range");
-    ok = ok && sized(&a, R ? (R - 1) * lda + K : 0, "a") && sized(&t, R * C * 8, "t");
+    ok = ok && holds(&a, R ? (R - 1) * lda + K : 0, "rows_add: a") &&
+         holds(&t, R * C * 8, "rows_add: t");
     PyObject *fast = ok ? PySequence_Fast(seq, "rows_add: b must be a sequence") : NULL;
     Py_ssize_t n = fast ? PySequence_Fast_GET_SIZE(fast) : 0;
     if (fast && (n < 1 || n > MAX_B)) {
@@ -130,7 +117,7 @@ static PyObject *py_rows_add(PyObject *self, PyObject *args) {
             break;
         }
         bp[nb++] = bb[j].buf;
-        ok = sized(&bb[j], C ? (K - 1) * ldb + C : 0, "b");
+        ok = holds(&bb[j], C ? (K - 1) * ldb + C : 0, "rows_add: b");
         if (ok && (shift[j] < 0 || shift[j] > MAX_SHIFT)) {
             PyErr_Format(PyExc_ValueError, "rows_add: shift %d outside [0, %d]", shift[j],
                          MAX_SHIFT);
@@ -163,16 +150,10 @@ static PyObject *py_rows_add(PyObject *self, PyObject *args) {
     return ok ? PyLong_FromSsize_t(total) : NULL;
 }
 
-static PyMethodDef methods[] = {
+EXT_METHODS(lmhead_rowsparse) = {
     {"rows_add", py_rows_add, METH_VARARGS,
      "rows_add(a, R, K, lda, [(b_j, shift_j), ...], ldb, t, C, r0, r1[, pieces]): for rows "
      "[r0, r1), t[r, c] += sum over a[r, k] != 0 of a[r, k] * sum_j 2^shift_j b_j[k, c] "
      "(int8 a and b_j, int64 t); returns the nonzeros of a it multiplied."},
     {NULL, NULL, 0, NULL},
 };
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_rowsparse",
-                                    "A sparse int8 slice's products, row by row, into int64.",
-                                    -1, methods, NULL, NULL, NULL, NULL};
-
-PyMODINIT_FUNC PyInit__rowsparse(void) { return PyModule_Create(&module); }

@@ -1,4 +1,4 @@
-"""A sparse int8 slice's products row by row (open1b_kernels/int8/_rowsparse.c): exact
+"""A sparse int8 slice's products row by row (open1b_kernels/ops/_lmhead_rowsparse.c): exact
 against int64 products for every shape class, layout and thread cut, at the extremes
 across the int32 accumulators' flushes, and bad arguments refused by name."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from open1b_kernels.int8 import rowsparse
+from open1b_kernels.ops import lmhead_rowsparse as rowsparse
 
 needs_rowsparse = pytest.mark.skipif(not rowsparse.available(), reason="the extension is not built")
 
@@ -79,12 +79,12 @@ def test_rows_add_refuses_bad_arguments_by_name():
             rowsparse.rows_add(*args)
     # the C side checks what it reads too
     with pytest.raises(ValueError, match="shift"):
-        rowsparse._rowsparse.rows_add(a.numpy(), 4, 10, 10, [(b.numpy(), 20)], 6, t.numpy(), 6,
-                                      0, 4)
-    with pytest.raises(ValueError, match="b has 60 bytes, needs 69"):     # row stride 7
-        rowsparse._rowsparse.rows_add(a.numpy(), 4, 10, 10, [(b.numpy(), 0)], 7, t.numpy(), 6,
-                                      0, 4)
+        rowsparse.LOOPS.rows_add(a.numpy(), 4, 10, 10, [(b.numpy(), 20)], 6, t.numpy(), 6,
+                                 0, 4)
+    with pytest.raises(ValueError, match="b: buffer of 60 bytes, needs 69"):     # row stride 7
+        rowsparse.LOOPS.rows_add(a.numpy(), 4, 10, 10, [(b.numpy(), 0)], 7, t.numpy(), 6,
+                                 0, 4)
     for r1, pieces in ((5, 1), (4, 0), (4, 100_000)):          # past R; pieces out of range
         with pytest.raises(ValueError, match="row range"):
-            rowsparse._rowsparse.rows_add(a.numpy(), 4, 10, 10, [(b.numpy(), 0)], 6, t.numpy(), 6,
-                                          0, r1, pieces)
+            rowsparse.LOOPS.rows_add(a.numpy(), 4, 10, 10, [(b.numpy(), 0)], 6, t.numpy(), 6,
+                                     0, r1, pieces)

@@ -1,6 +1,6 @@
-"""The integer route's compacted slices (``open1b_kernels.ops.products``): a slice of ``a`` that is
-zero in most contraction columns of a row block runs its pairs over only its nonzero
-columns. The logits gradient's top slice is the case (at most ~256 nonzeros per row, by the
+"""The plan's compacted slices (``open1b_kernels.ops.lmhead_plan``), on the integer route: a
+slice of ``a`` that is zero in most contraction columns of a row block runs its pairs over
+only its nonzero columns. The logits gradient's top slice is the case (at most ~256 nonzeros per row, by the
 softmax's sums): the route must give the float path's bits with compaction on and off, in
 every layout and blocking, and a compaction that loses a nonzero column must be caught by
 the exactness guard, counted and recomputed - never a silently different T."""
@@ -12,7 +12,8 @@ import torch
 from open1b_kernels.core import backend, mathc
 from open1b_kernels.int8 import route as gemm_route
 from open1b_kernels.ops import lmhead as lm
-from open1b_kernels.ops import products as pr
+from open1b_kernels.ops import lmhead_int as li
+from open1b_kernels.ops import lmhead_plan as lp
 from open1b_kernels.ops.lmhead import _level_slices, lmhead_backward, lmhead_forward, ozaki_mm
 
 
@@ -60,8 +61,8 @@ def _completed(monkeypatch) -> list[bool]:
     (False would mean a refused layout or a failed check: the float path's bits again, so
     equal bits alone do not show that the compacted route ran)."""
     got: list[bool] = []
-    real = pr.int_blocks
-    monkeypatch.setattr(pr, "int_blocks", lambda *a: got.append(real(*a)) or got[-1])
+    real = li.int_blocks
+    monkeypatch.setattr(li, "int_blocks", lambda *a: got.append(real(*a)) or got[-1])
     return got
 
 
@@ -90,10 +91,10 @@ def test_the_logits_gradients_top_slice_is_sparse():
     # probabilities that large); a block's union is a small share of the columns
     dl = _dlogits(64, 2000, seed=3)
     sa = _level_slices(dl, 3, "test.sa", False)
-    cols = pr.nonzero_cols(sa, 1, slice(0, 64))
+    cols = lp.nonzero_cols(sa, 1, slice(0, 64))
     want = torch.nonzero((sa[0] != 0).any(0)).flatten()
     assert torch.equal(cols, want) and 64 <= cols.numel() <= 0.1 * 2000
-    assert set(pr.compacted(sa, slice(0, 64), 3)) == {1}       # slice 2 is dense
+    assert set(lp.compacted(sa, slice(0, 64), 3)) == {1}       # slice 2 is dense
     assert int((sa[0] != 0).sum(1).max()) <= 256
 
 
@@ -105,17 +106,17 @@ def test_compaction_gives_the_float_paths_bits(route, monkeypatch, loops, row_bl
     # several row blocks (each b operand kept for its column block, compaction differing per
     # block) or one; the contraction in chunks (compacted columns too) or whole; peaked
     # logits make more than the target nonzero in slice 1
-    monkeypatch.setattr(pr, "SHORT_K", 0)
-    monkeypatch.setattr(pr, "INT_ROW_BLOCK", row_block)
-    monkeypatch.setattr(pr, "INT_COL_BLOCK", 32)
+    monkeypatch.setattr(li, "SHORT_K", 0)
+    monkeypatch.setattr(li, "INT_ROW_BLOCK", row_block)
+    monkeypatch.setattr(li, "INT_COL_BLOCK", 32)
     if chunked:
-        monkeypatch.setattr(pr, "K_CHUNK", 16)
+        monkeypatch.setattr(lp, "K_CHUNK", 16)
     h, w, dl = _case(v=4000, peaked=peaked)
     route("float")
     want = _run(h, w, dl)
     seen: list[int] = []
-    real = pr.compacted
-    monkeypatch.setattr(pr, "compacted", lambda sa, rows, s: seen.append(
+    real = lp.compacted
+    monkeypatch.setattr(lp, "compacted", lambda sa, rows, s: seen.append(
         sum(c.numel() for c in real(sa, rows, s).values())) or real(sa, rows, s))
     widths: list[int] = []
     route("int", _counting(widths))
@@ -125,7 +126,7 @@ def test_compaction_gives_the_float_paths_bits(route, monkeypatch, loops, row_bl
     assert _same(want, got) and done == [True] * 3
     # dh's top slice ran compacted (in every row block), on operands of >= 2 columns
     assert sum(1 for n in seen if n) >= -(-70 // row_block) and min(widths) >= 2
-    monkeypatch.setattr(pr, "COMPACT_MAX", -1.0)                 # never compact: same bits
+    monkeypatch.setattr(lp, "COMPACT_MAX", -1.0)                 # never compact: same bits
     assert _same(want, _run(h, w, dl))
 
 
@@ -134,8 +135,8 @@ def test_a_transposed_operand_compacts_with_the_same_bits(route, monkeypatch, lo
     # vocabulary column: its top slice is sparse along the tokens, gathered from the
     # transposed store (NARROW_C = 0: not swapped to the other side)
     monkeypatch.setattr(lm, "NARROW_C", 0)
-    monkeypatch.setattr(pr, "SHORT_K", 0)
-    monkeypatch.setattr(pr, "INT_ROW_BLOCK", 64)
+    monkeypatch.setattr(li, "SHORT_K", 0)
+    monkeypatch.setattr(li, "INT_ROW_BLOCK", 64)
     g = torch.Generator().manual_seed(5)
     m, v, d = 200, 96, 24
     dl = torch.randn(m, v, generator=g) * 1e-4
@@ -156,8 +157,8 @@ def test_a_transposed_operand_compacts_with_the_same_bits(route, monkeypatch, lo
 def test_an_all_zero_or_single_column_slice_is_padded(route, monkeypatch, loops):
     # a block whose slice 1 is zero everywhere or in all but one column: the library's GEMM
     # needs K >= 2, so the union is padded with zero columns - the same T
-    monkeypatch.setattr(pr, "SHORT_K", 0)
-    monkeypatch.setattr(pr, "INT_ROW_BLOCK", 8)
+    monkeypatch.setattr(li, "SHORT_K", 0)
+    monkeypatch.setattr(li, "INT_ROW_BLOCK", 8)
     g = torch.Generator().manual_seed(7)
     a = torch.randn(16, 50, generator=g) * 1e-3
     a[:8, 0] = 1.0                      # rows 0-7: slice 1 only in column 0
@@ -166,20 +167,20 @@ def test_an_all_zero_or_single_column_slice_is_padded(route, monkeypatch, loops)
     a[12, 3] = 0.0                      # a row without its large entry: slice 1 all zero
     b = torch.randn(20, 50, generator=g)
     sa = _level_slices(a, 3, "test.sa", False)
-    assert torch.equal(pr.compacted(sa, slice(0, 8), 3)[1], torch.tensor([0, 1]))
+    assert torch.equal(lp.compacted(sa, slice(0, 8), 3)[1], torch.tensor([0, 1]))
     _same_on_the_int_route(route, monkeypatch, a, b)
 
 
 def test_contraction_chunks_never_leave_a_one_column_tail(route, monkeypatch):
     # a one-column chunk is a shape the library's GEMM refuses, which sent the whole
     # product to the float route (K = K_CHUNK + 1, e.g. a 32,769-entry vocabulary)
-    monkeypatch.setattr(pr, "K_CHUNK", 16)
+    monkeypatch.setattr(lp, "K_CHUNK", 16)
     for k in (1, 2, 15, 16, 17, 33, 300):
-        got = pr.chunks(k)
+        got = lp.chunks(k)
         assert got[0][0] == 0 and got[-1][1] == k
         assert all(a[1] == b[0] for a, b in zip(got, got[1:]))
         assert all(min(2, k) <= k1 - k0 <= 16 for k0, k1 in got)
-    monkeypatch.setattr(pr, "SHORT_K", 0)
+    monkeypatch.setattr(li, "SHORT_K", 0)
     g = torch.Generator().manual_seed(8)
     a, b = torch.randn(20, 17, generator=g), torch.randn(9, 17, generator=g)
     _same_on_the_int_route(route, monkeypatch, a, b)
@@ -189,14 +190,14 @@ def test_a_compaction_that_loses_a_column_is_caught(route, monkeypatch, loops):
     # the fault this guards against: a union missing a nonzero column gives a T short of
     # that column's terms; the row and column sums of the products no longer match the
     # slices', so the failure is counted and the float path recomputes the same bits
-    monkeypatch.setattr(pr, "SHORT_K", 0)
+    monkeypatch.setattr(li, "SHORT_K", 0)
     h, w, dl = _case(seed=2, v=2000)
     route("float")
     want = _run(h, w, dl)
     sa = _level_slices(dl, 3, "test.sa", False)
-    assert 1 in pr.compacted(sa, slice(0, 70), 3)                # dh's slice 1 compacts
-    real = pr.nonzero_cols
-    monkeypatch.setattr(pr, "nonzero_cols", lambda sa, i, rows: real(sa, i, rows)[:-1])
+    assert 1 in lp.compacted(sa, slice(0, 70), 3)                # dh's slice 1 compacts
+    real = lp.nonzero_cols
+    monkeypatch.setattr(lp, "nonzero_cols", lambda sa, i, rows: real(sa, i, rows)[:-1])
     _caught_and_recomputed(route, h, w, dl, want)
 
 
@@ -220,21 +221,21 @@ def test_a_product_with_the_wrong_weight_or_dropped_or_doubled_is_caught(route, 
     h, w, dl = _case(seed=3, v=900)
     route("float")
     want = _run(h, w, dl)
-    real = pr.block_products
+    real = lp.level_products
 
-    def forged(slices, k, sparse, by_rows=frozenset()):
-        got = real(slices, k, sparse, by_rows)
+    def forged(plan, k):
+        got = real(plan, k)
         p = got[0]
         if kind == "weight":
-            return [pr.Product(p.a, p.b, p.weight * 2, p.k0, p.k1, p.cols), *got[1:]]
+            return [lp.Product(p.a, p.b, p.weight * 2, p.k0, p.k1, p.cols), *got[1:]]
         return got[1:] if kind == "drop" else got + got[:1]
-    monkeypatch.setattr(pr, "block_products", forged)
+    monkeypatch.setattr(li, "level_products", forged)
     _caught_and_recomputed(route, h, w, dl, want)
 
 
 def test_the_real_library_gemm_compacts_with_the_same_bits(route, monkeypatch):
     # the library's own int8 GEMM (forced: its probe decides) on the gathered operands
-    monkeypatch.setattr(pr, "SHORT_K", 0)
+    monkeypatch.setattr(li, "SHORT_K", 0)
     h, w, dl = _case(m=300, k=64, v=2000)
     route("float")
     want = _run(h, w, dl)
@@ -243,3 +244,30 @@ def test_the_real_library_gemm_compacts_with_the_same_bits(route, monkeypatch):
     got = _run(h, w, dl)
     assert gemm_route.int_gemm_status()["failures"] == 0 and done == [True] * 3
     assert _same(want, got)
+
+
+def test_every_route_runs_the_one_plan(route, monkeypatch):
+    # the three routes take their compaction from the one planner: for the products whose
+    # a is the 70 token rows (the forward's h, dh's dlogits: one row block on every route;
+    # the weight gradient's blocks and orientation are the route's own) the same compacted
+    # slices and columns - the route changes only the products behind the plan, and the
+    # bits agree
+    from open1b_kernels.int8 import pairmm
+    h, w, dl = _case(v=2000, seed=4)
+    real = lp.compacted
+    runs = {}
+    for on in ("int", "pairs", "float"):
+        if on == "pairs" and not pairmm.available():
+            continue
+        seen: list = []
+        monkeypatch.setattr(lp, "compacted", lambda sa, rows, s: seen.append(
+            (sa.shape, rows.start, {i: c.tolist() for i, c in real(sa, rows, s).items()}))
+            or real(sa, rows, s))
+        route(on, exact_mm if on == "int" else None)
+        out = _run(h, w, dl)
+        runs[on] = (sorted((x for x in seen if x[0][1] == 70), key=lambda x: x[0]), out)
+    (want_plans, want), *others = runs.values()
+    assert [x[0] for x in want_plans] == [(3, 70, 40), (3, 70, 2000)]
+    assert not want_plans[0][2] and set(want_plans[1][2]) == {1}   # dh's slice 1 compacted
+    for plans, bits in others:
+        assert plans == want_plans and _same(want, bits)

@@ -1,13 +1,15 @@
 """The LM head's slice products on the CPU's float route (``open1b_kernels.ops.lmhead``, step
 2, on CPUs without an int8 dot-product instruction): T from float GEMMs of the int8 slices.
 
-The products are those of the integer route (``open1b_kernels.ops.products``): the levels'
-pairs side by side along K, and a sparse slice of ``a`` compacted to its nonzero columns -
-T is an integer, so any grouping that holds every nonzero term gives it. Each product runs
-as float32 GEMMs over contraction chunks of SGEMM_K (a chunk's partial sums are integers
-below 2^24 whatever the BLAS's order: exact), added into a float64 T with the level's
-power-of-two weight (exact: |T| < 2^53, MAX_K) - a few products at a time, in one
-compiled pass that also rounds the last ones into the output (``_Sum``). For S = 3 with no
+Behind the plan (``open1b_kernels.ops.lmhead_plan``: no row-sparse slices here, and the
+compacted unions verified by ``lmhead_check.verified``) the products are those of the
+integer route (``level_products``): the levels' pairs side by side along K, and a sparse
+slice of ``a`` compacted to its nonzero columns - T is an integer, so any grouping that
+holds every nonzero term gives it. Each product runs as float32 GEMMs over contraction
+chunks of SGEMM_K (a chunk's partial sums are integers below 2^24 whatever the BLAS's
+order: exact), added into a float64 T with the level's power-of-two weight (exact:
+|T| < 2^53, MAX_K) - a few products at a time, in one compiled pass (``_lmhead_sums.c``,
+``float_sum``) that also rounds the last ones into the output (``_Sum``). For S = 3 with no
 compacted slice the six pairs run as two GEMMs (``head_form``): a float64 GEMM of the
 14-bit heads A = a1 2^7 + a2 and B = b1 2^7 + b2, whose
 ``A . B = a1.b1 2^14 + (a1.b2 + a2.b1) 2^7 + a2.b2`` holds levels 2, 3 and one pair of
@@ -16,7 +18,7 @@ level-4 pairs a1.b3 and a3.b1 as one float32 product - the work of four float32 
 length K instead of six.
 
 Operands are converted chunk by chunk, per output block, from the level-ready int8 store
-(``open1b_kernels.ops.slices``) straight into float32 (or float64) scratch in the store's
+(``open1b_kernels.ops.lmhead_slices``) straight into float32 (or float64) scratch in the store's
 own layout: rows of a transposed store stay rows, and the BLAS takes the transposed view.
 The conversion per block is (rows + cols) x K elements against the GEMM's rows x cols x K
 multiply-adds. Before (measured on a Zen 3 without VNNI, the demo step): the slices were
@@ -30,16 +32,19 @@ compacted. A float64 GEMM counts two.
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 
-from open1b_kernels.core import mathc
+from open1b_kernels.core.mathc import Loops, flat, none
+from open1b_kernels.core.pieces import parallel
 from open1b_kernels.core.workspace import scratch
 from open1b_kernels.int8.route import SGEMM_K
-from open1b_kernels.ops.products import Product, block_products, compacted
-from open1b_kernels.ops.slices import LevelSlices
+from open1b_kernels.ops.lmhead_check import verified
+from open1b_kernels.ops.lmhead_plan import Product, level_products, plan
+from open1b_kernels.ops.lmhead_slices import LevelSlices
+
+LOOPS = Loops("open1b_kernels.ops._opsc")    # the float sums compiled: _lmhead_sums.c
 
 ROW_BLOCK, COL_BLOCK = 1024, 512  # output blocks: the float64 T (4 MB) stays in cache
 # the head product's contraction chunks: its float64 partial sums are exact at any length
@@ -101,9 +106,9 @@ class _Kept:
     each convert them again), else built per column block into scratch (the backward's
     dh, whose ``a`` is a whole vocabulary wide, has four column blocks at Open-1B)."""
 
-    def __init__(self, plan, nr: int, k: int) -> None:
+    def __init__(self, products, nr: int, k: int) -> None:
         size = 0
-        for p in plan:
+        for p in products:
             if isinstance(p, HeadProduct):
                 size += nr * k * 8
             elif p.cols is None:
@@ -124,7 +129,7 @@ class _Kept:
 class _Sum:
     """T of one output block (float64, ``t``): the float32 products of its contraction
     chunks wait in scratch, PARTS at a time, for one compiled pass that adds them with their
-    weights (``mathc.float_sum``); the last pass rounds into the output instead of storing
+    weights (``_float_sum_compiled``); the last pass rounds into the output instead of storing
     T. The torch code's adds and multiplies where the loop is unavailable - exact integers
     either way (any order), so the same T and the same rounding. A head product writes T
     itself, first of its plan (``head_form``)."""
@@ -152,7 +157,7 @@ class _Sum:
 
     def _add(self, rounding: tuple | None) -> None:
         n = len(self.weights)
-        if not mathc.float_sum(self.parts[:n], self.weights, self.t, self.from_t, rounding):
+        if not _float_sum_compiled(self.parts[:n], self.weights, self.t, self.from_t, rounding):
             t = self.t
             if not self.from_t:
                 t.zero_()
@@ -217,24 +222,6 @@ def _accumulate(acc: _Sum, sa: LevelSlices, sb: LevelSlices, rs: slice, cs: slic
         torch.mm(al, bl.t(), out=acc.part(p.weight))
 
 
-def _checked(sa: LevelSlices, rs: slice, sparse: dict[int, torch.Tensor]
-             ) -> dict[int, torch.Tensor]:
-    """``sparse``, or {} where a compacted slice's columns miss one of its nonzeros: the
-    union checked by an independent count - the slice's nonzeros over the block's rows
-    against those in its gathered columns (one byte pass, ~1/1000 of the block's GEMMs) -
-    so a wrong union costs speed, never a bit. The integer route has its checksum for this;
-    the float route is its fallback and has none."""
-    for i, cols in sparse.items():
-        plane = sa[i - 1][rs]
-        if int(plane.count_nonzero()) != int(
-                sa.gather(i, rs, cols, "lmhead.check").count_nonzero()):
-            warnings.warn(f"the LM head's compacted slice {i} missed a nonzero column "
-                          f"(rows {rs.start}..{rs.stop}); this block runs uncompacted",
-                          RuntimeWarning, stacklevel=3)
-            return {}
-    return sparse
-
-
 def float_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch.Tensor,
                  out: torch.Tensor, slices: int, two_gemms: bool = True) -> None:
     """T of step 2 on the float route per output block of ROW_BLOCK x COL_BLOCK, then the
@@ -245,15 +232,39 @@ def float_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: tor
     k = sa.shape[2]
     for r0 in range(0, r, ROW_BLOCK):
         rs = slice(r0, r0 + ROW_BLOCK)
-        sparse = _checked(sa, rs, compacted(sa, rs, slices))
-        plan = (head_form(k) if slices == 3 and two_gemms and not sparse
-                else block_products(slices, k, sparse))
+        planned = verified(sa, plan(sa, sb, rs, slices, by_rows=False))
+        products = (head_form(k) if slices == 3 and two_gemms and not planned.compact
+                    else level_products(planned, k))
         gathered: dict = {}
-        kept = _Kept(plan, min(r, r0 + ROW_BLOCK) - r0, k)
+        kept = _Kept(products, min(r, r0 + ROW_BLOCK) - r0, k)
         for c0 in range(0, c, COL_BLOCK):
             cs = slice(c0, c0 + COL_BLOCK)
             nr, nc = min(r, r0 + ROW_BLOCK) - r0, min(c, c0 + COL_BLOCK) - c0
             acc = _Sum(scratch("lmhead.t", (nr, nc), torch.float64))
-            for n, p in enumerate(plan):
+            for n, p in enumerate(products):
                 _accumulate(acc, sa, sb, rs, cs, p, gathered, kept, n == 0)
             acc.round_into(out[rs], c0, rowf[rs], colf[cs])
+
+
+def _float_sum_compiled(parts: torch.Tensor, weights: list[float], t: torch.Tensor,
+                        from_t: bool, rounding: tuple | None = None) -> bool:
+    """The float route's sum for one output block by the compiled loop: the float32
+    products ``parts`` (n, R, C) - exact integers - times their ``weights`` (powers of two)
+    added in float64 to ``t`` (R, C) (from its values with ``from_t``, else from 0), exactly;
+    then stored into ``t``, or with ``rounding`` = (out, c0, rowf, colf) rounded once into
+    ``out[:, c0:c0 + C]`` as ``fp32((T * rowf[r]) * colf[c])`` (``t`` left as it was).
+    False when the loop is unavailable. Rows split among the torch threads."""
+    if not LOOPS.available():
+        return False
+    n, r, c = parts.shape
+    w = torch.tensor(weights, dtype=torch.float64)
+    if rounding is None:
+        none64 = none(torch.float64)
+        tail = (none64, none64, none(), False, r, c, c, 0)
+    else:
+        out, c0, rowf, colf = rounding
+        f64 = [flat(x.to(torch.float64).contiguous()) for x in (rowf, colf)]
+        tail = (*f64, flat(out), True, r, c, out.shape[1], c0)
+    args = (flat(parts), n, w.numpy(), flat(t), from_t, *tail)
+    parallel(lambda lo, hi, p: LOOPS.float_sum(*args, lo, hi, p), r, grain=16)
+    return True

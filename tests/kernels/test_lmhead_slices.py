@@ -1,5 +1,6 @@
-"""The LM head's level-ready slices (``open1b_kernels.ops.slices.LevelSlices``): the same int8 values
-and exponents as ``slice_rows_cpu``'s planes in every layout (row-major and transposed
+"""The LM head's slices (``open1b_kernels.ops.lmhead_slices``): the compiled slicer against the
+torch slicer, and the level-ready store (``LevelSlices``) - the same int8 values and
+exponents as ``slice_rows_cpu``'s planes in every layout (row-major and transposed
 operands, ascending and descending order, bf16 and float32, 2 and 3 slices), level operands
 that are the slices side by side, the guard's sums over the whole store, and the library's
 int8 GEMM reading the views as it reads contiguous copies."""
@@ -8,15 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from open1b_kernels.core import mathc
 from open1b_kernels.int8 import pairmm
 from open1b_kernels.int8 import route as gemm_route
 from open1b_kernels.int8.checksum import _mv, col_sums
 from open1b_kernels.ops.lmhead import slice_rows_cpu
-from open1b_kernels.ops.slices import LevelSlices
+from open1b_kernels.ops.lmhead_slices import LevelSlices, slice_rows
+from tests.kernels.support import needs_loops
 
-pytestmark = pytest.mark.skipif(not mathc.has("SLICE_LAYOUTS"),
-                                reason="the compiled slicer is not built")
+pytestmark = needs_loops
 
 
 def _operand(transposed: bool, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
@@ -105,3 +105,38 @@ def test_planes_arranged_without_the_compiled_slicer_give_the_same_levels(transp
         assert torch.equal(a, b)
     vs = [torch.arange(70, dtype=torch.float64) * (i + 1) for i in range(3)]
     assert torch.equal(slow.mv(vs), fast.mv(vs))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slices", [2, 3])
+def test_compiled_slicer_equals_the_torch_slicer(dtype, slices, monkeypatch):
+    from open1b_kernels.ops import lmhead
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(67, 301, generator=g) * 10.0 ** torch.randint(-35, 35, (67, 301),
+                                                                   generator=g).float()
+    x[3, 4], x[5, :] = float("inf"), 0.0                 # a non-finite row, a zero row
+    x[7, 9] = 1e-40                                      # a subnormal
+    x = x.to(dtype)
+    got = slice_rows(x, slices)
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want = lmhead.slice_rows_cpu(x, slices)
+    assert got is not None and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    monkeypatch.setenv("OPEN1B_MATHC", "1")
+    t = slice_rows(x.t(), slices)                  # a transposed view: same as its copy
+    assert torch.equal(t[0], slice_rows(x.t().contiguous(), slices)[0])
+    assert torch.equal(t[1], slice_rows(x.t().contiguous(), slices)[1])
+    assert t[0].stride(-1) != 1                           # sliced in the storage's layout
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want_t = lmhead.slice_rows_cpu(x.t(), slices)         # the torch slicer of the view
+    assert torch.equal(t[0], want_t[0]) and torch.equal(t[1], want_t[1])
+
+
+def test_compiled_slicer_writes_into_a_given_buffer():
+    x = torch.randn(40, 70).to(torch.bfloat16)
+    buf = torch.full((3 * 40 * 70,), 99, dtype=torch.int8)
+    got = slice_rows(x.t(), 3, buf)
+    assert got is not None and got[0].data_ptr() == buf.data_ptr()
+    assert torch.equal(got[0], slice_rows(x.t(), 3)[0])
+    with pytest.raises(ValueError, match="out must be contiguous int8 with 8400 elements"):
+        slice_rows(x, 3, torch.empty(100, dtype=torch.int8))

@@ -1,0 +1,147 @@
+"""The LM head's slice products on the library's integer route (``open1b_kernels.ops.lmhead``,
+step 2; ``open1b_kernels.int8.route``'s "int" route, picked on CPUs with an int8 dot-product
+instruction): T from ``torch._int_mm`` GEMMs of the int8 slices, per output block.
+
+Behind the plan (``open1b_kernels.ops.lmhead_plan``), the dense pairs run grouped by level
+(``level_products``): per level L its pairs side by side along K, one GEMM in contraction
+chunks of K_CHUNK (p * K_CHUNK * 127^2 < 2^31 for a level's p <= 3 pairs: int32 never
+overflows); a compacted slice's pairs run over its gathered columns, a row-sparse slice's
+row by row into an int64 part of T (``lmhead_rowsparse``). One compiled pass per block
+(``_lmhead_sums.c``, ``levels_round_weighted``) adds the int32 products with their
+power-of-two weights into T - exact in float64 below 2^53 - rounds T once into the output
+and takes T's row and column sums, which ``lmhead_check.check_sums`` compares with the
+definition's once per call.
+"""
+from __future__ import annotations
+
+import torch
+
+from open1b_kernels.core.mathc import Loops, flat, none
+from open1b_kernels.core.pieces import row_pieces
+from open1b_kernels.core.workspace import scratch
+from open1b_kernels.int8.route import int_mm_unchecked
+from open1b_kernels.ops import lmhead_plan, lmhead_rowsparse
+from open1b_kernels.ops.lmhead_check import check_sums
+from open1b_kernels.ops.lmhead_plan import Product, level_products, plan
+from open1b_kernels.ops.lmhead_slices import LevelSlices, level_copy
+
+LOOPS = Loops("open1b_kernels.ops._opsc")    # the level sums compiled: _lmhead_sums.c
+INT_ROW_BLOCK = 1024  # output rows per block of the CPU integer route
+INT_COL_BLOCK = 4096  # output columns per block (int64 T: 32 MB)
+# Below SHORT_K contraction steps the blocks are SHORT_BLOCKS (rows, columns): each output
+# element then costs fewer multiply-adds than the bytes of its level products written and
+# read again, and 512 x 2,048 blocks keep those in cache (measured on the demo's head,
+# K = 128: 22.9 -> 19.2 ms per forward; at K = 256 - the weight gradient of 256 tokens -
+# they were 5% slower, so the line is there; the same bits either way: blocks only change
+# where T is summed, never its integer value)
+SHORT_K, SHORT_BLOCKS = 256, (512, 2048)
+
+
+def operand(s: LevelSlices, which: tuple[int, ...], rows: slice, p: Product, whole: bool,
+            name: str) -> torch.Tensor:
+    """The (n, K_p) operand of ``p`` for the rows ``rows`` of ``s``: a view of the
+    level-ready store where ``which`` lies side by side there and ``p`` spans the whole
+    contraction (``whole``), a chunk's copy (``level_copy``), or the gathered columns."""
+    if p.cols is not None:
+        return s.gather(which[0], rows, p.cols, name)
+    if whole:
+        view = s.run(which, rows)
+        if view is not None:
+            return view
+    return level_copy(s, list(which), rows, p.k0, p.k1, name)
+
+
+def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch.Tensor,
+               out: torch.Tensor, slices: int) -> bool:
+    """T of step 2 by the library's int8 GEMM (where it ran 2.8-4.3x a float32 GEMM on the
+    Zen 4 and 6-9x on the Zen 5), per output block the products of ``level_products`` (and
+    the row-sparse slices' pairs, into an int64 part of T), added into an exact float64 T
+    with their weights and rounded once into ``out`` (``fp32(T * rowf[r] * colf[c])``) -
+    exact integers, so the float path's bits.
+
+    Checked as every integer-route result is, but once per call instead of per block: T's
+    row and column sums, accumulated over the output blocks, against the definition's
+    (``check_sums``). On a mismatch the failure is counted, the process switches to the
+    float route and False is returned: the caller recomputes ``out``. False too (not a
+    fault) where the library refuses a layout.
+    """
+    r, c = out.shape
+    k = sa.shape[2]
+    rows_got = torch.zeros(r, dtype=torch.int64)
+    cols_got = torch.zeros(c, dtype=torch.int64)
+    whole = k <= lmhead_plan.K_CHUNK
+    row_block, col_block = SHORT_BLOCKS if k < SHORT_K else (INT_ROW_BLOCK, INT_COL_BLOCK)
+    once = r <= row_block
+    plans: dict[int, tuple] = {}         # per row block: (its plan, its products)
+    for c0 in range(0, c, col_block):
+        cs = slice(c0, c0 + col_block)
+        # with one row block each b operand is used once: built when used, into one buffer
+        # (all of them at once are twice the slices: 1.6 GB for the head weight's
+        # transpose); with several, a level's chunk operand is kept for the column block
+        kept: dict[tuple, torch.Tensor] = {}
+        for r0 in range(0, r, row_block):
+            rs = slice(r0, r0 + row_block)
+            nr, nc = min(r, r0 + row_block) - r0, min(c, c0 + col_block) - c0
+            if r0 not in plans:
+                p = plan(sa, sb, rs, slices)
+                plans[r0] = (p, level_products(p, k))
+            p, products = plans[r0]
+            accs = scratch("lmhead.accs", (len(products), nr, nc), torch.int32)
+            gathered = None
+            for n, q in enumerate(products):
+                if q.cols is not None:
+                    if gathered is None or gathered[0] is not q.cols:   # one per slice chunk
+                        gathered = (q.cols, operand(sa, q.a, rs, q, whole, "lmhead.gather_a"))
+                    al = gathered[1]
+                    bl = operand(sb, q.b, cs, q, whole, "lmhead.gather_b")
+                else:
+                    al = operand(sa, q.a, rs, q, whole, "lmhead.op_a")
+                    if once:
+                        bl = operand(sb, q.b, cs, q, whole, "lmhead.op_b")
+                    else:
+                        key = (q.b, q.k0)
+                        if key not in kept:
+                            kept[key] = operand(sb, q.b, cs, q, whole, f"lmhead.op_b{len(kept)}")
+                        bl = kept[key]
+                if int_mm_unchecked(al, bl, out=accs[n]) is None:
+                    return False                # a layout the library refuses: not a fault
+            base = None
+            if p.by_rows:
+                base = scratch("lmhead.rows_t", (nr, nc), torch.int64).zero_()
+                lmhead_rowsparse.add_planned(sa, sb, p, cs, base)
+            weights = [q.weight for q in products]
+            if _levels_round_compiled(accs, weights, rowf[rs], colf[cs], out[rs], c0,
+                                      rows_got[rs], cols_got[cs], base):
+                continue
+            # T exactly in float64 (integers below 2^53) and in int64 modulo 2^64 (its sums)
+            t = torch.zeros((nr, nc), dtype=torch.float64) if base is None else base.double()
+            u = torch.zeros((nr, nc), dtype=torch.int64) if base is None else base.clone()
+            for acc, weight in zip(accs, weights):
+                t.add_(acc, alpha=weight)
+                u.add_(acc.to(torch.int64) * int(weight))
+            rows_got[rs] += u.sum(1)
+            cols_got[cs] += u.sum(0)
+            out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
+    return check_sums(sa, sb, rows_got, cols_got, slices, "slice products")
+
+
+def _levels_round_compiled(accs: torch.Tensor, weights: list[float], rowf: torch.Tensor,
+                           colf: torch.Tensor, out: torch.Tensor, c0: int, rows: torch.Tensor,
+                           cols: torch.Tensor, base: torch.Tensor | None = None) -> bool:
+    """One output block by the compiled loop: the int32 products ``accs`` (n, R, C) summed
+    with their ``weights`` (powers of two) onto ``base`` (an int64 (R, C) part of T computed
+    elsewhere, or None) into an exact float64 T, rounded once into ``out[:, c0:c0 + C]`` as
+    ``fp32((T * rowf[r]) * colf[c])``, and T's row and column sums added into ``rows`` (R,)
+    and ``cols`` (C,) int64 modulo 2^64 (the check's sums) - exact integer arithmetic and
+    one rounding, so the torch code's values. False when the loop is unavailable. Rows split
+    among the torch threads, each with its own column sums."""
+    if not LOOPS.available():
+        return False
+    n, r, c = accs.shape
+    w = torch.tensor(weights, dtype=torch.float64)
+    args = (flat(accs), n, w.numpy(), flat(rowf.contiguous()), flat(colf.contiguous()),
+            flat(out), flat(rows))
+    tail = flat(base) if base is not None else none(torch.int64)
+    cols += row_pieces(r, c, r // 16, lambda lo, hi, parts, p: LOOPS.levels_round_weighted(
+        *args, parts, tail, r, c, out.shape[1], c0, lo, hi, p))
+    return True

@@ -1,0 +1,213 @@
+"""The LM head's plan on the CPU: how each row block of ``a`` runs its slice pairs, the same
+for every route (``open1b_kernels.ops.lmhead``, step 2).
+
+T = sum over the slice pairs (i, j) with i + j <= S + 1 of ``a_i . b_j`` weighted by
+2^(7(S + 1 - i - j)) (``weight_shift``). Integer sums are exact, so any grouping of the
+pairs, and any subset of the contraction that holds every nonzero term, gives the same T.
+Per row block, each slice i of ``a`` runs its pairs one of three ways (``plan``):
+
+- **Compacted** (``compacted``): a slice that is zero in most contraction columns of the
+  block runs over only the columns where some row of the block has a nonzero - a gathered
+  (rows, K') operand against the same columns of each b_j. The logits gradient is the case
+  this is for. Slice 1 of an element is nonzero only when its exponent is within 6 of the
+  row's largest (step 1), so only for magnitudes above 2^-7 of the row's largest. A row of
+  dlogits = p - onehot(target) (times 1/M) has its largest magnitude at least
+  1 - p_target and its magnitudes sum to 2 (1 - p_target) (the z-loss adds a small multiple
+  of p), so at most 2 * 128 = 256 of its elements can have a nonzero slice 1 - at any point
+  of training, among the vocabulary's 128,256 columns (measured on the demo at
+  initialization: 1 per row, 961-967 columns for a block of 1,024 rows of 8,192). So
+  dh = dlogits W runs the pairs of slice 1 - three of six for S = 3 - over ~1% of K.
+  Slices are tried in order and the first one not sparse enough (more than COMPACT_MAX of
+  K in the union) stops the search: lower slices are denser in every distribution seen. A
+  block of more than ``part_rows`` rows is compacted per part (a union over fewer rows has
+  fewer columns); a slice runs compacted only where every part compacts it.
+- **Row by row** (``row_sparse``, after the compacted slices): a slice with few nonzeros
+  in every row of the block but nonzeros in most columns across its rows - slice 2 of the
+  logits gradient in dh = dlogits W, nonzero where a row gives a token more than ~2^-14 of
+  its largest magnitude: ~420 of 128,256 a row at initialization, more than half the
+  vocabulary over 1,024 rows - runs its pairs row by row (``lmhead_rowsparse``: each
+  nonzero times the weighted sum of b's slices at its k, into an int64 part of T).
+- **Dense**: every other slice, over the whole contraction.
+
+What runs behind the plan is the route's, one per CPU class (``open1b_kernels.int8.route``):
+the library's int8 GEMM (``lmhead_int``) and the float route (``lmhead_float``) group the
+dense pairs by level (``level_products``), the pair GEMM two a slices at a time
+(``lmhead_pairs.terms``). The float route plans no row-sparse slices (that loop is integer
+arithmetic, the float route the fallback that must run anywhere) and, having no checksum,
+verifies its compacted unions (``lmhead_check.verified``); the integer routes' checksum
+(``lmhead_check.check_sums``) covers every grouping.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from open1b_kernels.ops import lmhead_rowsparse
+from open1b_kernels.ops.lmhead_slices import LevelSlices
+
+K_CHUNK = 32_768  # int32 level accumulators flushed into int64 this often
+# A slice of ``a`` whose nonzero columns (over a row block) are at most this share of K runs
+# compacted; gathering its operands costs O((rows + cols) K') against the GEMMs' O(rows cols
+# K') that it saves at the dropped columns
+COMPACT_MAX = 0.5
+COMPACT_ROWS = 1024  # rows over which a slice's nonzero columns are gathered (pair route)
+# A slice with at most this share of nonzeros over a block's rows runs row by row
+# (``lmhead_rowsparse``): a nonzero costs each of its b slices' C columns at ~7 G
+# multiply-adds/s (memory-bound: one row of each b slice from a matrix that does not fit the
+# cache), a product dropped from the dense plan K x C per row at the GEMM's rate, so for
+# slice 2 (two b slices, two level pairs or one wide product dropped) the two meet near 1/40
+# on both the Zen 3's pair route and the Zen 4's int8 GEMM (140 and ~400 G/s against ~7 and
+# ~10)
+ROW_SPARSE_MAX = 1 / 64
+# Rows apart of the rows whose nonzeros estimate a slice's share (``row_sparse``): the choice
+# changes which exact grouping computes T, never T, and counting a whole 1,024-row block of
+# the demo's logits gradient (a strided view of the slice store) took 3-6 ms, twice a demo
+# step - every 16th row costs a sixteenth of that
+ROW_SPARSE_SAMPLE = 16
+
+
+def weight_shift(slices: int, i: int, j: int) -> int:
+    """log2 of w_ij = 2^(7(S + 1 - i - j))."""
+    return 7 * (slices + 1 - i - j)
+
+
+def levels(slices: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """(level L, its slice pairs (i, j) with i + j = L) for L = 2 .. S + 1."""
+    return [(lvl, [(i, lvl - i) for i in range(1, lvl) if i <= slices and lvl - i <= slices])
+            for lvl in range(2, slices + 2)]
+
+
+def chunks(k: int, size: int | None = None) -> list[tuple[int, int]]:
+    """[k0, k1) ranges of at most ``size`` (default K_CHUNK) covering [0, k), of equal length
+    within one: never a one-column tail (the library's GEMM needs K >= 2, and a refused layout
+    would send the whole product to the float route)."""
+    n = -(-k // (size or K_CHUNK))
+    return [(k * i // n, k * (i + 1) // n) for i in range(n)]
+
+
+def nonzero_cols(sa: LevelSlices, i: int, rows: slice) -> torch.Tensor:
+    """The contraction columns where slice ``i`` of ``rows`` has a nonzero, ascending (int64)."""
+    plane = sa[i - 1][rows].view(torch.uint8)      # nonzero int8 <=> nonzero byte
+    return torch.nonzero(plane.amax(0)).flatten()
+
+
+def compacted(sa: LevelSlices, rows: slice, slices: int) -> dict[int, torch.Tensor]:
+    """{slice i: its nonzero columns over ``rows``} for the leading slices of ``a`` with at
+    most COMPACT_MAX of K nonzero, tried in order until the first that is not. A union of
+    fewer than two columns is padded with zero columns (the library's GEMM needs K >= 2)."""
+    k = sa.shape[2]
+    out: dict[int, torch.Tensor] = {}
+    if k < 2:
+        return out
+    for i in range(1, slices + 1):
+        cols = nonzero_cols(sa, i, rows)
+        if cols.numel() > COMPACT_MAX * k:
+            break
+        if cols.numel() < 2:
+            cols = torch.unique(torch.cat([cols, torch.tensor([0, 1])]))
+        out[i] = cols
+    return out
+
+
+def row_sparse(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
+               skip: set[int] | frozenset[int]) -> list[int]:
+    """The slices of ``a`` after the compacted ones (``skip``), in order while they last,
+    with at most ROW_SPARSE_MAX of their elements over ``rows`` nonzero (estimated from every
+    ROW_SPARSE_SAMPLE-th row). None of them where the extension is missing or a or b is not
+    read in place there: a's slices need their rows contiguous and b's the contraction as
+    their rows (dh = dlogits W has both; the forward's b, the weight, and the weight
+    gradient's a, dlogits^T, do not)."""
+    if not (lmhead_rowsparse.available() and lmhead_rowsparse.fits(sa[0][rows])
+            and lmhead_rowsparse.fits(sb[0].t())):
+        return []
+    out = []
+    for i in range(1, slices + 1):
+        if i in skip:
+            continue
+        plane = sa[i - 1][rows][::ROW_SPARSE_SAMPLE]
+        if torch.count_nonzero(plane) > ROW_SPARSE_MAX * plane.numel():
+            break
+        out.append(i)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """How the row block ``rows`` of ``a`` runs (module docstring): ``parts`` holds, per
+    part of the block, {slice i: its nonzero columns there} for the slices compacted in that
+    part; ``by_rows`` the slices run row by row."""
+    rows: slice
+    slices: int
+    parts: tuple[tuple[slice, dict[int, torch.Tensor]], ...]
+    by_rows: tuple[int, ...] = ()
+
+    @property
+    def compact(self) -> frozenset[int]:
+        """The slices compacted in every part: their pairs run gathered, part by part."""
+        return frozenset.intersection(*(frozenset(got) for _, got in self.parts))
+
+    @property
+    def dense(self) -> tuple[int, ...]:
+        """The slices whose pairs run over the whole contraction."""
+        return tuple(i for i in range(1, self.slices + 1)
+                     if i not in self.compact and i not in self.by_rows)
+
+    def columns(self) -> dict[int, torch.Tensor]:
+        """{compacted slice: its columns} of a one-part plan (the int and float routes')."""
+        (_, got), = self.parts
+        return {i: cols for i, cols in got.items() if i in self.compact}
+
+    def row_pairs(self) -> list[tuple[int, list[tuple[int, int]]]]:
+        """(i, [(j, log2 w_ij), ...]) for each slice i run row by row: every pair of it."""
+        return [(i, [(j, weight_shift(self.slices, i, j)) for j in range(1, self.slices + 2 - i)])
+                for i in self.by_rows]
+
+
+def plan(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
+         part_rows: int | None = None, by_rows: bool = True) -> Plan:
+    """The plan of the rows ``rows`` of ``a`` against ``b``: compacted slices per part of
+    ``part_rows`` rows (None: the block is one part), then - with ``by_rows`` - the
+    row-sparse ones."""
+    r0, r1 = rows.start, min(rows.stop, sa.shape[1])
+    step = part_rows or max(1, r1 - r0)
+    parts = tuple((part, compacted(sa, part, slices))
+                  for part in (slice(p0, min(r1, p0 + step)) for p0 in range(r0, r1, step)))
+    if not parts:
+        parts = ((slice(r0, r0), {}),)
+    p = Plan(rows, slices, parts)
+    if by_rows:
+        p = Plan(rows, slices, parts, tuple(row_sparse(sa, sb, rows, slices, p.compact)))
+    return p
+
+
+@dataclass(frozen=True, eq=False)
+class Product:
+    """One GEMM of a block by level: ``a``'s slices side by side along K against ``b``'s
+    paired ones, over the contraction range [k0, k1) or (compacted) the columns ``cols``."""
+    a: tuple[int, ...]
+    b: tuple[int, ...]
+    weight: float
+    k0: int = 0
+    k1: int = 0
+    cols: torch.Tensor | None = None
+
+
+def level_products(p: Plan, k: int) -> list[Product]:
+    """The GEMMs of a one-part plan, grouped by level: every level's pairs whose a slice is
+    dense, per contraction chunk, then each compacted slice's pairs over its columns (in
+    chunks of at most K_CHUNK: one pair per GEMM, so int32 holds them)."""
+    s, dense = p.slices, set(p.dense)
+    out = []
+    for lvl, pairs in levels(s):
+        run = [(i, j) for i, j in pairs if i in dense]
+        if run:
+            weight = float(1 << (7 * (s + 1 - lvl)))
+            out += [Product(tuple(i for i, _ in run), tuple(j for _, j in run), weight, k0, k1)
+                    for k0, k1 in chunks(k)]
+    for i, cols in p.columns().items():
+        for c0, c1 in chunks(cols.numel()):
+            part = cols[c0:c1]
+            out += [Product((i,), (j,), float(1 << weight_shift(s, i, j)), cols=part)
+                    for j in range(1, s + 2 - i)]
+    return out
