@@ -13,24 +13,8 @@ import click
 
 from open1b.cli import ERRORS, Cli, emit, fail
 from open1b_audit import __version__
+from open1b_audit.options import expect_run_hash, trusted_keys as trusted_keys_option
 from open1b_train.cli import check_memory_plan
-
-
-
-
-
-def _hash_param(ctx, param, value):
-    from open1b_train.chain import is_hash
-
-    if value is not None and not is_hash(value.lower()):
-        raise click.BadParameter(f"{value!r} is not a run hash (64 hex digits)")
-    return None if value is None else value.lower()
-
-
-def expect_run_hash(f):
-    return click.option(
-        "--expect-run-hash", "expect", default=None, metavar="H", callback=_hash_param,
-        help="The run hash its owner published: refuse a log that does not end in it.")(f)
 
 
 def _log_of(run: str, expect: str | None = None):
@@ -52,6 +36,18 @@ def _log_of(run: str, expect: str | None = None):
 
 def _steps_of(run: str, expect: str | None = None) -> list[dict]:
     return _log_of(run, expect).lines
+
+
+def _chained(run: str, expect: str | None, why: str) -> list[dict]:
+    """RUN's lines, refused (one line) unless they are one chain (and end in ``expect``):
+    ``why`` says what a broken chain cannot be used for."""
+    from open1b_train import chain
+
+    lines = _steps_of(run, expect)
+    f = chain.check(lines)
+    if f is not None:
+        raise click.ClickException(f"{run}: the log is not one chain ({f}); {why}")
+    return lines
 
 
 def _cut_note(log) -> str | None:
@@ -334,18 +330,27 @@ def keygen_cmd(key) -> None:
 @click.option("--redundancy", type=click.IntRange(min=1), default=1, show_default=True,
               help="Distinct auditors per step.")
 @click.option("--seed", type=int, required=True, help="The assignment seed (publish it).")
+@expect_run_hash
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def assign_cmd(run, auditors, redundancy, seed, as_json) -> None:
-    """Which steps each of K auditors replays so every step is covered r times."""
+def assign_cmd(run, auditors, redundancy, seed, expect, as_json) -> None:
+    """Which steps each of K auditors replays so every step is covered r times. The log
+    must be one chain (and end in --expect-run-hash): a split of a cut or edited log
+    leaves the published run's other steps to nobody."""
     from open1b_audit.assign import assign
 
     try:
-        steps = list(range(1, len(_steps_of(run))))
+        lines = _chained(run, expect, "its steps cannot be split among auditors")
+        steps = list(range(1, len(lines)))
         a = assign(steps, auditors, redundancy, seed)
     except ERRORS as e:
         fail(e)
     rep = {"run": run, "steps": len(steps), "auditors": auditors, "redundancy": redundancy,
-           "seed": seed, "assignment": {str(k): v for k, v in a.items()}}
+           "seed": seed, "run_hash": lines[-1].get("hash"), "expected_run_hash": expect,
+           "assignment": {str(k): v for k, v in a.items()}}
+    if expect is None:
+        rep["warning"] = ("no --expect-run-hash: the split covers the steps this log holds, "
+                          "which may not be the published run's")
+        click.echo(f"warning: {rep['warning']}", err=True)
     emit(rep, as_json, lambda r: [click.echo(f"auditor {k:>4}: {len(v)} steps: "
                                               f"{', '.join(map(str, v[:12]))}"
                                               f"{' ...' if len(v) > 12 else ''}")
@@ -357,17 +362,14 @@ def assign_cmd(run, auditors, redundancy, seed, as_json) -> None:
 @click.argument("certs", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--redundancy", type=click.IntRange(min=1), default=1, show_default=True,
               help="Distinct signing keys a step needs to count as covered.")
-@click.option("--trusted-keys", "trusted_keys", type=click.Path(dir_okay=False), default=None,
-              help="Count only certificates signed by the keys in this file (lines of 64-hex "
-                   "Ed25519 public keys and/or PEM public keys as keygen writes KEY.pub).")
+@trusted_keys_option
 @expect_run_hash
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def coverage_cmd(run, certs, redundancy, trusted_keys, expect, as_json) -> None:
     """Which steps of RUN the certificates cover (signed, by distinct keys), the gaps, and
     any conflict (exit 1)."""
     from open1b_audit import certificate
-    from open1b_train import chain
-    from open1b_audit.coverage import coverage, read_all
+    from open1b_audit.coverage import coverage, read_all, spans
 
     paths = []
     for c in certs:
@@ -377,11 +379,7 @@ def coverage_cmd(run, certs, redundancy, trusted_keys, expect, as_json) -> None:
             paths.append(c)
     try:
         trusted = certificate.read_trusted_keys(trusted_keys) if trusted_keys else None
-        lines = _steps_of(run, expect)
-        f = chain.check(lines)
-        if f is not None:
-            raise click.ClickException(f"{run}: the log is not one chain ({f}); certificates "
-                                       f"cannot be checked against it")
+        lines = _chained(run, expect, "certificates cannot be checked against it")
         rep = coverage(lines, read_all(paths), redundancy, trusted)
     except ERRORS as e:
         fail(e)
@@ -396,8 +394,7 @@ def coverage_cmd(run, certs, redundancy, trusted_keys, expect, as_json) -> None:
                    f"{redundancy} distinct signing key(s) ({r['keys_counted']} counted, of "
                    f"{whose}); run hash {str(r['run_hash'])[:16]}...")
         if r["gaps"]:
-            g = r["gaps"]
-            click.echo(f"gaps ({len(g)}): {', '.join(map(str, g[:20]))}{' ...' if len(g) > 20 else ''}")
+            click.echo(f"gaps ({len(r['gaps'])} steps): {spans(r['gaps'])}")
         for c in r["unsigned"]:
             click.echo(f"unsigned (not counted) step {c['step']}: {c['certificate']} "
                        f"(auditor {c['auditor']!r})")

@@ -37,6 +37,19 @@ def read_all(paths: list[str]) -> list[tuple[str, dict[str, Any] | CertificateEr
     return out
 
 
+def spans(steps: list[int]) -> str:
+    """Ascending ``steps`` as ranges: ``1-20, 23-24, 30`` (every step, however many)."""
+    out: list[str] = []
+    i = 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        out.append(str(steps[i]) if i == j else f"{steps[i]}-{steps[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
 def _why_not(lines: list[dict[str, Any]], cert: dict[str, Any]) -> str | None:
     """Why a well-formed certificate is not about the published steps as logged (None: it
     is a match certificate of a logged step, with the log's hashes and digests)."""
