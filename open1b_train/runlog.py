@@ -31,11 +31,12 @@ from open1b_train.errors import ResumeError
 from open1b.safeio import open_regular, parse_json, write_atomic
 
 NAME = "steps.jsonl"
-# The longest line an honest log holds, with 40x to spare: a line is ~900 bytes of fixed
-# fields (five component digests, hash, prev, the hashed scalars, the decimals and timings:
-# 948 bytes measured on a micro-preset step of 4 windows) plus 11 bytes per window's loss
-# (``"40c7db40",``) and ~40 per source's validation loss; Open-1B's widest step has 2,304
-# windows, so ~26 KB. 1 MiB also holds a step of 90,000 windows.
+# The longest line an honest log holds, with 40x to spare: a line is ~930 bytes of fixed
+# fields (five component digests, hash, prev, the hashed scalars, the decimals and timings)
+# plus 11 bytes per window's loss (``"40c7db40",``) and ~30 per source's validation loss -
+# measured: `make demo`'s steps of 8 windows are 1,016 bytes, 1,135 with 4 sources'
+# validation losses. Open-1B's widest step has 2,304 windows: ~26 KB. 1 MiB also holds a
+# step of 90,000 windows.
 MAX_LINE_BYTES = 1 << 20
 CHUNK = 1 << 20             # bytes per read while streaming the log
 
