@@ -114,9 +114,10 @@ def read_regular(path: str, what: str = "file", error=Open1bError) -> bytes:
         return f.read()
 
 
-def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
+def write_atomic(path: str, data: bytes, mode: int = 0o644, fsync: bool = True) -> None:
     """Write ``data`` to ``path`` through an exclusively created temporary file in its
-    folder, fsynced, then renamed over ``path`` (module docstring)."""
+    folder, fsynced (unless ``fsync`` is off: a page that can be rewritten), then renamed
+    over ``path`` (module docstring)."""
     folder = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
                                dir=folder)
@@ -125,7 +126,8 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
             os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -111,3 +111,10 @@ def coverage(lines: list[dict[str, Any]],
             "trusted_keys": None if trusted is None else len(trusted),
             "unsigned": unsigned, "untrusted": untrusted,
             "conflicts": conflicts, "run_hash": lines[-1].get("hash")}
+
+
+def not_counted(rep: dict[str, Any]) -> dict[str, str]:
+    """Certificate path -> why ``coverage``'s report ``rep`` does not count it."""
+    return {x["certificate"]: f"no: {why}" for kind, why in (
+        ("conflicts", "a conflict (see coverage)"), ("unsigned", "unsigned"),
+        ("untrusted", "not a trusted key")) for x in rep[kind]}

@@ -3,17 +3,15 @@ JSON-able dicts (rendered by ``render.py``).
 
 ``Explorer.open(run, mix, certs, trusted=, expect=)`` reads the log once, checks the chain
 (``open1b_train.chain``; a cut-off last line is a finding too), refuses a log that does not
-end in ``expect`` (the run hash its owner published, as every audit command does), opens
-the stream plan with the run's seed and refuses a mix whose fingerprint is not the
-genesis's. The explorer says no more than the CLI: coverage is ``open1b-audit coverage``'s
-count with the same ``trusted`` keys, every certificate file of the folder is read as
-coverage reads it (an unreadable or malformed one, a link or a FIFO, is a listed conflict,
-never a failure of the site), and ``trust()`` says on the page what was not pinned: no
-published run hash (a truncated log also shows "chain OK"), no trusted keys (any key
-counts). Every per-step value comes from the hashed ``scalars``
-of a line (float32 bits as hex, the LR as a hex float), never from the decimal fields
-beside them, which the chain does not cover; tokens/s is unhashed and is labelled
-owner-reported wherever it appears. A step's windows, documents and decoded text are the
+end in ``expect`` (the published run hash), opens the stream plan with the run's seed and
+refuses a mix whose fingerprint is not the genesis's. It says no more than the CLI:
+coverage is ``open1b-audit coverage``'s with the same ``trusted`` keys, every certificate
+is read as coverage reads it (a link, a FIFO, a malformed one is a listed conflict, never
+a failure), and ``trust()`` tells the pages what was not given (no run hash: a truncated
+log also shows "chain OK"; no trusted keys: any key counts). Every per-step value comes
+from the hashed ``scalars`` of a line (float32 bits as hex, the LR as a hex float), never
+from the decimal fields beside them, which the chain does not cover; tokens/s is unhashed
+and is labelled owner-reported wherever it appears. A step's windows, documents and decoded text are the
 stream's answer (``inspect.stream_at`` over the run's virtual ranks: mesh order, the order
 of ``scalars.window_loss``), its statistics those of ``stream-at --stats``, a document's
 steps the plan's reverse provenance, coverage ``open1b_audit.coverage.coverage``.
@@ -345,19 +343,11 @@ class Explorer:
                             "documents": segs})
         return {"windows": windows, "text_chars": used}
 
-    def _counted(self, path: str) -> str:
-        """Whether coverage counts the certificate at ``path``, and why not."""
-        if not hasattr(self, "_not_counted"):
-            cov = self.coverage()
-            self._not_counted = {x["certificate"]: f"no: {why}" for kind, why in (
-                ("conflicts", "a conflict (see coverage)"), ("unsigned", "unsigned"),
-                ("untrusted", "not a trusted key")) for x in cov[kind]}
-        return self._not_counted.get(path, "yes: any key counts (no --trusted-keys)"
-                                     if self.trusted is None else "yes: a trusted key")
-
     def step_certificates(self, s: int) -> list[dict[str, Any]]:
         from open1b_audit import certificate
+        from open1b_audit.coverage import not_counted
 
+        skipped = not_counted(self.coverage())
         out = []
         for path, c in self.certs:
             if not isinstance(c, dict) or c.get("step") != s:
@@ -367,7 +357,8 @@ class Explorer:
                 sig = "unsigned" if key is None else "verified"
             except certificate.CertificateError:
                 key, sig = None, "BAD SIGNATURE"
-            counted = self._counted(path)
+            counted = skipped.get(path, "yes: any key counts (no --trusted-keys)"
+                                  if self.trusted is None else "yes: a trusted key")
             out.append({"file": os.path.basename(path), "auditor": c.get("auditor"),
                         "public_key": key, "signature": sig, "counted": counted,
                         "verdict": c.get("verdict"),

@@ -88,7 +88,7 @@ class _Writer:
         data = content.encode("utf-8") if isinstance(content, str) else content
         path = os.path.join(self.out, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_atomic(path, data)
+        write_atomic(path, data, fsync=False)     # pages: rewritten by the next run
         self.files += 1
         self.bytes += len(data)
         if len(data) > self.largest[1]:
