@@ -41,7 +41,7 @@ from open1b_audit import __version__
 from open1b_train.chain import Finding
 from open1b_train import statehash
 from open1b_audit.errors import CertificateError
-from open1b.safeio import read_json_object, read_regular
+from open1b.safeio import read_json_object, read_regular, write_atomic
 
 FORMAT = "open1b-certificate"
 VERSION = 1
@@ -179,9 +179,8 @@ def keygen(path: str) -> str:
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
     pub = key.public_key()
-    with open(path + ".pub", "wb") as f:
-        f.write(pub.public_bytes(serialization.Encoding.PEM,
-                                 serialization.PublicFormat.SubjectPublicKeyInfo))
+    write_atomic(path + ".pub", pub.public_bytes(serialization.Encoding.PEM,
+                                                 serialization.PublicFormat.SubjectPublicKeyInfo))
     return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
 
 
@@ -199,10 +198,10 @@ def git_work_tree(path: str) -> str | None:
 
 
 def write(cert: dict[str, Any], path: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(cert, f, sort_keys=True, indent=1)
-    os.replace(tmp, path)
+    """Write ``cert`` to ``path`` through a temporary file created exclusively in its
+    folder (``safeio.write_atomic``): a shared folder may hold names others planted - a
+    ``step-N.json.tmp-<pid>`` link to a file of yours - and none is ever opened."""
+    write_atomic(path, json.dumps(cert, sort_keys=True, indent=1).encode())
 
 
 def _signer(cert: dict[str, Any]) -> str | None:
@@ -215,7 +214,7 @@ def path_for(folder: str, step: int, cert: dict[str, Any]) -> str:
     holds another signer's certificate - then ``step-<N>-<key prefix>.json``, so auditors
     sharing a folder never overwrite each other (coverage reads every ``*.json``)."""
     base = os.path.join(folder, f"step-{step:08d}.json")
-    if not os.path.exists(base):
+    if not os.path.lexists(base):     # a link there (even dangling) is someone's: kept
         return base
     try:
         theirs = _signer(read(base))

@@ -13,80 +13,9 @@ import click
 
 from open1b.cli import ERRORS, Cli, emit, fail
 from open1b_audit import __version__
+from open1b_audit.options import (announcement, expect_recipe, expect_run_hash, recipe_lines,
+                                   trusted_keys as trusted_keys_option)
 from open1b_train.cli import check_memory_plan
-
-
-
-
-
-def _hash_param(ctx, param, value):
-    from open1b_train.chain import is_hash
-
-    if value is not None and not is_hash(value.lower()):
-        raise click.BadParameter(f"{value!r} is not a run hash (64 hex digits)")
-    return None if value is None else value.lower()
-
-
-def expect_run_hash(f):
-    return click.option(
-        "--expect-run-hash", "expect", default=None, metavar="H", callback=_hash_param,
-        help="The run hash its owner published: refuse a log that does not end in it.")(f)
-
-
-def _fingerprint_param(ctx, param, value):
-    from open1b_train.chain import is_hash
-
-    if value is not None and not is_hash(value.lower()):
-        raise click.BadParameter(f"{value!r} is not a mix fingerprint (64 hex digits, as "
-                                 f"`open1b-data verify` prints it)")
-    return None if value is None else value.lower()
-
-
-def _preset_param(ctx, param, value):
-    from open1b_train.config import PRESETS
-
-    if value is not None and value not in PRESETS:
-        raise click.BadParameter(f"{value!r} is not a preset; choose one of {sorted(PRESETS)}")
-    return value
-
-
-def expect_recipe(f):
-    """--expect-preset and --expect-mix: the recipe its owner announced (recipe.py)."""
-    f = click.option("--expect-mix", "expect_mix", default=None, metavar="FINGERPRINT",
-                     callback=_fingerprint_param,
-                     help="The mix fingerprint its owner announced: refuse a run trained on "
-                          "another mix.")(f)
-    return click.option("--expect-preset", "expect_preset", default=None, metavar="NAME",
-                        callback=_preset_param,
-                        help="The preset its owner announced: refuse a run that claims "
-                             "another or departs from it (schedule and held-out rule "
-                             "included).")(f)
-
-
-def _announcement(expect, expect_preset, expect_mix):
-    from open1b_train.recipe import Announcement
-
-    return Announcement(run_hash=expect, preset=expect_preset, mix=expect_mix)
-
-
-def _recipe_lines(rc: dict | None, announce) -> list[str]:
-    """The recipe a run was checked against, in a report's normal output."""
-    if not rc:
-        return []
-    out = [f"recipe: preset {rc['preset']!r}, mix {rc['mix_fingerprint']}, schedule "
-           f"{rc['schedule']}"]
-    if rc["departures"]:
-        out.append("RECIPE: the run departs from the published "
-                   f"{rc['preset']!r} preset in " + ", ".join(
-                       f"{d['field']} ({d['preset']!r} -> {d['run']!r})"
-                       for d in rc["departures"]))
-    else:
-        out.append("recipe: no departure from the preset")
-    missing = announce.unpinned()
-    if missing:
-        out.append(f"not pinned: {', '.join(missing)} (without them the run is checked "
-                   f"against itself, not against what its owner announced)")
-    return out
 
 
 def _log_of(run: str, expect: str | None = None):
@@ -108,6 +37,18 @@ def _log_of(run: str, expect: str | None = None):
 
 def _steps_of(run: str, expect: str | None = None) -> list[dict]:
     return _log_of(run, expect).lines
+
+
+def _chained(run: str, expect: str | None, why: str) -> list[dict]:
+    """RUN's lines, refused (one line) unless they are one chain (and end in ``expect``):
+    ``why`` says what a broken chain cannot be used for."""
+    from open1b_train import chain
+
+    lines = _steps_of(run, expect)
+    f = chain.check(lines)
+    if f is not None:
+        raise click.ClickException(f"{run}: the log is not one chain ({f}); {why}")
+    return lines
 
 
 def _cut_note(log) -> str | None:
@@ -241,7 +182,7 @@ def replay_cmd(run, step, mix, backend, from_step, spill, memory_plan, certify, 
         raise click.UsageError("--key signs certificates: give --certify DIR too")
     try:
         log = _log_of(run, expect)
-        announce = _announcement(expect, expect_preset, expect_mix)
+        announce = announcement(expect, expect_preset, expect_mix)
         res = replay(run, step, mix, backend, spill, from_step, memory_plan=memory_plan,
                      announce=announce)
         written = []
@@ -276,7 +217,7 @@ def replay_cmd(run, step, mix, backend, from_step, spill, memory_plan, certify, 
         click.echo(f"verdict: {r['verdict'].upper()}  time {r['seconds']:.1f} s, peak memory "
                    f"{r['peak_memory_bytes'] / 2**20:.0f} MiB, TreeFold partials <= "
                    f"{r['treefold_peak_partials']}")
-        for line in _recipe_lines(r.get("recipe"), announce):
+        for line in recipe_lines(r.get("recipe"), announce):
             click.echo(line)
         if r["checkpoints_compared"]:
             click.echo(f"published checkpoints compared with the replayed state: steps "
@@ -373,7 +314,7 @@ def bisect_cmd(run, until, against, mix, backend, search, expect, expect_preset,
     Exits 0 only when every step 1..UNTIL was replayed and reproduced."""
     from open1b_audit.bisect import bisect
 
-    announce = _announcement(expect, expect_preset, expect_mix)
+    announce = announcement(expect, expect_preset, expect_mix)
     try:
         _log_of(run, expect)
         rep = bisect(run, until, against, search, mix=mix, backend=backend, announce=announce)
@@ -384,7 +325,7 @@ def bisect_cmd(run, until, against, mix, backend, search, expect, expect_preset,
         return ", ".join(f"{a + 1}..{b}" if b > a + 1 else f"{b}" for a, b in ivs)
 
     def human(r):
-        for line in _recipe_lines(r.get("recipe"), announce):
+        for line in recipe_lines(r.get("recipe"), announce):
             click.echo(line)
         fc = r.get("final_checkpoint")
         if fc is None:
@@ -450,18 +391,27 @@ def keygen_cmd(key) -> None:
 @click.option("--redundancy", type=click.IntRange(min=1), default=1, show_default=True,
               help="Distinct auditors per step.")
 @click.option("--seed", type=int, required=True, help="The assignment seed (publish it).")
+@expect_run_hash
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def assign_cmd(run, auditors, redundancy, seed, as_json) -> None:
-    """Which steps each of K auditors replays so every step is covered r times."""
+def assign_cmd(run, auditors, redundancy, seed, expect, as_json) -> None:
+    """Which steps each of K auditors replays so every step is covered r times. The log
+    must be one chain (and end in --expect-run-hash): a split of a cut or edited log
+    leaves the published run's other steps to nobody."""
     from open1b_audit.assign import assign
 
     try:
-        steps = list(range(1, len(_steps_of(run))))
+        lines = _chained(run, expect, "its steps cannot be split among auditors")
+        steps = list(range(1, len(lines)))
         a = assign(steps, auditors, redundancy, seed)
     except ERRORS as e:
         fail(e)
     rep = {"run": run, "steps": len(steps), "auditors": auditors, "redundancy": redundancy,
-           "seed": seed, "assignment": {str(k): v for k, v in a.items()}}
+           "seed": seed, "run_hash": lines[-1].get("hash"), "expected_run_hash": expect,
+           "assignment": {str(k): v for k, v in a.items()}}
+    if expect is None:
+        rep["warning"] = ("no --expect-run-hash: the split covers the steps this log holds, "
+                          "which may not be the published run's")
+        click.echo(f"warning: {rep['warning']}", err=True)
     emit(rep, as_json, lambda r: [click.echo(f"auditor {k:>4}: {len(v)} steps: "
                                               f"{', '.join(map(str, v[:12]))}"
                                               f"{' ...' if len(v) > 12 else ''}")
@@ -473,9 +423,7 @@ def assign_cmd(run, auditors, redundancy, seed, as_json) -> None:
 @click.argument("certs", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--redundancy", type=click.IntRange(min=1), default=1, show_default=True,
               help="Distinct signing keys a step needs to count as covered.")
-@click.option("--trusted-keys", "trusted_keys", type=click.Path(dir_okay=False), default=None,
-              help="Count only certificates signed by the keys in this file (lines of 64-hex "
-                   "Ed25519 public keys and/or PEM public keys as keygen writes KEY.pub).")
+@trusted_keys_option
 @expect_run_hash
 @expect_recipe
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -486,8 +434,7 @@ def coverage_cmd(run, certs, redundancy, trusted_keys, expect, expect_preset, ex
     weights (the last step's checkpoint) are the log's; exits 1 on a conflict, an off-recipe
     certificate or released weights that differ."""
     from open1b_audit import certificate
-    from open1b_train import chain
-    from open1b_audit.coverage import coverage, read_all
+    from open1b_audit.coverage import coverage, read_all, spans
     from open1b_train.published import hashed_config, released_weights
 
     paths = []
@@ -498,12 +445,8 @@ def coverage_cmd(run, certs, redundancy, trusted_keys, expect, expect_preset, ex
             paths.append(c)
     try:
         trusted = certificate.read_trusted_keys(trusted_keys) if trusted_keys else None
-        lines = _steps_of(run, expect)
-        f = chain.check(lines)
-        if f is not None:
-            raise click.ClickException(f"{run}: the log is not one chain ({f}); certificates "
-                                       f"cannot be checked against it")
-        announce = _announcement(expect, expect_preset, expect_mix)
+        lines = _chained(run, expect, "certificates cannot be checked against it")
+        announce = announcement(expect, expect_preset, expect_mix)
         genesis = lines[0]["genesis"]
         try:
             preset, why = hashed_config(run, genesis).preset, None
@@ -526,8 +469,7 @@ def coverage_cmd(run, certs, redundancy, trusted_keys, expect, expect_preset, ex
                    f"{redundancy} distinct signing key(s) ({r['keys_counted']} counted, of "
                    f"{whose}); run hash {str(r['run_hash'])[:16]}...")
         if r["gaps"]:
-            g = r["gaps"]
-            click.echo(f"gaps ({len(g)}): {', '.join(map(str, g[:20]))}{' ...' if len(g) > 20 else ''}")
+            click.echo(f"gaps ({len(r['gaps'])} steps): {spans(r['gaps'])}")
         for c in r["unsigned"]:
             click.echo(f"unsigned (not counted) step {c['step']}: {c['certificate']} "
                        f"(auditor {c['auditor']!r})")

@@ -45,6 +45,19 @@ def read_all(paths: list[str]) -> list[tuple[str, dict[str, Any] | CertificateEr
     return out
 
 
+def spans(steps: list[int]) -> str:
+    """Ascending ``steps`` as ranges: ``1-20, 23-24, 30`` (every step, however many)."""
+    out: list[str] = []
+    i = 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        out.append(str(steps[i]) if i == j else f"{steps[i]}-{steps[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
 def _why_not(lines: list[dict[str, Any]], cert: dict[str, Any]) -> str | None:
     """Why a well-formed certificate is not about the published steps as logged (None: it
     is a match certificate of a logged step, with the log's hashes and digests)."""
@@ -120,3 +133,10 @@ def coverage(lines: list[dict[str, Any]],
             "off_recipe_steps": sorted(s for s in off_step if not by_step[s]),
             "announced": {"preset": announce.preset, "mix": announce.mix},
             "conflicts": conflicts, "run_hash": lines[-1].get("hash")}
+
+
+def not_counted(rep: dict[str, Any]) -> dict[str, str]:
+    """Certificate path -> why ``coverage``'s report ``rep`` does not count it."""
+    return {x["certificate"]: f"no: {why}" for kind, why in (
+        ("conflicts", "a conflict (see coverage)"), ("unsigned", "unsigned"),
+        ("untrusted", "not a trusted key")) for x in rep[kind]}

@@ -78,10 +78,9 @@ class Fetcher:
         return n
 
     def ranges(self, url: str, ranges: list[tuple[int, int]], what: str) -> list[bytes]:
-        with failures(url, "read"):
-            fs, path = url_to_fs(url)
-            blobs = fs.cat_ranges([path] * len(ranges), [a for a, _ in ranges],
-                                  [b for _, b in ranges], on_error="raise")
+        from open1b_data.storage import read_ranges
+
+        blobs = read_ranges(url, ranges)
         self.count(what, sum(len(b) for b in blobs), len(ranges))
         return blobs
 

@@ -10,6 +10,11 @@ Contracts:
   decompressor ourselves). Corrupt compressed data raises ``CorruptInputError``.
 - ``iter_lines(url)`` splits that stream on ``b"\\n"`` in bounded memory (one line at a
   time); a partial last line of a truncated stream is never yielded.
+- A local file is read only if it is a regular file (a FIFO, socket or device is refused,
+  never waited on: ``open1b.safeio``) and, unless the caller passes ``follow=True``, not a
+  symbolic link: a mix, a run or a certificate folder is made by others, and a link there
+  could point anywhere on the reader's machine. Only the readers of a build's own inputs
+  follow links (a downloaded corpus may be a cache of links, as Hugging Face's is).
 - ``exists`` and ``list_tree`` never answer from a stale listing: on object stores they drop
   fsspec's cached listings first (several build tasks write one output).
 - ``list_files(root, patterns)`` is sorted by '/'-separated relative path and carries each
@@ -42,6 +47,7 @@ from typing import IO, Any
 import fsspec
 import zstandard
 
+from open1b import safeio
 from open1b.canonical import readable_json
 from open1b_data.errors import FileAccessError, Open1bDataError
 from open1b_data.storage_errors import failures
@@ -136,14 +142,37 @@ def _decompressed(raw: IO[bytes], chunk: int, codec: str) -> Iterator[bytes]:
                                   f"compressed bytes")
 
 
-def open_stream(url: str, chunk: int = CHUNK) -> Iterator[bytes]:
+def open_file(url: str, follow: bool = False) -> IO[bytes]:
+    """A binary read handle of ``url``: a local regular file (not a link unless ``follow``;
+    module contract) or an object-store file. Call inside ``failures(url, "read")``: a
+    missing file is a ``FileNotFoundError`` there, a link or special file a
+    ``FileAccessError``."""
+    fs, path = url_to_fs(url)
+    if not is_local(fs):
+        return fs.open(path, "rb")
+    fd = safeio.os_open(path, "file", FileAccessError, follow)
+    return os.fdopen(safeio.regular_fd(fd, url, "file", FileAccessError), "rb")
+
+
+def read_ranges(url: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+    """Byte ranges ``[a, b)`` of one file (local: checked as ``open_file`` does; object
+    store: one batched call)."""
+    with failures(url, "read"):
+        fs, path = url_to_fs(url)
+        if not is_local(fs):
+            return fs.cat_ranges([path] * len(ranges), [a for a, _ in ranges],
+                                 [b for _, b in ranges], on_error="raise")
+        with open_file(url) as f:
+            return [os.pread(f.fileno(), max(0, b - a), a) for a, b in ranges]
+
+
+def open_stream(url: str, chunk: int = CHUNK, follow: bool = False) -> Iterator[bytes]:
     """Decompressed byte chunks of ``url`` (see module contract). Raises
     ``FileAccessError`` / ``FileMissingError`` (an ``OSError`` / ``FileNotFoundError``) when
     the file cannot be opened or read, ``StorageError`` when its store cannot be reached."""
     with failures(url, "read"):
-        fs, path = url_to_fs(url)
         comp = compression_of(url)
-        with fs.open(path, "rb") as raw:
+        with open_file(url, follow) as raw:
             if comp is not None:
                 yield from _decompressed(raw, chunk, comp)
             else:
@@ -151,12 +180,12 @@ def open_stream(url: str, chunk: int = CHUNK) -> Iterator[bytes]:
                     yield data
 
 
-def iter_lines(url: str, chunk: int = CHUNK) -> Iterator[bytes]:
+def iter_lines(url: str, chunk: int = CHUNK, follow: bool = False) -> Iterator[bytes]:
     """Lines of the decompressed ``url`` without their ``\\n`` (a final line without a
     newline is still a line; ``\\r`` is left to the JSON parser, which treats it as
     whitespace)."""
     parts: list[bytes] = []
-    for data in open_stream(url, chunk):
+    for data in open_stream(url, chunk, follow):
         start = 0
         nl = data.find(b"\n")
         while nl >= 0:
@@ -179,7 +208,10 @@ def read_bytes(url: str) -> bytes:
     if absent."""
     with failures(url, "read"):
         fs, path = url_to_fs(url)
-        return fs.cat_file(path)
+        if not is_local(fs):
+            return fs.cat_file(path)
+        with open_file(url) as f:
+            return f.read()
 
 
 def gunzip(data: bytes) -> bytes:
@@ -205,18 +237,18 @@ class FileInfo:
     checksum: str
 
 
-def sha256_of(url: str) -> str:
+def sha256_of(url: str, follow: bool = False) -> str:
     """Hex SHA-256 of the raw bytes of ``url``, streamed."""
     h = hashlib.sha256()
     with failures(url, "read"):
-        fs, path = url_to_fs(url)
-        with fs.open(path, "rb") as f:
+        with open_file(url, follow) as f:
             while data := f.read(CHUNK):
                 h.update(data)
     return h.hexdigest()
 
 
-def checksum_of(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) -> str:
+def checksum_of(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any],
+                follow: bool = False) -> str:
     """A content identifier of one file, as cheap as the storage allows (module contract)."""
     if not is_local(fs):
         lfs = info.get("lfs")
@@ -225,14 +257,14 @@ def checksum_of(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) 
         etag = info.get("ETag") or info.get("etag")
         if isinstance(etag, str) and etag.strip('"'):
             return "etag:" + etag.strip('"')
-    return sha256_of(fs.unstrip_protocol(path) if not is_local(fs) else path)
+    return sha256_of(fs.unstrip_protocol(path) if not is_local(fs) else path, follow)
 
 
 def list_files(root: str, patterns: tuple[str, ...] | list[str],
-               checksums: bool = True) -> list[FileInfo]:
+               checksums: bool = True, follow: bool = False) -> list[FileInfo]:
     """Files under ``root`` matching any glob pattern (``*``, ``?``, ``[]``, ``**``), sorted
-    by relative path, each once. Raises ``FileMissingError`` (a ``FileNotFoundError``) if
-    ``root`` does not exist."""
+    by relative path, each once (checksummed through links when ``follow``). Raises
+    ``FileMissingError`` (a ``FileNotFoundError``) if ``root`` does not exist."""
     with failures(root, "list"):
         fs, root_path = url_to_fs(root)
         root_path = root_path.rstrip("/")
@@ -255,7 +287,7 @@ def list_files(root: str, patterns: tuple[str, ...] | list[str],
         full = root_path + "/" + rel
         url = full if is_local(fs) else fs.unstrip_protocol(full)
         with failures(url, "read"):
-            checksum = checksum_of(fs, full, info) if checksums else ""
+            checksum = checksum_of(fs, full, info, follow) if checksums else ""
         out.append(FileInfo(path=rel, url=url, size=int(info.get("size") or 0),
                             checksum=checksum))
     return out

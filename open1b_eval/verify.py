@@ -38,6 +38,7 @@ from open1b_eval import export as ex
 from open1b_eval.errors import EvalError
 from open1b_eval.trained import Trained
 from open1b_train import checkpoint, statehash
+from open1b_train.errors import CheckpointError
 from open1b_train.params import param_specs
 from open1b_train.published import PublishedRun
 
@@ -77,32 +78,13 @@ class Differs(Exception):
 
 
 def _tensors(path: str) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors; a name given twice in its header is refused (a
-    reader keeps one of the two, so the file does not say which tensor it holds)."""
-    from safetensors.torch import load as st_load
-
-    data = read_regular(path, "safetensors file", EvalError)
-    n = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
-    dup: list[str] = []
-
-    def pairs(items):
-        seen = set()
-        for k, _ in items:
-            if k in seen:
-                dup.append(k)
-            seen.add(k)
-        return dict(items)
-    if not 0 < n <= len(data) - 8:
-        raise Differs("file", os.path.basename(path), "not a safetensors file")
+    """A safetensors file's tensors (``checkpoint.read_tensors``: a name given twice in its
+    header is refused - a reader keeps one of the two, so the file does not say which
+    tensor it holds)."""
     try:
-        json.loads(data[8:8 + n], object_pairs_hook=pairs)
-        out = st_load(data)
-    except Exception as e:   # safetensors raises its own error types for malformed files
-        raise Differs("file", os.path.basename(path), f"malformed safetensors ({e})") from None
-    if dup:
-        raise Differs("tensor", dup[0], f"{os.path.basename(path)} names tensor {dup[0]!r} "
-                                        f"twice")
-    return out
+        return checkpoint.read_tensors(path)
+    except CheckpointError as e:
+        raise Differs("file", os.path.basename(path), str(e)) from None
 
 
 def _steps_with(pub: PublishedRun, digest: str, first: int | None) -> int | None:

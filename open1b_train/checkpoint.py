@@ -23,7 +23,11 @@ cannot execute code on load, and JSON is data.
 
 Loading (``load``) re-hashes both files against the record and re-derives the params and
 optim digests from the loaded tensors: a corrupt or edited checkpoint is refused with a
-``CheckpointError`` naming the file and both hashes.
+``CheckpointError`` naming the file and both hashes. Tensors are refused by name, never
+dropped or merged silently: a name twice in one file's header (JSON parsers disagree on
+which entry wins), a moment twice across the optim files, an optim entry that is not
+``m.<name>`` / ``v.<name>``, and (``check_names``, given the model's parameter names) a
+tensor the model does not have or a parameter it lacks.
 
 The lean memory plan (``memplan.py``) writes and reads the same files in chunks
 (``save_streamed`` / ``load_streamed``): the safetensors layout written by hand - tensors
@@ -39,7 +43,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +51,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from open1b_train.errors import CheckpointError
-from open1b.safeio import read_json_object, read_regular
+from open1b.safeio import open_fd, read_json_object, read_regular
 
 FORMAT = "open1b-checkpoint"
 VERSION = 1
@@ -230,17 +233,87 @@ def load(path: str, device: torch.device | str = "cpu", params_only: bool = Fals
             raise CheckpointError(f"{fpath}: sha256 {got} differs from the record's "
                                   f"{files[name]}; the checkpoint is corrupt or was edited - "
                                   f"resume from an earlier one")
+        _unique_header(data[8:8 + _header_size(data[:8], len(data), fpath)], fpath)
         try:
             tensors = st_load(data)
         except Exception as e:  # safetensors raises its own error types for malformed files
             raise CheckpointError(f"{fpath}: malformed safetensors data ({e})") from None
         if name == "params.safetensors":
             params.update(tensors)
-        else:
-            m.update({k[2:]: t for k, t in tensors.items() if k.startswith("m.")})
-            v.update({k[2:]: t for k, t in tensors.items() if k.startswith("v.")})
+            continue
+        for key, t in tensors.items():
+            which, _, pname = key.partition(".")
+            into = {"m": m, "v": v}.get(which)
+            if into is None or not pname:
+                raise CheckpointError(f"{fpath}: tensor {key!r} is not an Adam moment "
+                                      f"(m.<name> or v.<name>); refusing the checkpoint")
+            if pname in into:
+                raise CheckpointError(f"{fpath}: tensor {key!r} is also in another optim "
+                                      f"file of {path}; refusing the checkpoint (which one "
+                                      f"holds the moment?)")
+            into[pname] = t
     move = lambda d: {k: t.to(device) for k, t in d.items()}  # noqa: E731
     return Checkpoint(rec["step"], path, rec, move(params), move(m), move(v))
+
+
+def _header_size(raw: bytes, size: int, fpath: str) -> int:
+    n = int.from_bytes(raw, "little") if len(raw) == 8 else -1
+    if not 2 <= n <= min(size - 8, 100 << 20):
+        raise CheckpointError(f"{fpath}: safetensors header of {n} bytes in a {size}-byte "
+                              f"file; malformed")
+    return n
+
+
+def _unique_header(text: bytes, fpath: str) -> dict[str, Any]:
+    """A safetensors header parsed with every object's names distinct (a duplicate is
+    refused by name: safetensors keeps the last entry, other readers the first)."""
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, val in items:
+            if k in out:
+                raise CheckpointError(f"{fpath}: the safetensors header names {k!r} twice; "
+                                      f"refusing the checkpoint (which entry is the tensor?)")
+            out[k] = val
+        return out
+    try:
+        hdr = json.loads(text, object_pairs_hook=pairs)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise CheckpointError(f"{fpath}: malformed safetensors header") from None
+    if not isinstance(hdr, dict):
+        raise CheckpointError(f"{fpath}: malformed safetensors header")
+    return hdr
+
+
+def read_tensors(path: str, what: str = "safetensors file") -> dict[str, torch.Tensor]:
+    """A safetensors file written by others: a regular file, its header's names distinct
+    (``_unique_header``), its tensors (never unpickled); ``CheckpointError`` names what is
+    wrong."""
+    data = read_regular(path, what, CheckpointError)
+    _unique_header(data[8:8 + _header_size(data[:8], len(data), path)], path)
+    try:
+        return st_load(data)
+    except Exception as e:  # safetensors raises its own error types for malformed files
+        raise CheckpointError(f"{path}: malformed safetensors data ({e})") from None
+
+
+def check_names(ck: Checkpoint, names: list[str]) -> None:
+    """Refuse a checkpoint whose tensors are not exactly the model's parameters ``names``
+    (and, loaded whole, their two moments): an extra tensor is named, never ignored."""
+    want = set(names)
+    parts = [("params.safetensors", ck.params, "")]
+    if ck.m_flat is None:
+        parts += [("optim files", ck.m, "m."), ("optim files", ck.v, "v.")]
+    for where, got, prefix in parts:
+        extra = sorted(set(got) - want)
+        if extra:
+            raise CheckpointError(f"checkpoint {ck.path}: its {where} hold tensor(s) "
+                                  f"{[prefix + k for k in extra[:3]]} that this run's model "
+                                  f"does not have; refusing it")
+        missing = sorted(want - set(got))
+        if missing:
+            raise CheckpointError(f"checkpoint {ck.path} lacks parameters "
+                                  f"{[prefix + k for k in missing[:3]]} of this run's model; "
+                                  f"it was written for another config")
 
 
 def prune(run: str, keep: int) -> None:
@@ -331,18 +404,10 @@ def _header_entries(f, size: int, fpath: str, h) -> list[tuple[str, torch.dtype,
     order, covering the data exactly."""
     raw = _read_exact(f, 8, fpath)
     h.update(raw)
-    n = int.from_bytes(raw, "little")
-    if not 2 <= n <= min(size - 8, 100 << 20):
-        raise CheckpointError(f"{fpath}: safetensors header of {n} bytes in a {size}-byte "
-                              f"file; malformed")
+    n = _header_size(raw, size, fpath)
     text = _read_exact(f, n, fpath)
     h.update(text)
-    try:
-        hdr = json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise CheckpointError(f"{fpath}: malformed safetensors header") from None
-    if not isinstance(hdr, dict):
-        raise CheckpointError(f"{fpath}: malformed safetensors header")
+    hdr = _unique_header(text, fpath)
     out = []
     for name, e in hdr.items():
         if name == "__metadata__":
@@ -389,16 +454,9 @@ def load_streamed(path: str, layout, m_flat, v_flat) -> Checkpoint:
             raise CheckpointError(f"{path}/record.json: files lists {name!r}; a checkpoint "
                                   f"file is a plain *.safetensors name with its sha256")
         fpath = os.path.join(path, name)
-        try:
-            fd = os.open(fpath, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        except OSError as e:
-            raise CheckpointError(f"{fpath}: cannot open the checkpoint file ({e.strerror})"
-                                  ) from None
+        fd = open_fd(fpath, "checkpoint file", CheckpointError)
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise CheckpointError(f"{fpath}: the checkpoint file is not a regular file; "
-                                      f"refusing to read it")
             h = hashlib.sha256()
             for key, dtype, shape, a, b in _header_entries(f, st.st_size, fpath, h):
                 if name == "params.safetensors":

@@ -242,7 +242,7 @@ def resume_cmd(run, mix, steps, nproc, memory_plan, quiet) -> None:
     from open1b_train.run import read_run
 
     try:
-        cfg, mix = read_run(run, mix)
+        cfg, mix = read_run(run, mix, own=True)        # resuming one's own run
     except ERRORS as e:
         fail(click.ClickException(str(e)))
     if steps is not None:

@@ -34,7 +34,7 @@ from open1b_data.formats.manifest import load_manifest
 from open1b_data.stream.loader import step_boundary_state
 from open1b_data.stream.schedule import Schedule
 from open1b_data.stream.state import differing_fields
-from open1b_train import __version__, checkpoint, memplan, runlog, statehash, validate
+from open1b_train import __version__, checkpoint, memplan, runinfo, runlog, statehash, validate
 from open1b_train.config import TrainConfig, from_dict
 from open1b_train.errors import CheckpointError, ConfigError, Open1bTrainError, ResumeError
 from open1b_train.memplan import MemoryPlan
@@ -181,8 +181,12 @@ def initial_state(run: Run, genesis: dict[str, Any]) -> State:
                                          f"{run.cfg.seed} differ from the genesis digest "
                                          f"(another seed or init)")
     layout = Layout(param_specs(run.cfg.model))
-    return State(0, params, OptimState(*memplan.new_moments(run.memory, layout, run.device)),
-                 statehash.genesis_hash(genesis),
+    opt = OptimState(*memplan.new_moments(run.memory, layout, run.device))
+    if memplan.optim_digest(layout, opt) != genesis.get("optim"):   # hashed, so compared
+        raise StateMismatch(0, "optim", "the genesis's optimizer digest is not the digest of "
+                                        "zero Adam moments and counters, the state every run "
+                                        "starts from (the genesis was forged)")
+    return State(0, params, opt, statehash.genesis_hash(genesis),
                  step_boundary_state(run.plan, run.cfg.virtual_ranks, 1))
 
 
@@ -253,14 +257,11 @@ def tensors_of(ck: checkpoint.Checkpoint, run: Run) -> tuple[dict[str, torch.Ten
     """A loaded checkpoint's parameters and optimizer state, laid out for ``run``'s model
     (not yet checked against the log: the caller compares digests)."""
     specs = param_specs(run.cfg.model)
+    checkpoint.check_names(ck, [s.name for s in specs])     # no tensor ignored silently
     if ck.m_flat is not None:              # streamed into the lean plan's files (complete)
         return ({s.name: ck.params[s.name] for s in specs},
                 OptimState(ck.m_flat, ck.v_flat, int(ck.record["adam_step"]),
                            int(ck.record["skip_left"])))
-    missing = [s.name for s in specs if s.name not in ck.params or s.name not in ck.m]
-    if missing:
-        raise CheckpointError(f"checkpoint {ck.path} lacks parameters {missing[:3]} of this "
-                              f"run's model; it was written for another config")
     layout = Layout(specs)
     rec = ck.record
     opt = OptimState(layout.zeros(run.device), layout.zeros(run.device),
@@ -272,19 +273,15 @@ def tensors_of(ck: checkpoint.Checkpoint, run: Run) -> tuple[dict[str, torch.Ten
     return {s.name: ck.params[s.name] for s in specs}, opt
 
 
-def read_run(run_dir: str, mix: str | None = None) -> tuple[TrainConfig, str]:
-    """A run directory's config and its mix (``mix`` overrides the one it recorded)."""
+def read_run(run_dir: str, mix: str | None = None, own: bool = False
+             ) -> tuple[TrainConfig, str]:
+    """A run directory's config and its mix (``mix`` overrides the one it recorded; a URL
+    recorded in run.json is used only by the run's ``own`` trainer: ``runinfo``)."""
     cpath = os.path.join(run_dir, CONFIG)
     if not os.path.lexists(cpath):
         raise Open1bTrainError(f"{run_dir} is not a run directory ({cpath} is missing)")
     cfg = from_dict(read_json_object(cpath, "run config"))
-    if mix is None:
-        info = read_json_object(os.path.join(run_dir, RUN_INFO), "run info")
-        mix = info.get("mix")
-        if not isinstance(mix, str) or not mix:
-            raise Open1bTrainError(f"{run_dir}/{RUN_INFO}: 'mix' must name the run's mix, got "
-                                   f"{mix!r}; pass --mix")
-    return cfg, mix
+    return cfg, mix if mix is not None else runinfo.named_mix(run_dir, own)
 
 
 def _genesis_difference(run: Run, old: dict, new: dict) -> str:

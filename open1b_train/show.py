@@ -19,7 +19,7 @@ import os
 import struct
 
 from open1b.safeio import read_json_object
-from open1b_train import runlog
+from open1b_train import runinfo, runlog
 from open1b_train.errors import Open1bTrainError
 
 
@@ -77,11 +77,7 @@ def step_report(run: str, step: int, top: int = 5, mix: str | None = None) -> di
     if isinstance(sc.get("val_loss"), dict):      # a validation step (eval_every)
         rep["val_loss"] = {k: f32_from_hex(v) for k, v in sc["val_loss"].items()}
     if mix is None:
-        info_path = os.path.join(run, "run.json")
-        mix = read_json_object(info_path, "run info").get("mix") \
-            if os.path.lexists(info_path) else None
-        if not isinstance(mix, str):
-            raise Open1bTrainError(f"{run}: no run.json naming its mix; pass --mix")
+        mix = runinfo.named_mix(run)
     cfg = read_json_object(os.path.join(run, "config.json"), "run config")
     from open1b_data import StreamPlan, WindowReader
     from open1b_data.stream.schedule import Schedule

@@ -23,7 +23,7 @@ import torch
 
 from open1b_train import statehash
 from open1b_train.errors import Open1bTrainError
-from open1b.safeio import parse_json, read_regular
+from open1b.safeio import parse_json, read_regular, write_atomic
 
 FORMAT = "open1b-trace"
 
@@ -44,12 +44,9 @@ class Tracer:
 
     def write(self, path: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(json.dumps({"format": FORMAT, "version": 1, "step": self.step}) + "\n")
-            for i, (op, d) in enumerate(self.ops):
-                f.write(json.dumps({"i": i, "op": op, "digest": d}) + "\n")
-        os.replace(tmp, path)
+        lines = [json.dumps({"format": FORMAT, "version": 1, "step": self.step})]
+        lines += [json.dumps({"i": i, "op": op, "digest": d}) for i, (op, d) in enumerate(self.ops)]
+        write_atomic(path, ("\n".join(lines) + "\n").encode())   # a temporary made exclusively
 
 
 def read(path: str) -> tuple[int, list[tuple[str, str]]]:

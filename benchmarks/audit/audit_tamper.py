@@ -5,8 +5,11 @@ tampered in each way of ``tests/fixtures/tamper.py``; each copy is audited the w
 covering a whole run do it (every checkpoint interval replayed with ``open1b-audit``'s
 ``replay``). A case counts as caught when the audit reports a finding, and as named when
 that finding's step and component are the expected ones. The honest run must pass. Then
-forged auditors (``tests/fixtures/auditors.py``) and forgeries of what users take away
-(``tests/fixtures/released.py``), each where a user meets it.
+forged auditors (``tests/fixtures/auditors.py``); the hostile files of
+``tests/fixtures/hostile.py``, each through the real ``open1b-audit`` command in a
+subprocess: caught when it exits as expected naming the file and what is wrong, and nothing
+of the auditor's was published, written through or fetched; and forgeries of what users take
+away (``tests/fixtures/released.py``), each where a user meets it.
 
     .venv/bin/python -m benchmarks.audit.audit_tamper --out benchmarks/results/results-tamper.md
 """
@@ -23,8 +26,8 @@ import torch
 from benchmarks.machine import report_end, report_head
 from open1b_train import runlog
 from open1b_train.train import train
-from tests.fixtures import auditors, released, tamper
-from tests.fixtures.runs import micro_cfg
+from tests.fixtures import auditors, hostile, released, tamper
+from tests.fixtures.runs import cli_env, micro_cfg
 from tests.fixtures.trainmix import train_mix
 
 
@@ -74,6 +77,20 @@ def main() -> None:
             ok += hit
             lines.append(f"| {name} | {'yes' if hit else '**no**'} | {rep['covered']} | {step} |")
         lines.append(f"\n**caught {ok} / {len(forged)}** forged-auditor cases.")
+        lines += ["", "Hostile files (each through the real `open1b-audit` command in a "
+                  "subprocess; tests/fixtures/hostile.py):", "",
+                  "| hostile file | class | caught | what the command said | s |",
+                  "|---|---|---|---|---|"]
+        ok = 0
+        for i, (name, (kind, _)) in enumerate(hostile.CASES.items()):
+            t0 = time.perf_counter()
+            got = hostile.run(hostile.make(name, ref, mix4, os.path.join(d, f"hostile{i}")),
+                              cli_env())
+            ok += got.caught
+            said = got.detail.replace("|", "\\|").replace(d, "$TMP")
+            lines.append(f"| {name} | {kind} | {'yes' if got.caught else '**no**'} | {said} | "
+                         f"{time.perf_counter() - t0:.1f} |")
+        lines.append(f"\n**caught {ok} / {len(hostile.CASES)}** hostile files.")
         lines += ["", "What users take away (the released weights, the config they are "
                   "read with, the tokenizer, an export, the recipe and the mix), checked "
                   "where a user meets them (`open1b_train.published` for every loader, "

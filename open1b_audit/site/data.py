@@ -1,12 +1,17 @@
 """What each explorer page shows, gathered from a run, its mix and certificates as plain,
 JSON-able dicts (rendered by ``render.py``).
 
-``Explorer.open(run, mix, certs)`` reads the log once, checks the chain
-(``open1b_train.chain``), opens the stream plan with the run's seed and refuses a mix whose
-fingerprint is not the genesis's. Every per-step value comes from the hashed ``scalars``
-of a line (float32 bits as hex, the LR as a hex float), never from the decimal fields
-beside them, which the chain does not cover; tokens/s is unhashed and is labelled
-owner-reported wherever it appears. A step's windows, documents and decoded text are the
+``Explorer.open(run, mix, certs, trusted=, expect=)`` reads the log once, checks the chain
+(``open1b_train.chain``; a cut-off last line is a finding too), refuses a log that does not
+end in ``expect`` (the published run hash), opens the stream plan with the run's seed and
+refuses a mix whose fingerprint is not the genesis's. It says no more than the CLI:
+coverage is ``open1b-audit coverage``'s with the same ``trusted`` keys, every certificate
+is read as coverage reads it (a link, a FIFO, a malformed one is a listed conflict, never
+a failure), and ``trust()`` tells the pages what was not given (no run hash: a truncated
+log also shows "chain OK"; no trusted keys: any key counts). Every per-step value comes
+from the hashed ``scalars`` of a line (float32 bits as hex, the LR as a hex float), never
+from the decimal fields beside them, which the chain does not cover; tokens/s is unhashed
+and is labelled owner-reported wherever it appears. A step's windows, documents and decoded text are the
 stream's answer (``inspect.stream_at`` over the run's virtual ranks: mesh order, the order
 of ``scalars.window_loss``), its statistics those of ``stream-at --stats``, a document's
 steps the plan's reverse provenance, coverage ``open1b_audit.coverage.coverage``.
@@ -53,24 +58,34 @@ class Explorer:
     plan: Any                       # StreamPlan with the run's seed
     sched: Any                      # Schedule of the mix
     finding: Any                    # chain.Finding | None
-    certs: list[tuple[str, dict]]
+    certs: list[tuple[str, Any]]    # (path, certificate dict or the CertificateError)
     build_index: bool = False
+    trusted: set[str] | None = None    # --trusted-keys: the only keys coverage counts
+    expect: str | None = None          # --expect-run-hash: the log ends in it (checked)
     page_windows: int = PAGE_WINDOWS   # windows a page of a large step shows in full
     _columns: dict | None = None
 
     @classmethod
     def open(cls, run: str, mix: str | None = None, certs: str | None = None,
-             build_index: bool = False) -> "Explorer":
-        from open1b_audit import certificate
+             build_index: bool = False, trusted: set[str] | None = None,
+             expect: str | None = None) -> "Explorer":
+        from open1b_audit.coverage import read_all
         from open1b_train import chain
         from open1b_data import StreamPlan
         from open1b_data.stream.schedule import Schedule
         from open1b_train import runlog
         from open1b_train.run import read_run
 
-        lines = runlog.read(run, strict=False)
-        if not lines or "genesis" not in lines[0]:
+        if not os.path.lexists(runlog.path_of(run)):
+            raise SiteError(f"{run}: no steps.jsonl (not a run directory?)")
+        log = runlog.read_log(run, error=SiteError)
+        lines = log.lines
+        if not lines or not isinstance(lines[0].get("genesis"), dict):
             raise SiteError(f"{run}: no steps.jsonl with a genesis line (not a run directory?)")
+        if expect is not None:
+            pinned = chain.pin(lines, expect, log.partial_bytes)
+            if pinned is not None:
+                raise SiteError(f"{run} is not the published run: {pinned}")
         cfg, mix = read_run(run, mix)
         gen = lines[0]["genesis"]
         plan = StreamPlan.open(mix, seed=gen.get("seed"), build_index=build_index)
@@ -84,9 +99,16 @@ class Explorer:
                 raise SiteError(f"--certs {certs}: not a directory of certificates")
             paths = sorted(os.path.join(certs, n) for n in os.listdir(certs)
                            if n.endswith(".json"))
+        finding = chain.check(lines) or chain.cut_tail(lines, log.partial_bytes)
         return cls(run, mix, lines, tuple(cfg.mesh), plan,
-                   Schedule.from_definition(plan.view.definition), chain.check(lines),
-                   [(p, certificate.read(p)) for p in paths], build_index)
+                   Schedule.from_definition(plan.view.definition), finding,
+                   read_all(paths), build_index, trusted=trusted, expect=expect)
+
+    def trust(self) -> dict[str, Any]:
+        """What the pages' counts and chain status rest on: the published run hash the log
+        was pinned to and the number of trusted keys (None: not given - the pages say so)."""
+        return {"expected_run_hash": self.expect,
+                "trusted_keys": None if self.trusted is None else len(self.trusted)}
 
     # ------------------------------------------------------------------ the run
 
@@ -194,7 +216,9 @@ class Explorer:
                 "spikes": [s for s, f in zip(cols["step"], cols["spike"]) if f],
                 "chunks": self.chunks(), "chunk_steps": CHUNK_STEPS,
                 "coverage": {"covered": cov["covered"], "conflicts": len(cov["conflicts"]),
-                             "certificates": len(self.certs)}}
+                             "certificates": len(self.certs),
+                             "keys_counted": cov["keys_counted"]},
+                "trust": self.trust()}
 
     # ------------------------------------------------------------------ a step
 
@@ -214,7 +238,8 @@ class Explorer:
         out: dict[str, Any] = {"step": s, "hash": line.get("hash"), "prev": line.get("prev"),
                                "last_step": self.last,
                                "previous_step": s - 1 if s > 0 else None,
-                               "next_step": s + 1 if s < self.last else None}
+                               "next_step": s + 1 if s < self.last else None,
+                               "trust": self.trust()}
         if s == 0:
             out["genesis"] = line.get("genesis")
             return out
@@ -320,7 +345,9 @@ class Explorer:
 
     def step_certificates(self, s: int) -> list[dict[str, Any]]:
         from open1b_audit import certificate
+        from open1b_audit.coverage import not_counted
 
+        skipped = not_counted(self.coverage())
         out = []
         for path, c in self.certs:
             if not isinstance(c, dict) or c.get("step") != s:
@@ -330,8 +357,11 @@ class Explorer:
                 sig = "unsigned" if key is None else "verified"
             except certificate.CertificateError:
                 key, sig = None, "BAD SIGNATURE"
+            counted = skipped.get(path, "yes: any key counts (no --trusted-keys)"
+                                  if self.trusted is None else "yes: a trusted key")
             out.append({"file": os.path.basename(path), "auditor": c.get("auditor"),
-                        "public_key": key, "signature": sig, "verdict": c.get("verdict"),
+                        "public_key": key, "signature": sig, "counted": counted,
+                        "verdict": c.get("verdict"),
                         "backend": c.get("backend"), "finding": c.get("finding"),
                         "replayed_from": c.get("replayed_from"),
                         "output_hash": (c.get("output_state") or {}).get("hash"),
@@ -367,16 +397,19 @@ class Explorer:
         from open1b_audit.coverage import coverage
 
         if not hasattr(self, "_coverage"):
-            self._coverage = coverage(self.lines, self.certs, 1)
+            self._coverage = coverage(self.lines, self.certs, 1, self.trusted)
         return self._coverage
 
     def coverage_page(self) -> dict[str, Any]:
         cov = self.coverage()
         counts = {int(s): len(a) for s, a in cov["certified"].items()}
+        name = lambda xs: [{**x, "certificate": os.path.basename(x["certificate"])}  # noqa: E731
+                           for x in xs]
         return {"steps": self.last, "covered": cov["covered"], "counts": counts,
                 "auditors": sorted({a for v in cov["certified"].values() for a in v}),
-                "conflicts": cov["conflicts"], "certificates": len(self.certs),
-                "run_hash": cov["run_hash"]}
+                "conflicts": name(cov["conflicts"]), "unsigned": name(cov["unsigned"]),
+                "untrusted": name(cov["untrusted"]), "certificates": len(self.certs),
+                "run_hash": cov["run_hash"], "trust": self.trust()}
 
     def mix_page(self) -> dict[str, Any]:
         from open1b_data.formats.manifest import load_manifest

@@ -39,6 +39,26 @@ def data_script(var: str, obj: Any, key: Any = None) -> str:
     return f"(window.{var}=window.{var}||{{}})[{script_json(key)}]={script_json(obj)};\n"
 
 
+def trust_banner(t: dict[str, Any] | None) -> str:
+    """What a page's chain status and counts rest on (``data.Explorer.trust``): a warning
+    for each of the run hash and the trusted keys the explorer was not given."""
+    if t is None:
+        return ""
+    h, k = t.get("expected_run_hash"), t.get("trusted_keys")
+    pin = (f'<p class="ok" id="pinned">Pinned: the log ends in the published run hash '
+           f'<code>{e(h)}</code> (<code>--expect-run-hash</code>).</p>' if h else
+           '<p class="bad" id="unpinned">NOT PINNED: no <code>--expect-run-hash</code> was '
+           'given, so this log was not compared with the run hash its owner published; a '
+           'truncated or re-chained log also shows "chain OK". Compare the run hash with the '
+           'published one, or rebuild this explorer with <code>--expect-run-hash</code>.</p>')
+    keys = (f'<p class="ok" id="trusted">Counted: only certificates signed by the {int(k)} '
+            f'key(s) of <code>--trusted-keys</code>.</p>' if k is not None else
+            '<p class="bad" id="anykey">ANY KEY COUNTS: no <code>--trusted-keys</code> was '
+            'given, and anyone can make a key; "distinct auditors" counts keys, not auditors '
+            'you trust (three throwaway keys make three).</p>')
+    return f'<div class="trust">{pin}{keys}</div>'
+
+
 def page(title: str, body: str, scripts: tuple[str, ...] = (), query: str = "") -> str:
     tags = "".join(f'<script src="{e(s)}"></script>' for s in scripts)
     return f"""<!DOCTYPE html>
@@ -93,7 +113,10 @@ def _fmt(x: Any, spec: str = ".6g") -> str:
 
 def run_page(d: dict[str, Any]) -> str:
     ch = d["chain"]
-    status = ('<span class="ok">chain OK</span>' if ch["ok"] else
+    pinned = (d.get("trust") or {}).get("expected_run_hash")
+    ok = ("chain OK, ends in the published run hash" if pinned else
+          "chain OK (not pinned to a published run hash)")
+    status = (f'<span class="ok">{ok}</span>' if ch["ok"] else
               f'<span class="bad">BROKEN at step {e(ch["finding"]["step"])}: '
               f'{e(ch["finding"]["component"])} - {e(ch["finding"]["detail"])}</span>')
     g = d["genesis"]
@@ -104,7 +127,8 @@ def run_page(d: dict[str, Any]) -> str:
     rows += [(f"genesis {k}", Raw(f"<code>{e(v)}</code>")) for k, v in g.items()]
     rows += [("mix", Raw(f'<a href="mix.html">{e(d["mix_name"])}</a>')),
              ("certificates", Raw(f'{d["coverage"]["certificates"]} read, '
-                                  f'{d["coverage"]["covered"]} steps certified, '
+                                  f'{d["coverage"]["covered"]} steps certified by '
+                                  f'{d["coverage"]["keys_counted"]} counted key(s), '
                                   f'{d["coverage"]["conflicts"]} conflicts - '
                                   f'<a href="coverage.html">coverage map</a>'))]
     phases = table([(p["phase"], p["batch"], Raw(f'{p["first_step"]}..{p["last_step"]}'),
@@ -113,7 +137,7 @@ def run_page(d: dict[str, Any]) -> str:
     skipped = ", ".join(str(s) for s in d["skipped"][:200]) or "none"
     charts = "".join(f'<figure class="chart" data-series="{k}"><figcaption>{e(LABELS[k])}'
                      f'</figcaption></figure>' for k in SERIES)
-    body = f"""{table(rows, cls="kv")}
+    body = f"""{trust_banner(d.get("trust"))}{table(rows, cls="kv")}
 <h2>Curves</h2>
 <p class="note">Every value is decoded from the step's hashed <code>scalars</code> (float32
 bits, hex-float LR), except tokens/s, which the owner reports unhashed. Grey lines: batch-ramp
@@ -142,7 +166,8 @@ def step_page(d: dict[str, Any], has_step, has_doc) -> str:
             ("prev", Raw(f'<code>{e(d["prev"])}</code>'))]
     if s == 0:
         head += [(f"genesis {k}", Raw(f"<code>{e(v)}</code>")) for k, v in d["genesis"].items()]
-        return page("step 0 (genesis)", nav + table(head, cls="kv"))
+        return page("step 0 (genesis)", trust_banner(d.get("trust")) + nav
+                    + table(head, cls="kv"))
     sc = d["scalars"]
     head += [("loss", _fmt(sc["loss"])), ("learning rate", _fmt(sc["lr"], ".8g")),
              ("gradient norm", _fmt(sc["grad_norm"])),
@@ -160,10 +185,11 @@ def step_page(d: dict[str, Any], has_step, has_doc) -> str:
     comps = table([(k, Raw(f"<code>{e(v)}</code>")) for k, v in (d["components"] or {}).items()],
                   ("component", "digest"), "kv")
     certs = table([(c["auditor"], Raw(f'<code>{e((c["public_key"] or "")[:16])}</code>'),
-                    c["signature"], c["verdict"], c["backend"], c["replayed_from"],
+                    c["signature"], c.get("counted"), c["verdict"], c["backend"],
+                    c["replayed_from"],
                     Raw(f'<a href="certs/{e(c["file"])}">{e(c["file"])}</a>'))
                    for c in d["certificates"]],
-                  ("auditor", "public key", "signature", "verdict", "backend",
+                  ("auditor", "public key", "signature", "counted", "verdict", "backend",
                    "replayed from", "certificate")) if d["certificates"] else \
         "<p>No certificate of this step was given.</p>"
     warn = f'<p class="bad">{e(d["loss_mismatch"])}</p>' if d.get("loss_mismatch") else ""
@@ -184,7 +210,8 @@ def step_page(d: dict[str, Any], has_step, has_doc) -> str:
                 f'{d["page_windows"]} windows a page: {pages}</p>'
                 + table(rows, ("window", "virtual rank", "micro-batch", "loss", "documents"),
                         "index"))
-    body = (nav + table(head, cls="kv") + "<h2>Component digests</h2>" + comps
+    body = (trust_banner(d.get("trust")) + nav + table(head, cls="kv")
+            + "<h2>Component digests</h2>" + comps
             + "<h2>Certificates</h2>" + certs + rest + nav)
     return page(f"step {s}", body)
 
@@ -321,18 +348,29 @@ def coverage_svg(steps: int, counts: dict[int, int], conflict_steps: set[int],
 def coverage_page(d: dict[str, Any], has_step) -> str:
     conflict_steps = {c["step"] for c in d["conflicts"] if isinstance(c.get("step"), int)}
     legend = ('<p class="legend"><span class="c0"></span> not certified <span class="c1"></span>'
-              ' 1 auditor <span class="c2"></span> 2 <span class="c3"></span> 3+ '
+              ' 1 counted key <span class="c2"></span> 2 <span class="c3"></span> 3+ '
               '<span class="conflict"></span> conflict</p>')
     certified = table([(Raw(step_link(s, has_step)), n) for s, n in sorted(d["counts"].items())][:2000],
-                      ("step", "distinct auditors"))
+                      ("step", "distinct counted keys"))
     conflicts = table([(Raw(step_link(c["step"], has_step) if isinstance(c.get("step"), int)
                             else e(c.get("step"))), c.get("auditor"), c["certificate"], c["why"])
                        for c in d["conflicts"]], ("step", "auditor", "certificate", "why"))
-    body = (f'<p>{d["covered"]:,} of {d["steps"]:,} steps certified by at least one auditor '
-            f'({d["certificates"]} certificates, {len(d["auditors"])} distinct auditors, '
-            f'{len(d["conflicts"])} conflicts), counted by <code>open1b-audit coverage</code>.'
+    t = d.get("trust") or {}
+    whose = ("of any key (no --trusted-keys)" if t.get("trusted_keys") is None
+             else f'of the {t["trusted_keys"]} trusted key(s)')
+    listed = table([(Raw(step_link(c["step"], has_step)), kind, c["certificate"])
+                    for kind in ("unsigned", "untrusted") for c in d.get(kind, [])],
+                   ("step", "not counted", "certificate"))
+    body = (trust_banner(d.get("trust"))
+            + f'<p>{d["covered"]:,} of {d["steps"]:,} steps certified by at least one signing '
+            f'key {e(whose)} ({d["certificates"]} certificates, {len(d["auditors"])} distinct '
+            f'key(s) counted, {len(d.get("unsigned", []))} unsigned and '
+            f'{len(d.get("untrusted", []))} untrusted not counted, {len(d["conflicts"])} '
+            f'conflicts), counted by <code>open1b-audit coverage</code>.'
             f'</p>' + legend + coverage_svg(d["steps"], d["counts"], conflict_steps)
             + "<h2>Conflicts</h2>" + (conflicts if d["conflicts"] else "<p>none</p>")
+            + "<h2>Not counted</h2>"
+            + (listed if d.get("unsigned") or d.get("untrusted") else "<p>none</p>")
             + "<h2>Certified steps</h2>" + certified
             + "<h2>Auditors (public keys)</h2><ul>"
             + "".join(f"<li><code>{e(a)}</code></li>" for a in d["auditors"]) + "</ul>")

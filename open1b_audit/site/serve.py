@@ -5,7 +5,12 @@ search: a step page plans and reads only that step's windows (through the mix's 
 so a page costs the same at step 80,000 as at step 1; a large step's page plans only, and
 each of its window pages reads and decodes only its ``data.PAGE_WINDOWS`` windows. One
 lock serializes the library calls (plans and readers are not shared across threads); the
-run, mix and coverage pages are rendered once. Nothing but loopback is bound.
+run, mix and coverage pages are rendered once. Nothing but loopback is bound, and only
+requests whose ``Host`` names loopback (``127.0.0.1``, ``localhost``, ``[::1]``, any port)
+are answered: a web page the auditor visits can point a name it controls at 127.0.0.1
+(DNS rebinding) and read the answers as same-origin, but its requests carry its own name
+(refused, 421). Certificates are served as the explorer parsed them (``static.cert_json``),
+never read again from their files.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from open1b_audit.site import render, static
 from open1b_audit.site.data import Explorer
 
 HOST = "127.0.0.1"
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+HOST_HEADER = re.compile(r"^(127\.0\.0\.1|localhost|\[::1\])(:\d{1,5})?$", re.IGNORECASE)
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8", ".json": "application/json"}
 STEPS_RANGE = re.compile(r"^(\d+):(\d+)$")
@@ -33,7 +40,7 @@ class Site:
         self.ex = ex
         self.lock = threading.Lock()
         self.cache: dict[str, bytes] = {}
-        self.certs = {os.path.basename(p): p for p, _ in ex.certs}
+        self.certs = static.published_certs(ex)
 
     def _cached(self, key: str, make) -> bytes:
         if key not in self.cache:
@@ -81,8 +88,7 @@ class Site:
                 res = ex.search(q, steps)
                 return 200, kind, render.search_page(res, has_step, has_doc, q).encode()
             if name.startswith("certs/") and name[6:] in self.certs:
-                with open(self.certs[name[6:]], "rb") as f:
-                    return 200, kind, f.read()
+                return 200, kind, static.cert_json(self.certs[name[6:]])
         return 404, TYPES[".html"], render.error_page(f"no page {path}").encode()
 
 
@@ -92,11 +98,19 @@ def handler(site: Site) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:              # noqa: N802 (http.server's name)
             u = urlsplit(self.path)
-            try:
-                code, kind, body = site.get(u.path, parse_qs(u.query))
-            except (Open1bError, ValueError, OSError) as e:
-                code, kind, body = (HTTPStatus.NOT_FOUND, TYPES[".html"],
-                                    render.error_page(str(e)).encode())
+            host = self.headers.get("Host") or ""
+            if not HOST_HEADER.match(host):
+                code, kind, body = (HTTPStatus.MISDIRECTED_REQUEST, TYPES[".html"],
+                                    render.error_page(
+                                        f"this server answers only requests for "
+                                        f"{', '.join(LOOPBACK_NAMES)}, not {host[:80]!r}"
+                                    ).encode())
+            else:
+                try:
+                    code, kind, body = site.get(u.path, parse_qs(u.query))
+                except (Open1bError, ValueError, OSError) as e:
+                    code, kind, body = (HTTPStatus.NOT_FOUND, TYPES[".html"],
+                                        render.error_page(str(e)).encode())
             self.send_response(code)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))

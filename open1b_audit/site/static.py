@@ -10,14 +10,23 @@ statistics page (``step-N-stats.html``). Curves are written whole, in chunks of
 text in ``data/search-text-I.js`` files of at most ``search_chunk_bytes`` (a longer
 document has a file of its own), which the search page loads. Returns what it wrote:
 pages, bytes, the largest file, seconds.
+
+The site holds only what the explorer parsed: a certificate is written as the JSON of the
+object read from it (``cert_json``), never copied as a file - a certificate that was a
+link to a file of the auditor's machine, or anything else that did not parse as a
+certificate object, is a conflict on the coverage page and never published. Every file is
+written through an exclusively created temporary file and renamed into place
+(``safeio.write_atomic``), so a name planted in OUT is replaced, never written through.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from importlib import resources
 from typing import Any
 
+from open1b.safeio import write_atomic
 from open1b_audit.site import render
 from open1b_audit.site.data import Explorer, SiteError
 
@@ -56,6 +65,17 @@ def search_chunks(texts: list[str], limit: int = SEARCH_CHUNK_BYTES
     return out
 
 
+def cert_json(cert: dict[str, Any]) -> bytes:
+    """A parsed certificate as the site publishes it (its signature covers the parsed
+    object, so it still verifies)."""
+    return json.dumps(cert, sort_keys=True, indent=1, ensure_ascii=True).encode()
+
+
+def published_certs(ex: Explorer) -> dict[str, dict[str, Any]]:
+    """File name -> parsed certificate, for every certificate that parsed as an object."""
+    return {os.path.basename(p): c for p, c in ex.certs if isinstance(c, dict)}
+
+
 def asset(name: str) -> bytes:
     return resources.files("open1b_audit.site").joinpath("assets", name).read_bytes()
 
@@ -68,8 +88,7 @@ class _Writer:
         data = content.encode("utf-8") if isinstance(content, str) else content
         path = os.path.join(self.out, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
+        write_atomic(path, data, fsync=False)     # pages: rewritten by the next run
         self.files += 1
         self.bytes += len(data)
         if len(data) > self.largest[1]:
@@ -88,8 +107,8 @@ def write_site(ex: Explorer, out: str, steps: list[int] | None = None, progress=
     w = _Writer(out)
     for name in ASSETS:
         w(f"assets/{name}", asset(name))
-    for path, _ in ex.certs:
-        w(f"certs/{os.path.basename(path)}", open(path, "rb").read())
+    for name, cert in published_certs(ex).items():
+        w(f"certs/{name}", cert_json(cert))
     w("index.html", render.run_page(ex.run_page()))
     w("data/run.js", run_script(ex))
     for i in range(ex.chunks()):

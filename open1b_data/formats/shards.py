@@ -40,7 +40,8 @@ from open1b_data.formats import merkle
 from open1b_data.formats.heldout import is_heldout
 from open1b_data.formats.manifest import ShardEntry, TreeEntry
 from open1b_data.formats.definition import ShardSpec
-from open1b_data.storage import is_local, read_bytes, url_to_fs
+from open1b_data.storage import is_local, open_file, read_bytes, url_to_fs
+from open1b_data.storage_errors import failures
 
 FORMAT = "open1b-shard"
 VERSION = "1"
@@ -269,9 +270,9 @@ class ShardRow:
 @contextlib.contextmanager
 def _open(url: str) -> Iterator[tuple[pq.ParquetFile, ShardInfo]]:
     """The open shard and its checked footer; the file is closed on exit."""
-    fs, path = url_to_fs(url)
     try:
-        handle = fs.open(path, "rb")
+        with failures(url, "read"):
+            handle = open_file(url)
     except FileNotFoundError:
         raise ShardFormatError(f"{url}: shard does not exist") from None
     with handle:

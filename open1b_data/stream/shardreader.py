@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from open1b_data.errors import ManifestError, ShardFormatError
-from open1b_data.storage import url_to_fs
+from open1b_data.storage import open_file
 from open1b_data.storage_errors import failures
 
 FILE_CACHE_BYTES = 512 << 20   # checked whole files kept for random access
@@ -86,12 +86,11 @@ def read_checked(url: str, size: int, sha256: str):
     against the manifest's (``ManifestError`` naming the file and both digests if not)."""
     import pyarrow as pa
 
-    fs, path = url_to_fs(url)
     buf = pa.allocate_buffer(size + 1)      # one spare byte shows a file that grew
     view = memoryview(buf)
     n = 0
     try:
-        with failures(url, "read"), fs.open(path, "rb") as f:
+        with failures(url, "read"), open_file(url) as f:
             while n <= size:
                 got = f.readinto(view[n:])
                 if not got:

@@ -194,3 +194,16 @@ def test_document_markup_is_text_and_never_runs(browser, site_dir):
     b = _searched(browser, site_dir, "PWNED")
     assert b.execute_script("return typeof window.PWNED") == "undefined"
     assert b.find_elements(By.CSS_SELECTOR, "#results p.doc")
+
+
+def test_an_unpinned_site_says_so_where_it_shows_the_chain_and_the_counts(browser, site_dir):
+    """``site_dir`` was written without --expect-run-hash and --trusted-keys: the run, step
+    and coverage pages show both warnings, visibly, above what they qualify."""
+    from selenium.webdriver.common.by import By
+
+    for page in ("index.html", f"step-{CERTIFIED_STEPS[0]}.html", "coverage.html"):
+        b = _open(browser, site_dir, page)
+        box = b.find_element(By.CSS_SELECTOR, "main div.trust")
+        assert box.is_displayed() and box.location["y"] < b.find_element(
+            By.CSS_SELECTOR, "main table, main svg").location["y"], page
+        assert "NOT PINNED" in box.text and "ANY KEY COUNTS" in box.text, page

@@ -64,7 +64,8 @@ def _reader(fmt: str):
 def list_inputs(spec: SourceSpec, checksums: bool = True) -> list[InputFile]:
     """The input files of ``spec``, sorted by relative path (module contract)."""
     try:
-        files = storage.list_files(spec.root, spec.inputs, checksums=checksums)
+        files = storage.list_files(spec.root, spec.inputs, checksums=checksums,
+                                   follow=True)
     except FileNotFoundError:
         raise BuildError(f"source {spec.name!r}: root {spec.root!r} does not exist; fix "
                          f"sources.root in the mix file or mount/point it at the data") from None

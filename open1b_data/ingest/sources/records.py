@@ -149,7 +149,7 @@ def iter_json_lines(url: str, input: str) -> Iterator[tuple[int, tuple[dict, boo
     """``(row, parsed-or-Dropped)`` for every line of a (possibly compressed) JSON-lines
     file. Storage errors (truncation, I/O) propagate to ``read_input``, which turns them
     into one final ``Dropped`` at the next row."""
-    for row, line in enumerate(storage.iter_lines(url)):
+    for row, line in enumerate(storage.iter_lines(url, follow=True)):
         yield row, parse_json_line(line, input, row)
 
 
@@ -198,8 +198,7 @@ def iter_parquet_rows(url: str, input: str, columns: list[str],
     import pyarrow.parquet as pq
 
     with failures(url, "read"):
-        fs, path = storage.url_to_fs(url)
-        handle = fs.open(path, "rb")
+        handle = storage.open_file(url, follow=True)     # a corpus download may be links
     with handle as f:
         # Verify page CRCs where the writer stored them: without them a flipped byte in a
         # page can decode into plausible wrong text.
