@@ -13,16 +13,17 @@ import os
 import click
 
 from open1b.cli import ERRORS, emit, fail
-from open1b_audit.options import expect_run_hash, trusted_keys
+from open1b_audit.options import announcement, expect_recipe, expect_run_hash, trusted_keys
 from open1b_data.cli.stream import STEPS
 
 
-def _open(run, mix, certs, build_index, keys, expect):
+def _open(run, mix, certs, build_index, keys, expect, preset=None, mix_fp=None):
     from open1b_audit import certificate
     from open1b_audit.site.data import Explorer
 
     trusted = certificate.read_trusted_keys(keys) if keys else None
-    return Explorer.open(run, mix, certs, build_index, trusted=trusted, expect=expect)
+    return Explorer.open(run, mix, certs, build_index, trusted=trusted, expect=expect,
+                         announce=announcement(expect, preset, mix_fp))
 
 
 def warnings(ex) -> list[str]:
@@ -33,6 +34,10 @@ def warnings(ex) -> list[str]:
                    "(a truncated or re-chained log also shows 'chain OK'); the pages say so")
     if ex.trusted is None:
         out.append("no --trusted-keys: any key counts (anyone can make one); the pages say so")
+    missing = [f for f in ex.announce.unpinned() if f != "--expect-run-hash"]
+    if missing:
+        out.append(f"no {' or '.join(missing)}: the run is compared with its own recipe "
+                   f"claims only, not the announced ones; the pages say so")
     return out
 
 
@@ -50,14 +55,16 @@ def warnings(ex) -> list[str]:
               help="Build the mix's seek index first if it is missing (far steps).")
 @trusted_keys
 @expect_run_hash
+@expect_recipe
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def site_cmd(run, mix, certs, out, steps, build_index, trusted_keys, expect, as_json) -> None:
+def site_cmd(run, mix, certs, out, steps, build_index, trusted_keys, expect, expect_preset,
+             expect_mix, as_json) -> None:
     """Write the run explorer of RUN as a static site: run, step, document, coverage and
     mix pages (docs/AUDIT.md, "The run explorer")."""
     from open1b_audit.site.static import write_site
 
     try:
-        ex = _open(run, mix, certs, build_index, trusted_keys, expect)
+        ex = _open(run, mix, certs, build_index, trusted_keys, expect, expect_preset, expect_mix)
         rep = write_site(ex, out, None if steps is None else list(range(steps[0], steps[1] + 1)))
     except ERRORS as e:
         fail(e)
@@ -83,13 +90,15 @@ def site_cmd(run, mix, certs, out, steps, build_index, trusted_keys, expect, as_
               help="Build the mix's seek index first if it is missing (far steps).")
 @trusted_keys
 @expect_run_hash
-def serve_cmd(run, mix, certs, port, build_index, trusted_keys, expect) -> None:
+@expect_recipe
+def serve_cmd(run, mix, certs, port, build_index, trusted_keys, expect, expect_preset,
+              expect_mix) -> None:
     """Serve the run explorer of RUN on 127.0.0.1, every page rendered on demand (any
     step of a large run); Ctrl-C stops it. Only requests for a loopback name are answered."""
     from open1b_audit.site.serve import make_server
 
     try:
-        ex = _open(run, mix, certs, build_index, trusted_keys, expect)
+        ex = _open(run, mix, certs, build_index, trusted_keys, expect, expect_preset, expect_mix)
         server = make_server(ex, port)
     except ERRORS as e:
         fail(e)

@@ -34,6 +34,7 @@ from typing import Any
 
 from open1b_audit.errors import SiteError
 from open1b_audit.site.scalars import scalars_of
+from open1b_train.recipe import Announcement
 
 CHUNK_STEPS = 4096          # steps per curve chunk (a few hundred KB of JS each)
 OVERVIEW_BUCKETS = 1000     # the overview keeps each bucket's min and max: <= 2,000 points
@@ -62,15 +63,17 @@ class Explorer:
     build_index: bool = False
     trusted: set[str] | None = None    # --trusted-keys: the only keys coverage counts
     expect: str | None = None          # --expect-run-hash: the log ends in it (checked)
+    announce: Any = None               # recipe.Announcement: the announced preset and mix
+    recipe: dict[str, Any] | None = None   # recipe.summary of the run (preset, mix, departures)
     page_windows: int = PAGE_WINDOWS   # windows a page of a large step shows in full
     _columns: dict | None = None
 
     @classmethod
     def open(cls, run: str, mix: str | None = None, certs: str | None = None,
              build_index: bool = False, trusted: set[str] | None = None,
-             expect: str | None = None) -> "Explorer":
+             expect: str | None = None, announce=None) -> "Explorer":
         from open1b_audit.coverage import read_all
-        from open1b_train import chain
+        from open1b_train import chain, recipe
         from open1b_data import StreamPlan
         from open1b_data.stream.schedule import Schedule
         from open1b_train import runlog
@@ -100,15 +103,25 @@ class Explorer:
             paths = sorted(os.path.join(certs, n) for n in os.listdir(certs)
                            if n.endswith(".json"))
         finding = chain.check(lines) or chain.cut_tail(lines, log.partial_bytes)
+        announce = announce or Announcement(run_hash=expect)
+        rc = recipe.summary(cfg, plan.view.definition, plan.fingerprint, plan.view.seed)
+        why = announce.refusal(gen, cfg.preset)
+        if why is None and announce.preset is not None and rc["departures"]:
+            why = recipe.on_recipe(rc)
+        if why is not None:
+            raise SiteError(f"{run} is not the announced recipe: {why}")
         return cls(run, mix, lines, tuple(cfg.mesh), plan,
                    Schedule.from_definition(plan.view.definition), finding,
-                   read_all(paths), build_index, trusted=trusted, expect=expect)
+                   read_all(paths), build_index, trusted=trusted, expect=expect,
+                   announce=announce, recipe=rc)
 
     def trust(self) -> dict[str, Any]:
         """What the pages' counts and chain status rest on: the published run hash the log
         was pinned to and the number of trusted keys (None: not given - the pages say so)."""
+        a = self.announce or Announcement(run_hash=self.expect)
         return {"expected_run_hash": self.expect,
-                "trusted_keys": None if self.trusted is None else len(self.trusted)}
+                "trusted_keys": None if self.trusted is None else len(self.trusted),
+                "expected_preset": a.preset, "expected_mix": a.mix, "recipe": self.recipe}
 
     # ------------------------------------------------------------------ the run
 
@@ -397,7 +410,8 @@ class Explorer:
         from open1b_audit.coverage import coverage
 
         if not hasattr(self, "_coverage"):
-            self._coverage = coverage(self.lines, self.certs, 1, self.trusted)
+            self._coverage = coverage(self.lines, self.certs, 1, self.trusted,
+                                      self.announce or Announcement(run_hash=self.expect))
         return self._coverage
 
     def coverage_page(self) -> dict[str, Any]:
@@ -408,7 +422,8 @@ class Explorer:
         return {"steps": self.last, "covered": cov["covered"], "counts": counts,
                 "auditors": sorted({a for v in cov["certified"].values() for a in v}),
                 "conflicts": name(cov["conflicts"]), "unsigned": name(cov["unsigned"]),
-                "untrusted": name(cov["untrusted"]), "certificates": len(self.certs),
+                "untrusted": name(cov["untrusted"]), "off_recipe": name(cov["off_recipe"]),
+                "certificates": len(self.certs),
                 "run_hash": cov["run_hash"], "trust": self.trust()}
 
     def mix_page(self) -> dict[str, Any]:

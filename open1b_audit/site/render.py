@@ -56,7 +56,33 @@ def trust_banner(t: dict[str, Any] | None) -> str:
             '<p class="bad" id="anykey">ANY KEY COUNTS: no <code>--trusted-keys</code> was '
             'given, and anyone can make a key; "distinct auditors" counts keys, not auditors '
             'you trust (three throwaway keys make three).</p>')
-    return f'<div class="trust">{pin}{keys}</div>'
+    return f'<div class="trust">{pin}{keys}{recipe_banner(t)}</div>'
+
+
+def recipe_banner(t: dict[str, Any]) -> str:
+    """The recipe the run was checked against (``open1b_train.recipe.summary``) and whether
+    the announced preset and mix were given (the explorer refuses a run that contradicts
+    them, so when given they hold)."""
+    rc = t.get("recipe")
+    if not rc:
+        return ""
+    deps = rc.get("departures") or []
+    said = (f'<p class="ok" id="recipe">Recipe: preset <code>{e(rc["preset"])}</code> '
+            f'(schedule {e(rc["schedule"])}), mix <code>{e(rc["mix_fingerprint"])}</code>, no '
+            f'departure from the preset.</p>' if not deps else
+            f'<p class="bad" id="recipe">OFF RECIPE: the run departs from the published '
+            f'<code>{e(rc["preset"])}</code> preset in '
+            + ", ".join(f'<code>{e(d["field"])}</code> ({e(d["preset"])} &rarr; {e(d["run"])})'
+                        for d in deps) + '; certificates of it are not counted.</p>')
+    missing = [f for f, v in (("--expect-preset", t.get("expected_preset")),
+                              ("--expect-mix", t.get("expected_mix"))) if v is None]
+    pinned = ('<p class="ok" id="announced">Announced recipe: preset and mix given and held.'
+              '</p>' if not missing else
+              f'<p class="bad" id="unannounced">NOT CHECKED AGAINST THE ANNOUNCEMENT: no '
+              f'{" or ".join(f"<code>{m}</code>" for m in missing)} was given, so this run '
+              f'was compared with its own claims only; a planted document in its own mix, or a '
+              f'schedule of another preset, would not show here.</p>')
+    return said + pinned
 
 
 def page(title: str, body: str, scripts: tuple[str, ...] = (), query: str = "") -> str:
@@ -359,7 +385,9 @@ def coverage_page(d: dict[str, Any], has_step) -> str:
     whose = ("of any key (no --trusted-keys)" if t.get("trusted_keys") is None
              else f'of the {t["trusted_keys"]} trusted key(s)')
     listed = table([(Raw(step_link(c["step"], has_step)), kind, c["certificate"])
-                    for kind in ("unsigned", "untrusted") for c in d.get(kind, [])],
+                    for kind in ("unsigned", "untrusted") for c in d.get(kind, [])]
+                   + [(Raw(step_link(c["step"], has_step)), f"off recipe: {c['why']}",
+                       c["certificate"]) for c in d.get("off_recipe", [])],
                    ("step", "not counted", "certificate"))
     body = (trust_banner(d.get("trust"))
             + f'<p>{d["covered"]:,} of {d["steps"]:,} steps certified by at least one signing '
@@ -370,7 +398,8 @@ def coverage_page(d: dict[str, Any], has_step) -> str:
             f'</p>' + legend + coverage_svg(d["steps"], d["counts"], conflict_steps)
             + "<h2>Conflicts</h2>" + (conflicts if d["conflicts"] else "<p>none</p>")
             + "<h2>Not counted</h2>"
-            + (listed if d.get("unsigned") or d.get("untrusted") else "<p>none</p>")
+            + (listed if d.get("unsigned") or d.get("untrusted") or d.get("off_recipe")
+               else "<p>none</p>")
             + "<h2>Certified steps</h2>" + certified
             + "<h2>Auditors (public keys)</h2><ul>"
             + "".join(f"<li><code>{e(a)}</code></li>" for a in d["auditors"]) + "</ul>")

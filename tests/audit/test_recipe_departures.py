@@ -135,3 +135,38 @@ def test_another_announced_mix_or_preset_is_refused_before_any_work(ref_run, mix
         assert p.returncode == 1 and json.loads(p.stdout)["run_recipe"], p.stdout
         p = _audit("bisect", ref_run, "--until", "2", *args, "--json")
         assert p.returncode == 1 and json.loads(p.stdout)["finding"]["component"] == "recipe"
+
+
+def test_the_explorer_shows_the_recipe_and_refuses_another_announced_one(ref_run, mix4,
+                                                                          tmp_path):
+    fp = replay(ref_run, 1, from_step=0).recipe["mix_fingerprint"]
+    out = tmp_path / "site"
+    p = _audit("site", ref_run, "--mix", mix4, "--out", str(out), "--steps", "1:1")
+    assert p.returncode == 0, p.stderr
+    assert "no --expect-preset or --expect-mix" in p.stderr
+    index = (out / "index.html").read_text()
+    assert 'id="recipe"' in index and f"<code>{fp}</code>" in index
+    assert 'id="unannounced"' in index
+    p = _audit("site", ref_run, "--mix", mix4, "--out", str(tmp_path / "s2"), "--steps", "1:1",
+               "--expect-preset", "micro", "--expect-mix", fp)
+    assert p.returncode == 0 and "--expect-preset" not in p.stderr, p.stderr
+    assert 'id="announced"' in (tmp_path / "s2" / "index.html").read_text()
+    p = _audit("site", ref_run, "--mix", mix4, "--out", str(tmp_path / "s3"),
+               "--expect-preset", "demo")
+    assert p.returncode == 1 and "not the announced recipe" in p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "s3").exists()
+
+
+def test_the_explorer_does_not_count_an_off_recipe_certificate(hot_run, tmp_path):
+    """The demo run with a 20x learning rate, certified by a real replay: the explorer's
+    coverage page lists its certificate as off recipe and counts nothing."""
+    certs, key = str(tmp_path / "certs"), str(tmp_path / "k.pem")
+    assert _audit("keygen", key).returncode == 0
+    assert _audit("replay", hot_run, "--step", "2", "--certify", certs,
+                  "--key", key).returncode == 0
+    out = tmp_path / "site"
+    p = _audit("site", hot_run, "--certs", certs, "--out", str(out), "--steps", "2:2")
+    assert p.returncode == 0, p.stderr
+    cov = (out / "coverage.html").read_text()
+    assert "0 of 2 steps certified" in cov and "off recipe:" in cov
+    assert "OFF RECIPE" in (out / "index.html").read_text()
