@@ -51,11 +51,12 @@ from open1b_data.ingest.task import (EXECUTORS, TOKENIZER, Job, Workers, choose_
                                     hf_tokenizer, input_record, run_jobs, valid_marker)
 from open1b_data.errors import BuildError, StorageError
 from open1b_data.formats.definition import MixSpec
+from open1b_data.formats.tokenizerfile import content_digest
 
 log = logging.getLogger("open1b_data.ingest.pipeline")
 
 PLAN = "_work/plan.json"
-SAMPLE_RECORD = "_work/tokenizer-sample.json"
+SAMPLE_RECORD = "_work/tokenizer-sample.json"     # as tokenizer/stage.py writes it
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,10 @@ class BuildOptions:
     tokenizer_only: bool = False  # stages (a) and (b) only: the first job of a task array
     progress: bool = True
     executor: str = "auto"  # threads | processes | auto (build_task.choose_executor)
+    # take the published tokenizer (a tokenizer.json or a built mix) instead of training
+    tokenizer_from: str | None = None
+    # the content digest the tokenizer must have (with the definition's [tokenizer] expect)
+    expect_tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -106,6 +111,8 @@ class BuildResult:
     tokens: int
     text_bytes: int
     fingerprint: str | None = None
+    # the tokenizer's content digest (what [tokenizer] expect / --expect-tokenizer pin)
+    tokenizer_content: str | None = None
     # This run's inputs (every input once merged), in the global input order.
     inputs: tuple[InputSummary, ...] = ()
     manifest: Any = field(default=None, repr=False)
@@ -166,29 +173,7 @@ def _check_plan(out: str, plan: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Stage (b): the tokenizer.
-
-def ensure_tokenizer(mix: MixSpec, out: str, inputs: dict[str, list[Any]]) -> str:
-    """Train and save ``tokenizer.json`` unless present; returns its sha256."""
-    from open1b_data.ingest import tokenizer as tk
-
-    path = join(out, TOKENIZER)
-    if not (exists(path) and exists(join(out, SAMPLE_RECORD))):
-        t0 = time.perf_counter()
-        sample = tk.select_sample(mix, inputs)
-        texts = sample.texts() if hasattr(sample, "texts") else sample.iter_texts()
-        tok = tk.train_tokenizer(mix.tokenizer, texts)
-        # Sample record first: tokenizer.json present implies its record is too.
-        write_json(join(out, SAMPLE_RECORD), _sample_dict(sample))
-        tk.save_tokenizer(tok, path)
-        log.info("trained tokenizer (vocab %d) in %.1f s", tok.get_vocab_size(),
-                 time.perf_counter() - t0)
-    return _sha256_of(path)
-
-
-def _sample_dict(sample: Any) -> dict[str, Any]:
-    return sample.to_dict() if hasattr(sample, "to_dict") else dataclasses.asdict(sample)
-
+# Stage (b): the tokenizer (``tokenizer/stage.py``: trained or taken, pinned by content).
 
 def _sha256_of(url: str) -> str:
     return hashlib.sha256(read_bytes(url)).hexdigest()
@@ -217,7 +202,10 @@ def merge(mix: MixSpec, out: str, jobs: list[Job], found: dict[Job, dict | None]
     if eot_id is None:
         raise BuildError(f"{join(out, TOKENIZER)} has no {mix.tokenizer.eot!r} token; it was "
                          f"not trained for this mix (delete it and build again)")
-    tokenizer = {"path": TOKENIZER, "sha256": sha, "vocab_size": tok.get_vocab_size(),
+    raw = read_bytes(join(out, TOKENIZER))
+    tokenizer = {"path": TOKENIZER, "sha256": hashlib.sha256(raw).hexdigest(),
+                 "content": content_digest(TOKENIZER, raw),
+                 "vocab_size": tok.get_vocab_size(),
                  "eot_id": int(eot_id), "sample": read_json(join(out, SAMPLE_RECORD)),
                  "directory": _write_transformers_directory(mix, out)}
     manifest = mf.assemble_manifest(mix.name, __version__, portable_definition(mix), tokenizer,
@@ -228,7 +216,7 @@ def merge(mix: MixSpec, out: str, jobs: list[Job], found: dict[Job, dict | None]
 
 def _write_transformers_directory(mix: MixSpec, out: str) -> dict[str, Any]:
     """``<out>/tokenizer/`` for ``transformers.AutoTokenizer.from_pretrained``; returns its
-    manifest record: the directory and each file's path and sha256."""
+    manifest record: the directory and each file's path, sha256 and content digest."""
     from open1b_data.ingest.tokenizer import HF_DIRECTORY, transformers_files
 
     files = transformers_files(read_bytes(join(out, TOKENIZER)), mix.tokenizer.eot,
@@ -237,7 +225,8 @@ def _write_transformers_directory(mix: MixSpec, out: str) -> dict[str, Any]:
     for name, data in sorted(files.items()):
         rel = f"{HF_DIRECTORY}/{name}"
         atomic_write_bytes(join(out, rel), data)
-        record.append({"path": rel, "sha256": hashlib.sha256(data).hexdigest()})
+        record.append({"path": rel, "sha256": hashlib.sha256(data).hexdigest(),
+                       "content": content_digest(rel, data)})
     return {"path": HF_DIRECTORY, "files": record}
 
 
@@ -313,8 +302,11 @@ def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list
             log.info("removed %d temporary file(s) left by an interrupted build", swept)
     if options.merge_only and not exists(join(out, TOKENIZER)):
         raise BuildError(f"--merge-only: {join(out, TOKENIZER)} does not exist; build first")
+    from open1b_data.ingest.tokenizer.stage import ensure_tokenizer
+
     sha = (_sha256_of(join(out, TOKENIZER)) if options.merge_only
-           else ensure_tokenizer(mix, out, inputs))
+           else ensure_tokenizer(mix, out, inputs, options.tokenizer_from,
+                                 options.expect_tokenizer))
     jobs, g = [], 0
     for spec in mix.sources:
         for index, inp in enumerate(inputs[spec.name]):
@@ -351,6 +343,7 @@ def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list
         summary=summarize(per_source), seconds=time.perf_counter() - t0,
         documents=progress.documents, tokens=progress.tokens, text_bytes=progress.text_bytes,
         fingerprint=None if manifest is None else manifest.fingerprint,
+        tokenizer_content=content_digest(TOKENIZER, read_bytes(join(out, TOKENIZER))),
         inputs=tuple(InputSummary.from_marker(found[j]) for j in reported
                      if found[j] is not None),
         manifest=manifest)

@@ -8,7 +8,7 @@ encodes the kept documents with the fast encoder in batches, writes
 depends only on the input and the tokenizer - never on which process or machine runs it,
 or when - which is what makes builds byte-identical across worker counts and task splits
 and lets a rerun skip any input whose marker matches (``valid_marker``; a marker from
-before shards had Merkle trees does not match, so that input is built again).
+before content identity does not match, so that input is built again).
 
 Before the marker is written, every shard is checked: a deterministic uniform sample of its
 documents (``sample_size``: 1% of them, between 1 and 64) is encoded by the reference HF
@@ -154,10 +154,12 @@ def valid_marker(job: Job, existing: set[str]) -> dict[str, Any] | None:
             or m.get("tokenizer_sha256") != job.tokenizer_sha256
             or "first_error" not in m):  # a marker from before per-input accounting
         return None
-    # A marker from before shards had Merkle trees is stale: rebuilding that input gives
-    # the same shard bytes plus the tree, and a mix is never half with trees, half without.
+    # A marker from before content identity (no ``lengths.content``: its tree's leaves
+    # covered the tokens alone) is stale: that input is built again, so a mix never mixes
+    # the two kinds of roots.
     if not all(s["path"] in existing and s["lengths"]["path"] in existing
-               and "merkle" in s and s["merkle"]["path"] in existing
+               and "content" in s["lengths"] and "merkle" in s
+               and s["merkle"]["path"] in existing
                for s in m.get("shards", [])):
         return None
     return m
@@ -286,7 +288,8 @@ def _entry_dict(e: Any) -> dict[str, Any]:
     if hasattr(e, "to_dict"):
         return e.to_dict()
     return {"path": e.path, "sha256": e.sha256, "bytes": e.bytes, "documents": e.documents,
-            "tokens": e.tokens, "lengths": {"path": e.lengths_path, "sha256": e.lengths_sha256}}
+            "tokens": e.tokens, "lengths": {"path": e.lengths_path,
+                                            "content": e.lengths_content}}
 
 
 def _log_dropped(job: Job, item: Any) -> None:

@@ -34,14 +34,12 @@ import threading
 import numpy as np
 
 from open1b_data.stream import rng
-from open1b_data.errors import StateMismatchError, StreamError
+from open1b_data.errors import HeldOutError, StateMismatchError, StreamError
 from open1b_data.stream.mixview import MixView
 from open1b_data.stream.segments import SEG_FIELDS, Cursor, DrawInfo, Draws, Segment, Segments
 from open1b_data.stream.state import BufferDoc, StreamState, differing_fields
 
-class HeldOutError(StreamError):
-    """A held-out document was asked for as a training document."""
-
+__all__ = ["StreamPlan", "HeldOutError"]
 
 CHUNK_DRAWS = 1 << 22       # draws planned per vectorized block when advancing far
 CURSOR_CACHE = 4096
