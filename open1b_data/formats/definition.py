@@ -408,6 +408,47 @@ def parse_mix(data: dict, base_dir: str = ".", path: str = "") -> MixSpec:
     return spec
 
 
+def _toml_shaped(d: Any) -> Any:
+    """A ``to_dict`` value as TOML would hold it: no nulls, no empty lists (both mean
+    "absent" to the parser)."""
+    if isinstance(d, dict):
+        return {k: _toml_shaped(v) for k, v in d.items()
+                if v is not None and not (isinstance(v, (list, tuple)) and not v)}
+    if isinstance(d, (list, tuple)):
+        return [_toml_shaped(v) for v in d]
+    return d
+
+
+def spec_from_definition(definition: dict[str, Any], roots: dict[str, str] | None = None,
+                         content_stores: dict[str, str] | None = None,
+                         base_dir: str = ".") -> MixSpec:
+    """The ``MixSpec`` a built manifest's embedded definition (``to_dict`` form) describes,
+    validated as a TOML file would be, with the sources kept elsewhere: ``roots`` and
+    ``content_stores`` replace those of the named sources (a content store under the old
+    root moves with it); relative locations resolve against ``base_dir``."""
+    d = _toml_shaped(definition)
+    data: dict[str, Any] = {
+        "mix": {k: d[k] for k in ("name", "seed", "window", "shares") if k in d},
+        "tokenizer": d.get("tokenizer", {}), "shards": d.get("shards", {}),
+        "schedule": d.get("schedule", {}), "sources": []}
+    if "heldout" in d:
+        data["heldout"] = d["heldout"]
+    for src in d.get("sources", []):
+        src = dict(src)
+        new = (roots or {}).get(src.get("name"))
+        if new is not None:
+            old = src.get("root", "")
+            store = src.get("content_store")
+            if store and old and store.startswith(old.rstrip("/") + "/"):
+                src["content_store"] = new.rstrip("/") + store[len(old.rstrip("/")):]
+            src["root"] = new
+        store = (content_stores or {}).get(src.get("name"))
+        if store is not None:
+            src["content_store"] = store
+        data["sources"].append(src)
+    return parse_mix(data, base_dir=base_dir)
+
+
 def load_mix(path: str | os.PathLike) -> MixSpec:
     """Read and validate a mix definition TOML file."""
     path = os.fspath(path)
