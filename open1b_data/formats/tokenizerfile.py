@@ -18,8 +18,9 @@ Contract (docs/FORMATS.md, "tokenizer.json" and "The tokenizer's identity"):
   lists and returns their bytes only if each one's ``content_digest`` is the manifest's;
   ``load_mix_tokenizer(mix, manifest)`` is the ``tokenizers.Tokenizer`` of the verified
   ``tokenizer.json``. A file whose content differs is a ``TokenizerError`` naming it, what
-  differs (against the other copy of the tokenizer in the mix when that one is intact: the
-  first differing vocabulary entry, merge, special token or component) and what to do.
+  differs (against the other copy of ``tokenizer.json`` in the mix when that one is
+  intact: the first differing vocabulary entry, merge, special token or component) and
+  what to do.
   A file rewritten with other formatting (indentation, key order, escapes) is accepted:
   identity is content. Every reader that turns ids into text or text into ids goes through
   these two functions.
@@ -145,10 +146,10 @@ def _first(a: Any, b: Any, label: str) -> str | None:
 
 
 def _difference(name: str, obj: Any, files: Mapping[str, tuple[bytes, str, str]]) -> str:
-    """What differs in ``name``, against an intact copy of the same kind when there is one."""
+    """What differs in ``name``, against an intact copy of it when there is one."""
     for other, (raw, want, _) in files.items():
-        if other == name or _is_tokenizer(other) != _is_tokenizer(name):
-            continue
+        if other == name or other.rsplit("/", 1)[-1] != name.rsplit("/", 1)[-1]:
+            continue                            # only another copy of the same file
         if content_digest(other, raw) == want:
             found = _first(_canonical(name, obj), _canonical(other, _parse(raw, other)),
                            "tokenizer" if _is_tokenizer(name) else "settings")
