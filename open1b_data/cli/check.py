@@ -32,6 +32,18 @@ def _locations(values: tuple[str, ...], names: list[str], what: str) -> dict[str
     return out
 
 
+def _from_definition(path: str | None, names: list[str]) -> tuple[dict, dict]:
+    """Roots and content stores of the sources named ``names`` in definition ``path``."""
+    if path is None:
+        return {}, {}
+    from open1b_data.formats.definition import default_mix_path, load_mix
+
+    spec = load_mix(default_mix_path() if path == "demo" else path)
+    srcs = [s for s in spec.sources if s.name in names]
+    return ({s.name: s.root for s in srcs},
+            {s.name: s.content_store for s in srcs if s.content_store})
+
+
 @click.command("rebuild-check", epilog=(
     "Exit status 0 when every checked input rebuilds to the published content, 1 naming "
     "the first differing document and field otherwise. Works on a mix on object storage "
@@ -41,6 +53,11 @@ def _locations(values: tuple[str, ...], names: list[str], what: str) -> dict[str
               help="Where the upstream files are kept here: NAME=ROOT for one source (a path "
                    "or URL), or a DIR with one folder per source (DIR/<name>). Repeatable. "
                    "Sources not given use the roots in the manifest's definition.")
+@click.option("--definition", default=None, metavar="FILE|demo",
+              help="A mix definition (TOML) whose sources' roots and content stores say "
+                   "where the upstream files are kept here (e.g. the file you would build "
+                   "the mix from); 'demo' is the embedded demo definition "
+                   "(manifests/demo.toml). --sources overrides it per source.")
 @click.option("--content-store", "stores", multiple=True, metavar="NAME=TEMPLATE",
               help="A stack-v2 source's content store URL template (with {blob_id}); by "
                    "default the definition's, moved with the source's root.")
@@ -57,8 +74,8 @@ def _locations(values: tuple[str, ...], names: list[str], what: str) -> dict[str
               help="Also train the tokenizer again from the sources and compare its content "
                    "(the check otherwise encodes with the published tokenizer).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def rebuild_check(mix, sources, stores, sample, seed, workers, work, retrain_tokenizer,
-                  as_json):
+def rebuild_check(mix, sources, definition, stores, sample, seed, workers, work,
+                  retrain_tokenizer, as_json):
     """Rebuild all or a sample of MIX's shards from the upstream sources and compare their
     content with the published mix (docs/FORMATS.md)."""
     from open1b_data.formats.manifest import load_manifest
@@ -67,8 +84,10 @@ def rebuild_check(mix, sources, stores, sample, seed, workers, work, retrain_tok
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     try:
         names = [s.name for s in load_manifest(mix).sources]
-        rep = run(mix, _locations(sources, names, "--sources"),
-                  _locations(stores, names, "--content-store"), sample=sample, seed=seed,
+        roots, content = _from_definition(definition, names)
+        roots.update(_locations(sources, names, "--sources"))
+        content.update(_locations(stores, names, "--content-store"))
+        rep = run(mix, roots, content, sample=sample, seed=seed,
                   workers=workers, work=work, retrain_tokenizer=retrain_tokenizer,
                   progress=not as_json)
     except Open1bDataError as e:

@@ -284,7 +284,9 @@ def _open(url: str) -> Iterator[tuple[pq.ParquetFile, ShardInfo]]:
         try:
             pf = pq.ParquetFile(handle)
         except (pa.ArrowException, OSError) as e:
-            raise ShardFormatError(f"{url}: not a readable Parquet shard ({e})") from None
+            raise ShardFormatError(f"{url}: not a readable Parquet shard ({e}); the file is "
+                                   f"damaged or replaced - run `open1b-data verify` on the "
+                                   f"mix, then restore or rebuild it") from None
         yield pf, _check(url, pf)
 
 
@@ -397,6 +399,23 @@ def _tokens_of(col: pa.ChunkedArray | pa.ListArray, url: str) -> list[np.ndarray
     return [values[offsets[i]:offsets[i + 1]].copy() for i in range(len(offsets) - 1)]
 
 
+def decode_group(pf: pq.ParquetFile, url: str, group: int | None,
+                 columns: Sequence[str] | None = None, use_threads: bool = False) -> pa.Table:
+    """Row group ``group`` (None: the whole file) decoded; damaged data - a flipped byte
+    that zstd or the page decoder refuses - is a ``ShardFormatError`` naming the file.
+    (Readers check content, not bytes, so a damaged file reaches the decoder.)"""
+    cols = None if columns is None else list(columns)
+    try:
+        if group is None:
+            return pf.read(columns=cols, use_threads=use_threads)
+        return pf.read_row_group(group, columns=cols, use_threads=use_threads)
+    except (pa.ArrowException, OSError) as e:
+        where = "" if group is None else f" row group {group}"
+        raise ShardFormatError(f"{url}:{where} cannot be decoded ({e}); the file is damaged - "
+                               f"run `open1b-data verify` on the mix, then restore or "
+                               f"rebuild it") from None
+
+
 def read_documents(url: str, indices: Sequence[int], columns: Sequence[str] = (
         "tokens", "doc_id", "input", "row")) -> list[ShardRow]:
     """The given documents (tokens and provenance), reading only the row groups that hold
@@ -413,7 +432,7 @@ def read_documents(url: str, indices: Sequence[int], columns: Sequence[str] = (
             wanted.setdefault(g, []).append(int(i))
         for g, idx in wanted.items():
             # One small row group: Arrow's thread pool costs more than it saves here.
-            t = pf.read_row_group(g, columns=list(columns), use_threads=False)
+            t = decode_group(pf, url, g, columns)
             docs = _tokens_of(t.column("tokens"), url)
             n = len(docs)
             ids = t.column("doc_id").to_pylist() if "doc_id" in columns else [""] * n
@@ -440,7 +459,7 @@ def iter_documents(url: str) -> Iterator[ShardRow]:
     seen = 0
     with _open(url) as (pf, info):
         for g in range(len(info.row_group_rows)):
-            t = pf.read_row_group(g)
+            t = decode_group(pf, url, g)
             toks = _tokens_of(t.column("tokens"), url)
             for arr, doc_id, inp, row in zip(toks, t.column("doc_id").to_pylist(),
                                              t.column("input").to_pylist(),

@@ -99,7 +99,8 @@ def _shard(root: str, source: str, sh: ShardEntry, fraction: Fraction | None
     url = resolve(root, sh.path)
     if not _exists(url):
         return [f"{sh.path}: missing file"], None
-    info = read_shard_info(url)
+    with failures(url, "read"):                 # a directory where the shard should be
+        info = read_shard_info(url)
     if (info.documents, info.tokens, info.source) != (sh.documents, sh.tokens, source):
         return [f"{sh.path}: count differs (manifest {source} {sh.documents} docs "
                 f"{sh.tokens} tokens, shard {info.source} {info.documents} docs "

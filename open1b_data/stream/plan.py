@@ -58,6 +58,12 @@ class StreamPlan:
         self.sources: tuple[str, ...] = view.names
         # documents the stream draws from: a source's held-out ones are never drawn
         self.documents = np.array([s.train_documents for s in view.sources], dtype=np.int64)
+        for sv, w in zip(view.sources, view.weights):
+            if w > 0 and sv.train_documents == 0:     # STREAM.md section 3: not defined
+                raise StreamError(f"source {sv.name!r} of mix {view.name!r} has a weight but "
+                                  f"no document to train on: all {sv.documents} are held "
+                                  f"out; the stream is not defined - give the source a "
+                                  f"smaller held-out fraction and rebuild the mix")
         self.mix_key = rng.derive_key("mix", self.seed)
         self._cum_w = np.cumsum(np.array(view.weights, dtype=np.uint64))
         w = np.array(view.weights, dtype=np.float64)

@@ -52,7 +52,7 @@ import numpy as np
 from open1b_data.errors import HeldOutError, ManifestError, ProofError, ShardFormatError
 from open1b_data.formats import merkle
 from open1b_data.formats.heldout import heldout_rows, is_heldout
-from open1b_data.formats.shards import ShardRow
+from open1b_data.formats.shards import ShardRow, decode_group
 from open1b_data.storage import url_to_fs
 from open1b_data.storage_errors import failures
 
@@ -135,7 +135,9 @@ def _parse(url: str, buf) -> ShardFile:
     try:
         pf = pq.ParquetFile(pa.BufferReader(buf))
     except (pa.ArrowException, OSError) as e:
-        raise ShardFormatError(f"{url}: not a readable Parquet shard ({e})") from None
+        raise ShardFormatError(f"{url}: not a readable Parquet shard ({e}); the file is "
+                                   f"damaged or replaced - run `open1b-data verify` on the "
+                                   f"mix, then restore or rebuild it") from None
     return ShardFile(url, buf, pf, check_footer(url, pf))
 
 
@@ -256,7 +258,7 @@ class ShardReader:
             starts = np.concatenate([[0], np.cumsum(f.info.row_group_rows)]).astype(np.int64)
             for g, rows in f.row_group_of(todo).items():
                 # one small row group from memory: Arrow's thread pool costs more than it saves
-                t = f.parquet.read_row_group(g, columns=list(COLUMNS), use_threads=False)
+                t = decode_group(f.parquet, f.url, g, COLUMNS)
                 flat, offsets, ids, inputs, rws = _columns(t, f.url, int(starts[g]))
                 for d in rows:
                     q = d - int(starts[g])
@@ -303,7 +305,7 @@ class ShardReader:
         f = self.file(source, shard)
         root = self._root(source, shard)
         # the buffer is Arrow's and in memory: Arrow's threads may decode it in parallel
-        t = f.parquet.read(columns=list(COLUMNS), use_threads=True)
+        t = decode_group(f.parquet, f.url, None, COLUMNS, use_threads=True)
         flat, offsets, ids, inputs, rows = _columns(t, f.url, 0)
         leaves = merkle.leaf_hashes(flat, offsets, ids, inputs, rows)
         if merkle.root_of(merkle.levels(leaves)) != root:
