@@ -10,9 +10,12 @@ completion order, and resumable after a kill at any point):
   ``_work/inputs/<s>/<j:05d>.json`` (counts by reason, shard entries, input checksum,
   tokenizer sha256). Its outputs depend on nothing but the input and the tokenizer.
 * Stages: (a) list inputs, record them in ``_work/plan.json`` (a rerun or another task
-  that sees a different plan refuses to mix two builds in one directory); (b) tokenizer:
-  when ``tokenizer.json`` is absent, select the sample, train, write the sample record
-  then the tokenizer (both deterministic, atomic: racing tasks write identical bytes);
+  that sees a different plan refuses to mix two builds in one directory); (b) tokenizer
+  (``tokenizer/stage.py``): when ``tokenizer.json`` is absent, select the sample, train -
+  or take the published tokenizer (``--tokenizer FROM``) - write the sample record then
+  the tokenizer (both deterministic, atomic: racing tasks write identical bytes), and check
+  its content against the expected digest when the definition or ``--expect-tokenizer``
+  names one;
   (c) build the inputs this process owns (``--task i --tasks N``: global index % N == i)
   with ``--workers`` threads, or processes for large builds (``--executor``, see
   ``build_task.choose_executor``), skipping inputs whose marker
@@ -28,7 +31,9 @@ completion order, and resumable after a kill at any point):
   ``BuildError`` (the fast encoder is only trusted because this check runs).
 * The manifest records nothing run-dependent: no time, no worker count, no output path;
   inputs by path relative to the source root + size + checksum; local source roots in the
-  embedded definition relative to the mix file's directory.
+  embedded definition relative to the mix file's directory. Its fingerprint is its content
+  (``formats/identity.py``): where the sources are kept, the files' bytes and the library
+  versions that wrote them do not enter it.
 """
 from __future__ import annotations
 
