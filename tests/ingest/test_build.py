@@ -96,8 +96,8 @@ def test_manifest_is_portable(reference, mix_path):
     assert "workers" not in text
 
 
-@pytest.mark.parametrize("how", ["threads3", "fork3", "spawn2", "tasks2", "tasks3", "tiktoken1",
-                                 "tokenizer-first2"])
+@pytest.mark.parametrize("how", ["threads3", "fork2", "fork3", "spawn2", "tasks2", "tasks3",
+                                 "tiktoken1", "tokenizer-first2"])
 def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_path, how,
                                                       monkeypatch):
     from open1b_data.ingest import task as build_task
