@@ -182,6 +182,14 @@ def read_bytes(url: str) -> bytes:
         return fs.cat_file(path)
 
 
+def read_ranges(url: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+    """Byte ranges ``[start, end)`` of one file (local or object store) in one batched call."""
+    with failures(url, "read"):
+        fs, path = url_to_fs(url)
+        return fs.cat_ranges([path] * len(ranges), [a for a, _ in ranges],
+                             [b for _, b in ranges], on_error="raise")
+
+
 def gunzip(data: bytes) -> bytes:
     """Decompress a whole gzip object; ``CorruptInputError`` / ``TruncatedInputError``."""
     try:

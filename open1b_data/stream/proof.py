@@ -193,13 +193,9 @@ def rebuild_windows(placements: Sequence[Placement], docs: Mapping[DocKey, np.nd
 
 def local_ranges(url: str, ranges: list[tuple[int, int]]) -> list[bytes]:
     """Byte ranges of one file (local or object store) in one batched call."""
-    from open1b_data.storage import url_to_fs
-    from open1b_data.storage_errors import failures
+    from open1b_data.storage import read_ranges
 
-    with failures(url, "read"):
-        fs, path = url_to_fs(url)
-        return fs.cat_ranges([path] * len(ranges), [a for a, _ in ranges],
-                             [b for _, b in ranges], on_error="raise")
+    return read_ranges(url, ranges)
 
 
 def prove_stream_at(mix: str, rep: dict) -> dict:

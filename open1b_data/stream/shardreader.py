@@ -404,12 +404,12 @@ def _heldout_error(url: str, row: int, doc_id: str, fraction, rule: bool) -> Hel
 
 def _read_proofs(url: str, rel: str | None, size: int, rows: list[int]):
     """Stored leaves and proofs of ``rows`` from a shard's tree file (range reads)."""
-    from open1b_data.stream.proof import local_ranges
+    from open1b_data.storage import read_ranges
 
     if rel is None:
         raise ManifestError(f"{url}: no Merkle tree recorded; the shard cannot be proved")
     try:
-        return merkle.read_proofs(local_ranges, url, size, rows)
+        return merkle.read_proofs(read_ranges, url, size, rows)
     except FileNotFoundError:
         raise ProofError(f"{rel}: the shard's Merkle tree file does not exist, so no "
                          f"document of it can be proved; run `open1b-data verify` on the "
