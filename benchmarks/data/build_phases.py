@@ -5,7 +5,8 @@ and plan, tokenizer stage, encoder load and fork, merge, result) and the paralle
 Same start state as ``build_throughput.py``'s pipeline rows: an output holding only the
 trained tokenizer, encoders loaded afresh. The stages are timed by wrapping the pipeline's
 own functions (no code of the build changes); helpers record each input's start and end
-(they are forked after the wrappers are in place). Best of ``--repeat`` runs by wall time.
+(they are forked after the wrappers are in place), with their CPU time. Best of
+``--repeat`` runs by wall time.
 
     .venv/bin/python -m benchmarks.data.build_phases [--workers 2] [--repeat 5]
 """
@@ -58,12 +59,13 @@ def main() -> None:
     build = task.build_input
 
     def build_input(job, report=None):
-        t = time.time()
+        t, c = time.time(), time.process_time()
         try:
             return build(job, report)
         finally:
             with open(spans, "a") as f:
-                f.write(json.dumps([os.getpid(), t, time.time(), job.source, job.index]) + "\n")
+                f.write(json.dumps([os.getpid(), t, time.time(), time.process_time() - c,
+                                    job.source, job.index]) + "\n")
     task.build_input = build_input
 
     print(describe())
@@ -87,9 +89,11 @@ def main() -> None:
                 best = (wall, dict(stages), rows, w0)
         wall, st, rows, w0 = best
         busy: dict[int, float] = {}
+        cpu: dict[int, float] = {}
         last: dict[int, float] = {}
-        for pid, a, b, _, _ in rows:
+        for pid, a, b, c, _, _ in rows:
             busy[pid] = busy.get(pid, 0.0) + b - a
+            cpu[pid] = cpu.get(pid, 0.0) + c
             last[pid] = max(last.get(pid, 0.0), b)
         end = max(last.values())
         print(f"\n{workers} worker(s): wall {wall:.3f} s (best of {args.repeat})")
@@ -98,8 +102,9 @@ def main() -> None:
         serial = wall - st.get("inputs (parallel)", 0.0)
         print(f"  {'outside inputs':<20} {serial:.3f} s ({serial / wall:.0%} of the wall)")
         for pid in sorted(busy):
-            print(f"  worker {pid}: busy {busy[pid]:.3f} s, idle after its last input "
-                  f"{end - last[pid]:.3f} s")
+            print(f"  worker {pid}: busy {busy[pid]:.3f} s (CPU {cpu[pid]:.3f} s), idle after "
+                  f"its last input {end - last[pid]:.3f} s")
+        print(f"  inputs' CPU in all: {sum(cpu.values()):.3f} s")
     shutil.rmtree(out, ignore_errors=True)
 
 

@@ -192,6 +192,7 @@ def merge(mix: MixSpec, out: str, jobs: list[Job], found: dict[Job, dict | None]
     Writes the transformers tokenizer directory first (deterministic bytes: concurrent
     merges write the same)."""
     from open1b_data.formats import manifest as mf
+    from open1b_data.ingest.tokenizer.stage import recorded_content
 
     missing = [j for j in jobs if found.get(j) is None]
     if missing:
@@ -208,7 +209,7 @@ def merge(mix: MixSpec, out: str, jobs: list[Job], found: dict[Job, dict | None]
         raise BuildError(f"{join(out, TOKENIZER)} has no {mix.tokenizer.eot!r} token; it was "
                          f"not trained for this mix (delete it and build again)")
     raw = read_bytes(join(out, TOKENIZER))
-    content = content_digest(TOKENIZER, raw)    # ~30 ms at vocabulary 8,192: once
+    content = recorded_content(out, raw, hashlib.sha256(raw).hexdigest())
     tokenizer = {"path": TOKENIZER, "sha256": hashlib.sha256(raw).hexdigest(),
                  "content": content, "vocab_size": tok.get_vocab_size(),
                  "eot_id": int(eot_id), "sample": read_json(join(out, SAMPLE_RECORD)),
@@ -350,10 +351,17 @@ def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list
         documents=progress.documents, tokens=progress.tokens, text_bytes=progress.text_bytes,
         fingerprint=None if manifest is None else manifest.fingerprint,
         tokenizer_content=(manifest.tokenizer["content"] if manifest is not None else
-                           content_digest(TOKENIZER, read_bytes(join(out, TOKENIZER)))),
+                           _tokenizer_content(out)),
         inputs=tuple(InputSummary.from_marker(found[j]) for j in reported
                      if found[j] is not None),
         manifest=manifest)
+
+
+def _tokenizer_content(out: str) -> str:
+    from open1b_data.ingest.tokenizer.stage import recorded_content
+
+    raw = read_bytes(join(out, TOKENIZER))
+    return recorded_content(out, raw, hashlib.sha256(raw).hexdigest())
 
 
 def _per_source(mix: MixSpec, found: dict[Job, dict | None]) -> dict[str, dict[str, Any]]:

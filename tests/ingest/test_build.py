@@ -123,8 +123,8 @@ def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_p
             r = build_mix(mix, out, BuildOptions(tokenizer_only=True, **QUIET))
             assert not r.merged and r.inputs_built == 0 and len(r.missing) == r.inputs_total
             assert sorted(p.relative_to(out).as_posix() for p in Path(out).rglob("*")
-                          if p.is_file()) == ["_work/plan.json", "_work/tokenizer-sample.json",
-                                              "tokenizer.json"]
+                          if p.is_file()) == ["_work/plan.json", "_work/tokenizer-content.json",
+                                              "_work/tokenizer-sample.json", "tokenizer.json"]
         # Tasks run in reverse order; only the last one (seeing every marker) merges.
         for i in reversed(range(n)):
             r = build_mix(mix, out, BuildOptions(workers=1, task=i, tasks=n, **QUIET))
