@@ -26,9 +26,10 @@ row is refused, named (``ManifestError``: the shard, the row, the doc_id read, a
   tree (read with range requests; nothing in the tree file is trusted), and its held-out
   status by the rule must be its status in the manifest's list. Proved documents are kept
   with their file (below). ``rows`` and ``column`` are views of them.
-* Files: a shard is read once, whole, into memory and kept for random access, least
-  recently used first out, up to ``FILE_CACHE_BYTES`` (always the last one). Nothing is
-  remembered across processes.
+* Files: for random access a shard is read once, whole, into memory and kept, least
+  recently used first out, up to ``FILE_CACHE_BYTES`` (always the last one); a shard
+  decoded whole is read for that decode only (its decoded form is what is kept). Nothing
+  is remembered across processes.
 
 Why the buffers are Arrow's own memory (``pa.allocate_buffer``), never a Python object:
 Arrow's thread pool may drop the last reference to a buffer after a read has returned. A
@@ -302,7 +303,8 @@ class ShardReader:
     # ------------------------------------------------------------------ whole shards
 
     def _decode(self, source: int, shard: int) -> ShardTokens:
-        f = self.file(source, shard)
+        url = self.url(source, shard)
+        f = _parse(url, read_whole(url))        # not kept: the decoded shard is
         root = self._root(source, shard)
         # the buffer is Arrow's and in memory: Arrow's threads may decode it in parallel
         t = decode_group(f.parquet, f.url, None, COLUMNS, use_threads=True)
