@@ -243,3 +243,30 @@ def test_a_source_with_everything_held_out_is_refused_on_open(hmix, tmp_path):
     with pytest.raises(StreamError, match=f"source '{name}' .* no document to train on"):
         StreamPlan.open(mix)
     assert HeldoutWindows.open(mix).sources            # its held-out windows still read
+
+
+def test_lists_and_fractions_must_agree(hmix, tmp_path):
+    """STREAM.md section 10, "Recorded": a fraction without a shard's list, or a list
+    without a fraction, is refused when the mix is opened, naming the source."""
+    import shutil
+
+    from open1b_data.errors import ManifestError
+    from tests.fixtures.rewrite import refingerprint
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    for mix in (a, b):
+        shutil.copytree(hmix, mix)
+        shutil.rmtree(f"{mix}/stream", ignore_errors=True)
+    refingerprint(a, lambda d: d["sources"][0]["shards"][-1].pop("heldout"))
+    with pytest.raises(ManifestError, match="holds out 1/5 of its documents but shard "
+                                            ".* lists no held-out rows"):
+        StreamPlan.open(a)
+
+    def no_fraction(d):
+        d["definition"].pop("heldout")
+        for sh in d["sources"][1]["shards"]:
+            sh.pop("heldout")
+    refingerprint(b, no_fraction)
+    with pytest.raises(ManifestError, match="list held-out rows but the definition gives "
+                                            "it no held-out fraction"):
+        StreamPlan.open(b)
