@@ -58,6 +58,7 @@ from open1b_data.storage import url_to_fs
 from open1b_data.storage_errors import failures
 
 FILE_CACHE_BYTES = 512 << 20   # shard files kept for random access
+LEAF_THREADS_BYTES = 4 << 20   # a shard decoded whole with this many token bytes: 2 threads
 COLUMNS = ("tokens", "doc_id", "input", "row")
 
 
@@ -309,7 +310,9 @@ class ShardReader:
         # the buffer is Arrow's and in memory: Arrow's threads may decode it in parallel
         t = decode_group(f.parquet, f.url, None, COLUMNS, use_threads=True)
         flat, offsets, ids, inputs, rows = _columns(t, f.url, 0)
-        leaves = merkle.leaf_hashes(flat, offsets, ids, inputs, rows)
+        # a large shard's token bytes are hashed on two threads (docstring of leaf_hashes)
+        leaves = merkle.leaf_hashes(flat, offsets, ids, inputs, rows,
+                                    threads=2 if flat.nbytes >= LEAF_THREADS_BYTES else 1)
         if merkle.root_of(merkle.levels(leaves)) != root:
             i = self._first_changed(source, shard, leaves)
             if i is not None and i < len(ids):

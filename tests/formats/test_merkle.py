@@ -73,10 +73,20 @@ def test_vector_and_leaf_definition():
                + struct.pack("<Q", len(a)) + a + struct.pack("<Q", len(b)) + b
                + struct.pack("<q", row))
         assert hashlib.sha256(raw).hexdigest() == VECTOR_LEAVES[i]
-    # the bulk form gives the same leaves
+    # the bulk form gives the same leaves, on one thread or two
     flat = np.array([t for d in VECTOR_DOCS for t in d], dtype=np.uint32)
     offsets = np.cumsum([0] + [len(d) for d in VECTOR_DOCS])
-    assert merkle.leaf_hashes(flat, offsets, *zip(*VECTOR_PROVENANCE)) == leaves
+    for threads in (1, 2):
+        assert merkle.leaf_hashes(flat, offsets, *zip(*VECTOR_PROVENANCE),
+                                  threads=threads) == leaves
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(0, 300, 999)
+    flat = rng.integers(0, 2**32, int(sizes.sum()), dtype=np.uint32)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    prov = ([f"d{k}" for k in range(999)], ["a", "b", "c"] * 333, list(range(999)))
+    one = [merkle.leaf_hash(7 + k, flat[offsets[k]:offsets[k + 1]], *(p[k] for p in prov))
+           for k in range(999)]
+    assert merkle.leaf_hashes(flat, offsets, *prov, first=7, threads=2) == one
     tree = merkle.levels(leaves)
     assert tree[1][0].hex() == VECTOR_NODE_01
     assert tree[1][1] == leaves[2]               # the odd last leaf moves up unhashed
