@@ -445,12 +445,11 @@ def _run_with_helpers(todo: deque[Job], workers: Workers, progress: Progress,
     between its own inputs, a helper from its last input's done-callback - so no worker
     idles while inputs remain, and a helper holds one input at a time.
 
-    Why this process works rather than waits (measured on the demo, 2 cores,
-    BENCHMARKS.md "Data identity"): each helper starts cold - its heap, page tables and
-    caches are first touched by its first input (~7,000 page faults each, ~15% more CPU
-    per input than in a warm process) - and a pool of N helpers costs its start and stop
-    on the critical path; with N - 1 helpers one worker is the warm parent. And a spawned
-    helper starts slowly: this process takes the largest input first."""
+    Why this process works rather than waits: a helper starts cold - on the demo its
+    inputs took ~14% more CPU than the same inputs in a warm process, with thousands more
+    page faults (BENCHMARKS.md, "Data identity") - so one worker of N is the warm parent
+    instead of an N-th fresh helper. And a spawned helper starts slowly: this process
+    takes the largest input first."""
     lock = threading.Lock()
     pending: dict[cf.Future, Job] = {}
     failed = threading.Event()
