@@ -9,8 +9,8 @@ mix, fetched document by document and proved, without downloading the corpus.
    used, since it is derived data anyone who can write the mix can rewrite. Each lengths
    file the plan needs is fetched whole and checked against the manifest's sha256.
 3. Only the documents the windows use are fetched: per shard its Parquet footer (two range
-   requests at the end of the file), then the row groups that hold them, tokens and doc_id
-   columns only (``docs_per_row_group`` keeps a row group small), and from the shard's
+   requests at the end of the file), then the row groups that hold them
+   (``docs_per_row_group`` keeps a row group small), and from the shard's
    stored Merkle tree the header and the log2(n) sibling hashes of each document (one
    batched range request).
 4. Each document's leaf is computed from the tokens fetched and must lead to its shard's
@@ -23,8 +23,9 @@ mix, fetched document by document and proved, without downloading the corpus.
    with that step's ``components.data`` in the run's ``steps.jsonl``.
 
 Every byte read is counted by what it was for (manifest, lengths, footers, row groups,
-proofs) and set against the mix's token shard bytes. The doc_id of a document is what its
-shard says; the tree commits to the tokens, not to the id.
+proofs) and set against the mix's token shard bytes. The tree commits to each document's
+tokens and provenance (doc_id, input, row), and each proved document's held-out status by
+the definition's rule must be the manifest's (``stream/proof.py``).
 
 A step's windows depend on the seed as well as the mix: the plan draws documents with the
 run's seed, which need not be the mix's default. Against a run (``--run RUN``,
@@ -36,7 +37,6 @@ Without a run the mix's seed is used, which is only the run's if it trained with
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import struct
@@ -47,7 +47,8 @@ import numpy as np
 
 from open1b_data.formats.manifest import ShardEntry, parse_manifest, read_manifest_bytes
 from open1b_data.formats.mixpath import mix_root
-from open1b_data.errors import ManifestError, ShardFormatError, StateMismatchError
+from open1b_data.formats.shards import ShardRow
+from open1b_data.errors import ShardFormatError, StateMismatchError
 from open1b_data.storage import atomic_write_bytes, join, url_to_fs
 from open1b_data.storage_errors import failures
 from open1b_data.stream.mixview import MixView, summary_of
@@ -124,10 +125,10 @@ class _RangeFile(io.RawIOBase):
 
 
 def read_rows_remote(fetcher: Fetcher, url: str, entry: ShardEntry, source: str,
-                     rows: list[int]) -> tuple[list[np.ndarray], list[str | None]]:
-    """Token ids and doc_ids of ``rows`` of one shard: its footer, then only the row groups
-    that hold them (``tokens`` and ``doc_id`` columns). Checked as every shard reader checks
-    (magic, version, schema, counts) - the proofs decide whether the tokens are the mix's."""
+                     rows: list[int]) -> list[ShardRow]:
+    """Documents ``rows`` of one shard (tokens and provenance): its footer, then only the
+    row groups that hold them. Checked as every shard reader checks (magic, version,
+    schema, counts) - the proofs decide whether the documents are the mix's."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -159,27 +160,29 @@ def read_rows_remote(fetcher: Fetcher, url: str, entry: ShardEntry, source: str,
     groups: dict[int, list[int]] = {}
     for r in rows:
         groups.setdefault(int(np.searchsorted(starts, r, side="right")) - 1, []).append(r)
-    toks: dict[int, np.ndarray] = {}
-    ids: dict[int, str | None] = {}
+    got: dict[int, ShardRow] = {}
     for g, members in groups.items():
         try:
             # one small row group: Arrow's threads cost more than they save (and see
             # shardreader.py on Arrow threads releasing Python-owned buffers at exit)
-            t = pf.read_row_group(g, columns=["tokens", "doc_id"], use_threads=False)
+            t = pf.read_row_group(g, columns=["tokens", "doc_id", "input", "row"],
+                                  use_threads=False)
         except (pa.ArrowException, OSError) as e:
             raise ShardFormatError(f"{url}: row group {g} is unreadable ({e})") from None
         values, offsets = list_parts(t.column("tokens"), url)
-        doc_ids = t.column("doc_id").to_pylist()
+        doc_ids, inputs = t.column("doc_id").to_pylist(), t.column("input").to_pylist()
+        input_rows = t.column("row").to_pylist()
         for r in members:
             i = r - int(starts[g])
-            toks[r] = values[offsets[i]:offsets[i + 1]].copy()
-            ids[r] = doc_ids[i]
-    return [toks[r] for r in rows], [ids[r] for r in rows]
+            got[r] = ShardRow(values[offsets[i]:offsets[i + 1]].copy(), doc_ids[i],
+                              inputs[i], input_rows[i])
+    return [got[r] for r in rows]
 
 
 class _CountedView(MixView):
     """The stream's view of the mix, reading lengths files through the fetcher (whole,
-    checked against the manifest's sha256 and document count, kept for the process)."""
+    checked against the manifest's content digest and document count, kept for the
+    process)."""
 
     def __init__(self, mix_url: str, summary: dict, fetcher: Fetcher) -> None:
         super().__init__(mix_url, summary)
@@ -187,19 +190,15 @@ class _CountedView(MixView):
         self.loaded: dict[tuple[int, int], np.ndarray] = {}
 
     def lengths(self, source: int, shard: int) -> np.ndarray:
-        from open1b_data.formats.shards import parse_lengths
+        from open1b_data.stream.mixview import checked_lengths
 
         key = (source, shard)
         if key not in self.loaded:
             sv = self.sources[source]
             url = self.url(sv.lengths_paths[shard])
             raw = self.fetcher.whole(url, "lengths")
-            digest = hashlib.sha256(raw).hexdigest()
-            if digest != sv.lengths_sha256[shard]:
-                raise ManifestError(f"lengths file {url} has sha256 {digest}, the manifest "
-                                    f"says {sv.lengths_sha256[shard]}; the mix changed since "
-                                    f"it was built - run `open1b-data verify` on it")
-            self.loaded[key] = parse_lengths(raw, url, sv.shard_documents[shard])
+            self.loaded[key] = checked_lengths(raw, url, sv.shard_documents[shard],
+                                               sv.lengths_content[shard])
         return self.loaded[key]
 
 

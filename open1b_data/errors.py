@@ -53,3 +53,13 @@ class FileMissingError(FileAccessError, FileNotFoundError):
 class ProofError(Open1bDataError):
     """A document that its shard's Merkle root does not vouch for (names source, shard
     path, row and doc_id), or a mix whose shards have no roots to prove against."""
+
+
+class TokenizerError(ManifestError):
+    """A mix's tokenizer file whose content is not the one its manifest records (names the
+    file, what differs and what to do)."""
+
+
+class HeldOutError(StreamError):
+    """A held-out document where training data was to be drawn, or held-out rows that are
+    not the definition's rule (names the shard, row and doc_id)."""

@@ -13,9 +13,9 @@ Nothing a run's owner wrote is used unless it is hashed into the chain or re-der
    ``record.json``'s ``config`` is never read (it is not hashed: editing it once changed
    RoPE's theta and the attention window of every generation and export);
 3. the mix: its fingerprint (recomputed from its manifest) must be the genesis's - and the
-   announced one (``--expect-mix``) - and every tokenizer file is read once, as a regular
-   file, and must have the sha256 the manifest lists; users get those verified bytes, never
-   a second read of the file;
+   announced one (``--expect-mix``) - and every tokenizer file is read once and must have
+   the content digest the manifest lists (``open1b_data.formats.tokenizerfile``); users get
+   those verified bytes, never a second read of the file;
 4. the checkpoint at step N: its record's step hash must be the chain's at N and its mix
    fingerprint, seed and config identity the genesis's; the parameters' digest must be the
    log's step-N params digest (a swapped weight with its sha256 rewritten in ``record.json``
@@ -27,7 +27,6 @@ elsewhere passes it (``read_run``).
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,20 +74,18 @@ class PublishedRun:
     def tokenizer(self):
         """The verified ``tokenizer.json`` as a ``tokenizers.Tokenizer`` (text is encoded as
         text: a literal separator inside it is not the separator)."""
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-        from tokenizers import Tokenizer
+        from open1b_data.formats.tokenizerfile import tokenizer_from_bytes
 
-        tok = Tokenizer.from_str(self.tokenizer_files[self.manifest.tokenizer["path"]]
-                                 .decode("utf-8"))
-        tok.encode_special_tokens = True
-        return tok
+        path = self.manifest.tokenizer["path"]
+        return tokenizer_from_bytes(self.tokenizer_files[path], path)
 
     @property
     def tokenizer_digest(self) -> str:
-        """sha256 over the manifest's tokenizer entries (path and file sha256, in order)."""
+        """sha256 over the manifest's tokenizer entries (path and content digest, in order):
+        the tokenizer's identity as the mix's fingerprint covers it."""
         from open1b_data.formats.manifest import tokenizer_files
 
-        return statehash.sha([[f["path"], f["sha256"]]
+        return statehash.sha([[f["path"], f["content"]]
                               for f in tokenizer_files(self.manifest.tokenizer)])
 
     def weights(self, step: int) -> dict[str, torch.Tensor]:
@@ -136,30 +133,13 @@ def hashed_config(run_dir: str, genesis: dict[str, Any]) -> TrainConfig:
     return cfg
 
 
-def verified_tokenizer(mix: str, manifest) -> dict[str, bytes]:
-    """Every tokenizer file the manifest lists, read once and checked against its sha256."""
-    from open1b_data.formats.manifest import tokenizer_files
-    from open1b_data.storage import join, read_bytes
-
-    out = {}
-    for f in tokenizer_files(manifest.tokenizer):
-        path = join(mix, f["path"])
-        data = read_bytes(path)          # a regular file only (storage refuses others)
-        got = hashlib.sha256(data).hexdigest()
-        if got != f["sha256"]:
-            raise PublishedError(f"{path}: sha256 {got[:16]}... is not the {f['sha256'][:16]}... "
-                                 f"the mix's manifest lists: the tokenizer file was edited; "
-                                 f"use the mix as built")
-        out[f["path"]] = data
-    return out
-
-
 def open_published(run_dir: str, mix: str | None = None,
                    announce: Announcement = Announcement()) -> PublishedRun:
     """Open ``run_dir`` for use (see the module docstring, 1-3); a ``PublishedError`` names
     what is not as the chain commits."""
     from open1b_data.errors import Open1bDataError
     from open1b_data.formats.manifest import load_manifest
+    from open1b_data.formats.tokenizerfile import verified_tokenizer_files
     from open1b_train.run import read_run
 
     if not os.path.lexists(runlog.path_of(run_dir)):
@@ -186,7 +166,7 @@ def open_published(run_dir: str, mix: str | None = None,
     try:
         _, mix = read_run(run_dir, mix)
         manifest = load_manifest(mix)
-        files = verified_tokenizer(mix, manifest)
+        files = verified_tokenizer_files(mix, manifest)
     except Open1bDataError as e:
         raise PublishedError(f"{run_dir}: its mix cannot be read as published: {e}") from None
     if manifest.fingerprint != genesis.get("mix_fingerprint"):

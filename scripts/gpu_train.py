@@ -94,9 +94,10 @@ def build_golden_mixes(dst: str) -> list[str]:
 
 
 def compare_mixes(a: str, b: str) -> dict:
-    """Which of two builds' files differ (by their manifests' hashes, each manifest checked
-    against its fingerprint on loading), and whether their documents' token ids agree
-    (every shard's Merkle root equal)."""
+    """Which of two builds' files differ (by their manifests' records of the files' bytes,
+    each manifest checked against its fingerprint on loading), and whether their documents
+    agree (every shard's Merkle root - tokens and provenance - equal). Files may differ
+    where the fingerprints agree: the fingerprint is content (docs/FORMATS.md)."""
     from open1b_data.formats.manifest import load_manifest, tokenizer_files
 
     def files(mix: str) -> tuple[str, dict[str, str], dict[str, str | None]]:
@@ -104,7 +105,7 @@ def compare_mixes(a: str, b: str) -> dict:
         hashes = {f["path"]: f["sha256"] for f in tokenizer_files(m.tokenizer)}
         shards = [sh for src in m.sources for sh in src.shards]
         hashes.update({sh.path: sh.sha256 for sh in shards})
-        hashes.update({sh.lengths_path: sh.lengths_sha256 for sh in shards})
+        hashes.update({sh.lengths_path: sh.lengths_content for sh in shards})
         return m.fingerprint, hashes, {sh.path: sh.merkle and sh.merkle.root for sh in shards}
 
     (fa, ha, ra), (fb, hb, rb) = files(a), files(b)

@@ -61,7 +61,8 @@ def cpu_seconds() -> float:
 
 
 def train(mix, out: str) -> float:
-    from open1b_data.ingest.pipeline import ensure_tokenizer, list_all_inputs
+    from open1b_data.ingest.pipeline import list_all_inputs
+    from open1b_data.ingest.tokenizer.stage import ensure_tokenizer
 
     t0 = time.perf_counter()
     ensure_tokenizer(mix, out, list_all_inputs(mix))

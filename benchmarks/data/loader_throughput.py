@@ -6,9 +6,11 @@ What it measures (same process, same files, same run, alternating):
            threads on), the column flattened to one uint32 numpy array per shard. The floor
            cost of getting tokens off disk; no check, no plan, no packing.
   loader - ``StreamLoader(rank 0 of 1)`` yielding int64 ``input_ids``/``labels`` micro-batches
-           (every shard's bytes hashed and checked against the manifest's sha256, plan, shard
-           decode, window assembly, tensor conversion; its threads on) until it has
-           delivered as many tokens as the raw side read.
+           (every shard checked by content: all four columns decoded, every document's
+           Merkle leaf - tokens and provenance - hashed and the tree's root compared with
+           the manifest's, the held-out rule applied to every doc_id; plan, window
+           assembly, tensor conversion; its threads on) until it has delivered as many
+           tokens as the raw side read.
 Both sides cover ``--passes`` (3) times the mix's tokens: the raw side reads every shard that
 often, the loader runs through ~3 epochs of every source, decoding each shard about once
 per epoch (whole-shard cache) - the steady state of training.

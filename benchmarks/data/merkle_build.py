@@ -82,7 +82,7 @@ def trees_alone(docs: dict[str, list], spec) -> float:
     for rows in docs.values():
         leaves, count = [], 0
         for r in rows:
-            leaves.append(merkle.leaf_hash(len(leaves), r.tokens))
+            leaves.append(merkle.leaf_hash(len(leaves), r.tokens, r.doc_id, r.input, r.row))
             count += r.tokens.size
             if count >= spec.tokens_per_shard:   # where the writer closes a shard
                 merkle.encode(merkle.levels(leaves))

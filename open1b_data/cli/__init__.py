@@ -19,9 +19,10 @@ def main() -> None:
 
 def _register() -> None:
     from open1b_data.cli import build as cli_build
+    from open1b_data.cli import check as cli_check
     from open1b_data.cli import stream as cli_stream
 
-    for module in (cli_build, cli_stream):
+    for module in (cli_build, cli_check, cli_stream):
         for command in module.COMMANDS:
             main.add_command(command)
 

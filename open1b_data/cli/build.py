@@ -58,6 +58,16 @@ def _default_workers() -> int:
               help="List the inputs, record the plan, train and save the tokenizer, then "
                    "stop: the first job of a scaled-out build, before the --task runs "
                    "(docs/SCALE-OUT.md).")
+@click.option("--tokenizer", "tokenizer_from", default=None, metavar="FROM",
+              help="Take the published tokenizer instead of training one: a tokenizer.json "
+                   "(path or URL) or a built mix (its tokenizer files are checked against "
+                   "its manifest). It must fit the definition (vocab_size, separator, "
+                   "pre-tokenizer).")
+@click.option("--expect-tokenizer", default=None, metavar="DIGEST",
+              help="The content digest the tokenizer must have (build-mix --json reports it "
+                   "as tokenizer_content; the definition's [tokenizer] expect does the "
+                   "same): a tokenizers version that trains other merges stops the build "
+                   "before any shard is written.")
 @click.option("--strict", is_flag=True,
               help="Exit with status 1 once the build has finished if any input file was "
                    "truncated or unreadable, naming each (the outputs and manifest.json, "
@@ -69,7 +79,8 @@ def _default_workers() -> int:
               help="No progress lines on stderr (errors still go there, one line each).")
 def build_mix(manifest_path: str | None, out: str, workers: int | None, executor: str,
               task: int | None, tasks: int, merge_only: bool, tokenizer_only: bool,
-              strict: bool, as_json: bool, quiet: bool) -> None:
+              tokenizer_from: str | None, expect_tokenizer: str | None, strict: bool,
+              as_json: bool, quiet: bool) -> None:
     """Build a mix: tokenizer, token shards and manifest.json (resumable, deterministic).
 
     Without --manifest this builds the embedded demo mix into build/demo-mix under the
@@ -85,7 +96,8 @@ def build_mix(manifest_path: str | None, out: str, workers: int | None, executor
         options = BuildOptions(workers=_default_workers() if workers is None else workers,
                                task=task, tasks=tasks, merge_only=merge_only,
                                tokenizer_only=tokenizer_only, progress=not quiet,
-                               executor=executor)
+                               executor=executor, tokenizer_from=tokenizer_from,
+                               expect_tokenizer=expect_tokenizer)
         mix = load_mix(path)
         if not quiet:   # the resolved configuration: a progress line like the others
             click.echo(f"build-mix: mix {mix.name!r} from {path} -> {out} (workers "
@@ -137,8 +149,9 @@ def build_mix(manifest_path: str | None, out: str, workers: int | None, executor
 @click.argument("mix")
 @click.option("--json", "as_json", is_flag=True, help="Print the mismatches as a JSON list.")
 def verify(mix: str, as_json: bool) -> None:
-    """Re-hash every shard and lengths file of built MIX (directory or URL) against its
-    manifest.json; exits non-zero naming each mismatch."""
+    """Check every file of built MIX (directory or URL) against the content its
+    manifest.json records (shards' Merkle roots, document lengths, held-out rows,
+    tokenizer content); exits non-zero naming each mismatch."""
     from open1b_data.ingest.verify import verify as run
 
     try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from decimal import Decimal, localcontext
@@ -77,6 +78,9 @@ class TokenizerSpec:
     sample_bytes: int = 100_000_000
     min_frequency: int = 2
     max_token_length: int = 32
+    # the content digest (formats/tokenizerfile.py) the trained tokenizer must have: a
+    # ``tokenizers`` version that trains other merges is then caught at build time
+    expect: str | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,8 @@ class MixSpec:
         for src in d["sources"]:
             if src["heldout"] is None:
                 src.pop("heldout")
+        if d["tokenizer"]["expect"] is None:
+            d["tokenizer"].pop("expect")
         return d
 
 
@@ -257,6 +263,16 @@ def _heldout(t: TomlTable, key: str, required: bool = False) -> str | None:
     text = t.string(key) if required else t.string(key, None)
     if text is not None:
         parse_fraction(text, t.name(key))
+    return text
+
+
+def _digest(t: TomlTable, key: str) -> str | None:
+    """An optional content digest: 64 lowercase hex digits."""
+    text = t.string(key, None)
+    if text is not None and not re.fullmatch(r"[0-9a-f]{64}", text):
+        raise MixSpecError(f"{t.name(key)}: expected a content digest of 64 lowercase hex "
+                           f"digits (what `open1b-data build-mix --json` reports as "
+                           f"tokenizer_content), got {text!r}")
     return text
 
 
@@ -372,6 +388,7 @@ def parse_mix(data: dict, base_dir: str = ".", path: str = "") -> MixSpec:
             sample_bytes=tok.integer("sample_bytes", AT_LEAST_1, 100_000_000),
             min_frequency=tok.integer("min_frequency", AT_LEAST_1, 2),
             max_token_length=tok.integer("max_token_length", MAX_TOKEN_LENGTH, 32),
+            expect=_digest(tok, "expect"),
         ),
         shards=ShardSpec(
             tokens_per_shard=sh.integer("tokens_per_shard", TOKENS_PER_SHARD),
@@ -389,6 +406,47 @@ def parse_mix(data: dict, base_dir: str = ".", path: str = "") -> MixSpec:
                            f"{spec.schedule.seq_tokens + 1} (inputs + shifted labels), got "
                            f"{spec.window!r}")
     return spec
+
+
+def _toml_shaped(d: Any) -> Any:
+    """A ``to_dict`` value as TOML would hold it: no nulls, no empty lists (both mean
+    "absent" to the parser)."""
+    if isinstance(d, dict):
+        return {k: _toml_shaped(v) for k, v in d.items()
+                if v is not None and not (isinstance(v, (list, tuple)) and not v)}
+    if isinstance(d, (list, tuple)):
+        return [_toml_shaped(v) for v in d]
+    return d
+
+
+def spec_from_definition(definition: dict[str, Any], roots: dict[str, str] | None = None,
+                         content_stores: dict[str, str] | None = None,
+                         base_dir: str = ".") -> MixSpec:
+    """The ``MixSpec`` a built manifest's embedded definition (``to_dict`` form) describes,
+    validated as a TOML file would be, with the sources kept elsewhere: ``roots`` and
+    ``content_stores`` replace those of the named sources (a content store under the old
+    root moves with it); relative locations resolve against ``base_dir``."""
+    d = _toml_shaped(definition)
+    data: dict[str, Any] = {
+        "mix": {k: d[k] for k in ("name", "seed", "window", "shares") if k in d},
+        "tokenizer": d.get("tokenizer", {}), "shards": d.get("shards", {}),
+        "schedule": d.get("schedule", {}), "sources": []}
+    if "heldout" in d:
+        data["heldout"] = d["heldout"]
+    for src in d.get("sources", []):
+        src = dict(src)
+        new = (roots or {}).get(src.get("name"))
+        if new is not None:
+            old = src.get("root", "")
+            store = src.get("content_store")
+            if store and old and store.startswith(old.rstrip("/") + "/"):
+                src["content_store"] = new.rstrip("/") + store[len(old.rstrip("/")):]
+            src["root"] = new
+        store = (content_stores or {}).get(src.get("name"))
+        if store is not None:
+            src["content_store"] = store
+        data["sources"].append(src)
+    return parse_mix(data, base_dir=base_dir)
 
 
 def load_mix(path: str | os.PathLike) -> MixSpec:

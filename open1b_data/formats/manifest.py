@@ -4,12 +4,15 @@ Contract (docs/FORMATS.md, "manifest.json"):
 - ``BuiltManifest.to_dict()`` is the JSON object on disk; ``load_manifest`` parses it back
   into the same frozen dataclasses, checking ``format``/``version``, every field's type,
   the per-source sums against their shards, and the fingerprint (recomputed, never trusted).
-- ``fingerprint(d)`` = sha256 hex of the canonical JSON (``sort_keys=True``,
-  ``separators=(",", ":")``, ``ensure_ascii=True``) of ``d`` without its ``fingerprint``
-  key. Every shard and lengths file enters through its sha256 and every shard's Merkle
-  root (``merkle.py``; absent in builds from before trees) as written, so changing one byte
-  of a shard, one document length, a root, the tokenizer or the definition changes the
-  fingerprint.
+- ``fingerprint(d)`` (``identity.py``) = sha256 hex of the canonical JSON of the manifest's
+  *content*: ``d`` less the records of how and where its files were stored (paths, file
+  sha256s and sizes, local source roots, compression and row-group settings, the builder's
+  version). Every shard enters through its Merkle root over its documents' tokens and
+  provenance (``merkle.py``) and the digest of its document lengths, the tokenizer through
+  the digests of its content (``tokenizerfile.py``), so changing one token, id, length,
+  held-out row, merge or definition value changes the fingerprint, and rewriting a file
+  with another library version does not. A manifest of version 1 (a fingerprint over file
+  bytes) is refused with a request to rebuild.
 - Paths inside a manifest are relative to the mix root and confined (``mixpath``:
   ``check_path`` refuses absolute paths, URLs, drive letters, backslashes, control
   characters, empty, ``.`` and ``..`` components; ``resolve(mix_url, rel)`` is the only way
@@ -31,7 +34,6 @@ Contract (docs/FORMATS.md, "manifest.json"):
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -41,24 +43,19 @@ from typing import Any
 
 from open1b.canonical import canonical_json
 from open1b_data.errors import FileAccessError, ManifestError
+from open1b_data.formats.identity import fingerprint
 from open1b_data.formats.mixpath import CONFINED, MANIFEST, check_path, mix_root
 from open1b_data.storage import atomic_write_bytes, join, read_bytes
 
 FORMAT = "open1b-mix"
-VERSION = 1
+VERSION = 2           # 1: the fingerprint covered file bytes (docs/FORMATS.md)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 # ---------------------------------------------------------------------------------------
 # Canonical JSON
 
-# ``canonical_json`` (open1b.canonical): the fingerprint's bytes
-
-
-def fingerprint(manifest_dict: Mapping[str, Any]) -> str:
-    """sha256 hex of the canonical manifest content without its ``fingerprint`` key."""
-    body = {k: v for k, v in manifest_dict.items() if k != "fingerprint"}
-    return hashlib.sha256(canonical_json(body)).hexdigest()
+# ``canonical_json`` (open1b.canonical): the bytes ``identity.fingerprint`` hashes
 
 
 # ---------------------------------------------------------------------------------------
@@ -112,9 +109,12 @@ class TreeEntry:
 @dataclass(frozen=True)
 class ShardEntry:
     """One token shard, its document-lengths file and its Merkle tree, relative to the mix
-    root. ``merkle`` is None in mixes built before shards had trees: they stream and verify
-    as before, but no document of them can be proved (``stream-at --proof`` and
-    ``open1b-audit fetch-step`` ask for a rebuild)."""
+    root. Content (fingerprinted): ``documents``, ``tokens``, ``lengths_content`` (sha256
+    of the lengths as uint32 LE, not of the ``.npy`` file), ``merkle.root`` and
+    ``heldout``. Records of this copy's files (not fingerprinted, never trusted): the
+    paths, ``sha256`` and ``bytes`` of the Parquet file, the tree file's sha256.
+    ``merkle`` is None only in synthetic plan-only mixes (no token shard): their shards
+    cannot be read."""
 
     path: str
     sha256: str
@@ -122,14 +122,14 @@ class ShardEntry:
     documents: int
     tokens: int
     lengths_path: str
-    lengths_sha256: str
+    lengths_content: str
     merkle: TreeEntry | None = None
     heldout: tuple[int, ...] | None = None   # rows held out (its source has a fraction)
 
     def to_dict(self) -> dict[str, Any]:
         d = {"path": self.path, "sha256": self.sha256, "bytes": self.bytes,
              "documents": self.documents, "tokens": self.tokens,
-             "lengths": {"path": self.lengths_path, "sha256": self.lengths_sha256}}
+             "lengths": {"path": self.lengths_path, "content": self.lengths_content}}
         if self.merkle is not None:
             d["merkle"] = self.merkle.to_dict()
         if self.heldout is not None:
@@ -145,7 +145,7 @@ class ShardEntry:
                    documents=_count(d, "documents", where), tokens=_count(d, "tokens", where),
                    lengths_path=check_path(_req(lengths, "path", str, f"{where}.lengths"),
                                            f"{where}.lengths.path"),
-                   lengths_sha256=_sha(lengths, "sha256", f"{where}.lengths"),
+                   lengths_content=_sha(lengths, "content", f"{where}.lengths"),
                    merkle=TreeEntry.from_dict(_req(d, "merkle", dict, where),
                                               f"{where}.merkle") if has_tree else None,
                    heldout=_heldout(d, where))
@@ -174,7 +174,7 @@ def _fast_shard(d: Any) -> ShardEntry | None:
     if type(d) is not dict or type(lengths := d.get("lengths")) is not dict:
         return None
     path, sha, size, docs = d.get("path"), d.get("sha256"), d.get("bytes"), d.get("documents")
-    toks, lpath, lsha = d.get("tokens"), lengths.get("path"), lengths.get("sha256")
+    toks, lpath, lsha = d.get("tokens"), lengths.get("path"), lengths.get("content")
     if not (type(size) is int and type(docs) is int and type(toks) is int
             and size >= 0 and docs >= 0 and toks >= 0
             and type(sha) is str and type(lsha) is str
@@ -330,17 +330,24 @@ class BuiltManifest:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "manifest") -> BuiltManifest:
         fmt, version = d.get("format"), d.get("version")
+        if fmt == FORMAT and version == 1:
+            raise ManifestError(f"{where}: a manifest of version 1, whose fingerprint covered "
+                                f"the bytes its libraries wrote; rebuild the mix with this "
+                                f"open1b (`open1b-data build-mix`): the same corpus gives the "
+                                f"same documents and a content fingerprint (docs/FORMATS.md)")
         if fmt != FORMAT or version != VERSION:
             raise ManifestError(f"{where}: format/version {fmt!r}/{version!r}, expected "
                                 f"{FORMAT!r}/{VERSION}; not a manifest this builder reads")
         tok = _req(d, "tokenizer", dict, where)
         check_path(_req(tok, "path", str, f"{where}.tokenizer"), f"{where}.tokenizer.path")
         _sha(tok, "sha256", f"{where}.tokenizer")
+        _sha(tok, "content", f"{where}.tokenizer")
         _count(tok, "eot_id", f"{where}.tokenizer")    # the stream's separator
         for i, f in enumerate(tokenizer_files(tok)[1:]):
             check_path(_req(f, "path", str, f"{where}.tokenizer.directory.files[{i}]"),
                        f"{where}.tokenizer.directory.files[{i}].path")
             _sha(f, "sha256", f"{where}.tokenizer.directory.files[{i}]")
+            _sha(f, "content", f"{where}.tokenizer.directory.files[{i}]")
         sources = tuple(SourceEntry.from_dict(s, f"{where}.sources[{i}]")
                         for i, s in enumerate(_req(d, "sources", list, where)))
         names = [s.name for s in sources]
@@ -365,13 +372,16 @@ class BuiltManifest:
 
 
 def tokenizer_files(tokenizer: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every tokenizer file a manifest names, ``{"path", "sha256"}`` each: ``tokenizer.json``
-    first, then the transformers directory's files (absent in builds that predate it)."""
+    """Every tokenizer file a manifest names, ``{"path", "sha256", "content"}`` each:
+    ``tokenizer.json`` first, then the transformers directory's files. ``content`` is the
+    fingerprinted digest of what the file says (``tokenizerfile.py``), ``sha256`` the
+    record of its bytes in this copy."""
     directory = tokenizer.get("directory") or {}
     files = directory.get("files", []) if isinstance(directory, Mapping) else []
     if not isinstance(files, list):
         raise ManifestError(f"tokenizer.directory.files: expected a list, got {files!r}")
-    return [{"path": tokenizer.get("path"), "sha256": tokenizer.get("sha256")}, *files]
+    return [{"path": tokenizer.get("path"), "sha256": tokenizer.get("sha256"),
+             "content": tokenizer.get("content")}, *files]
 
 
 # ---------------------------------------------------------------------------------------

@@ -9,12 +9,17 @@ Contract (docs/FORMATS.md, "Token shards" and "Document lengths"):
   ``open1b.documents``, ``open1b.tokens``, ``open1b.source``; every reader checks the magic,
   version, schema and counts and raises ``ShardFormatError`` naming the file.
 - ``<shard>.lengths.npy``: ``<u4`` array of the documents' token counts (the stream plans
-  from it alone). Loaded with ``allow_pickle=False``; dtype/shape checked.
-- ``<shard>.merkle``: the shard's Merkle tree over its documents (``merkle.py``), computed
-  as the documents arrive (one SHA-256 over each document's bytes, which the writer holds
-  anyway); its root goes into the shard's manifest entry.
-- Bytes depend only on the rows and ``ShardSpec``: Parquet written by pyarrow carries no
-  timestamp (``created_by`` names the pyarrow version, which is fixed by the environment).
+  from it alone). Loaded with ``allow_pickle=False``; dtype/shape checked. Its manifest
+  record is ``lengths_content``: the SHA-256 of the counts as uint32 LE (not of the file).
+- ``<shard>.merkle``: the shard's Merkle tree over its documents - tokens and provenance
+  (``merkle.py``) - computed as the documents arrive (one SHA-256 over each document's
+  bytes, which the writer holds anyway); its root goes into the shard's manifest entry
+  and is the shard's identity.
+- Bytes depend only on the rows and ``ShardSpec`` within one environment: Parquet written
+  by pyarrow carries no timestamp, but ``created_by`` names the pyarrow version and another
+  version may encode pages differently. Nothing identifies a shard by its bytes: readers
+  check the documents they decode against the root (``stream/shardreader.py``), so a shard
+  rewritten by another writer reads the same.
 - Writes are atomic: each file goes to a local temporary name and is then renamed (local)
   or uploaded with one PUT (object stores); the tree and lengths files are published
   before their shard, so a listed shard always has both. A shard closes once it holds
@@ -153,7 +158,8 @@ class ShardWriter:
         arr = arr.astype("<u4", copy=False)
         if self.heldout is not None and is_heldout(str(doc_id), self.heldout):
             self._heldout.append(len(self._lengths))
-        self._leaves.append(merkle.leaf_hash(len(self._lengths), arr))
+        self._leaves.append(merkle.leaf_hash(len(self._lengths), arr, str(doc_id), str(input),
+                                             int(row)))
         self._group.append((arr, str(doc_id), str(input), int(row)))
         self._lengths.append(int(arr.size))
         self._count += int(arr.size)
@@ -225,7 +231,7 @@ class ShardWriter:
             path=f"{self.rel_prefix}{name}.parquet", sha256=sha, bytes=nbytes,
             documents=len(lengths), tokens=self._count,
             lengths_path=f"{self.rel_prefix}{name}.lengths.npy",
-            lengths_sha256=hashlib.sha256(lbytes).hexdigest(),
+            lengths_content=lengths_digest(lengths),
             merkle=TreeEntry(root=merkle.root_of(tree).hex(),
                              path=f"{self.rel_prefix}{name}.merkle",
                              sha256=hashlib.sha256(tbytes).hexdigest()),
@@ -279,7 +285,9 @@ def _open(url: str) -> Iterator[tuple[pq.ParquetFile, ShardInfo]]:
         try:
             pf = pq.ParquetFile(handle)
         except (pa.ArrowException, OSError) as e:
-            raise ShardFormatError(f"{url}: not a readable Parquet shard ({e})") from None
+            raise ShardFormatError(f"{url}: not a readable Parquet shard ({e}); the file is "
+                                   f"damaged or replaced - run `open1b-data verify` on the "
+                                   f"mix, then restore or rebuild it") from None
         yield pf, _check(url, pf)
 
 
@@ -360,6 +368,11 @@ def parse_lengths(data: bytes, url: str, documents: int | None = None) -> np.nda
     return np.frombuffer(data, dtype="<u4", count=n, offset=buf.tell())
 
 
+def lengths_digest(lengths: np.ndarray) -> str:
+    """A shard's ``lengths_content``: SHA-256 (hex) of its document lengths as uint32 LE."""
+    return hashlib.sha256(np.ascontiguousarray(lengths, dtype="<u4").data).hexdigest()
+
+
 def _numpy_view(a: pa.Array, dtype: type) -> np.ndarray:
     """A null-free fixed-width Arrow array as a numpy view of its data buffer (what
     ``to_numpy`` gives, without the pandas import ``to_numpy`` triggers)."""
@@ -387,9 +400,28 @@ def _tokens_of(col: pa.ChunkedArray | pa.ListArray, url: str) -> list[np.ndarray
     return [values[offsets[i]:offsets[i + 1]].copy() for i in range(len(offsets) - 1)]
 
 
-def read_rows(url: str, indices: Sequence[int]) -> list[np.ndarray]:
-    """Token arrays of the given documents, reading only the row groups that hold them."""
-    got: dict[int, np.ndarray] = {}
+def decode_group(pf: pq.ParquetFile, url: str, group: int | None,
+                 columns: Sequence[str] | None = None, use_threads: bool = False) -> pa.Table:
+    """Row group ``group`` (None: the whole file) decoded; damaged data - a flipped byte
+    that zstd or the page decoder refuses - is a ``ShardFormatError`` naming the file.
+    (Readers check content, not bytes, so a damaged file reaches the decoder.)"""
+    cols = None if columns is None else list(columns)
+    try:
+        if group is None:
+            return pf.read(columns=cols, use_threads=use_threads)
+        return pf.read_row_group(group, columns=cols, use_threads=use_threads)
+    except (pa.ArrowException, OSError) as e:
+        where = "" if group is None else f" row group {group}"
+        raise ShardFormatError(f"{url}:{where} cannot be decoded ({e}); the file is damaged - "
+                               f"run `open1b-data verify` on the mix, then restore or "
+                               f"rebuild it") from None
+
+
+def read_documents(url: str, indices: Sequence[int], columns: Sequence[str] = (
+        "tokens", "doc_id", "input", "row")) -> list[ShardRow]:
+    """The given documents (tokens and provenance), reading only the row groups that hold
+    them; columns left out of ``columns`` come back empty (``""``, -1)."""
+    got: dict[int, ShardRow] = {}
     with _open(url) as (pf, info):
         starts = np.concatenate([[0], np.cumsum(info.row_group_rows)])
         wanted: dict[int, list[int]] = {}
@@ -401,11 +433,21 @@ def read_rows(url: str, indices: Sequence[int]) -> list[np.ndarray]:
             wanted.setdefault(g, []).append(int(i))
         for g, idx in wanted.items():
             # One small row group: Arrow's thread pool costs more than it saves here.
-            docs = _tokens_of(pf.read_row_group(g, columns=["tokens"], use_threads=False)
-                              .column("tokens"), url)
+            t = decode_group(pf, url, g, columns)
+            docs = _tokens_of(t.column("tokens"), url)
+            n = len(docs)
+            ids = t.column("doc_id").to_pylist() if "doc_id" in columns else [""] * n
+            inputs = t.column("input").to_pylist() if "input" in columns else [""] * n
+            rows = t.column("row").to_pylist() if "row" in columns else [-1] * n
             for i in idx:
-                got[i] = docs[i - int(starts[g])]
+                k = i - int(starts[g])
+                got[i] = ShardRow(docs[k], ids[k], inputs[k], rows[k])
     return [got[int(i)] for i in indices]
+
+
+def read_rows(url: str, indices: Sequence[int]) -> list[np.ndarray]:
+    """Token arrays of the given documents, reading only the row groups that hold them."""
+    return [d.tokens for d in read_documents(url, indices, ("tokens",))]
 
 
 def read_document(url: str, index: int) -> np.ndarray:
@@ -418,7 +460,7 @@ def iter_documents(url: str) -> Iterator[ShardRow]:
     seen = 0
     with _open(url) as (pf, info):
         for g in range(len(info.row_group_rows)):
-            t = pf.read_row_group(g)
+            t = decode_group(pf, url, g)
             toks = _tokens_of(t.column("tokens"), url)
             for arr, doc_id, inp, row in zip(toks, t.column("doc_id").to_pylist(),
                                              t.column("input").to_pylist(),

@@ -10,9 +10,12 @@ completion order, and resumable after a kill at any point):
   ``_work/inputs/<s>/<j:05d>.json`` (counts by reason, shard entries, input checksum,
   tokenizer sha256). Its outputs depend on nothing but the input and the tokenizer.
 * Stages: (a) list inputs, record them in ``_work/plan.json`` (a rerun or another task
-  that sees a different plan refuses to mix two builds in one directory); (b) tokenizer:
-  when ``tokenizer.json`` is absent, select the sample, train, write the sample record
-  then the tokenizer (both deterministic, atomic: racing tasks write identical bytes);
+  that sees a different plan refuses to mix two builds in one directory); (b) tokenizer
+  (``tokenizer/stage.py``): when ``tokenizer.json`` is absent, select the sample, train -
+  or take the published tokenizer (``--tokenizer FROM``) - write the sample record then
+  the tokenizer (both deterministic, atomic: racing tasks write identical bytes), and check
+  its content against the expected digest when the definition or ``--expect-tokenizer``
+  names one;
   (c) build the inputs this process owns (``--task i --tasks N``: global index % N == i)
   with ``--workers`` threads, or processes for large builds (``--executor``, see
   ``build_task.choose_executor``), skipping inputs whose marker
@@ -28,7 +31,9 @@ completion order, and resumable after a kill at any point):
   ``BuildError`` (the fast encoder is only trusted because this check runs).
 * The manifest records nothing run-dependent: no time, no worker count, no output path;
   inputs by path relative to the source root + size + checksum; local source roots in the
-  embedded definition relative to the mix file's directory.
+  embedded definition relative to the mix file's directory. Its fingerprint is its content
+  (``formats/identity.py``): where the sources are kept, the files' bytes and the library
+  versions that wrote them do not enter it.
 """
 from __future__ import annotations
 
@@ -51,11 +56,12 @@ from open1b_data.ingest.task import (EXECUTORS, TOKENIZER, Job, Workers, choose_
                                     hf_tokenizer, input_record, run_jobs, valid_marker)
 from open1b_data.errors import BuildError, StorageError
 from open1b_data.formats.definition import MixSpec
+from open1b_data.formats.tokenizerfile import content_digest
 
 log = logging.getLogger("open1b_data.ingest.pipeline")
 
 PLAN = "_work/plan.json"
-SAMPLE_RECORD = "_work/tokenizer-sample.json"
+SAMPLE_RECORD = "_work/tokenizer-sample.json"     # as tokenizer/stage.py writes it
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,10 @@ class BuildOptions:
     tokenizer_only: bool = False  # stages (a) and (b) only: the first job of a task array
     progress: bool = True
     executor: str = "auto"  # threads | processes | auto (build_task.choose_executor)
+    # take the published tokenizer (a tokenizer.json or a built mix) instead of training
+    tokenizer_from: str | None = None
+    # the content digest the tokenizer must have (with the definition's [tokenizer] expect)
+    expect_tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -106,6 +116,8 @@ class BuildResult:
     tokens: int
     text_bytes: int
     fingerprint: str | None = None
+    # the tokenizer's content digest (what [tokenizer] expect / --expect-tokenizer pin)
+    tokenizer_content: str | None = None
     # This run's inputs (every input once merged), in the global input order.
     inputs: tuple[InputSummary, ...] = ()
     manifest: Any = field(default=None, repr=False)
@@ -166,29 +178,7 @@ def _check_plan(out: str, plan: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Stage (b): the tokenizer.
-
-def ensure_tokenizer(mix: MixSpec, out: str, inputs: dict[str, list[Any]]) -> str:
-    """Train and save ``tokenizer.json`` unless present; returns its sha256."""
-    from open1b_data.ingest import tokenizer as tk
-
-    path = join(out, TOKENIZER)
-    if not (exists(path) and exists(join(out, SAMPLE_RECORD))):
-        t0 = time.perf_counter()
-        sample = tk.select_sample(mix, inputs)
-        texts = sample.texts() if hasattr(sample, "texts") else sample.iter_texts()
-        tok = tk.train_tokenizer(mix.tokenizer, texts)
-        # Sample record first: tokenizer.json present implies its record is too.
-        write_json(join(out, SAMPLE_RECORD), _sample_dict(sample))
-        tk.save_tokenizer(tok, path)
-        log.info("trained tokenizer (vocab %d) in %.1f s", tok.get_vocab_size(),
-                 time.perf_counter() - t0)
-    return _sha256_of(path)
-
-
-def _sample_dict(sample: Any) -> dict[str, Any]:
-    return sample.to_dict() if hasattr(sample, "to_dict") else dataclasses.asdict(sample)
-
+# Stage (b): the tokenizer (``tokenizer/stage.py``: trained or taken, pinned by content).
 
 def _sha256_of(url: str) -> str:
     return hashlib.sha256(read_bytes(url)).hexdigest()
@@ -202,6 +192,7 @@ def merge(mix: MixSpec, out: str, jobs: list[Job], found: dict[Job, dict | None]
     Writes the transformers tokenizer directory first (deterministic bytes: concurrent
     merges write the same)."""
     from open1b_data.formats import manifest as mf
+    from open1b_data.ingest.tokenizer.stage import recorded_content
 
     missing = [j for j in jobs if found.get(j) is None]
     if missing:
@@ -217,27 +208,32 @@ def merge(mix: MixSpec, out: str, jobs: list[Job], found: dict[Job, dict | None]
     if eot_id is None:
         raise BuildError(f"{join(out, TOKENIZER)} has no {mix.tokenizer.eot!r} token; it was "
                          f"not trained for this mix (delete it and build again)")
-    tokenizer = {"path": TOKENIZER, "sha256": sha, "vocab_size": tok.get_vocab_size(),
+    raw = read_bytes(join(out, TOKENIZER))
+    content = recorded_content(out, raw, hashlib.sha256(raw).hexdigest())
+    tokenizer = {"path": TOKENIZER, "sha256": hashlib.sha256(raw).hexdigest(),
+                 "content": content, "vocab_size": tok.get_vocab_size(),
                  "eot_id": int(eot_id), "sample": read_json(join(out, SAMPLE_RECORD)),
-                 "directory": _write_transformers_directory(mix, out)}
+                 "directory": _write_transformers_directory(mix, out, raw, content)}
     manifest = mf.assemble_manifest(mix.name, __version__, portable_definition(mix), tokenizer,
                                     _source_entries(mix, markers))
     mf.write_manifest(out, manifest)
     return manifest
 
 
-def _write_transformers_directory(mix: MixSpec, out: str) -> dict[str, Any]:
-    """``<out>/tokenizer/`` for ``transformers.AutoTokenizer.from_pretrained``; returns its
-    manifest record: the directory and each file's path and sha256."""
+def _write_transformers_directory(mix: MixSpec, out: str, raw: bytes, content: str
+                                  ) -> dict[str, Any]:
+    """``<out>/tokenizer/`` for ``transformers.AutoTokenizer.from_pretrained`` from
+    ``tokenizer.json``'s bytes ``raw`` (content digest ``content``); returns its manifest
+    record: the directory and each file's path, sha256 and content digest."""
     from open1b_data.ingest.tokenizer import HF_DIRECTORY, transformers_files
 
-    files = transformers_files(read_bytes(join(out, TOKENIZER)), mix.tokenizer.eot,
-                               mix.schedule.seq_tokens)
+    files = transformers_files(raw, mix.tokenizer.eot, mix.schedule.seq_tokens)
     record = []
     for name, data in sorted(files.items()):
         rel = f"{HF_DIRECTORY}/{name}"
         atomic_write_bytes(join(out, rel), data)
-        record.append({"path": rel, "sha256": hashlib.sha256(data).hexdigest()})
+        record.append({"path": rel, "sha256": hashlib.sha256(data).hexdigest(),
+                       "content": content if data == raw else content_digest(rel, data)})
     return {"path": HF_DIRECTORY, "files": record}
 
 
@@ -313,8 +309,11 @@ def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list
             log.info("removed %d temporary file(s) left by an interrupted build", swept)
     if options.merge_only and not exists(join(out, TOKENIZER)):
         raise BuildError(f"--merge-only: {join(out, TOKENIZER)} does not exist; build first")
+    from open1b_data.ingest.tokenizer.stage import ensure_tokenizer
+
     sha = (_sha256_of(join(out, TOKENIZER)) if options.merge_only
-           else ensure_tokenizer(mix, out, inputs))
+           else ensure_tokenizer(mix, out, inputs, options.tokenizer_from,
+                                 options.expect_tokenizer))
     jobs, g = [], 0
     for spec in mix.sources:
         for index, inp in enumerate(inputs[spec.name]):
@@ -351,9 +350,18 @@ def _build(mix: MixSpec, out: str, options: BuildOptions, inputs: dict[str, list
         summary=summarize(per_source), seconds=time.perf_counter() - t0,
         documents=progress.documents, tokens=progress.tokens, text_bytes=progress.text_bytes,
         fingerprint=None if manifest is None else manifest.fingerprint,
+        tokenizer_content=(manifest.tokenizer["content"] if manifest is not None else
+                           _tokenizer_content(out)),
         inputs=tuple(InputSummary.from_marker(found[j]) for j in reported
                      if found[j] is not None),
         manifest=manifest)
+
+
+def _tokenizer_content(out: str) -> str:
+    from open1b_data.ingest.tokenizer.stage import recorded_content
+
+    raw = read_bytes(join(out, TOKENIZER))
+    return recorded_content(out, raw, hashlib.sha256(raw).hexdigest())
 
 
 def _per_source(mix: MixSpec, found: dict[Job, dict | None]) -> dict[str, dict[str, Any]]:

@@ -8,7 +8,7 @@ encodes the kept documents with the fast encoder in batches, writes
 depends only on the input and the tokenizer - never on which process or machine runs it,
 or when - which is what makes builds byte-identical across worker counts and task splits
 and lets a rerun skip any input whose marker matches (``valid_marker``; a marker from
-before shards had Merkle trees does not match, so that input is built again).
+before content identity does not match, so that input is built again).
 
 Before the marker is written, every shard is checked: a deterministic uniform sample of its
 documents (``sample_size``: 1% of them, between 1 and 64) is encoded by the reference HF
@@ -154,10 +154,12 @@ def valid_marker(job: Job, existing: set[str]) -> dict[str, Any] | None:
             or m.get("tokenizer_sha256") != job.tokenizer_sha256
             or "first_error" not in m):  # a marker from before per-input accounting
         return None
-    # A marker from before shards had Merkle trees is stale: rebuilding that input gives
-    # the same shard bytes plus the tree, and a mix is never half with trees, half without.
+    # A marker from before content identity (no ``lengths.content``: its tree's leaves
+    # covered the tokens alone) is stale: that input is built again, so a mix never mixes
+    # the two kinds of roots.
     if not all(s["path"] in existing and s["lengths"]["path"] in existing
-               and "merkle" in s and s["merkle"]["path"] in existing
+               and "content" in s["lengths"] and "merkle" in s
+               and s["merkle"]["path"] in existing
                for s in m.get("shards", [])):
         return None
     return m
@@ -286,7 +288,8 @@ def _entry_dict(e: Any) -> dict[str, Any]:
     if hasattr(e, "to_dict"):
         return e.to_dict()
     return {"path": e.path, "sha256": e.sha256, "bytes": e.bytes, "documents": e.documents,
-            "tokens": e.tokens, "lengths": {"path": e.lengths_path, "sha256": e.lengths_sha256}}
+            "tokens": e.tokens, "lengths": {"path": e.lengths_path,
+                                            "content": e.lengths_content}}
 
 
 def _log_dropped(job: Job, item: Any) -> None:
@@ -334,9 +337,9 @@ def choose_executor(executor: str, input_bytes: int, workers: int,
 
 
 class Workers:
-    """Where jobs run: ``threads`` (``n`` threads of this process) or ``processes``: ``n``
-    helpers forked by ``start_helpers`` once this process holds what they should inherit,
-    or this process plus ``n - 1`` helpers spawned by ``start`` as early as possible."""
+    """Where jobs run: ``threads`` (``n`` threads of this process) or ``processes``: this
+    process plus ``n - 1`` helpers, forked by ``start_helpers`` once this process holds
+    what they should inherit, or spawned by ``start`` as early as possible."""
 
     def __init__(self, n: int, kind: str = "threads", method: str | None = None) -> None:
         self.n, self.kind = n, kind
@@ -370,9 +373,8 @@ class Workers:
 
     @property
     def helpers(self) -> int:
-        """Forked helpers do all the work (this process waits); with slow-starting spawned
-        helpers this process builds too."""
-        return self.n if self.method == "fork" else self.n - 1
+        """This process builds too, beside ``n - 1`` helpers (``run_jobs`` says why)."""
+        return self.n - 1
 
     def __enter__(self) -> Workers:
         return self
@@ -417,13 +419,11 @@ def run_jobs(jobs: list[Job], workers: Workers, progress: Progress) -> None:
     if workers.kind == "threads":
         _wait_all({workers.pool.submit(build_input, job, workers.queue.put): job
                    for job in todo}, workers.queue, progress)
-    elif workers.method == "fork":
-        _warm_up()  # imported and loaded once here, inherited by every helper
-        _encoders(todo[0].out, todo[0].tokenizer_sha256)
-        workers.start_helpers()
-        _wait_all({workers.pool.submit(_build_in_helper, job): job for job in todo},
-                  workers.queue, progress)
     else:
+        if workers.method == "fork":
+            _warm_up()  # imported and loaded once here, inherited by every helper
+            _encoders(todo[0].out, todo[0].tokenizer_sha256)
+            workers.start_helpers()
         _run_with_helpers(todo, workers, progress, report)
 
 
@@ -440,28 +440,82 @@ def _wait_all(pending: dict[cf.Future, Job], queue: Any, progress: Progress) -> 
 
 def _run_with_helpers(todo: deque[Job], workers: Workers, progress: Progress,
                       report: Callable[[tuple[int, int, int]], None]) -> None:
-    """With spawned helpers this process builds too (it would otherwise sit idle while they
-    start): it takes the next job whenever every helper is busy."""
+    """This process builds too, beside ``workers.helpers`` helper processes, all taking
+    the next input of ``todo`` (largest first) as soon as they are free: this process
+    between its own inputs, a helper from its last input's done-callback - so no worker
+    idles while inputs remain, and a helper holds one input at a time.
+
+    Why this process works rather than waits: a helper starts cold - on the demo its
+    inputs took ~14% more CPU than the same inputs in a warm process, with thousands more
+    page faults (BENCHMARKS.md, "Data identity") - so one worker of N is the warm parent
+    instead of an N-th fresh helper. And a spawned helper starts slowly: this process
+    takes the largest input first."""
+    lock = threading.Lock()
     pending: dict[cf.Future, Job] = {}
-    n = workers.helpers
+    failed = threading.Event()
+
+    def take() -> Job | None:
+        with lock:
+            return None if failed.is_set() or not todo else todo.popleft()
+
+    def feed(done: cf.Future | None = None) -> None:
+        if done is not None and (done.cancelled() or done.exception() is not None):
+            failed.set()                   # stop handing out inputs; the error is raised
+            return
+        job = take()
+        if job is not None:
+            fut = workers.pool.submit(_build_in_helper, job)
+            with lock:
+                pending[fut] = job
+            fut.add_done_callback(feed)
+
+    mine = take()
     try:
-        while todo or pending:
-            # This process is ready now, a helper may still be starting: it takes the
-            # largest remaining input, the helpers the next ones.
-            mine = todo.popleft() if todo else None
-            while todo and len(pending) < n:
-                job = todo.popleft()
-                pending[workers.pool.submit(_build_in_helper, job)] = job
-            if mine is not None:
-                build_input(mine, report)
-                progress.input_done()
-            if pending:
-                _collect(pending, workers.queue, progress, timeout=0 if todo else 0.5)
+        for _ in range(workers.helpers):
+            feed()
+        while mine is not None:
+            build_input(mine, report)
+            progress.input_done()
+            _collect_done(pending, lock, workers.queue, progress)
+            mine = take()
+        while True:
+            with lock:
+                live = [f for f in pending if not f.done()]
+            if not live:
+                break
+            cf.wait(live, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            _collect_done(pending, lock, workers.queue, progress)
+        _collect_done(pending, lock, workers.queue, progress)
     except BaseException:
-        for fut in pending:
-            fut.cancel()
+        failed.set()
+        with lock:
+            for fut in pending:
+                fut.cancel()
         raise
     _drain(workers.queue, progress)
+
+
+def _collect_done(pending: dict[cf.Future, Job], lock: threading.Lock, queue: Any,
+                  progress: Progress) -> None:
+    """Count the helpers' finished inputs (raising the first failure) and their progress."""
+    _drain(queue, progress)
+    with lock:
+        done = {f: j for f, j in pending.items() if f.done()}
+        for f in done:
+            del pending[f]
+    for fut, job in done.items():
+        _result(fut, job)
+        progress.input_done()
+
+
+def _result(fut: cf.Future, job: Job) -> None:
+    try:
+        fut.result()
+    except Open1bDataError:
+        raise  # already names the file and what to do
+    except Exception as e:
+        raise BuildError(f"building {job.source} input {job.input.path!r} failed: "
+                         f"{type(e).__name__}: {e}") from e
 
 
 def _collect(pending: dict[cf.Future, Job], queue: Any, progress: Progress,
@@ -469,14 +523,7 @@ def _collect(pending: dict[cf.Future, Job], queue: Any, progress: Progress,
     done, _ = cf.wait(pending, timeout=timeout, return_when=cf.FIRST_COMPLETED)
     _drain(queue, progress)
     for fut in done:
-        job = pending.pop(fut)
-        try:
-            fut.result()
-        except Open1bDataError:
-            raise  # already names the file and what to do
-        except Exception as e:
-            raise BuildError(f"building {job.source} input {job.input.path!r} failed: "
-                             f"{type(e).__name__}: {e}") from e
+        _result(fut, pending.pop(fut))
         progress.input_done()
 
 

@@ -1,148 +1,189 @@
-"""Checking a built mix against its manifest: every file it names, re-hashed and re-counted.
+"""Checking a built mix against its manifest: every file it names, by the content the mix
+fingerprint covers.
 
-``verify(mix_url)`` returns one line per mismatch (missing file, sha256, size, or document
-and token counts that differ from the shard's own metadata or lengths file), each naming the
-file by its path relative to the mix root; the tokenizer files (``tokenizer.json`` and the
-transformers directory) are re-hashed too. Each shard's Merkle tree is recomputed from the
-shard's documents and compared with the root in the manifest and with the stored tree file
-(a shard whose sha256 was rewritten to match edited documents still fails here); a shard
-entry without a tree (a mix built before trees) has nothing to compare and passes as
-before. An empty list means the mix is exactly what its manifest says. It reads every byte
-of the mix. Something that is not a built mix at all (no
-``manifest.json``, a ``.toml``, storage that cannot be reached) is an error, not a
-mismatch: ``load_manifest``'s message, raised.
+``verify(mix_url)`` returns one line per mismatch, each naming the file by its path
+relative to the mix root:
+
+* tokenizer files (``tokenizer.json`` and the transformers directory): missing, or content
+  that is not the manifest's (``formats/tokenizerfile.py``: vocabulary, merges, special
+  tokens, pre-tokenizer, settings - not the JSON's formatting);
+* each shard: missing or unreadable, footer counts that are not the manifest's, documents
+  whose Merkle tree - recomputed from their tokens and provenance - does not have the
+  manifest's root (naming the first changed row when the stored tree can tell), held-out
+  rows that are not what the definition's rule gives on its ``doc_id`` column, and a stored
+  tree file that is not the tree of its documents (proofs read it);
+* each lengths file: missing, malformed, or counts whose digest is not the manifest's.
+
+Files are compared by content, never by their bytes: a shard rewritten by another Parquet
+writer, or a tokenizer file re-indented, is intact. An empty list means the mix holds
+exactly the content its fingerprint names. It reads every byte of the mix. Something that
+is not a built mix at all (no ``manifest.json``, a ``.toml``, storage that cannot be
+reached) is an error, not a mismatch: ``load_manifest``'s message, raised.
 """
 from __future__ import annotations
 
-import hashlib
 from fractions import Fraction
 
+import numpy as np
+
+from open1b_data.errors import ManifestError, ShardFormatError
 from open1b_data.formats import merkle
 from open1b_data.formats.heldout import fractions_of, heldout_rows
-from open1b_data.formats.manifest import (ShardEntry, parse_manifest, read_manifest_bytes,
-                                       tokenizer_files)
+from open1b_data.formats.manifest import (BuiltManifest, ShardEntry, parse_manifest,
+                                          read_manifest_bytes, tokenizer_files)
 from open1b_data.formats.mixpath import mix_root, resolve
-from open1b_data.formats.shards import iter_documents, read_lengths, read_shard_info
-from open1b_data.errors import ManifestError, ShardFormatError
-from open1b_data.storage import sha256_of
+from open1b_data.formats.shards import (iter_documents, lengths_digest, parse_lengths,
+                                        read_shard_info)
+from open1b_data.formats.tokenizerfile import content_digest
+from open1b_data.storage import read_bytes
 from open1b_data.storage_errors import failures
 
 
-def _hash_and_size(url: str) -> tuple[str, int] | None:
-    from open1b_data.storage import url_to_fs
-
-    with failures(url, "read"):
-        fs, path = url_to_fs(url)
-        if not fs.exists(path):
-            return None
-        size = int(fs.size(path))
-    return sha256_of(url), size
+def _read(url: str) -> bytes | None:
+    """The file's bytes, or None when it does not exist."""
+    try:
+        with failures(url, "read"):
+            return read_bytes(url)
+    except FileNotFoundError:
+        return None
 
 
 def verify(mix_url: str) -> list[str]:
-    """Every mismatch between the manifest and the files it names, one line each."""
+    """Every mismatch between the manifest's content and the files it names, one line
+    each (module docstring)."""
     root = mix_root(mix_url)
     url, raw = read_manifest_bytes(root)
     try:
         m = parse_manifest(raw, url)
     except ManifestError as e:
         return [str(e)]
-    problems: list[str] = []
-    for f in tokenizer_files(m.tokenizer):
-        got = _hash_and_size(resolve(root, f["path"]))
-        if got is None:
-            problems.append(f"{f['path']}: missing file")
-        elif got[0] != f["sha256"]:
-            problems.append(f"{f['path']}: sha256 differs (manifest {f['sha256']}, file "
-                            f"{got[0]})")
+    problems = _tokenizer(root, m)
     fractions = fractions_of(m.definition)
     for source, sh in m.shards():
-        url = resolve(root, sh.path)
-        got = _hash_and_size(url)
-        intact = False   # the shard's bytes and counts are the manifest's
-        if got is None:
-            problems.append(f"{sh.path}: missing file")
-        else:
-            if got[0] != sh.sha256:
-                problems.append(f"{sh.path}: sha256 differs (manifest {sh.sha256}, file "
-                                f"{got[0]})")
-            if got[1] != sh.bytes:
-                problems.append(f"{sh.path}: size differs (manifest {sh.bytes}, file {got[1]})")
-            if got[0] == sh.sha256:
-                try:
-                    info = read_shard_info(url)
-                    if (info.documents, info.tokens, info.source) != (sh.documents, sh.tokens,
-                                                                      source):
-                        problems.append(
-                            f"{sh.path}: count differs (manifest {source} {sh.documents} docs "
-                            f"{sh.tokens} tokens, shard {info.source} {info.documents} docs "
-                            f"{info.tokens} tokens)")
-                    else:
-                        intact = True
-                except ShardFormatError as e:
-                    problems.append(f"{sh.path}: {e}")
         fraction = fractions.get(source)
         if (sh.heldout is None) != (fraction is None):
             problems.append(f"{sh.path}: held-out rows {'missing' if fraction else 'listed'} "
                             f"but the definition gives source {source!r} "
                             f"{'a' if fraction else 'no'} held-out fraction; rebuild the mix")
+        sizes: list[int] | None = None
         try:
-            problems.extend(_check_tree(root, url, sh, intact, fraction))
+            found, sizes = _shard(root, source, sh, fraction)
+            problems.extend(found)
         except ShardFormatError as e:
             problems.append(f"{sh.path}: {e}")
-        lurl = resolve(root, sh.lengths_path)
-        got = _hash_and_size(lurl)
-        if got is None:
-            problems.append(f"{sh.lengths_path}: missing file")
-            continue
-        if got[0] != sh.lengths_sha256:
-            problems.append(f"{sh.lengths_path}: sha256 differs (manifest {sh.lengths_sha256}, "
-                            f"file {got[0]})")
+        problems.extend(_lengths(root, sh, sizes))
+    return problems
+
+
+def _tokenizer(root: str, m: BuiltManifest) -> list[str]:
+    problems = []
+    for f in tokenizer_files(m.tokenizer):
+        raw = _read(resolve(root, f["path"]))
+        if raw is None:
+            problems.append(f"{f['path']}: missing file")
             continue
         try:
-            lengths = read_lengths(lurl)
-        except ShardFormatError as e:
-            problems.append(f"{sh.lengths_path}: {e}")
+            got = content_digest(f["path"], raw)
+        except ManifestError as e:
+            problems.append(f"{f['path']}: {e}")
             continue
-        if len(lengths) != sh.documents or int(lengths.sum(dtype="u8")) != sh.tokens:
-            problems.append(f"{sh.lengths_path}: count differs (manifest {sh.documents} docs "
-                            f"{sh.tokens} tokens, file {len(lengths)} docs "
-                            f"{int(lengths.sum(dtype='u8'))} tokens)")
+        if got != f["content"]:
+            problems.append(f"{f['path']}: content differs (manifest {f['content']}, file "
+                            f"{got}): not the tokenizer the mix was built with")
     return problems
 
 
-def _check_tree(root: str, url: str, sh: ShardEntry, intact: bool,
-                fraction: Fraction | None = None) -> list[str]:
-    """The stored tree file against the manifest; and, when the shard itself is ``intact``,
-    the tree recomputed from its documents against the manifest's root and that file, and
-    the held-out rows re-derived from its ``doc_id`` column by the rule."""
-    if intact and fraction is not None and sh.heldout is not None:
-        want = heldout_rows((d.doc_id for d in iter_documents(url)), fraction)
-        if tuple(want) != sh.heldout:
-            return [f"{sh.path}: held-out rows differ (manifest {len(sh.heldout)} rows, the "
-                    f"rule on its doc_id column gives {len(want)}, first difference at "
-                    f"{_first_difference(sh.heldout, want)}); rebuild the mix"]
-    if sh.merkle is None:
-        return []
+def _shard(root: str, source: str, sh: ShardEntry, fraction: Fraction | None
+           ) -> tuple[list[str], list[int] | None]:
+    """The shard's problems, and its documents' token counts when it could be read."""
+    url = resolve(root, sh.path)
+    if not _exists(url):
+        return [f"{sh.path}: missing file"], None
+    with failures(url, "read"):                 # a directory where the shard should be
+        info = read_shard_info(url)
+    if (info.documents, info.tokens, info.source) != (sh.documents, sh.tokens, source):
+        return [f"{sh.path}: count differs (manifest {source} {sh.documents} docs "
+                f"{sh.tokens} tokens, shard {info.source} {info.documents} docs "
+                f"{info.tokens} tokens)"], None
+    leaves, ids, sizes = [], [], []
+    for i, d in enumerate(iter_documents(url)):
+        leaves.append(merkle.leaf_hash(i, d.tokens, d.doc_id, d.input, d.row))
+        ids.append(d.doc_id)
+        sizes.append(int(d.tokens.size))
     problems = []
-    stored = _hash_and_size(resolve(root, sh.merkle.path))
+    if fraction is not None and sh.heldout is not None:
+        want = heldout_rows(ids, fraction)
+        if tuple(want) != sh.heldout:
+            problems.append(f"{sh.path}: held-out rows differ (manifest {len(sh.heldout)} "
+                            f"rows, the rule on its doc_id column gives {len(want)}, first "
+                            f"difference at {_first_difference(sh.heldout, want)}); rebuild "
+                            f"the mix")
+    if sh.merkle is None:
+        return problems, sizes
+    tree = merkle.levels(leaves)
+    got = merkle.root_of(tree).hex()
+    stored = _read(resolve(root, sh.merkle.path))
+    if got != sh.merkle.root:
+        where = _first_changed(stored, leaves, sh)
+        problems.append(f"{sh.path}: Merkle root differs (manifest {sh.merkle.root}, the "
+                        f"shard's documents give {got}){where}: its content changed since "
+                        f"the build; restore or rebuild the mix")
     if stored is None:
         problems.append(f"{sh.merkle.path}: missing file")
-    elif stored[0] != sh.merkle.sha256:
-        problems.append(f"{sh.merkle.path}: sha256 differs (manifest {sh.merkle.sha256}, "
-                        f"file {stored[0]})")
-    if not intact:
-        return problems
-    tree = merkle.levels([merkle.leaf_hash(i, d.tokens)
-                          for i, d in enumerate(iter_documents(url))])
-    got = merkle.root_of(tree).hex()
-    if got != sh.merkle.root:
-        problems.append(f"{sh.path}: Merkle root differs (manifest {sh.merkle.root}, the "
-                        f"shard's documents give {got}); rebuild the mix")
-    elif hashlib.sha256(merkle.encode(tree)).hexdigest() != sh.merkle.sha256:
-        problems.append(f"{sh.merkle.path}: the manifest's tree file is not the tree of the "
-                        f"shard's documents; rebuild the mix")
-    return problems
+    elif got == sh.merkle.root and stored != merkle.encode(tree):
+        problems.append(f"{sh.merkle.path}: not the tree of the shard's documents (proofs "
+                        f"read it); restore it or rebuild the mix")
+    return problems, sizes
+
+
+def _exists(url: str) -> bool:
+    from open1b_data.storage import url_to_fs
+
+    with failures(url, "read"):
+        fs, path = url_to_fs(url)
+        return bool(fs.exists(path))
+
+
+def _first_changed(stored: bytes | None, leaves: list[bytes], sh: ShardEntry) -> str:
+    """``, first at row i`` when the stored tree still leads to the manifest's root and so
+    remembers the documents the mix was built with; else nothing."""
+    if stored is None:
+        return ""
+    try:
+        tree = merkle.decode(stored, sh.merkle.path, sh.documents)
+    except ShardFormatError:
+        return ""
+    built = tree[0] if tree else []
+    if merkle.root_of(merkle.levels(built)).hex() != sh.merkle.root:
+        return ""
+    i = next((k for k, (a, b) in enumerate(zip(leaves, built)) if a != b),
+             min(len(leaves), len(built)))
+    return f", first at row {i}"
+
+
+def _lengths(root: str, sh: ShardEntry, sizes: list[int] | None) -> list[str]:
+    """The lengths file against the manifest's digest and counts, and against the shard's
+    own documents (``sizes``, when it could be read): the stream plans from this file."""
+    lurl = resolve(root, sh.lengths_path)
+    raw = _read(lurl)
+    if raw is None:
+        return [f"{sh.lengths_path}: missing file"]
+    try:
+        lengths = parse_lengths(raw, lurl)
+    except ShardFormatError as e:
+        return [f"{sh.lengths_path}: {e}"]
+    digest = lengths_digest(lengths)
+    if digest != sh.lengths_content:
+        return [f"{sh.lengths_path}: content differs (manifest {sh.lengths_content}, file "
+                f"{digest})"]
+    if len(lengths) != sh.documents or int(lengths.sum(dtype=np.uint64)) != sh.tokens:
+        return [f"{sh.lengths_path}: count differs (manifest {sh.documents} docs "
+                f"{sh.tokens} tokens, file {len(lengths)} docs "
+                f"{int(lengths.sum(dtype=np.uint64))} tokens)"]
+    if sizes is not None and lengths.tolist() != sizes:
+        return [f"{sh.lengths_path}: the lengths of the shard's documents differ (first at "
+                f"row {_first_difference(lengths.tolist(), sizes)})"]
+    return []
 
 
 def _first_difference(a, b) -> int:

@@ -7,18 +7,19 @@ packed into the source's own fixed windows: its held-out documents in (shard, ro
 consecutive windows of ``window`` (4,097) tokens; a last partial window is dropped. So held-out
 window k of source s is a pure function of the mix: no seed, no schedule, no topology.
 
-Every token comes through ``ShardReader`` (each shard checked against the manifest's sha256
-before use, only the needed row groups decoded), each document's token count is checked
-against its lengths file, and each held-out document's ``doc_id`` is checked against the
-rule: a manifest listing a row the rule does not hold out is refused (``StreamError``),
-so the validation data is what the definition says, not what a manifest claims.
+Every token comes through ``ShardReader``: only the needed row groups are decoded, each
+document is proved against its shard's Merkle root (tokens and provenance) and its
+``doc_id`` checked against the rule - a manifest listing a row the rule does not hold out
+is refused (``HeldOutError``), so the validation data is what the definition says, not
+what a manifest claims - and each document's token count is checked against its lengths
+file.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from open1b_data.errors import StreamError
-from open1b_data.formats.heldout import fractions_of, is_heldout
+from open1b_data.formats.heldout import fractions_of
 from open1b_data.stream.mixview import MixView
 from open1b_data.stream.shardreader import ShardReader
 
@@ -80,13 +81,7 @@ class HeldoutWindows:
             raise StreamError(f"window count must be >= 0, got {count!r}")
         parts = []
         for h, rows in self._take(s, count * self.window):
-            ids = self.reader.column(s, h, "doc_id", rows.tolist())
-            bad = [(int(r), i) for r, i in zip(rows, ids) if not is_heldout(i, fraction)]
-            if bad:
-                raise StreamError(f"{self.reader.url(s, h)}: row {bad[0][0]} (doc_id "
-                                  f"{bad[0][1]!r}) is listed as held out, but the rule with "
-                                  f"fraction {fraction} keeps it for training; the manifest "
-                                  f"is inconsistent with its definition - rebuild the mix")
+            # proved, and each one's id checked against the rule, by the reader
             lengths = self.view.lengths(s, h)
             for r, toks in zip(rows.tolist(), self.reader.rows(s, h, rows.tolist())):
                 if toks.shape[0] != int(lengths[r]):

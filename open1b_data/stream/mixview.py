@@ -3,11 +3,20 @@
 Contract: ``MixView.open(mix_url)`` reads ``manifest.json`` through
 ``open1b_data.formats.manifest.load_manifest`` (which checks the format and recomputes the
 fingerprint) and keeps, per source in manifest order: its name, document and token counts,
-per-shard document counts, the token shards' paths, sizes and sha256 (``shardreader.py``
-checks every shard byte against them), the lengths-file URLs with their sha256, and the
-exact integer source weight; and the separator id ``eot_id``. Lengths files are read
-lazily, one shard at a time, verified against the manifest's sha256 and document count, and
-kept in a small LRU cache. The view never opens a token shard.
+per-shard document counts, the token shards' paths and Merkle roots with their tree files
+(``shardreader.py`` checks every document it decodes against its shard's root), the
+lengths-file paths with the digests of their content, its held-out fraction and rows, and
+the exact integer source weight; and the separator id ``eot_id``. Lengths files are read
+lazily, one shard at a time, their counts verified against the manifest's content digest
+(SHA-256 of the lengths as uint32 LE: the ``.npy`` file's own bytes are not what is
+checked) and document count, and kept in a small LRU cache. The view never opens a token
+shard.
+
+Held-out lists are consistent with the definition or the mix is refused on open
+(STREAM.md section 10, "Recorded"): a source whose definition gives it a held-out fraction
+lists held-out rows in every shard entry (possibly none), a source without one lists none.
+Whether the listed rows are the rule's is checked where the ids are at hand: by every
+shard reader, for every document it serves (``shardreader.py``).
 
 Nothing derived is trusted: the view is rebuilt from the checked manifest on every open.
 (Earlier versions cached it in ``<mix>/stream/mixview.json``, keyed by the manifest bytes;
@@ -28,7 +37,6 @@ With natural shares this reduces to weights proportional to document counts.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
 from collections import OrderedDict
@@ -38,7 +46,8 @@ from fractions import Fraction
 import numpy as np
 
 from open1b_data.errors import ManifestError, StreamError
-from open1b_data.formats.shards import parse_lengths
+from open1b_data.formats.heldout import fractions_of
+from open1b_data.formats.shards import lengths_digest, parse_lengths
 from open1b_data.storage import read_bytes
 
 WEIGHT_LIMIT = 1 << 62
@@ -55,14 +64,15 @@ class SourceView:
     tokens: int
     shard_documents: tuple[int, ...]
     shard_paths: tuple[str, ...]          # token shard paths (relative to the mix root)
-    shard_bytes: tuple[int, ...]          # token shard sizes
-    shard_sha256: tuple[str, ...]         # token shard digests (whole file)
+    shard_roots: tuple[str | None, ...]   # Merkle roots (hex) over the shards' documents
+    tree_paths: tuple[str | None, ...]    # the stored trees (proofs for random access)
     lengths_paths: tuple[str, ...]        # lengths file paths (relative to the mix root)
-    lengths_sha256: tuple[str, ...]
+    lengths_content: tuple[str, ...]      # sha256 of each shard's lengths as uint32 LE
     share: Fraction                        # the target token share used for the weight
     weight: int                            # exact integer source weight
     # rows of each shard held out of training (sorted int64), None: the source holds none
     shard_heldout: tuple[np.ndarray, ...] | None = None
+    heldout_fraction: Fraction | None = None  # the definition's rule for this source
 
     @property
     def shards(self) -> int:
@@ -103,6 +113,19 @@ class SourceView:
         if k < held.size and int(held[k]) == row:
             return None
         return row - k
+
+
+def checked_lengths(raw: bytes, url: str, documents: int, content: str) -> np.ndarray:
+    """A lengths file's counts, if they are the ones the manifest's digest names (the
+    ``.npy`` header is checked before any allocation: a crafted 2^40-element header)."""
+    arr = parse_lengths(raw, url, documents)
+    digest = lengths_digest(arr)
+    if digest != content:
+        raise ManifestError(f"lengths file {url}: its document lengths have digest {digest}, "
+                            f"the manifest says {content}; the mix changed since it was "
+                            f"built - run `open1b-data verify` on it, then restore or rebuild "
+                            f"it")
+    return arr
 
 
 def _exact(x: float | int) -> Fraction:
@@ -159,6 +182,7 @@ def source_weights(documents: list[int], tokens: list[int],
 
 def summary_of(manifest) -> dict:
     """The plain-JSON part of a checked ``BuiltManifest`` that the stream uses."""
+    fractions = fractions_of(manifest.definition)
     return {
         "fingerprint": manifest.fingerprint, "name": manifest.name,
         "definition": manifest.definition,
@@ -167,21 +191,30 @@ def summary_of(manifest) -> dict:
                      "target_share": s.target_share,
                      "shard_documents": [sh.documents for sh in s.shards],
                      "shard_paths": [sh.path for sh in s.shards],
-                     "shard_bytes": [sh.bytes for sh in s.shards],
-                     "shard_sha256": [sh.sha256 for sh in s.shards],
+                     "shard_roots": [sh.merkle and sh.merkle.root for sh in s.shards],
+                     "tree_paths": [sh.merkle and sh.merkle.path for sh in s.shards],
                      "lengths_paths": [sh.lengths_path for sh in s.shards],
-                     "lengths_sha256": [sh.lengths_sha256 for sh in s.shards],
-                     "shard_heldout": _heldout_of(s)}
+                     "lengths_content": [sh.lengths_content for sh in s.shards],
+                     "shard_heldout": _heldout_of(s, fractions.get(s.name))}
                     for s in manifest.sources]}
 
 
-def _heldout_of(source) -> list[list[int]] | None:
-    """A source's held-out rows per shard; None when its shards list none (no fraction)."""
-    if all(sh.heldout is None for sh in source.shards):
+def _heldout_of(source, fraction: Fraction | None) -> list[list[int]] | None:
+    """A source's held-out rows per shard; None when it has no held-out fraction. Every
+    shard lists its rows when the definition gives the source a fraction, none does when
+    it does not (module docstring)."""
+    listed = [sh.heldout is not None for sh in source.shards]
+    if fraction is None and any(listed):
+        raise ManifestError(f"source {source.name!r}: its shards list held-out rows but the "
+                            f"definition gives it no held-out fraction; the manifest is "
+                            f"inconsistent, rebuild the mix")
+    if fraction is None:
         return None
-    if any(sh.heldout is None for sh in source.shards):
-        raise ManifestError(f"source {source.name!r}: some shards list held-out rows and some "
-                            f"do not; the manifest is inconsistent, rebuild the mix")
+    if not all(listed):
+        sh = source.shards[listed.index(False)]
+        raise ManifestError(f"source {source.name!r}: the definition holds out {fraction} of "
+                            f"its documents but shard {sh.path} lists no held-out rows; the "
+                            f"manifest is inconsistent, rebuild the mix")
     return [list(sh.heldout) for sh in source.shards]
 
 
@@ -202,6 +235,7 @@ class MixView:
         self.seed: int = int(self.definition["seed"])
         self.window: int = int(self.definition["window"])
         self.eot_id: int = int(summary["eot_id"])
+        fractions = fractions_of(self.definition)
         entries = summary["sources"]
         docs = [int(s["documents"]) for s in entries]
         toks = [int(s["tokens"]) for s in entries]
@@ -216,12 +250,12 @@ class MixView:
             held = s.get("shard_heldout")
             views.append(SourceView(
                 index=i, name=s["name"], documents=docs[i], tokens=toks[i], shard_documents=sd,
-                shard_paths=tuple(s["shard_paths"]),
-                shard_bytes=tuple(int(n) for n in s["shard_bytes"]),
-                shard_sha256=tuple(s["shard_sha256"]), lengths_paths=tuple(s["lengths_paths"]),
-                lengths_sha256=tuple(s["lengths_sha256"]), share=share, weight=w,
+                shard_paths=tuple(s["shard_paths"]), shard_roots=tuple(s["shard_roots"]),
+                tree_paths=tuple(s["tree_paths"]), lengths_paths=tuple(s["lengths_paths"]),
+                lengths_content=tuple(s["lengths_content"]), share=share, weight=w,
                 shard_heldout=None if held is None else tuple(
-                    np.array(h, dtype=np.int64) for h in held)))
+                    np.array(h, dtype=np.int64) for h in held),
+                heldout_fraction=None if held is None else fractions.get(s["name"])))
         self.sources: tuple[SourceView, ...] = tuple(views)
         self.weights: tuple[int, ...] = tuple(weights)
         self.total_weight: int = sum(weights)
@@ -263,14 +297,8 @@ class MixView:
                 return arr
         sv = self.sources[source]
         url = self.url(sv.lengths_paths[shard])
-        raw = read_bytes(url)
-        digest = hashlib.sha256(raw).hexdigest()
-        if digest != sv.lengths_sha256[shard]:
-            raise ManifestError(f"lengths file {url} has sha256 {digest}, the manifest says "
-                                f"{sv.lengths_sha256[shard]}; the mix changed since it was "
-                                f"built - rebuild it or run `open1b-data verify`")
-        # the header is checked before any allocation (a crafted 2^40-element header)
-        arr = parse_lengths(raw, url, sv.shard_documents[shard])
+        arr = checked_lengths(read_bytes(url), url, sv.shard_documents[shard],
+                              sv.lengths_content[shard])
         with self._lock:
             self._lengths[key] = arr
             if len(self._lengths) > LENGTHS_CACHE:

@@ -34,14 +34,12 @@ import threading
 import numpy as np
 
 from open1b_data.stream import rng
-from open1b_data.errors import StateMismatchError, StreamError
+from open1b_data.errors import HeldOutError, StateMismatchError, StreamError
 from open1b_data.stream.mixview import MixView
 from open1b_data.stream.segments import SEG_FIELDS, Cursor, DrawInfo, Draws, Segment, Segments
 from open1b_data.stream.state import BufferDoc, StreamState, differing_fields
 
-class HeldOutError(StreamError):
-    """A held-out document was asked for as a training document."""
-
+__all__ = ["StreamPlan", "HeldOutError"]
 
 CHUNK_DRAWS = 1 << 22       # draws planned per vectorized block when advancing far
 CURSOR_CACHE = 4096
@@ -60,6 +58,12 @@ class StreamPlan:
         self.sources: tuple[str, ...] = view.names
         # documents the stream draws from: a source's held-out ones are never drawn
         self.documents = np.array([s.train_documents for s in view.sources], dtype=np.int64)
+        for sv, w in zip(view.sources, view.weights):
+            if w > 0 and sv.train_documents == 0:     # STREAM.md section 3: not defined
+                raise StreamError(f"source {sv.name!r} of mix {view.name!r} has a weight but "
+                                  f"no document to train on: all {sv.documents} are held "
+                                  f"out; the stream is not defined - give the source a "
+                                  f"smaller held-out fraction and rebuild the mix")
         self.mix_key = rng.derive_key("mix", self.seed)
         self._cum_w = np.cumsum(np.array(view.weights, dtype=np.uint64))
         w = np.array(view.weights, dtype=np.float64)

@@ -5,13 +5,17 @@ rebuilt from proved documents alone.
 Contract:
 
 * ``prove_documents(root, manifest, wanted, rows, ranges)`` reads each wanted document
-  (``rows``: the shard's row groups that hold it) and its proof (``ranges``: the header
-  and log2(n) nodes of the shard's stored tree), and accepts it only if its leaf - computed
-  here from the tokens read - leads to the manifest's root. A document that does not is a
-  ``ProofError`` naming its source, shard path, row and doc_id, and saying which side is
-  wrong: the document (the stored tree still proves the leaf the mix was built with) or the
-  tree file (it leads nowhere). Nothing read from a shard or tree file is trusted before
-  that check; the manifest is (its fingerprint is what a training run records).
+  (``rows``: the shard's row groups that hold it, tokens and provenance) and its proof
+  (``ranges``: the header and log2(n) nodes of the shard's stored tree), and accepts it
+  only if its leaf - computed here from the tokens, doc_id, input and row read - leads to
+  the manifest's root. A document that does not is a ``ProofError`` naming its source,
+  shard path, row and doc_id, and saying which side is wrong: the document (the stored
+  tree still proves the leaf the mix was built with) or the tree file (it leads nowhere).
+  Nothing read from a shard or tree file is trusted before that check; the manifest is
+  (its fingerprint is what a training run records), except its held-out lists: each
+  proved document's held-out status by the definition's rule must be its status in the
+  shard's list (``ProofError`` otherwise - a list emptied in a re-fingerprinted manifest
+  would hide validation documents in training windows).
 * ``rebuild_windows`` is the stream's window definition applied to proved documents:
   each segment copies ``[doc_start, doc_start + length)`` of its document, where position
   ``doc_length`` is the separator ``eot_id``, to its window at ``window_offset``; the
@@ -21,7 +25,7 @@ Contract:
   ``stream-at`` report, after checking that the windows rebuilt from the proved documents
   have the report's sha256s (docs/CLI.md, ``stream-at --proof``).
 
-A mix built before shards had trees has no roots: ``ProofError`` asking for a rebuild.
+A shard entry without a root (a synthetic plan-only mix) cannot be proved: ``ProofError``.
 """
 from __future__ import annotations
 
@@ -33,12 +37,12 @@ import numpy as np
 from open1b_data.formats import merkle
 from open1b_data.formats.manifest import BuiltManifest, ShardEntry
 from open1b_data.formats.mixpath import resolve
+from open1b_data.formats.shards import ShardRow
 from open1b_data.errors import ProofError, StreamError
 
 DocKey = tuple[str, int, int]           # (source name, shard index, row in the shard)
-# (source, shard, shard URL, its entry, rows) -> (their token ids, their doc_ids)
-RowReader = Callable[[str, int, str, ShardEntry, list[int]],
-                     tuple[list[np.ndarray], list[str | None]]]
+# (source, shard, shard URL, its entry, rows) -> those documents (tokens and provenance)
+RowReader = Callable[[str, int, str, ShardEntry, list[int]], list[ShardRow]]
 
 
 @dataclass(frozen=True)
@@ -48,22 +52,27 @@ class ProvedDocument:
     source: str
     shard: int
     shard_path: str
-    row: int
-    doc_id: str | None
+    row: int                  # row in the shard (the leaf index)
+    doc_id: str
     tokens: np.ndarray
     proof: merkle.Proof
     root: str
     tree_path: str
+    input: str = ""           # provenance: input file (relative to the source root) ...
+    input_row: int = -1       # ... and row in it
 
     @property
     def key(self) -> DocKey:
         return (self.source, self.shard, self.row)
 
+    def leaf(self) -> bytes:
+        return merkle.leaf_hash(self.row, self.tokens, self.doc_id, self.input, self.input_row)
+
     def to_dict(self) -> dict:
         return {"source": self.source, "shard": self.shard, "shard_path": self.shard_path,
-                "doc": self.row, "doc_id": self.doc_id, "doc_length": int(self.tokens.size),
-                "tokens": self.tokens.tolist(),
-                "leaf": merkle.leaf_hash(self.row, self.tokens).hex(),
+                "doc": self.row, "doc_id": self.doc_id, "input": self.input,
+                "input_row": self.input_row, "doc_length": int(self.tokens.size),
+                "tokens": self.tokens.tolist(), "leaf": self.leaf().hex(),
                 "proof": self.proof.to_dict(), "root": self.root, "tree_path": self.tree_path}
 
 
@@ -76,22 +85,22 @@ def shard_entry(manifest: BuiltManifest, source: str, shard: int) -> ShardEntry:
     entry = manifest.source(source).shards[shard]
     if entry.merkle is None:
         raise ProofError(f"{entry.path} has no Merkle root in the manifest of mix "
-                         f"{manifest.name!r}: the mix was built before shards had trees, so "
-                         f"no document of it can be proved; rebuild it with `open1b-data "
-                         f"build-mix` (same corpus, same shards, plus the trees)")
+                         f"{manifest.name!r} (a plan-only mix): no document of it can be "
+                         f"proved")
     return entry
 
 
-def check_document(label: str, row: int, tokens: np.ndarray, stored_leaf: bytes,
+def check_document(label: str, row: int, doc: ShardRow, stored_leaf: bytes,
                    proof: merkle.Proof, root: bytes, tree_path: str) -> None:
-    """``ProofError`` (see module docstring) unless ``tokens`` are leaf ``row`` of ``root``."""
-    if merkle.verify(merkle.leaf_hash(row, tokens), proof, root):
+    """``ProofError`` (see module docstring) unless ``doc`` is leaf ``row`` of ``root``."""
+    if merkle.verify(merkle.leaf_hash(row, doc.tokens, doc.doc_id, doc.input, doc.row),
+                     proof, root):
         return
     if merkle.verify(stored_leaf, proof, root):
         raise ProofError(f"{label} does not match its shard's Merkle root: its "
-                         f"{tokens.size} tokens are not the ones the mix was built with (the "
-                         f"shard's tree still proves the original); the shard was changed "
-                         f"after the build - refusing it")
+                         f"{doc.tokens.size} tokens, doc_id, input or row are not the ones "
+                         f"the mix was built with (the shard's tree still proves the "
+                         f"original); the shard was changed after the build - refusing it")
     raise ProofError(f"{label} cannot be proved: the tree file {tree_path} does not lead to "
                      f"the root in the manifest (damaged or replaced); run `open1b-data "
                      f"verify` on the mix - refusing the document")
@@ -100,6 +109,9 @@ def check_document(label: str, row: int, tokens: np.ndarray, stored_leaf: bytes,
 def prove_documents(mix_root: str, manifest: BuiltManifest, wanted: Iterable[DocKey],
                     rows: RowReader, ranges: merkle.RangeReader) -> list[ProvedDocument]:
     """The ``wanted`` documents, read and proved (module docstring), in ``wanted`` order."""
+    from open1b_data.formats.heldout import fractions_of, is_heldout
+
+    fractions = fractions_of(manifest.definition)
     order = list(dict.fromkeys(wanted))
     by_shard: dict[tuple[str, int], list[int]] = {}
     for source, shard, row in order:
@@ -115,15 +127,23 @@ def prove_documents(mix_root: str, manifest: BuiltManifest, wanted: Iterable[Doc
             raise ProofError(f"{entry.merkle.path}: the shard's Merkle tree file does not "
                              f"exist, so no document of {entry.path} can be proved; run "
                              f"`open1b-data verify` on the mix") from None
-        toks, ids = rows(source, shard, resolve(mix_root, entry.path), entry, docs)
+        read = rows(source, shard, resolve(mix_root, entry.path), entry, docs)
         root = bytes.fromhex(entry.merkle.root)
-        for row, tokens, doc_id in zip(docs, toks, ids):
+        for row, doc in zip(docs, read):
             stored_leaf, proof = proofs[row]
-            check_document(describe(source, entry.path, row, doc_id), row, tokens,
-                           stored_leaf, proof, root, entry.merkle.path)
+            label = describe(source, entry.path, row, doc.doc_id)
+            check_document(label, row, doc, stored_leaf, proof, root, entry.merkle.path)
+            fraction = fractions.get(source)
+            listed = row in (entry.heldout or ())
+            if fraction is not None and is_heldout(doc.doc_id, fraction) != listed:
+                how = "not held out by" if listed else "held out by"
+                raise ProofError(f"{label}: {how} the definition's rule (fraction "
+                                 f"{fraction}), but {'' if listed else 'not '}listed as held "
+                                 f"out in the manifest; its held-out lists were edited - "
+                                 f"refusing the mix")
             got[(source, shard, row)] = ProvedDocument(
-                source, shard, entry.path, row, doc_id, tokens, proof, entry.merkle.root,
-                entry.merkle.path)
+                source, shard, entry.path, row, doc.doc_id, doc.tokens, proof,
+                entry.merkle.root, entry.merkle.path, doc.input, doc.row)
     return [got[k] for k in order]
 
 
@@ -182,7 +202,7 @@ def prove_stream_at(mix: str, rep: dict) -> dict:
     """``rep`` (a ``stream-at`` report with tokens) plus ``documents`` and ``merkle``."""
     from open1b_data.formats.manifest import load_manifest
     from open1b_data.formats.mixpath import mix_root
-    from open1b_data.formats.shards import read_rows
+    from open1b_data.formats.shards import read_documents
     from open1b_data.stream.windows import window_sha256
 
     root = mix_root(mix)
@@ -193,11 +213,10 @@ def prove_stream_at(mix: str, rep: dict) -> dict:
                          f"run it again")
     segs = [(row, s) for row, w in enumerate(rep["windows"]) for s in w["segments"]]
     keys = [(s["source"], s["shard"], s["doc"]) for _, s in segs]
-    ids = {(s["source"], s["shard"], s["doc"]): s["doc_id"] for _, s in segs}
 
     def rows(source: str, shard: int, url: str, entry: ShardEntry, docs: list[int]):
-        # stream-at already read the doc_ids; the tokens are read again, row groups only
-        return read_rows(url, docs), [ids[(source, shard, d)] for d in docs]
+        # the documents are read again (row groups only) and proved on their own
+        return read_documents(url, docs)
 
     proved = prove_documents(root, manifest, keys, rows, local_ranges)
     docs = {d.key: d.tokens for d in proved}
@@ -212,7 +231,8 @@ def prove_stream_at(mix: str, rep: dict) -> dict:
                              f"{w['sha256']}; the shards changed while stream-at ran - run it "
                              f"again")
     return {**rep, "merkle": {
-        "leaf": "SHA-256(0x00 || u64 LE row || u64 LE token count || token ids uint32 LE)",
+        "leaf": ("SHA-256(0x00 || u64 LE row || u64 LE token count || token ids uint32 LE "
+                 "|| u64 LE len || doc_id || u64 LE len || input || i64 LE input row)"),
         "node": "SHA-256(0x01 || left || right)",
         "shape": "RFC 6962: split at the largest power of two below n; siblings bottom-up",
         "verified": True}, "documents": [d.to_dict() for d in proved]}

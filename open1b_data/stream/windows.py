@@ -3,11 +3,12 @@
 Contract: ``WindowReader(plan)`` turns the plan's segments (``plan.py``) into tokens. Window
 m is the ``window`` (4,097) token ids of its segments in order; a segment covering document
 position ``doc_length`` contributes the separator ``tokenizer.eot_id`` of the manifest there.
-Only the shards that hold the window's documents are read, and every shard byte is checked
-against the manifest's sha256 before any of it is used (``shardreader.py``):
+Only the shards that hold the window's documents are read, and every document is checked
+against its shard's Merkle root in the manifest - its tokens and provenance - before any of
+it is used, and its held-out status against the definition's rule (``shardreader.py``):
 
-* ``whole_shards=True`` (the loader; sequential reading): a shard's ``tokens`` column is
-  decoded once, as one flat array plus offsets, and kept in a per-source LRU of
+* ``whole_shards=True`` (the loader; sequential reading): a shard is decoded and checked
+  once, its tokens kept as one flat array plus offsets, in a per-source LRU of
   ``cache_shards`` shards. Within an epoch a source's draws walk its shards one at a time
   and never return to an earlier one, so even ``cache_shards=1`` decodes each shard exactly
   once per epoch, however rarely the source is drawn. The decoded lengths are checked
@@ -15,9 +16,9 @@ against the manifest's sha256 before any of it is used (``shardreader.py``):
   shard of each source in epoch order (``plan.shard_order``) is decoded in the background
   as soon as a source starts on a shard: at most ``cache_shards + 1`` decoded shards per
   source are held.
-* ``whole_shards=False`` (``stream-at``, provenance; random access): the file is read and
-  hashed whole once per process, and only the row groups holding the needed documents are
-  decoded.
+* ``whole_shards=False`` (``stream-at``, provenance; random access): the file is read
+  whole once per process, only the row groups holding the needed documents are decoded,
+  and each document is proved against the root with its Merkle inclusion proof.
 
 Filling: the requested windows' segments are checked to tile them exactly, then each
 segment's document slice is copied straight into the output array (one slice copy per
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import threading
 from collections.abc import Sequence
 
@@ -41,7 +41,6 @@ from open1b_data.errors import ShardFormatError, StreamError
 from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.segments import Segment, Segments
 from open1b_data.stream.shardreader import ShardReader, ShardTokens
-from open1b_data.storage import join, read_bytes
 
 __all__ = ["WindowReader", "ShardTokens", "window_sha256", "load_mix_tokenizer"]
 
@@ -51,12 +50,13 @@ def window_sha256(tokens: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(tokens, dtype="<u4").tobytes()).hexdigest()
 
 
-def load_mix_tokenizer(mix_url: str):
-    """The mix's ``tokenizers.Tokenizer`` (path from manifest.json's ``tokenizer.path``)."""
-    from open1b_data.formats.tokenizerfile import load_tokenizer
+def load_mix_tokenizer(mix_url: str, manifest=None):
+    """The mix's ``tokenizers.Tokenizer``, its files checked against the manifest's content
+    digests (``formats.tokenizerfile.load_mix_tokenizer``: a ``TokenizerError`` names an
+    edited file)."""
+    from open1b_data.formats.tokenizerfile import load_mix_tokenizer as load
 
-    manifest = json.loads(read_bytes(join(mix_url, "manifest.json")))
-    return load_tokenizer(join(mix_url, manifest["tokenizer"]["path"]))
+    return load(mix_url, manifest)
 
 
 class WindowReader:

@@ -25,7 +25,8 @@ from open1b_train import checkpoint, runlog, statehash
 from open1b_train.params import Layout, param_specs
 from open1b_train.run import read_run
 from open1b_train.train import train
-from tests.fixtures.tamper import _rewrite_file_in_record, rehash_chain
+from tests.fixtures.forger import rewrite_in_record
+from tests.fixtures.tamper import rehash_chain
 from tests.fixtures.runs import REF_STEPS, micro_cfg
 
 FORGED = 4
@@ -40,7 +41,7 @@ def forge_checkpoint_then_train_on(ref_run: str, mix: str, out: str, at: int = F
     t = st_load(open(os.path.join(ck, name), "rb").read())
     key = next(k for k in sorted(t) if k.startswith("m."))
     t[key].view(-1)[3] += 1e-3
-    _rewrite_file_in_record(ck, name, st_save(t))
+    rewrite_in_record(ck, name, st_save(t))
     loaded = checkpoint.load(ck)
     layout = Layout(param_specs(read_run(out)[0].model))
     m, v = layout.zeros(), layout.zeros()

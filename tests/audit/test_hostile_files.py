@@ -28,6 +28,7 @@ from open1b_train import checkpoint, runinfo, runlog
 from open1b_train.errors import CheckpointError, Open1bTrainError
 from tests.fixtures import fakelog, hostile
 from tests.fixtures.auditors import on_recipe
+from tests.fixtures.forger import rewrite_in_record
 from tests.fixtures.runs import REF_STEPS, cli_env
 from tests.fixtures.sitefixture import CERTIFIED_STEPS, STEPS
 
@@ -141,10 +142,10 @@ def test_a_moment_in_two_optim_files_or_a_stray_tensor_is_refused_by_name(tmp_pa
                                                      loaded.m, loaded.v), ["a", "b"])
     name = "optim-00001-of-00002.safetensors"
     t = st_load(open(os.path.join(ck, name), "rb").read())
-    hostile._fix_record(ck, name, st_save({**t, "m.a": torch.ones(3)}))     # m.a twice
+    rewrite_in_record(ck, name, st_save({**t, "m.a": torch.ones(3)}))     # m.a twice
     with pytest.raises(CheckpointError, match="'m.a' is also in another optim file"):
         checkpoint.load(ck)
-    hostile._fix_record(ck, name, st_save({**t, "z.b": torch.ones(2)}))     # not a moment
+    rewrite_in_record(ck, name, st_save({**t, "z.b": torch.ones(2)}))     # not a moment
     with pytest.raises(CheckpointError, match="'z.b' is not an Adam moment"):
         checkpoint.load(ck)
 

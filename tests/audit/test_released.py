@@ -113,7 +113,8 @@ def test_an_edited_config_json_is_refused(ref_run, tmp_path):
 def test_a_tokenizer_edited_in_place_is_refused(ref_run, mix4, tmp_path):
     mix = forge.tokenizer_edited(mix4, str(tmp_path))
     run = forge.point_run_at(ref_run, mix, str(tmp_path))
-    _refused(_train("generate", run, *GEN), "tokenizer.json", "the tokenizer file was edited")
+    _refused(_train("generate", run, *GEN), "tokenizer.json", "not the tokenizer of mix",
+             "edited or replaced")
     _refused(_train("export", run, "--out", str(tmp_path / "hf")), "tokenizer.json")
 
 

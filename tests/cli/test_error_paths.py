@@ -112,7 +112,7 @@ def paths(tmp_path_factory) -> dict[str, str]:
     shutil.copytree(mix, flipped)
     for shard in flipped.rglob("*.parquet"):
         blob = bytearray(shard.read_bytes())
-        blob[len(blob) // 2] ^= 0xFF        # one byte: the manifest's sha256 no longer holds
+        blob[len(blob) // 2] ^= 0xFF        # one byte: undecodable, or other content
         shard.write_bytes(bytes(blob))
     p["flipped"] = str(flipped)
     huge = root / "huge"
@@ -172,7 +172,7 @@ CASES = [
     case("verify", "{file}", want=("{file} is a file, not a built mix",)),
     case("verify", "s3://open1b-test-bucket/mix",
          want=("s3://open1b-test-bucket/mix/manifest.json", "no credentials")),
-    case("verify", "{flipped}", want=("{flipped}", "mismatch"), stdout="sha256 differs"),
+    case("verify", "{flipped}", want=("{flipped}", "mismatch"), stdout=".parquet: "),
     case("verify", "{huge}", want=("{huge}", "mismatch"),
          stdout=f"its header declares {HUGE:,} lengths"),
     case("verify", "{notobj}", want=("{notobj}", "mismatch"),
@@ -193,7 +193,7 @@ CASES = [
     case("stream-at", "{empty}", "--step", "1", want=("{empty}/manifest.json",
                                                       "not valid JSON")),
     case("stream-at", "{flipped}", "--step", "1",
-         want=("{flipped}/", ".parquet has sha256", "the manifest says")),
+         want=("{flipped}/", ".parquet", "open1b-data verify")),
     case("stream-at", "{huge}", "--step", "1", want=("{huge}/", f"{HUGE:,}")),
     case("stream-at", "{nosched}", "--step", "1", want=("definition.schedule", "None")),
     case("stream-at", "{longwin}", "--step", "1",
@@ -236,7 +236,7 @@ CASES = [
     # provenance
     case("provenance", "{toml}", "--doc-id", "x", want=("{toml} is a mix definition",)),
     case("provenance", "{flipped}", "--doc-id", "web-0",
-         want=("{flipped}/", ".parquet has sha256")),
+         want=("{flipped}/", ".parquet", "open1b-data verify")),
     case("provenance", "{mix}", "--doc-id", "no-such-doc", want=("'no-such-doc'",)),
     case("provenance", "{mix}", "--text", "", want=("phrase is empty",)),
     case("provenance", "{mix}", "--text", "x", "--steps", "9:1", code=2, want=("'9:1'",)),
@@ -246,6 +246,16 @@ CASES = [
     case("provenance", "{mix}", "--doc-id", "x", "--text", "y", code=2,
          want=("--doc-id", "--text")),
     case("provenance", "{huge}", "--doc-id", "web-0", want=("{huge}/", f"{HUGE:,}")),
+    # rebuild-check
+    case("rebuild-check", "{missing}", want=("{missing}/manifest.json does not exist",)),
+    case("rebuild-check", "{toml}", want=("{toml} is a mix definition, not a built mix",)),
+    case("rebuild-check", "{mix}", "--sources", "nosuch=/x", code=2,
+         want=("--sources", "no source 'nosuch'", "'web'")),
+    case("rebuild-check", "{mix}", "--sources", "{missing}",
+         want=("{missing}/web", "does not exist")),
+    case("rebuild-check", "{mix}", "--sample", "0", code=2, want=("--sample", "0")),
+    case("rebuild-check", "{mix}", "--definition", "{missing}.toml",
+         want=("{missing}.toml", "does not exist")),
     # plot-mix
     case("plot-mix", "{mix}", "--steps", "1:2", "--out", "{file}/plot.png",
          want=("{file}/plot.png", "{file} is a file")),

@@ -13,9 +13,11 @@ from open1b_data.ingest.verify import verify
 from open1b_data.errors import ManifestError
 from open1b_data.formats.definition import ShardSpec
 from open1b_data.formats.shards import ShardWriter
+from open1b_data.formats.tokenizerfile import content_digest
 from open1b_data.storage import sha256_of
 
 DEFINITION = {"name": "t", "seed": 42, "window": 17, "sources": []}
+TOKENIZER = b'{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}'
 
 
 def _build(root, n_docs=40, tokens_per_shard=200):
@@ -33,8 +35,9 @@ def _build(root, n_docs=40, tokens_per_shard=200):
                                              "dropped": {"empty": 1}},
                                             [{"path": "in.jsonl", "size": 10, "sha256": "0" * 64}],
                                             0))
-    (root / "tokenizer.json").write_bytes(b'{"tok": 1}')
+    (root / "tokenizer.json").write_bytes(TOKENIZER)
     tok = {"path": "tokenizer.json", "sha256": sha256_of(str(root / "tokenizer.json")),
+           "content": content_digest("tokenizer.json", TOKENIZER),
            "vocab_size": 128_256, "eot_id": 0, "sample": {}}
     m = mf.assemble_manifest("t", "0.1.0", DEFINITION, tok, sources)
     mf.write_manifest(str(root), m)
@@ -61,17 +64,36 @@ def test_round_trip_and_accessors(tmp_path):
     assert verify(str(tmp_path)) == []
 
 
-def test_fingerprint_changes_with_one_hash(tmp_path):
+def test_fingerprint_is_content_not_file_records(tmp_path):
     m = _build(tmp_path)
     d = m.to_dict()
     assert mf.fingerprint(d) == m.fingerprint
-    for key in ("sha256",):
+
+    def edited(edit):
         e = json.loads(json.dumps(d))
-        e["sources"][1]["shards"][0][key] = "f" * 64
-        assert mf.fingerprint(e) != m.fingerprint
-    e = json.loads(json.dumps(d))
-    e["sources"][0]["shards"][-1]["lengths"]["sha256"] = "e" * 64
-    assert mf.fingerprint(e) != m.fingerprint
+        edit(e)
+        return mf.fingerprint(e)
+    first = lambda e: e["sources"][1]["shards"][0]           # noqa: E731
+    # records of this copy's files: not the mix's identity
+    for edit in (lambda e: first(e).update(sha256="f" * 64, bytes=1),
+                 lambda e: first(e).update(path="elsewhere/x.parquet"),
+                 lambda e: first(e)["lengths"].update(path="elsewhere/x.npy"),
+                 lambda e: first(e)["merkle"].update(sha256="f" * 64, path="t/x.merkle"),
+                 lambda e: e["tokenizer"].update(sha256="f" * 64, path="other.json"),
+                 lambda e: e.update(builder_version="9.9.9"),
+                 lambda e: e["sources"][0]["inputs"][0].update(size=11, sha256="1" * 64)):
+        assert edited(edit) == m.fingerprint
+    # content: every one changes it
+    for edit in (lambda e: first(e)["lengths"].update(content="e" * 64),
+                 lambda e: first(e)["merkle"].update(root="e" * 64),
+                 lambda e: first(e).update(tokens=first(e)["tokens"] + 1),
+                 lambda e: first(e).update(heldout=[0]),
+                 lambda e: e["tokenizer"].update(content="e" * 64),
+                 lambda e: e["tokenizer"].update(eot_id=1),
+                 lambda e: e["sources"][0]["inputs"][0].update(path="other.jsonl"),
+                 lambda e: e["sources"][0]["counts"]["dropped"].update(empty=2),
+                 lambda e: e["sources"][0].update(target_share=0.25)):
+        assert edited(edit) != m.fingerprint
     e = json.loads(json.dumps(d))
     e["definition"]["seed"] = 43
     assert mf.fingerprint(e) != m.fingerprint
@@ -83,11 +105,15 @@ def test_edited_manifest_is_rejected(tmp_path):
     _build(tmp_path)
     path = tmp_path / "manifest.json"
     d = json.loads(path.read_text())
-    d["sources"][0]["shards"][0]["lengths"]["sha256"] = "a" * 64
+    d["sources"][0]["shards"][0]["lengths"]["content"] = "a" * 64
     path.write_text(json.dumps(d))
     with pytest.raises(ManifestError, match="fingerprint"):
         mf.load_manifest(str(tmp_path))
-    d["version"] = 2
+    d["version"] = 1
+    path.write_text(json.dumps(d))
+    with pytest.raises(ManifestError, match="version 1, whose fingerprint covered the bytes"):
+        mf.load_manifest(str(tmp_path))
+    d["version"] = 3
     path.write_text(json.dumps(d))
     with pytest.raises(ManifestError, match="format/version"):
         mf.load_manifest(str(tmp_path))
@@ -194,7 +220,7 @@ def test_fast_shard_parse_agrees_with_the_checked_one(tmp_path):
     bad_values = {"path": ["../x", "/x", "a\\b", "", 3, None], "sha256": ["A" * 64, "0" * 63, 1],
                   "bytes": [-1, True, 1.0, "1"], "documents": [-1, False, None],
                   "tokens": [-5, 2.5], "lengths.path": ["a//b", "C:x"],
-                  "lengths.sha256": ["g" * 64, None]}
+                  "lengths.content": ["g" * 64, None]}
     for field, values in bad_values.items():
         for v in values:
             d = json.loads(json.dumps(good))
@@ -226,11 +252,13 @@ def test_verify_names_each_mismatch(tmp_path):
     lengths = m.source("beta").shards[1].lengths_path
     (tmp_path / lengths).unlink()
     problems = verify(str(tmp_path))
-    assert any(shard.path in x and "sha256 differs" in x for x in problems), problems
+    assert any(x.startswith(shard.path) for x in problems), problems
     assert any(lengths in x and "missing file" in x for x in problems), problems
     assert len(problems) == 2, problems
+    (tmp_path / "tokenizer.json").write_bytes(b'{"model": {"type": "BPE", "vocab": {"b": 0}}}')
+    assert any("tokenizer.json: content differs" in x for x in verify(str(tmp_path)))
     (tmp_path / "tokenizer.json").write_bytes(b"{}")
-    assert any("tokenizer.json: sha256 differs" in x for x in verify(str(tmp_path)))
+    assert any(x.startswith("tokenizer.json: ") for x in verify(str(tmp_path)))
 
 
 def test_verify_names_count_mismatch(tmp_path):

@@ -23,19 +23,27 @@ from open1b_data.ingest.verify import verify
 from open1b_data.errors import ShardFormatError
 from tests.formats.test_manifest import _build
 
-# docs/FORMATS.md "Merkle trees": three documents [1, 2, 3], [], [4294967295, 0]
+# docs/FORMATS.md "Merkle trees": three documents [1, 2, 3], [], [4294967295, 0] with
+# provenance ("doc-0", "in.jsonl", 0), ("", "in.jsonl", 7), ("é", "x/y.parquet", 2^40)
 VECTOR_DOCS = [[1, 2, 3], [], [4294967295, 0]]
-VECTOR_LEAVES = ["0f5dbbe0042541a954c5ab4de9b64ac08671f64f1c614b35d6811a047829992e",
-                 "cf267f9e88814375718b0380bb61268d3305ee6d05a7f2231eb419741d87dc01",
-                 "7a9815582325e6f9614f809e3bb2e2d019b76393d2ecffcfff01b9ab434314c0"]
-VECTOR_NODE_01 = "4afe37e3065931a1c720ae1dc3cdb27986d6744725253254de25b25a7989ebae"
-VECTOR_ROOT = "75a6f11e89a08704f5c732e2af65fb2bc9492314ac44eeb39ccb33bf9a8fec43"
+VECTOR_PROVENANCE = [("doc-0", "in.jsonl", 0), ("", "in.jsonl", 7),
+                     ("\u00e9", "x/y.parquet", 1 << 40)]
+VECTOR_LEAVES = ["5c6870e32461380dc038f618c28093c8f89fc0dc93d35cc8ae2df2afd875eaec",
+                 "bfa29ccdc0c0bb24654087e77a16e51d285982f8c1c51be6bc3a645526061790",
+                 "5f4dc3b25562317cf330cdf8b1bd2e85a1e3ad707eb6733833a46b16650d398f"]
+VECTOR_NODE_01 = "83b80784aa94f5f6ed4c24a52c7c57cc613d61dc42815d6e57929f08d2fef6d8"
+VECTOR_ROOT = "794dbad5252fb71d7ac91481f38f61644c6973fda5cadc6dce32edcb6794e41b"
 
 
 def _leaves(n: int, seed: int = 0) -> list[bytes]:
     rng = np.random.default_rng(seed)
     return [merkle.leaf_hash(i, rng.integers(0, 2**32, size=int(rng.integers(0, 9)),
-                                             dtype=np.uint32)) for i in range(n)]
+                                             dtype=np.uint32), f"d{i}", "in", i)
+            for i in range(n)]
+
+
+def _leaf_of(i: int, doc) -> bytes:
+    return merkle.leaf_hash(i, doc.tokens, doc.doc_id, doc.input, doc.row)
 
 
 # RFC 6962 section 2.1, written as the RFC states it (recursive), independent of merkle.py.
@@ -54,22 +62,45 @@ def _path(m: int, d: list[bytes]) -> list[bytes]:
 
 
 def test_vector_and_leaf_definition():
-    leaves = [merkle.leaf_hash(i, np.array(d, dtype=np.uint32))
-              for i, d in enumerate(VECTOR_DOCS)]
+    leaves = [merkle.leaf_hash(i, np.array(d, dtype=np.uint32), *p)
+              for i, (d, p) in enumerate(zip(VECTOR_DOCS, VECTOR_PROVENANCE))]
     assert [x.hex() for x in leaves] == VECTOR_LEAVES
     # the leaf as the format states it, byte by byte
-    for i, d in enumerate(VECTOR_DOCS):
-        raw = b"\x00" + struct.pack("<QQ", i, len(d)) + b"".join(struct.pack("<I", t)
-                                                                 for t in d)
+    for i, (d, (doc_id, inp, row)) in enumerate(zip(VECTOR_DOCS, VECTOR_PROVENANCE)):
+        a, b = doc_id.encode(), inp.encode()
+        raw = (b"\x00" + struct.pack("<QQ", i, len(d))
+               + b"".join(struct.pack("<I", t) for t in d)
+               + struct.pack("<Q", len(a)) + a + struct.pack("<Q", len(b)) + b
+               + struct.pack("<q", row))
         assert hashlib.sha256(raw).hexdigest() == VECTOR_LEAVES[i]
+    # the bulk form gives the same leaves, on one thread or two
+    flat = np.array([t for d in VECTOR_DOCS for t in d], dtype=np.uint32)
+    offsets = np.cumsum([0] + [len(d) for d in VECTOR_DOCS])
+    for threads in (1, 2):
+        assert merkle.leaf_hashes(flat, offsets, *zip(*VECTOR_PROVENANCE),
+                                  threads=threads) == leaves
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(0, 300, 999)
+    flat = rng.integers(0, 2**32, int(sizes.sum()), dtype=np.uint32)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    prov = ([f"d{k}" for k in range(999)], ["a", "b", "c"] * 333, list(range(999)))
+    one = [merkle.leaf_hash(7 + k, flat[offsets[k]:offsets[k + 1]], *(p[k] for p in prov))
+           for k in range(999)]
+    assert merkle.leaf_hashes(flat, offsets, *prov, first=7, threads=2) == one
     tree = merkle.levels(leaves)
     assert tree[1][0].hex() == VECTOR_NODE_01
     assert tree[1][1] == leaves[2]               # the odd last leaf moves up unhashed
     assert merkle.root_of(tree).hex() == VECTOR_ROOT
     assert merkle.root_of(merkle.levels([])) == hashlib.sha256(b"").digest()
-    # the leaf commits to the index and the length, not just the token bytes
-    assert merkle.leaf_hash(1, np.array([1, 2, 3], np.uint32)).hex() != VECTOR_LEAVES[0]
-    assert merkle.leaf_hash(0, np.array([1, 2, 3, 0], np.uint32)).hex() != VECTOR_LEAVES[0]
+    # the leaf commits to the index, the length and each provenance field
+    toks = np.array([1, 2, 3], np.uint32)
+    for other in (merkle.leaf_hash(1, toks, "doc-0", "in.jsonl", 0),
+                  merkle.leaf_hash(0, np.array([1, 2, 3, 0], np.uint32), "doc-0", "in.jsonl", 0),
+                  merkle.leaf_hash(0, toks, "doc-1", "in.jsonl", 0),
+                  merkle.leaf_hash(0, toks, "doc-0", "in.json", 0),
+                  merkle.leaf_hash(0, toks, "doc-0", "in.jsonl", 1),
+                  merkle.leaf_hash(0, toks, "doc-0i", "n.jsonl", 0)):   # framed, not glued
+        assert other.hex() != VECTOR_LEAVES[0]
 
 
 def test_tree_and_proofs_are_rfc6962_for_1_to_70_leaves():
@@ -149,8 +180,8 @@ def test_writer_records_each_shards_root_and_tree(tmp_path):
     entries = w.close()
     assert len(entries) > 2
     for e in entries:
-        docs = [d.tokens for d in iter_documents(str(tmp_path / e.path))]
-        tree = merkle.levels([merkle.leaf_hash(i, t) for i, t in enumerate(docs)])
+        docs = list(iter_documents(str(tmp_path / e.path)))
+        tree = merkle.levels([_leaf_of(i, d) for i, d in enumerate(docs)])
         assert e.merkle.root == merkle.root_of(tree).hex()
         stored = (tmp_path / e.merkle.path).read_bytes()
         assert stored == merkle.encode(tree)
@@ -207,8 +238,8 @@ def test_verify_catches_a_changed_root_shard_or_tree(tmp_path):
     problems = verify(str(tmp_path))
     assert [p for p in problems if "Merkle root differs" in p and sh.path in p], problems
 
-    # One token of a shard changed, its sha256 and size rewritten in the manifest: only
-    # the tree still knows the documents.
+    # One token of a shard changed, its sha256 and size rewritten in the manifest: the
+    # content is not the root's, and the stored tree names the row.
     m = _build(tmp_path)
     rewrite_shard(str(tmp_path / sh.path), str(tmp_path / sh.path), row=2)
     d = _manifest(tmp_path)
@@ -218,20 +249,21 @@ def test_verify_catches_a_changed_root_shard_or_tree(tmp_path):
     _rewrite(tmp_path, d)
     problems = verify(str(tmp_path))
     assert len(problems) == 1 and "Merkle root differs" in problems[0] \
-        and sh.path in problems[0], problems
+        and sh.path in problems[0] and "first at row 2" in problems[0], problems
 
     m = _build(tmp_path)
     tree = tmp_path / sh.merkle.path
     raw = bytearray(tree.read_bytes())
     raw[40] ^= 1
     tree.write_bytes(bytes(raw))
-    assert [p for p in verify(str(tmp_path)) if sh.merkle.path in p and "sha256" in p]
+    assert [p for p in verify(str(tmp_path)) if sh.merkle.path in p
+            and "not the tree of the shard's documents" in p]
     tree.unlink()
     assert verify(str(tmp_path)) == [f"{sh.merkle.path}: missing file"]
 
 
 def strip_roots(root: Path) -> None:
-    """The manifest as a build from before shards had trees wrote it."""
+    """The manifest with its shards' roots taken out (and re-fingerprinted)."""
     d = _manifest(root)
     for s in d["sources"]:
         for sh in s["shards"]:
@@ -239,12 +271,16 @@ def strip_roots(root: Path) -> None:
     _rewrite(root, d)
 
 
-def test_a_mix_without_roots_loads_and_verifies(tmp_path):
+def test_a_mix_without_roots_loads_but_its_shards_cannot_be_read(tmp_path):
+    from open1b_data.stream.plan import StreamPlan
+    from open1b_data.stream.windows import WindowReader
+
     _build(tmp_path)
     strip_roots(tmp_path)
     m = mf.load_manifest(str(tmp_path))
     assert all(sh.merkle is None for _, sh in m.shards())
-    assert verify(str(tmp_path)) == []
+    with pytest.raises(mf.ManifestError, match="no Merkle root"):
+        WindowReader(StreamPlan.open(str(tmp_path))).window_tokens(0)
     d = _manifest(tmp_path)                  # a "merkle" that is there must be well formed
     d["sources"][0]["shards"][0]["merkle"] = None
     _rewrite(tmp_path, d)
@@ -282,7 +318,7 @@ def test_stream_at_proof_emits_each_document_once_with_a_valid_proof(built):
         toks = np.array(d["tokens"], dtype=np.uint32)
         assert np.array_equal(toks, read_document(f"{built}/{entry.path}", d["doc"]))
         assert d["root"] == entry.merkle.root and d["shard_path"] == entry.path
-        leaf = merkle.leaf_hash(d["doc"], toks)
+        leaf = merkle.leaf_hash(d["doc"], toks, d["doc_id"], d["input"], d["input_row"])
         assert d["leaf"] == leaf.hex()
         p = d["proof"]
         assert (p["leaf_index"], p["tree_size"]) == (d["doc"], entry.documents)
@@ -305,22 +341,23 @@ def test_stream_at_proof_emits_each_document_once_with_a_valid_proof(built):
     assert res.exit_code == 2 and "--proof" in res.output
 
 
-def test_stream_at_proof_refuses_a_mix_built_before_trees(built, tmp_path):
+def test_stream_at_refuses_a_mix_without_roots(built, tmp_path):
     old = tmp_path / "old"
     shutil.copytree(built, old)
     strip_roots(old)
-    res = _stream_at(str(old), "--step", "2")
-    assert res.exit_code == 0, res.output            # it streams as before
-    res = _stream_at(str(old), "--step", "2", "--proof")
-    assert res.exit_code == 1
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and "built before shards had trees" in lines[0] \
-        and "rebuild" in lines[0], res.output
+    res = _stream_at(str(old), "--step", "2", "--plan-only")
+    assert res.exit_code == 0, res.output            # it plans
+    for extra in ([], ["--proof"]):
+        res = _stream_at(str(old), "--step", "2", *extra)
+        assert res.exit_code == 1
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and "no Merkle root" in lines[0], res.output
 
 
-def test_a_rerun_rebuilds_inputs_whose_marker_predates_trees(built, tmp_path):
-    """A build interrupted before trees existed, resumed now: its old markers do not count,
-    so no shard of the merged mix lacks a tree (and the mix is the one built fresh)."""
+def test_a_rerun_rebuilds_inputs_whose_marker_predates_content_identity(built, tmp_path):
+    """A build interrupted before content identity (markers whose lengths record the
+    file's sha256, trees over tokens alone), resumed now: its old markers do not count,
+    so every shard of the merged mix has a content root (the mix is the one built fresh)."""
     from open1b_data.formats.definition import load_mix
     from open1b_data.ingest.pipeline import BuildOptions, build_mix
 
@@ -330,7 +367,7 @@ def test_a_rerun_rebuilds_inputs_whose_marker_predates_trees(built, tmp_path):
     for path in markers:
         m = json.loads(path.read_text())
         for sh in m["shards"]:
-            sh.pop("merkle")
+            sh["lengths"]["sha256"] = sh["lengths"].pop("content")
         path.write_text(json.dumps(m))
     (out / "manifest.json").unlink()
     res = build_mix(load_mix(Path(built).parent / "small.toml"), str(out),

@@ -116,6 +116,20 @@ def test_golden_plan(tmp_path):
     assert got["state_255"] == golden["state_255"]
 
 
+def test_stream_md_states_the_golden_values(golden):
+    """STREAM.md section 9 prints the goldens for re-implementers: the same values."""
+    text = open(os.path.join(os.path.dirname(ASSET), "..", "..", "STREAM.md")).read()
+    demo, syn = golden["demo"], golden["synthetic"]
+    for value in (demo["fingerprint"], *demo["windows_0_7_segments"],
+                  *demo["windows_0_7_sha256"], syn["fingerprint"], syn["windows_0_255"],
+                  *syn["windows_0_7"], str(syn["weights"])):
+        assert value in text, value
+    for state in (demo["state_8"], syn["state_255"]):
+        block = "\n".join("  " + ln for ln in json.dumps(state, sort_keys=True,
+                                                         indent=1).splitlines())
+        assert block in text
+
+
 if __name__ == "__main__" and "--write" in sys.argv:
     import tempfile
 

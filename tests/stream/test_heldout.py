@@ -41,10 +41,17 @@ def test_rule_vectors(doc_id, fraction, held):
     assert is_heldout(doc_id, parse_fraction(fraction, "f")) is held
 
 
-@pytest.mark.parametrize("bad", [0.001, "1", "1.0", "-0.1", "1e-3", ".5", "0.5 ", ""])
+@pytest.mark.parametrize("bad", [0.001, "1", "1.0", "-0.1", "1e-3", ".5", "0.5 ", "",
+                                 "0.", "00.1", "+0.1", "-0", " 0.1", "01"])
 def test_fraction_is_a_decimal_string_in_0_1(bad):
     with pytest.raises(MixSpecError, match="f"):
         parse_fraction(bad, "f")
+
+
+@pytest.mark.parametrize("good, value", [("0", 0), ("0.001", Fraction(1, 1000)),
+                                         ("0.5", Fraction(1, 2)), ("0.50", Fraction(1, 2))])
+def test_valid_decimal_spellings(good, value):
+    assert parse_fraction(good, "f") == value
 
 
 def test_definition_key_enters_only_when_present():
@@ -217,3 +224,49 @@ def test_demo_mix_trains_on_no_heldout_document_in_any_window(demo_mix):
         assert_never_trained(plan, sched, ids, wider)
     named = [d for d in wider if f"document {d!r} (" in str(e.value)]
     assert len(named) == 1 and named[0] not in held
+
+
+def test_a_source_with_everything_held_out_is_refused_on_open(hmix, tmp_path):
+    """STREAM.md section 3: a source with a weight but no training document leaves the
+    stream undefined - refused naming it, never silently given weight 0."""
+    import shutil
+
+    from open1b_data.errors import StreamError
+    from tests.fixtures.rewrite import refingerprint
+
+    mix = str(tmp_path / "mix")
+    shutil.copytree(hmix, mix)
+    shutil.rmtree(f"{mix}/stream", ignore_errors=True)
+    refingerprint(mix, lambda d: [sh.update(heldout=list(range(sh["documents"])))
+                                  for sh in d["sources"][1]["shards"]])
+    name = json.load(open(f"{mix}/manifest.json"))["sources"][1]["name"]
+    with pytest.raises(StreamError, match=f"source '{name}' .* no document to train on"):
+        StreamPlan.open(mix)
+    assert HeldoutWindows.open(mix).sources            # its held-out windows still read
+
+
+def test_lists_and_fractions_must_agree(hmix, tmp_path):
+    """STREAM.md section 10, "Recorded": a fraction without a shard's list, or a list
+    without a fraction, is refused when the mix is opened, naming the source."""
+    import shutil
+
+    from open1b_data.errors import ManifestError
+    from tests.fixtures.rewrite import refingerprint
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    for mix in (a, b):
+        shutil.copytree(hmix, mix)
+        shutil.rmtree(f"{mix}/stream", ignore_errors=True)
+    refingerprint(a, lambda d: d["sources"][0]["shards"][-1].pop("heldout"))
+    with pytest.raises(ManifestError, match="holds out 1/5 of its documents but shard "
+                                            ".* lists no held-out rows"):
+        StreamPlan.open(a)
+
+    def no_fraction(d):
+        d["definition"].pop("heldout")
+        for sh in d["sources"][1]["shards"]:
+            sh.pop("heldout")
+    refingerprint(b, no_fraction)
+    with pytest.raises(ManifestError, match="list held-out rows but the definition gives "
+                                            "it no held-out fraction"):
+        StreamPlan.open(b)
