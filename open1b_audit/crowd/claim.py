@@ -5,8 +5,9 @@ A claim is won by creating ``ledger/leg-<L>/s<slot>-g<gen>/claim.json`` (``store
 exactly one creates it, the others get ``Taken`` and look again. Which slot: the lowest open
 one of a leg (``ledger.py``); which leg: among those whose start state exists (a published
 checkpoint, or a hand-off of the leg before that no one refused) and that this key has not
-already claimed or finished, the ones with the fewest filled slots, the earliest first, a
-few of them at random (auditors scanning alike would otherwise all race for one). A key
+already claimed or finished, the ones with the fewest filled slots first, in random order
+among those (auditors scanning alike would otherwise all race for the same one: a
+thousand joining at once lose about one claim each - BENCHMARKS.md). A key
 takes at most one slot of a leg: ``choose`` skips legs it holds or finished, and after
 winning a claim the auditor re-reads the leg and cancels its own claim if the same key won
 another slot there at the same moment.
@@ -94,7 +95,16 @@ def try_claim(store, plan, key_path: str, key: str, leg: int, slot: int, gen: in
         store.create(f"{claim_dir(leg, slot, gen)}/claim.json", ev.encode(e), "claimed")
     except Taken:
         return None
+    store.create(f"{claim_dir(leg, slot, gen)}/by-{key[:16]}", b"", "marker")
     return Claim(store, plan, key_path, key, leg, slot, gen)
+
+
+def named(holders, cv, key: str) -> bool:
+    """Whether ``cv`` is ``key``'s, for scheduling: its ``by-`` marker, else its checked
+    ``claim.json`` (``ledger.py``: a marker is a hint, never a proof)."""
+    if cv.named is not None:
+        return cv.named == key[:16]
+    return holders.key(cv) == key
 
 
 class Holders:
@@ -139,7 +149,7 @@ def mine(views, plan, holders: Holders, key: str, now: float) -> list:
             top = lv.top(slot)
             if top is None or top.status(plan, now) not in ("live", "expired"):
                 continue
-            if holders.key(top) == key:
+            if named(holders, top, key) and holders.key(top) == key:
                 out.append(top)
     return out
 
@@ -147,7 +157,7 @@ def mine(views, plan, holders: Holders, key: str, now: float) -> list:
 def involved(lv, plan, holders: Holders, key: str, now: float) -> bool:
     """Whether ``key`` holds or finished a slot of this leg (or was refused there)."""
     for cv in lv.claims.values():
-        if holders.key(cv) != key:
+        if not named(holders, cv, key):
             continue
         if cv.status(plan, now) in ("live", "done", "disputed", "void") or cv.refusals:
             return True
@@ -155,8 +165,10 @@ def involved(lv, plan, holders: Holders, key: str, now: float) -> bool:
 
 
 def choose(views, plan, holders: Holders, key: str, now: float, rng: random.Random,
-           spread: int = 3) -> list[tuple[int, int, int]]:
-    """(leg, slot, gen) to try, best first (module docstring)."""
+           spread: int | None = None) -> list[tuple[int, int, int]]:
+    """(leg, slot, gen) to try, best first (module docstring): the legs with the fewest
+    filled slots first, in random order within each count (``spread``: only the first
+    ``spread`` of each count shuffled, the rest by leg; 0: no shuffle)."""
     ranked = []
     for leg, lv in views.items():
         statuses = [lv.slot_status(plan, s, now) for s in range(plan.redundancy)]
@@ -169,9 +181,14 @@ def choose(views, plan, holders: Holders, key: str, now: float, rng: random.Rand
         filled = plan.redundancy - len(free)
         ranked.append((filled, leg, free[0], lv.next_gen(free[0])))
     ranked.sort()
-    head = ranked[:spread]
-    rng.shuffle(head)
-    return [(leg, slot, gen) for _, leg, slot, gen in head + ranked[spread:]]
+    out = []
+    for filled in sorted({r[0] for r in ranked}):
+        tier = [r for r in ranked if r[0] == filled]
+        k = len(tier) if spread is None else spread
+        head = tier[:k]
+        rng.shuffle(head)
+        out += head + tier[k:]
+    return [(leg, slot, gen) for _, leg, slot, gen in out]
 
 
 def duplicate(views, plan, holders: Holders, claim: Claim, now: float) -> bool:
@@ -182,7 +199,7 @@ def duplicate(views, plan, holders: Holders, claim: Claim, now: float) -> bool:
         top = lv.top(slot)
         if top is None or top.status(plan, now) not in ("live", "done", "disputed"):
             continue
-        if holders.key(top) == claim.key:
+        if named(holders, top, claim.key):
             return True
     return False
 

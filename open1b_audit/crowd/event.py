@@ -23,6 +23,7 @@ and never acts on it.
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -44,9 +45,11 @@ def build(run_hash: str, leg: int, slot: int, gen: int, seq: int, kind: str, key
           detail: dict[str, Any] | None = None) -> dict[str, Any]:
     if kind not in KINDS:
         raise EventError(f"{kind!r} is not an event kind ({', '.join(KINDS)})")
+    # as JSON gives it back (integer keys become strings): the signed bytes are the read ones
+    detail = json.loads(json.dumps(detail or {}))
     return {"format": FORMAT, "version": VERSION, "run_hash": run_hash, "leg": leg,
             "slot": slot, "gen": gen, "seq": seq, "kind": kind, "key": key,
-            "time": round(time.time(), 3), "detail": detail or {}, "signature": None}
+            "time": round(time.time(), 3), "detail": detail, "signature": None}
 
 
 def sign(event: dict[str, Any], key_path: str) -> dict[str, Any]:

@@ -178,6 +178,7 @@ def join(opts: JoinOptions, out=sys.stderr, stop: threading.Event | None = None)
                 break
             views, now = scan(store, plan), time.time()
             claim = _resume(store, plan, holders, views, key, opts.key_path, now)
+            verb = "resuming" if claim is not None else "claimed"
             if claim is None:
                 for leg, slot, gen in cl.choose(views, plan, holders, key, now, rng):
                     got = cl.try_claim(store, plan, opts.key_path, key, leg, slot, gen)
@@ -200,12 +201,12 @@ def join(opts: JoinOptions, out=sys.stderr, stop: threading.Event | None = None)
                 time.sleep(opts.poll_s)
                 continue
             a, b = claim.steps
-            print(f"claimed leg {claim.leg} (steps {a + 1}..{b}), slot {claim.slot}, "
+            print(f"{verb} leg {claim.leg} (steps {a + 1}..{b}), slot {claim.slot}, "
                   f"generation {claim.gen}", file=out, flush=True)
             res = run_leg(aud, claim)
             summ.legs.append(res.to_dict())
             idle_since = time.monotonic()
-            print(f"leg {claim.leg}: {res.outcome.upper()} ({res.start}; "
+            print(f"leg {claim.leg}: {res.outcome.upper()} ({res.start or res.detail.get('why')}; "
                   f"{len(res.certified)} step(s) certified, {res.seconds:.1f} s, "
                   f"{res.bytes_fetched.get('total', 0):,} bytes fetched)", file=out, flush=True)
             if res.outcome == "cancelled":

@@ -6,6 +6,7 @@
     ledger/leg-<L>/s<slot>-g<gen>/claim.json    a claim: event ``claimed`` (seq 0)
     ledger/leg-<L>/s<slot>-g<gen>/<seq>-<kind>.json   its holder's later events
     ledger/leg-<L>/s<slot>-g<gen>/refused-<key>.json  a refusal of its hand-off, by <key>
+    ledger/leg-<L>/s<slot>-g<gen>/by-<key>      an empty marker: who claimed it
     certs/step-<N>/<key>.json                   certificates (the existing format)
     handoffs/step-<N>/<key>/<file>              hand-off states (checkpoint format)
     evidence/step-<N>/<key>/<file>              a mismatch's finding and per-op trace
@@ -26,7 +27,9 @@ the listing alone (names and the store's modification times):
 * ``disputed`` - ``mismatch``: final; coverage lists it.
 
 Names are not trusted beyond scheduling: the reader that acts on an event (using a hand-off,
-counting coverage) reads it and checks its signature (``event.verify_event``).
+counting coverage) reads it and checks its signature (``event.verify_event``). The ``by-``
+marker lets an auditor choose a leg from the listing alone (which legs its key already
+holds) instead of reading every claim; a false marker can only make someone skip a leg.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from open1b_audit.crowd.event import RELEASING, TERMINAL
 CLAIM_DIR = re.compile(r"^ledger/leg-(\d{5})/s(\d+)-g(\d+)/(.+)$")
 EVENT_NAME = re.compile(r"^(\d{3,})-([a-z-]+)\.json$")
 REFUSAL_NAME = re.compile(r"^refused-([0-9a-f]{16})\.json$")
+HOLDER_NAME = re.compile(r"^by-([0-9a-f]{16})$")
 
 
 def key16(key: str) -> str:
@@ -72,6 +76,7 @@ class ClaimView:
     claimed_at: float | None = None
     events: list[tuple[int, str, float, str]] = field(default_factory=list)  # seq kind mtime
     refusals: list[str] = field(default_factory=list)
+    named: str | None = None     # the holder's key16 its ``by-`` marker names (scheduling only)
 
     @property
     def dir(self) -> str:
@@ -142,4 +147,6 @@ def scan(store, plan) -> dict[int, LegView]:
             cv.events.append((int(e[1]), e[2], entry.mtime, rel))
         elif REFUSAL_NAME.match(name):
             cv.refusals.append(rel)
+        elif (h := HOLDER_NAME.match(name)) is not None:
+            cv.named = h[1]
     return legs

@@ -17,6 +17,7 @@ refused by name (a store is one run's).
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -42,15 +43,19 @@ class Plan:
     heartbeat_s: float
     legs: tuple[tuple[int, int], ...]  # (a, b): steps a+1..b
 
+    @functools.cached_property
+    def _marks(self) -> frozenset[int]:
+        return frozenset(self.checkpoints)
+
     def from_checkpoint(self, leg: int) -> bool:
         """Whether ``leg`` starts from a published state (step 0 or a checkpoint)."""
         a = self.legs[leg][0]
-        return a == 0 or a in self.checkpoints
+        return a == 0 or a in self._marks
 
     def needs_handoff(self, leg: int) -> bool:
         """Whether the leg after ``leg`` starts from ``leg``'s hand-off."""
         b = self.legs[leg][1]
-        return b < self.steps and b not in self.checkpoints
+        return b < self.steps and b not in self._marks
 
     def leg_of(self, step: int) -> int:
         for i, (a, b) in enumerate(self.legs):

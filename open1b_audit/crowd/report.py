@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from open1b_audit.crowd import event as ev
-from open1b_audit.crowd.ledger import key16, scan
+from open1b_audit.crowd.ledger import HOLDER_NAME, key16, scan
 
 CERT = re.compile(r"^certs/step-(\d{8})/([0-9a-f]{16})\.json$")
 CONTRADICTS = ("it certifies other state hashes than the run's log",
@@ -69,6 +69,8 @@ def ledger_events(store, plan) -> tuple[dict, list[dict]]:
 
     good, bad = {}, []
     for rel in sorted(store.listing("ledger")):
+        if HOLDER_NAME.match(rel.rsplit("/", 1)[-1]):
+            continue                               # an empty marker (ledger.py)
         try:
             e = parse_json(store.read(rel), rel, ev.EventError)
             signer = ev.verify_event(e)
@@ -106,6 +108,9 @@ def crowd_report(store, cache, redundancy: int, trusted: set[str] | None, announ
     for lv in views.values():
         for cv in lv.claims.values():
             holder = holders.key(cv)
+            if cv.named is not None and (holder or "")[:16] != cv.named:
+                forged.append({"object": f"{cv.dir}/by-{cv.named}",
+                               "why": "the marker names another key than the claim's holder"})
             for rel in [r for _, _, _, r in cv.events] + cv.refusals:
                 own = rel in events and events[rel][0]["kind"] != "handoff-refused"
                 if own and events[rel][1] != holder:

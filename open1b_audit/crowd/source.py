@@ -47,6 +47,31 @@ def confined(name: str) -> str:
     return name
 
 
+PATIENCE = 180.0          # seconds a store that cannot be reached is retried
+
+
+def patiently(what: str, fn, patience: float = PATIENCE):
+    """``fn()``, retried with backoff while the store cannot be reached (a ``StorageError``
+    that is not a missing or refused file: no network, a server restarting); after
+    ``patience`` seconds a ``SourceError``. A missing file is the run's and passes through;
+    an unreachable store is no one's finding: the caller's leg ends inconclusive."""
+    import time
+
+    from open1b_data.errors import FileAccessError, StorageError
+
+    delay, deadline = 0.5, time.monotonic() + patience
+    while True:
+        try:
+            return fn()
+        except StorageError as e:
+            if isinstance(e, FileAccessError):
+                raise
+            if time.monotonic() > deadline:
+                raise SourceError(f"{what}: the store cannot be reached ({e})") from None
+            time.sleep(delay)
+            delay = min(2 * delay, 10.0)
+
+
 class RunSource:
     """Read access to one published run (see the module docstring)."""
 
@@ -73,13 +98,18 @@ class RunSource:
         """The whole file ``rel`` of the run (``FileNotFoundError`` if absent)."""
         from open1b_data.storage_errors import failures
 
-        with failures(self.join(rel), "read"):
-            data = self.fs.cat_file(self._path(rel))
+        def once() -> bytes:
+            with failures(self.join(rel), "read"):
+                return self.fs.cat_file(self._path(rel))
+        data = patiently(self.join(rel), once)
         self.count(what, len(data))
         return data
 
     def download(self, rel: str, dst: str, what: str) -> str:
         """Stream ``rel`` to the local file ``dst`` (written atomically); its sha256."""
+        return patiently(self.join(rel), lambda: self._download(rel, dst, what))
+
+    def _download(self, rel: str, dst: str, what: str) -> str:
         from open1b_data.storage_errors import failures
 
         h = hashlib.sha256()

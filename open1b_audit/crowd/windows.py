@@ -10,7 +10,9 @@ loader's items (``StreamLoader``'s dict: ``input_ids``, ``labels``, ``step``, ``
 micro-batch as ``Schedule.rank_plan`` assigns them. The replay still compares each step's
 data digest with the log before computing anything.
 
-Fetched windows are kept in ``<cache>/data/step-N.npy`` (uint32) with their SHA-256 beside
+A store that cannot be reached is retried (``source.patiently``) and then fails the leg as
+inconclusive: never a ``data`` finding, which would blame the run for the network. Fetched
+windows are kept in ``<cache>/data/step-N.npy`` (uint32) with their SHA-256 beside
 them (``.sha256``), checked on every read; a file that fails is fetched again. Bytes fetched
 are counted per step (``bytes_by_step``).
 """
@@ -32,6 +34,7 @@ class ProvedWindows:
         self.dir = os.path.join(cache.root, "data")
         self.bytes_by_step: dict[int, int] = {}
         self.requests = 0
+        self._ranges_checked = False
 
     @property
     def bytes_total(self) -> int:
@@ -39,6 +42,7 @@ class ProvedWindows:
 
     def tokens(self, step: int) -> np.ndarray:
         """The step's windows (uint32 [batch, window]), fetched and proved, or cached."""
+        from open1b_audit.crowd.source import patiently
         from open1b_audit.fetch import fetch_step, run_step
 
         path = os.path.join(self.dir, f"step-{step:08d}.npy")
@@ -46,8 +50,11 @@ class ProvedWindows:
         if cached is not None:
             return cached
         c = self.cache
-        data = fetch_step(c.mix_url, step, run_step(c.source.url, c.lines, step),
-                          lengths_from=c.mirror_mix())
+        if not self._ranges_checked:
+            self._check_ranges()
+        data = patiently(f"{c.mix_url} (step {step})", lambda: fetch_step(
+            c.mix_url, step, run_step(c.source.url, c.lines, step),
+            lengths_from=c.mirror_mix()))
         self.bytes_by_step[step] = self.bytes_by_step.get(step, 0) + data.bytes_fetched["total"]
         self.requests += data.requests
         buf = io.BytesIO()
@@ -60,6 +67,24 @@ class ProvedWindows:
                 f.write(b)
             os.replace(tmp, p)
         return data.tokens
+
+    def _check_ranges(self) -> None:
+        """The mix's server must answer a byte range with those bytes (S3 and static hosts
+        do; one that sends the whole file instead would make every proof fail, blaming the
+        run for its server): compared once with the verified manifest's bytes."""
+        from open1b_audit.crowd.source import SourceError
+
+        c = self.cache
+        with open(os.path.join(c.mirror_mix(), "manifest.json"), "rb") as f:
+            want = f.read()[8:40]
+        src = c.mix_source_()
+        got = src.fs.cat_file(f"{src.root}/manifest.json", start=8, end=40)
+        src.count("mix", len(got))
+        if got != want:
+            raise SourceError(f"{c.mix_url}: the server does not answer byte ranges (asked for "
+                              f"bytes 8..40 of manifest.json, got {len(got)} other bytes); a "
+                              f"step's documents cannot be fetched alone from it")
+        self._ranges_checked = True
 
     @staticmethod
     def _read(path: str) -> np.ndarray | None:
