@@ -5,9 +5,10 @@ A claim is won by creating ``ledger/leg-<L>/s<slot>-g<gen>/claim.json`` (``store
 exactly one creates it, the others get ``Taken`` and look again. Which slot: the lowest open
 one of a leg (``ledger.py``); which leg: among those whose start state exists (a published
 checkpoint, or a hand-off of the leg before that no one refused) and that this key has not
-already claimed or finished, the ones with the fewest filled slots first, in random order
-among those (auditors scanning alike would otherwise all race for the same one: a
-thousand joining at once lose about one claim each - BENCHMARKS.md). A key
+already claimed or finished, the ones with the fewest filled slots first - and among those
+first the legs that start from this key's own hand-off (it still holds that state: nothing
+to download) - in random order (auditors scanning alike would otherwise all race for the
+same one). A key
 takes at most one slot of a leg: ``choose`` skips legs it holds or finished, and after
 winning a claim the auditor re-reads the leg and cancels its own claim if the same key won
 another slot there at the same moment.
@@ -167,8 +168,9 @@ def involved(lv, plan, holders: Holders, key: str, now: float) -> bool:
 def choose(views, plan, holders: Holders, key: str, now: float, rng: random.Random,
            spread: int | None = None) -> list[tuple[int, int, int]]:
     """(leg, slot, gen) to try, best first (module docstring): the legs with the fewest
-    filled slots first, in random order within each count (``spread``: only the first
-    ``spread`` of each count shuffled, the rest by leg; 0: no shuffle)."""
+    filled slots first, those continuing this key's own hand-off first among them, in
+    random order within each rank (``spread``: only the first ``spread`` of each rank
+    shuffled, the rest by leg; 0: no shuffle)."""
     ranked = []
     for leg, lv in views.items():
         statuses = [lv.slot_status(plan, s, now) for s in range(plan.redundancy)]
@@ -179,7 +181,8 @@ def choose(views, plan, holders: Holders, key: str, now: float, rng: random.Rand
         if involved(lv, plan, holders, key, now):
             continue
         filled = plan.redundancy - len(free)
-        ranked.append((filled, leg, free[0], lv.next_gen(free[0])))
+        relay = 0 if _continues(views, plan, holders, key, leg, now) else 1
+        ranked.append(((filled, relay), leg, free[0], lv.next_gen(free[0])))
     ranked.sort()
     out = []
     for filled in sorted({r[0] for r in ranked}):
@@ -189,6 +192,15 @@ def choose(views, plan, holders: Holders, key: str, now: float, rng: random.Rand
         rng.shuffle(head)
         out += head + tier[k:]
     return [(leg, slot, gen) for _, leg, slot, gen in out]
+
+
+def _continues(views, plan, holders: Holders, key: str, leg: int, now: float) -> bool:
+    """Whether ``leg`` starts from this key's own hand-off (it keeps the state: no
+    download), which ``choose`` prefers among legs as filled."""
+    if leg == 0 or plan.from_checkpoint(leg):
+        return False
+    return any(cv.has("handed-off") and cv.status(plan, now) == "done"
+               and named(holders, cv, key) for cv in views[leg - 1].claims.values())
 
 
 def duplicate(views, plan, holders: Holders, claim: Claim, now: float) -> bool:

@@ -38,7 +38,7 @@ class HandoffRefused(Open1bAuditError):
     """A hand-off that is not the chain's state (or not the files its sender signed)."""
 
 
-def _sha(path: str) -> str:
+def sha256_of(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while data := f.read(1 << 22):
@@ -56,7 +56,7 @@ def send(store, claim, state_dir: str, step: int, step_hash: str) -> dict:
     for name in names:
         confined(name)
         path = os.path.join(state_dir, name)
-        files[name] = {"sha256": _sha(path), "bytes": os.path.getsize(path)}
+        files[name] = {"sha256": sha256_of(path), "bytes": os.path.getsize(path)}
         store.upload_file(f"{prefix}/{name}", path, "handoff-file")
         total += files[name]["bytes"]
     detail = {"step": step, "step_hash": step_hash, "prefix": prefix, "files": files,

@@ -222,8 +222,14 @@ def _start(aud: Auditor, claim, leg_dir: str, res: LegResult, offers_left: list)
         return a, f"the published checkpoint of step {a}", None
     from open1b_train import checkpoint
 
+    mine = [o for o in offers_left if o.key == aud.key]       # its own first: no download
+    offers_left[:] = mine + [o for o in offers_left if o.key != aud.key]
     while offers_left:
         offer = offers_left.pop(0)
+        own = _own_state(aud, offer, a)
+        if own is not None:
+            aud.cache.link_state(own, leg_dir, a)
+            return a, f"this auditor's own hand-off of step {a} (kept locally)", offer
         try:
             handoff.receive(aud.store, offer, checkpoint.step_dir(leg_dir, a))
         except handoff.HandoffRefused as e:
@@ -235,6 +241,39 @@ def _start(aud: Auditor, claim, leg_dir: str, res: LegResult, offers_left: list)
                            f"audited again")
 
 
+def _prune(aud: Auditor, leg: int) -> None:
+    """Remove the cache's directories of this store's other legs, but the one before
+    ``leg`` (its end state is this leg's start when this auditor handed it off)."""
+    keep = {leg_name(aud.store.url, *aud.plan.legs[i]) for i in (leg - 1, leg) if i >= 0}
+    root = os.path.join(aud.cache.root, "legs")
+    prefix = leg_name(aud.store.url, 0, 0).split("-steps-")[0] + "-steps-"
+    for name in os.listdir(root) if os.path.isdir(root) else []:
+        if name.startswith(prefix) and name not in keep:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _own_state(aud: Auditor, offer, a: int) -> str | None:
+    """The state this auditor handed off itself, still in its cache with the files its
+    signed record lists (the replay checks it against the chain as any hand-off)."""
+    if offer.key != aud.key:
+        return None
+    from open1b_train import checkpoint
+
+    before = aud.plan.legs[aud.plan.leg_of(a)]
+    d = checkpoint.step_dir(os.path.join(aud.cache.root, "legs",
+                                         leg_name(aud.store.url, *before)), a)
+    files = offer.detail.get("files") or {}
+    try:
+        if sorted(files) != sorted(n for n in os.listdir(d) if not n.startswith(".")):
+            return None
+        if any(handoff.sha256_of(os.path.join(d, n)) != (m or {}).get("sha256")
+               for n, m in files.items()):
+            return None
+    except OSError:
+        return None
+    return d
+
+
 def _run(aud: Auditor, claim, res: LegResult) -> None:
     from open1b_audit import certificate
     from open1b_audit.crowd.ledger import scan
@@ -244,6 +283,7 @@ def _run(aud: Auditor, claim, res: LegResult) -> None:
 
     a, b = claim.steps
     rc, lines = aud.cache, aud.cache.lines
+    _prune(aud, claim.leg)
     leg_dir = rc.leg_dir(leg_name(aud.store.url, a, b))
     rc.mirror_mix()
     offers_left = []

@@ -115,13 +115,25 @@ def test_two_auditors_cover_a_run_on_s3_and_coverage_reads_the_store(s3, ref_run
     run, store = f"s3://{cf.BUCKET}/runs/two", f"s3://{cf.BUCKET}/runs/two-audit"
     publish(ref_run, run, "../mix", mix4)
     ks = cf.keys(str(tmp_path / "keys"), ("ann", "ben"))
+    got = {}
     for who in ("ann", "ben"):
         summ = join(JoinOptions(run=run, key_path=ks[who][0], store=store,
                                 cache=str(tmp_path / "cache"), leg_steps=1, redundancy=2,
                                 selftest=False, idle_s=0), open(os.devnull, "w"))
         assert summ.outcome == "match" and len(summ.legs) == 8
-    # the second auditor started every unit's second leg from a hand-off of the first's
-    assert sum("hand-off" in x["start"] for x in summ.to_dict()["legs"]) == 4
+        got[who] = summ.to_dict()
+    # every unit's second leg starts from a hand-off: ann, alone at first, from her own
+    # (kept locally, nothing downloaded); ben from his own where he ran the leg before,
+    # else one of ann's, downloaded from the store
+    starts = {who: [x["start"] for x in got[who]["legs"] if "hand-off" in x["start"]]
+              for who in got}
+    assert len(starts["ann"]) == len(starts["ben"]) == 4
+    assert all("own hand-off" in x for x in starts["ann"])
+    assert got["ann"]["bytes_fetched"]["handoff"] < 10_000        # ledger reads only
+    downloaded = sum("by key " + ks["ann"][1][:16] in x for x in starts["ben"])
+    own = sum("own hand-off" in x for x in starts["ben"])
+    assert downloaded + own == 4
+    assert got["ben"]["bytes_fetched"]["handoff"] >= downloaded * 1_000_000
     trusted = cf.trusted_file(str(tmp_path), [ks["ann"][1], ks["ben"][1]])
     h = runlog.read(ref_run)[-1]["hash"]
     res = _cli("coverage", run, "--store", store, "--trusted-keys", trusted, "--redundancy",
