@@ -94,6 +94,10 @@ def main() -> None:
         t0 = time.perf_counter()
         train(cfg, mix, os.path.join(work, "run"), progress=False)
         train_s = time.perf_counter() - t0
+        from open1b_train import runlog
+
+        windows = {ln["step"]: ln["windows"][1] - ln["windows"][0]
+                   for ln in runlog.read(os.path.join(work, "run"))[1:]}
         load.sample("trained")
         env = {**os.environ, **moto.env(), "OMP_NUM_THREADS": str(args.threads),
                "PYTHONPATH": os.getcwd()}
@@ -144,6 +148,16 @@ def main() -> None:
             f"{sum(o['claims_lost'] for o in outs)} | "
             f"{sum(o['store']['bytes_written'] for o in outs) / 2**20:.1f} |")
     one = results["1 auditor, redundancy 1"][1][0]
+    # the doctor's estimate of the largest step against the steps of that size it replayed
+    est = one["doctor"]["step"]
+    took = sorted(t for x in one["legs"] for s, t in x["step_seconds"].items()
+                  if windows[int(s)] == est["windows"])
+    doctor_line = (f"- the doctor's estimate of a {est['windows']}-window step: "
+                   f"{est['seconds']:.2f} s; the one auditor replayed {len(took)} such steps in "
+                   f"{took[len(took) // 2]:.2f} s (median; {took[0]:.2f}-{took[-1]:.2f}; a "
+                   f"leg's first step includes its setup): measured / estimated "
+                   f"{took[len(took) // 2] / est['seconds']:.2f}" if took else
+                   "- the doctor's estimate: no step of its size was replayed")
     text = [
         "# The audit collective (benchmarks/audit/crowd.py)", "",
         f"- command: `python -m benchmarks.audit.crowd --preset {args.preset} --steps "
@@ -157,7 +171,8 @@ def main() -> None:
         f"run {run_bytes / 2**20:.1f} MiB (log, config, checkpoints), mix "
         f"{mix_bytes / 2**20:.1f} MiB; store and run on moto's S3 server on loopback",
         "- one auditor's bytes by kind: " + ", ".join(
-            f"{k} {v:,}" for k, v in one["bytes_fetched"].items()), "",
+            f"{k} {v:,}" for k, v in one["bytes_fetched"].items()),
+        doctor_line, "",
         "| configuration | wall s | vs 1 auditor | steps x certificates | legs per auditor | "
         "MiB fetched per auditor | most fetched / run + mix | objects written | claims "
         "lost | MiB written |",

@@ -182,7 +182,7 @@ def choose(views, plan, holders: Holders, key: str, now: float, rng: random.Rand
             continue
         filled = plan.redundancy - len(free)
         relay = 0 if _continues(views, plan, holders, key, leg, now) else 1
-        ranked.append(((filled, relay), leg, free[0], lv.next_gen(free[0])))
+        ranked.append(((filled, relay), leg, [(s, lv.next_gen(s)) for s in free]))
     ranked.sort()
     out = []
     for filled in sorted({r[0] for r in ranked}):
@@ -191,7 +191,8 @@ def choose(views, plan, holders: Holders, key: str, now: float, rng: random.Rand
         head = tier[:k]
         rng.shuffle(head)
         out += head + tier[k:]
-    return [(leg, slot, gen) for _, leg, slot, gen in out]
+    # every free slot of a leg, lowest first: a lost race for slot 0 tries slot 1 next
+    return [(leg, slot, gen) for _, leg, slots in out for slot, gen in slots]
 
 
 def _continues(views, plan, holders: Holders, key: str, leg: int, now: float) -> bool:

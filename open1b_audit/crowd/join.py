@@ -9,7 +9,7 @@ nothing and ends ``inconclusive``), then repeat until told to stop (``--max-legs
 1. list the ledger (``ledger.scan``); go on with this key's own unfinished claim if there
    is one (a restart after a crash resumes it from its spilled state), else claim a leg
    (``claim.choose`` / ``try_claim``: a conditional create; a lost race is counted and the
-   next candidate tried);
+   next candidate tried, and after ``RESCAN_AFTER`` in a row the ledger is listed again);
 2. run it (``leg.run_leg``: fetch, replay with a progress bar and ETA, certify, hand off,
    publish) to its outcome;
 3. when no leg can be claimed now but some may open later (a hand-off not yet uploaded, a
@@ -37,6 +37,7 @@ from open1b_audit.crowd.leg import EXIT
 from open1b_train.recipe import Announcement
 
 WORST = ("mismatch", "inconclusive", "cancelled", "timeout", "match")
+RESCAN_AFTER = 3        # claims lost in a row before the ledger is listed again
 
 
 @dataclass(frozen=True)
@@ -179,17 +180,23 @@ def join(opts: JoinOptions, out=sys.stderr, stop: threading.Event | None = None)
             views, now = scan(store, plan), time.time()
             claim = _resume(store, plan, holders, views, key, opts.key_path, now)
             verb = "resuming" if claim is not None else "claimed"
+            lost = 0
             if claim is None:
                 for leg, slot, gen in cl.choose(views, plan, holders, key, now, rng):
                     got = cl.try_claim(store, plan, opts.key_path, key, leg, slot, gen)
                     if got is None:
                         summ.claims_lost += 1
+                        lost += 1
+                        if lost >= RESCAN_AFTER:
+                            break
                         continue
                     if cl.duplicate(scan(store, plan), plan, holders, got, time.time()):
                         got.end("cancelled", {"why": "this key holds another slot of the leg"})
                         continue
                     claim = got
                     break
+            if claim is None and lost >= RESCAN_AFTER:
+                continue                    # others are claiming: list the ledger again
             if claim is None:
                 could, flight = cl.remaining(views, plan, holders, key, now)
                 if could == 0 and flight == 0:
