@@ -197,7 +197,9 @@ class RunCache:
         return self.mirror
 
     def mix_source_(self) -> RunSource:
-        self.mix_url                                          # noqa: B018 (sets mix_source)
+        """The mix's source (reading ``mix_url`` opens it)."""
+        if self.mix_source is None:
+            self.mix_source = RunSource(self.mix_url)
         return self.mix_source
 
     @staticmethod
@@ -264,7 +266,7 @@ class RunCache:
 
     # ------------------------------------------------------------------ run directories
 
-    def leg_dir(self, name: str, states: dict[int, str] = {}) -> str:  # noqa: B006
+    def leg_dir(self, name: str, states: dict[int, str] | None = None) -> str:
         """A run directory for one piece of work: the log and config linked in, ``run.json``
         naming the mirrored mix, and the checkpoint directories ``states`` ({step: cached
         directory}) linked under ``checkpoints/``."""
@@ -277,7 +279,7 @@ class RunCache:
         _link_or_copy(runlog.path_of(self.run_dir), runlog.path_of(d))
         _link_or_copy(os.path.join(self.run_dir, CONFIG), os.path.join(d, CONFIG))
         self._put(os.path.join(d, RUN_INFO), json.dumps({"mix": self.mirror}).encode())
-        for step, src in states.items():
+        for step, src in (states or {}).items():
             self.link_state(src, d, step)
         return d
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from open1b_audit.crowd.leg import EXIT
+from open1b_audit.crowd.store import Store, StoreError
 from open1b_train.recipe import Announcement
 
 WORST = ("mismatch", "inconclusive", "cancelled", "timeout", "match")
@@ -81,6 +82,7 @@ class Summary:
     doctor: dict | None = None
     claims_lost: int = 0
     stopped: str = ""
+    failed: bool = False           # the store could not be reached: inconclusive
     seconds: float = 0.0
     store: dict = field(default_factory=dict)
     fetched: dict = field(default_factory=dict)
@@ -88,7 +90,7 @@ class Summary:
     @property
     def outcome(self) -> str:
         got = [x["outcome"] for x in self.legs]
-        if self.doctor is not None and not self.doctor.get("ok", True):
+        if self.failed or (self.doctor is not None and not self.doctor.get("ok", True)):
             got.append("inconclusive")
         for w in WORST:
             if w in got:
@@ -135,7 +137,6 @@ def join(opts: JoinOptions, out=sys.stderr, stop: threading.Event | None = None)
     from open1b_audit.crowd.leg import Auditor, run_leg
     from open1b_audit.crowd.plan import open_plan
     from open1b_audit.crowd.source import RunSource
-    from open1b_audit.crowd.store import Store
     from open1b_audit.crowd.windows import ProvedWindows
 
     t0 = time.perf_counter()
@@ -219,6 +220,9 @@ def join(opts: JoinOptions, out=sys.stderr, stop: threading.Event | None = None)
             if res.outcome == "cancelled":
                 summ.stopped = "cancelled"
                 break
+        return summ
+    except StoreError as e:
+        summ.failed, summ.stopped = True, f"the store cannot be reached ({e})"
         return summ
     finally:
         summ.seconds = time.perf_counter() - t0

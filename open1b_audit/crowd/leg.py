@@ -42,6 +42,7 @@ from typing import Any
 from open1b_audit.crowd import handoff
 from open1b_audit.crowd.ledger import cert_path, evidence_dir, key16
 from open1b_audit.crowd.store import Taken
+from open1b.errors import Open1bError
 from open1b_audit.errors import Open1bAuditError
 
 EXIT = {"match": 0, "mismatch": 1, "timeout": 4, "cancelled": 5, "inconclusive": 6}
@@ -177,22 +178,15 @@ def run_leg(aud: Auditor, claim) -> LegResult:
     except KeyboardInterrupt:
         res.outcome, res.detail = "cancelled", {"why": "stopped by a signal",
                                                 "certified": res.certified}
-    except (Open1bAuditError, OSError, ValueError) as e:
-        if getattr(e, "__module__", "").startswith("open1b_audit.crowd.store"):
-            raise
-        res.outcome, res.detail = "inconclusive", {"why": f"{type(e).__name__}: {e}"}
-    except Exception as e:  # noqa: BLE001  (the machine failed: release the leg, say why)
-        from open1b.errors import Open1bError
-
-        if not isinstance(e, Open1bError):
-            raise
-        res.outcome, res.detail = "inconclusive", {"why": f"{type(e).__name__}: {e}"}
+    except (Open1bError, OSError, ValueError) as e:    # this machine could not decide
+        res.outcome, res.detail = "inconclusive", {"why": f"{type(e).__name__}: {e}",
+                                                   "certified": res.certified}
     finally:
         res.seconds = time.perf_counter() - t0
         after = _fetched(aud)
         res.bytes_fetched = {k: after[k] - before.get(k, 0) for k in after}
-    if res.outcome != "match" and res.outcome != "mismatch":
-        claim.end(res.outcome, res.detail)
+    if res.outcome not in ("match", "mismatch"):
+        claim.end(res.outcome, res.detail)       # a store that cannot be reached: join's
     return res
 
 

@@ -370,6 +370,20 @@ def test_flipped_bits_are_caught_in_every_cached_and_spilled_file(pub, tmp_path,
     assert res.outcome == "match" and res.resumed_from is None and res.certified == [1, 2]
     assert b.store.read(cert_path(1, b.key)) == first
     assert "initial state" in res.start
+    # the lean plan's moments, kept in files while a step runs
+    from open1b_train.diskflat import DiskFlat
+
+    flat = DiskFlat(str(tmp_path), "m", 64)
+    flat.write(0, torch.arange(64, dtype=torch.float32))
+    assert torch.equal(flat.read(0, 64), torch.arange(64, dtype=torch.float32))
+    with open(flat.path, "r+b") as fh:
+        fh.seek(17)
+        b = fh.read(1)
+        fh.seek(17)
+        fh.write(bytes([b[0] ^ 1]))
+    with pytest.raises(SpillError, match="changed on disk"):
+        flat.read(0, 64)
+    flat.close()
     # a TreeFold partial spilled to disk
     sp = file_spill(str(tmp_path / "fold"))
     load = sp(torch.arange(8, dtype=torch.float32))
@@ -380,3 +394,16 @@ def test_flipped_bits_are_caught_in_every_cached_and_spilled_file(pub, tmp_path,
     open(q, "wb").write(bytes(raw))
     with pytest.raises(SpillError, match="changed on disk"):
         load()
+
+
+def test_a_leg_under_the_lean_plan_spills_and_hands_off_the_same_state(pub, tmp_path, ks):
+    """The lean plan streams the moments from files and spills with save_streamed: the
+    state it hands off is the chain's (checked on receipt)."""
+    st = Store(str(tmp_path / "store"))
+    a = _auditor(pub, st, tmp_path, "alice", ks, redundancy=1)
+    a.memory_plan = "lean"
+    res = run_leg(a, _claim(a, 0))
+    assert res.outcome == "match"
+    b = _auditor(pub, st, tmp_path, "bob", ks, redundancy=1)
+    res = run_leg(b, _claim(b, 1))
+    assert res.outcome == "match" and "by key " + a.key[:16] in res.start

@@ -69,6 +69,9 @@ def test_a_run_on_s3_and_on_http_is_audited_where_it_lies(s3, ref_run, mix4, tmp
     res = _cli("verify-model", checkpoint.step_dir(ref_run, 8), "--run", run,
                "--expect-run-hash", h)
     assert res.exit_code == 0 and "is step 8 of run" in res.output, res.output
+    res = _cli("bisect", run, "--until", "4", "--expect-run-hash", h, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["replayed_intervals"] == [[0, 2], [2, 4]]
     # the same run and mix from a read-only http server (no listing needed)
     local = tmp_path / "www"
     publish(ref_run, str(local / "run"), "../mix", mix4)
