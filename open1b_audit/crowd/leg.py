@@ -302,7 +302,6 @@ def _run(aud: Auditor, claim, res: LegResult) -> None:
             if "recipe" not in holder:
                 holder["recipe"] = recipe.summary(run.cfg, run.plan.view.definition,
                                                   run.plan.fingerprint, run.plan.view.seed)
-                holder["t"] = time.perf_counter()
             cert = certificate.sign(certificate.build(
                 lines, s, line, None, aud.name, aud.backend, machine(), c, holder["recipe"],
                 released_end and s == b), aud.key_path)
@@ -331,6 +330,7 @@ def _run(aud: Auditor, claim, res: LegResult) -> None:
             shutil.rmtree(checkpoint.step_dir(leg_dir, c), ignore_errors=True)
             res.resumed_from = None              # a certificate is missing: replay again
             continue
+        holder["t"] = time.perf_counter()     # a leg's first step counts its setup too
         if c == b:
             rep = None                       # every step was replayed before a restart
         else:
