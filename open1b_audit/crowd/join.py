@@ -83,6 +83,7 @@ class Summary:
     claims_lost: int = 0
     stopped: str = ""
     failed: bool = False           # the store could not be reached: inconclusive
+    cancelled: bool = False        # a signal between legs
     seconds: float = 0.0
     store: dict = field(default_factory=dict)
     fetched: dict = field(default_factory=dict)
@@ -92,6 +93,8 @@ class Summary:
         got = [x["outcome"] for x in self.legs]
         if self.failed or (self.doctor is not None and not self.doctor.get("ok", True)):
             got.append("inconclusive")
+        if self.cancelled:
+            got.append("cancelled")
         for w in WORST:
             if w in got:
                 return w
@@ -223,6 +226,9 @@ def join(opts: JoinOptions, out=sys.stderr, stop: threading.Event | None = None)
         return summ
     except StoreError as e:
         summ.failed, summ.stopped = True, f"the store cannot be reached ({e})"
+        return summ
+    except KeyboardInterrupt:                   # SIGINT / SIGTERM between legs
+        summ.cancelled, summ.stopped = True, "cancelled by a signal"
         return summ
     finally:
         summ.seconds = time.perf_counter() - t0

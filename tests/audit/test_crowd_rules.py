@@ -270,6 +270,24 @@ def test_kill_9_mid_leg_resumes_from_the_last_verified_state(long_pub, tmp_path,
     assert scan(st, _plan(st))[0].top(0).final == "certified"
 
 
+def test_sigterm_mid_leg_ends_it_cancelled_with_exit_code_5(long_pub, tmp_path, ks):
+    store, cache = str(tmp_path / "store"), str(tmp_path / "cache")
+    p = cf.start_join(cf.join_cmd(long_pub, ks["alice"][0], store, cache, "--leg-steps", "16",
+                                  "--redundancy", "1", "--heartbeat", "30"))
+    st = Store(store)
+    deadline = time.time() + 120
+    while not st.exists(cert_path(2, ks["alice"][1])):
+        assert p.poll() is None and time.time() < deadline, p.stderr.read().decode()[-2000:]
+        time.sleep(0.02)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 5, err.decode()[-2000:]
+    rep = json.loads(out)
+    assert rep["outcome"] == "cancelled" and rep["legs"][0]["outcome"] == "cancelled"
+    top = scan(st, _plan(st))[0].top(0)
+    assert top.final == "cancelled" and top.status(_plan(st), time.time()) == "released"
+
+
 def _plan(st):
     from open1b_audit.crowd.plan import parse
 
