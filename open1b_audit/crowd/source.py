@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import tempfile
 from collections import Counter
 
@@ -99,6 +100,12 @@ class RunSource:
         from open1b_data.storage_errors import failures
 
         def once() -> bytes:
+            if self.scheme == "file":
+                from open1b.safeio import read_regular
+
+                if not os.path.lexists(self._path(rel)):
+                    raise FileNotFoundError(self._path(rel))
+                return read_regular(self._path(rel), "run file", SourceError)
             with failures(self.join(rel), "read"):
                 return self.fs.cat_file(self._path(rel))
         data = patiently(self.join(rel), once)
@@ -118,7 +125,7 @@ class RunSource:
         n = 0
         try:
             with os.fdopen(fd, "wb") as out, failures(self.join(rel), "read"):
-                with self.fs.open(self._path(rel), "rb") as f:
+                with self._open(rel) as f:
                     while data := f.read(CHUNK):
                         out.write(data)
                         h.update(data)
@@ -131,6 +138,18 @@ class RunSource:
                 os.unlink(tmp)
         self.count(what, n)
         return h.hexdigest()
+
+    def _open(self, rel: str):
+        """``rel`` for reading; on a local run a regular file only (a FIFO in its place
+        would block this process forever: refused, as ``safeio`` refuses one)."""
+        if self.scheme != "file":
+            return self.fs.open(self._path(rel), "rb")
+        fd = os.open(self._path(rel), os.O_RDONLY | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SourceError(f"{self._path(rel)}: not a regular file; refusing to read it "
+                              f"(replace it with the published file)")
+        return os.fdopen(fd, "rb")
 
     def count(self, what: str, nbytes: int, requests: int = 1) -> None:
         self.bytes[what] += nbytes

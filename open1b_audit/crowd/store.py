@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -71,6 +72,16 @@ def _file_sha(path: str) -> str:
         while data := f.read(CHUNK):
             h.update(data)
     return h.hexdigest()
+
+
+def _open_regular(path: str):
+    """A local store's object for reading - a regular file only: a FIFO planted in a shared
+    directory would block the reader forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StoreError(f"{path}: not a regular file; refusing to read it")
+    return os.fdopen(fd, "rb")
 
 
 @dataclass(frozen=True)
@@ -209,7 +220,7 @@ class Store:
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(os.path.abspath(dst)))
             try:
                 with os.fdopen(fd, "wb") as out:
-                    src = open(path, "rb") if self.local else self.fs.open(path, "rb")
+                    src = _open_regular(path) if self.local else self.fs.open(path, "rb")
                     with src:
                         while data := src.read(CHUNK):
                             out.write(data)

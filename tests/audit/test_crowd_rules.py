@@ -364,6 +364,12 @@ def test_flipped_bits_are_caught_in_every_cached_and_spilled_file(pub, tmp_path,
     rc = RunCache(RunSource(os.path.join(bad, "run")), str(tmp_path / "c1"))
     with pytest.raises(SourceError, match="params.safetensors: sha256"):
         rc.checkpoint(4)
+    # a FIFO in place of a published file is refused, never waited on
+    q = os.path.join(bad, "run", "checkpoints", "step-00000006", "params.safetensors")
+    os.unlink(q)
+    os.mkfifo(q)
+    with pytest.raises(SourceError, match="not a regular file"):
+        rc.checkpoint(6)
     # a cached step's windows: fetched again
     a = _auditor(pub, Store(str(tmp_path / "store")), tmp_path, "alice", ks)
     toks = a.windows.tokens(3)
