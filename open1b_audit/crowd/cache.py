@@ -196,6 +196,14 @@ class RunCache:
                                     "tokenizer": names}).encode())
         return self.mirror
 
+    @property
+    def replay_mix(self) -> str:
+        """The mix a replay of this run opens: the verified mirror (the step's windows come
+        from proved documents, ``windows.py``) - or, for a run that logs validation losses
+        (``eval_every``), the mix itself: its held-out windows are read from whole shards,
+        which the mirror does not hold (those reads are not counted)."""
+        return self.mix_url if self.config().eval_every else self.mirror_mix()
+
     def mix_source_(self) -> RunSource:
         """The mix's source (reading ``mix_url`` opens it)."""
         if self.mix_source is None:
@@ -360,7 +368,7 @@ def local_run(run: str, need: str = "log", step: int | None = None,
     if step in published:
         states[step] = rc.checkpoint(step)
     d = rc.leg_dir(f"replay-{c}-{step}", states)
-    return LocalRun(d, rc.mirror, ProvedWindows(rc), rc)
+    return LocalRun(d, rc.replay_mix, ProvedWindows(rc), rc)
 
 
 def named_mix(run_url: str, mix: str) -> str:

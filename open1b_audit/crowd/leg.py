@@ -334,7 +334,7 @@ def _run(aud: Auditor, claim, res: LegResult) -> None:
         if c == b:
             rep = None                       # every step was replayed before a restart
         else:
-            rep = replay(leg_dir, b, rc.mirror, aud.backend, None, c,
+            rep = replay(leg_dir, b, rc.replay_mix, aud.backend, None, c,
                          memory_plan=aud.memory_plan, windows=aud.windows,
                          on_verified=on_verified)
         f = None if rep is None else rep.finding
@@ -412,7 +412,7 @@ def _mismatch(aud: Auditor, claim, res: LegResult, rep, leg_dir: str, c: int) ->
         if s - 1 == c or s - 1 in checkpoint.list_steps(leg_dir):
             out = os.path.join(aud.cache.root, "evidence", f"trace-{s}.jsonl")
             os.makedirs(os.path.dirname(out), exist_ok=True)
-            trace_step(leg_dir, s, out, mix=aud.cache.mirror, backend=aud.backend,
+            trace_step(leg_dir, s, out, mix=aud.cache.replay_mix, backend=aud.backend,
                        from_step=s - 1, windows=aud.windows)
             aud.store.upload_file(f"{ev_dir}/trace.jsonl", out, "evidence")
             objects["trace"] = f"{ev_dir}/trace.jsonl"

@@ -431,3 +431,28 @@ def test_a_leg_under_the_lean_plan_spills_and_hands_off_the_same_state(pub, tmp_
     b = _auditor(pub, st, tmp_path, "bob", ks, redundancy=1)
     res = run_leg(b, _claim(b, 1))
     assert res.outcome == "match" and "by key " + a.key[:16] in res.start
+
+
+def test_a_run_that_logs_validation_losses_replays_from_its_url(tmp_path):
+    """A validation step's hashed scalars hold the held-out losses: the replay reads the
+    held-out windows from the mix itself (the cache's mirror holds no shards)."""
+    from click.testing import CliRunner
+
+    from open1b_audit.cli import main
+    from tests.fixtures.trainmix import train_mix
+
+    mix = train_mix(tmp_path / "mix", steps=8, batch=4, heldout="0.2")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(micro_cfg(steps=4, eval_every=2), mix, str(tmp_path / "src"), progress=False)
+    finally:
+        torch.set_num_threads(n)
+    lines = runlog.read(str(tmp_path / "src"))
+    assert "val_loss" in lines[4]["scalars"]
+    publish(str(tmp_path / "src"), str(tmp_path / "pub" / "run"), "../mix", mix)
+    res = CliRunner().invoke(main, ["replay", f"file://{tmp_path}/pub/run", "--step", "4",
+                                    "--expect-run-hash", lines[-1]["hash"], "--json"],
+                             env={"OPEN1B_CACHE": str(tmp_path / "cache")})
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["verdict"] == "match"
