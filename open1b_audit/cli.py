@@ -35,6 +35,14 @@ def _log_of(run: str, expect: str | None = None):
     return log
 
 
+def _run_url(run: str, need: str, **kw):
+    """RUN as a local directory: a run URL (s3://, http(s)://) becomes a verified cache of
+    what the command needs (``open1b_audit.crowd.cli.run_url``)."""
+    from open1b_audit.crowd.cli import run_url
+
+    return run_url(run, need, **kw)
+
+
 def _steps_of(run: str, expect: str | None = None) -> list[dict]:
     return _log_of(run, expect).lines
 
@@ -127,6 +135,7 @@ def chain_cmd(run, expect, as_json) -> None:
     last line is a finding; compare the run hash with the published one (--expect-run-hash)."""
     from open1b_train import chain
 
+    run = _run_url(run, "log").dir
     try:
         log = _log_of(run, expect)
         lines = log.lines
@@ -180,11 +189,13 @@ def replay_cmd(run, step, mix, backend, from_step, spill, memory_plan, certify, 
 
     if key and not certify:
         raise click.UsageError("--key signs certificates: give --certify DIR too")
+    announce = announcement(expect, expect_preset, expect_mix)
+    src = _run_url(run, "replay", step=step, from_step=from_step, mix=mix, announce=announce)
+    run, mix = src.dir, src.mix
     try:
         log = _log_of(run, expect)
-        announce = announcement(expect, expect_preset, expect_mix)
         res = replay(run, step, mix, backend, spill, from_step, memory_plan=memory_plan,
-                     announce=announce)
+                     announce=announce, windows=src.windows)
         written = []
         if certify:
             lines = log.lines
@@ -204,7 +215,7 @@ def replay_cmd(run, step, mix, backend, from_step, spill, memory_plan, certify, 
     except ERRORS as e:
         fail(e)
     rep = {**res.to_dict(), "certificates": written, "expected_run_hash": expect,
-           "partial_tail_bytes": log.partial_bytes}
+           "partial_tail_bytes": log.partial_bytes, "bytes_fetched": src.fetched()}
 
     def human(r):
         click.echo(f"replay of {run} steps {r['replayed_from'] + 1}..{step} on {r['device']} "
@@ -224,6 +235,10 @@ def replay_cmd(run, step, mix, backend, from_step, spill, memory_plan, certify, 
                        f"{', '.join(map(str, r['checkpoints_compared']))}")
         for p in r["certificates"]:
             click.echo(f"  wrote {p}")
+        if r["bytes_fetched"]:
+            b = r["bytes_fetched"]
+            click.echo(f"fetched {b['total']:,} bytes (" + ", ".join(
+                f"{k} {v:,}" for k, v in b.items() if k != "total") + ")")
     emit(rep, as_json, human)
     if _cut_note(log) and not as_json:
         click.echo(_cut_note(log))
@@ -234,7 +249,7 @@ def replay_cmd(run, step, mix, backend, from_step, spill, memory_plan, certify, 
 @main.command("verify-model")
 @click.argument("model_dir", type=click.Path(file_okay=False))
 @click.option("--run", "run", type=click.Path(file_okay=False), required=True,
-              help="The published run the model claims to come from.")
+              help="The published run the model claims to come from (a directory or URL).")
 @click.option("--mix", default=None, help="The run's built mix (default: the one it names).")
 @expect_run_hash
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -246,6 +261,8 @@ def verify_model_cmd(model_dir, run, mix, expect, as_json) -> None:
     from open1b_train.published import open_published
     from open1b_train.recipe import Announcement
 
+    src = _run_url(run, "model", mix=mix, announce=Announcement(run_hash=expect))
+    run, mix = src.dir, src.mix
     try:
         pub = open_published(run, mix, Announcement(run_hash=expect))
         v = verify_model(model_dir, pub)
@@ -315,6 +332,8 @@ def bisect_cmd(run, until, against, mix, backend, search, expect, expect_preset,
     from open1b_audit.bisect import bisect
 
     announce = announcement(expect, expect_preset, expect_mix)
+    src = _run_url(run, "all", step=until, mix=mix, announce=announce)
+    run, mix = src.dir, src.mix
     try:
         _log_of(run, expect)
         rep = bisect(run, until, against, search, mix=mix, backend=backend, announce=announce)
@@ -573,10 +592,12 @@ def fetch_step_cmd(mix_url, step, out, run, expect, as_json) -> None:
 
 
 def _register() -> None:
+    from open1b_audit.crowd.cli import register as crowd_commands
     from open1b_audit.site.cli import serve_cmd, site_cmd
 
     main.add_command(site_cmd)
     main.add_command(serve_cmd)
+    crowd_commands(main)            # join, doctor, publish; a run URL for coverage and site
 
 
 _register()

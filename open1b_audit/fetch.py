@@ -281,9 +281,14 @@ class StepData:
         return out
 
 
-def fetch_step(mix_url: str, step: int, run: RunStep | None = None) -> StepData:
+def fetch_step(mix_url: str, step: int, run: RunStep | None = None,
+               lengths_from: str | None = None) -> StepData:
     """Fetch, prove and rebuild the windows of ``step`` (module docstring), planned with
-    ``run``'s seed and checked against its mix fingerprint when a run is given."""
+    ``run``'s seed and checked against its mix fingerprint when a run is given.
+    ``lengths_from``: a local copy of the mix's ``manifest.json`` and lengths files (the
+    crowd's verified mirror, ``open1b_audit.crowd.cache``): the step is planned from it,
+    each lengths file still checked against the manifest, and only the documents and their
+    proofs are fetched (and counted) from ``mix_url``."""
     from open1b_data.stream.plan import StreamPlan
     from open1b_data.stream.proof import Placement, prove_documents, rebuild_windows
     from open1b_data.stream.schedule import Schedule
@@ -291,15 +296,19 @@ def fetch_step(mix_url: str, step: int, run: RunStep | None = None) -> StepData:
     from open1b_train.statehash import data_digest
 
     fetcher = Fetcher()
-    url, raw = read_manifest_bytes(mix_url)
-    fetcher.count("manifest", len(raw), 1)
+    url, raw = read_manifest_bytes(lengths_from or mix_url)
+    if lengths_from is None:
+        fetcher.count("manifest", len(raw), 1)
     manifest = parse_manifest(raw, url)     # recomputes the fingerprint
     if run is not None and manifest.fingerprint != run.fingerprint:
         raise StateMismatchError(
             f"step {step}: the run {run.run} trained on mix fingerprint {run.fingerprint[:16]}"
             f"..., the mix at {mix_url} is {manifest.fingerprint[:16]}...; not the run's mix")
     root = mix_root(mix_url)
-    view = _CountedView(root, summary_of(manifest), fetcher)
+    if lengths_from is None:
+        view = _CountedView(root, summary_of(manifest), fetcher)
+    else:
+        view = MixView(mix_root(lengths_from), summary_of(manifest))
     info = Schedule.from_definition(view.definition).step(step)
     a, b = info.first_window, info.first_window + info.batch_sequences
     plan = StreamPlan(view, seed=None if run is None else run.seed)

@@ -121,12 +121,18 @@ def _start_state(run: Run, lines: list[dict], c: int) -> tuple[State, Finding | 
 def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu",
            spill: str | None = None, from_step: int | None = None, trace=None,
            trace_steps: set[int] | None = None, memory_plan: str = "auto",
-           announce: Announcement = Announcement()) -> ReplayResult:
+           announce: Announcement = Announcement(), windows=None,
+           on_verified=None) -> ReplayResult:
     """Replay up to ``step`` (see the module docstring). ``trace(step, name, tensor)`` is
     called with every op's output of the steps in ``trace_steps``. ``memory_plan``: auto,
     resident or lean (``open1b_train.memplan``; the bits do not depend on it).
     ``announce``: the preset and mix its owner announced - a run that is not on them is a
-    ``recipe`` finding at step 0, before any work."""
+    ``recipe`` finding at step 0, before any work. ``windows(run, first, last)``: the
+    items of steps first..last in the stream loader's order from another source (the
+    crowd's proved windows, ``open1b_audit.crowd.windows``; each step's data digest is
+    still compared with the log); None: the stream loader. ``on_verified(run, state, s,
+    line)`` is called after each step that matched (the crowd spills its state there; an
+    exception it raises stops the replay and reaches the caller)."""
     t_start = time.perf_counter()
     lines = runlog.read(run_dir, strict=False)
     cfg, mix = read_run(run_dir, mix)
@@ -174,7 +180,7 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
             return _done(res, t_start)
         # the position is derived from (seed, mix, step): nothing stored is loaded
         loader = StreamLoader(run.plan, world=V, ranks=range(V), start_step=c + 1,
-                              end_step=step)
+                              end_step=step) if windows is None else windows(run, c + 1, step)
         it = iter(loader)
         sp = make_spill(spill) if spill else None
         for s in range(c + 1, step + 1):
@@ -225,6 +231,8 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
                 res.checkpoints_compared.append(s)
             res.verified.append(s)
             res.step_seconds[s] = round(time.perf_counter() - t0, 3)
+            if on_verified is not None:
+                on_verified(run, state, s, line)
     return _done(res, t_start)
 
 

@@ -14,17 +14,25 @@ real directory inside the run directory (not a symlink), and a file is created w
 ``O_CREAT | O_EXCL | O_NOFOLLOW``. A leftover regular file of a process that is gone is
 removed; anything else at a file's name (a FIFO, a device, a symlink, a directory) is
 refused with a ``MemoryPlanError`` naming it. A ``DiskFlat`` is removed when closed.
+
+Every write records the CRC-32 of the bytes it wrote, by range; a read of a range written
+as a whole (the update, the streamed load and the digests all read the moments in the
+pieces they were written in) compares the bytes it gets: a bit flipped on disk between
+the two is a ``SpillError`` naming the file - a local fault, never moments with other bits
+(which a replay would report as the run's mismatch). A range read otherwise (never written
+as one piece) is not checked.
 """
 from __future__ import annotations
 
 import os
 import stat
+import zlib
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-from open1b_train.errors import MemoryPlanError
+from open1b_train.errors import MemoryPlanError, SpillError
 
 SCRATCH = "memplan"
 CHUNK = 1 << 22         # elements per chunk (16 MiB of float32; a multiple of the 4,096 ALIGN)
@@ -96,6 +104,7 @@ class DiskFlat:
                                   f"{_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'a file'}"
                                   f"; refusing to use it - remove it") from None
         os.ftruncate(self.fd, numel * 4)          # a sparse file of zeros
+        self._sums: dict[tuple[int, int], int] = {}   # (start, count) written -> its CRC-32
 
     def read(self, start: int, end: int) -> torch.Tensor:
         """Elements [start, end) as a new CPU tensor."""
@@ -107,11 +116,19 @@ class DiskFlat:
                 raise MemoryPlanError(f"{self.path}: short read at byte {off} (the file was "
                                       f"truncated while in use)")
             view, off = view[n:], off + n
+        want = self._sums.get((start, end - start))
+        if want is not None and zlib.crc32(memoryview(buf).cast("B")) != want:
+            raise SpillError(f"{self.path}: elements {start}..{end} are not what this process "
+                             f"wrote there (CRC-32 differs): the file changed on disk; run again")
         return torch.from_numpy(buf)
 
     def write(self, start: int, t: torch.Tensor) -> None:
         """Elements [start, start + t.numel()) = t (float32)."""
         data = memoryview(t.detach().to("cpu", torch.float32).contiguous().numpy()).cast("B")
+        end = start + len(data) // 4
+        for k in [k for k in self._sums if k[0] < end and start < k[0] + k[1]]:
+            del self._sums[k]                     # overwritten, in part or whole
+        self._sums[(start, end - start)] = zlib.crc32(data)
         off = start * 4
         while len(data):
             n = os.pwrite(self.fd, data, off)

@@ -31,3 +31,8 @@ class ReproducibilityError(Open1bTrainError):
 
 class MemoryPlanError(Open1bTrainError):
     """A memory plan cannot run: its scratch files, or a forced plan over free memory."""
+
+
+class SpillError(Open1bTrainError):
+    """A file this process spilled to disk (a TreeFold partial) changed before it was read
+    back: a local fault, not a property of the run being replayed."""

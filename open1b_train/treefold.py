@@ -26,29 +26,48 @@ loader; a replay on a small machine can move dormant partials to disk this way.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
+from open1b_train.errors import SpillError
+
 Spill = Callable[[torch.Tensor], Callable[[], torch.Tensor]]
 
 
 def file_spill(directory: str) -> Spill:
     """A spill that writes each dormant partial to ``directory`` as a ``.npy`` file (no
-    pickle) and reads it back, then removes it, when the fold needs it."""
+    pickle) and reads it back, then removes it, when the fold needs it. The file's SHA-256
+    is kept in memory and checked when it is read back: a bit flipped on disk while the
+    partial slept is a ``SpillError`` naming the file, never a gradient with other bits
+    (which a replay would report as the run's mismatch)."""
     os.makedirs(directory, exist_ok=True)
     counter = [0]
 
     def spill(t: torch.Tensor):
         counter[0] += 1
         path = os.path.join(directory, f"partial-{os.getpid()}-{counter[0]}.npy")
-        np.save(path, t.detach().cpu().numpy())
+        buf = io.BytesIO()
+        np.save(buf, t.detach().cpu().numpy(), allow_pickle=False)
+        data = buf.getvalue()
+        with open(path, "wb") as f:
+            f.write(data)
+        digest = hashlib.sha256(data).hexdigest()
         device = t.device
 
         def load() -> torch.Tensor:
-            out = torch.from_numpy(np.load(path, allow_pickle=False)).to(device)
+            with open(path, "rb") as f:
+                raw = f.read()
+            got = hashlib.sha256(raw).hexdigest()
+            if got != digest:
+                raise SpillError(f"{path}: the spilled TreeFold partial's sha256 is {got[:16]}"
+                                 f"..., it was written as {digest[:16]}...: the file changed "
+                                 f"on disk (a flipped bit or another writer); replay again")
+            out = torch.from_numpy(np.load(io.BytesIO(raw), allow_pickle=False)).to(device)
             os.remove(path)
             return out
         return load
