@@ -179,7 +179,8 @@ def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
         if _dequant_compiled(acc, row_scale, col_scale, y, sums=False) is not None:
             return y
         return dequantize_cpu(acc, row_scale, col_scale, out_dtype, out=out)
-    if (m and n and a.shape[1] > 1 and route.int_gemm_route() == "int" and LOOPS.available()
+    if (m and n and a.shape[1] > 1 and route.int_gemm_route() in route.CHECKED
+            and LOOPS.available()
             and (out is None or out_dtype == torch.float32)):
         try:               # the product is only read here: a reused buffer (page faults)
             acc = route._raw_int_mm(a, b.t(), out=scratch("gemm.acc", (m, n), torch.int32))

@@ -55,7 +55,7 @@ import torch
 from open1b_kernels.core.backend import use_triton
 from open1b_kernels.int8.checksum import SlabCheck
 from open1b_kernels.int8.gemm import MAX_K, exact_dequant_cpu, int8_mm, int8_mm_cpu
-from open1b_kernels.int8.route import int_gemm_route, record_failure
+from open1b_kernels.int8.route import CHECKED, int_gemm_route, record_failure
 # The quantizers live in open1b_kernels/int8/quantize.py; re-exported so that callers keep importing
 # them from the op that uses them.
 from open1b_kernels.int8.quantize import (BLOCK_K, BLOCK_R, FLT_MIN, HADAMARD_BLOCK, INV_127,  # noqa: F401
@@ -157,7 +157,7 @@ def _dw_cpu(qa: torch.Tensor, qb: torch.Tensor, sa: torch.Tensor, sb: torch.Tens
     rows = max(16, DW_SLAB // max(k, 1))
     # the integer route checks each slab's rows and all slabs' columns at the end: one
     # O(N K) column pass instead of one per slab (which cost more than the GEMMs)
-    check = SlabCheck(qb, n) if int_gemm_route() == "int" else None
+    check = SlabCheck(qb, n) if int_gemm_route() in CHECKED else None
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         direct = dtype == torch.float32

@@ -1,0 +1,363 @@
+/* The exact int8 GEMM on AMX tiles: C (int32, M x N) = A (int8, M x K) . B (int8, N x K)^T.
+ *
+ * Why: on an Intel Xeon with AMX-INT8 (Sapphire Rapids and later) the library's integer
+ * GEMM (torch._int_mm) runs oneDNN's `gemm_api`, an AVX-512 VNNI kernel (ONEDNN_VERBOSE
+ * names it; measured 0.7-1.5 TOPS on 2 cores), while one TDPBSSD multiplies a 16 x 64 by a
+ * 64 x 16 int8 tile: 16,384 multiply-adds, several times VNNI's rate per core.
+ *
+ * Exact by construction, in any order: TDPBSSD multiplies signed int8 pairs (products at
+ * most 2^14 in magnitude), adds each group of four into a 32-bit sum and that into the
+ * int32 accumulator with plain two's complement addition (no saturation: Intel SDM,
+ * TDPBSSD), so the accumulator holds the integer sum while it stays below 2^31 - which K
+ * products of at most 2^14 do for K <= 131,071 (the caller's MAX_K). Integer additions are
+ * associative: the blocking, the cut between threads and the order of the tiles give the
+ * integer product itself, the same bits as every other route.
+ *
+ * Layout: both operands are packed once into panels of 16 lines (rows of A, columns of B),
+ * each 64-wide chunk of the contraction one 1 KiB block that a tile loads in one go: A's
+ * block [16 rows][64 k], B's [16 k-quads][16 columns][4 k] (the TDPBSSD "VNNI" order).
+ * Zeros pad the lines to a multiple of 32 and K to a multiple of 64, so every block is
+ * whole and a padded line or k adds zero. C is summed in 32 x 32 blocks (four accumulator
+ * tiles, two A and two B tiles: the 8 tile registers) over the whole contraction, in cache
+ * blocks of rows and columns (BLOCK_A, BLOCK_B).
+ *
+ * The CPU must have AMX-TILE and AMX-INT8 (CPUID), the OS must enable the tile state
+ * (XCR0 bits 17 and 18) and, on Linux, grant this process the tile data
+ * (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): Linux 5.16 and later); amx_cpu()
+ * checks all three once. Elsewhere, or in a build without the AMX intrinsics, amx_cpu() is
+ * False and the caller takes another route. */
+#include "../core/_ext.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__linux__) &&                                              \
+    ((defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) ||                          \
+     (defined(__clang__) && __clang_major__ >= 12))
+#define AMX_BUILD 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX_TARGET __attribute__((target("amx-tile,amx-int8")))
+#else
+#define AMX_BUILD 0
+#endif
+
+#define LINES 16        /* lines per panel: a tile's rows */
+#define KCHUNK 64       /* contraction per block: a tile's 64 bytes a row */
+#define BLOCK_BYTES (LINES * KCHUNK)
+/* Cache blocks: A's rows in blocks of about BLOCK_A bytes (L2), B's columns in blocks of
+ * about BLOCK_B bytes; measured on the 2-core Sapphire Rapids VM at 4,096 x 2,048 x 2,048
+ * (one thread): 128 rows x 512 columns 2.3 TOPS, 4,096 x 256 (A streamed) 1.3. */
+#define BLOCK_A (256 << 10)
+#define BLOCK_B (1 << 20)
+
+static Py_ssize_t round_up(Py_ssize_t x, Py_ssize_t m) { return (x + m - 1) / m * m; }
+
+/* Packed size in bytes of `lines` x K: lines padded to 32, K to 64. */
+static Py_ssize_t packed_bytes(Py_ssize_t lines, Py_ssize_t K) {
+    return round_up(lines, 2 * LINES) * round_up(K, KCHUNK);
+}
+
+/* ---------------------------------------------------------------- packing */
+
+#if AMX_BUILD
+#include <emmintrin.h>
+
+/* 16 x 16 bytes: dst row r (stride ds) = column r of src (rows at stride ss). The classic
+ * four rounds of SSE2 unpacks (bytes, words, dwords, qwords). */
+static inline void transpose16(const int8_t *src, Py_ssize_t ss, int8_t *dst, Py_ssize_t ds) {
+    __m128i r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm_loadu_si128((const __m128i *)(src + i * ss));
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 2; j++) {
+            r[4 * i + j] = _mm_unpacklo_epi16(t[4 * i + j], t[4 * i + j + 2]);
+            r[4 * i + j + 2] = _mm_unpackhi_epi16(t[4 * i + j], t[4 * i + j + 2]);
+        }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) {
+            t[8 * i + j] = _mm_unpacklo_epi32(r[8 * i + j], r[8 * i + j + 4]);
+            t[8 * i + j + 4] = _mm_unpackhi_epi32(r[8 * i + j], r[8 * i + j + 4]);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm_unpacklo_epi64(t[j], t[j + 8]);
+        r[j + 8] = _mm_unpackhi_epi64(t[j], t[j + 8]);
+    }
+    /* after the rounds r[i] holds the source column whose index is i's four bits reversed */
+    static const int col[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+    for (int i = 0; i < 16; i++) _mm_storeu_si128((__m128i *)(dst + col[i] * ds), r[i]);
+}
+
+/* 16 x 16 int32: dst row q = column q of src (src rows of 16 words at stride ss words). */
+static inline void transpose16x32(const int32_t *src, Py_ssize_t ss, int32_t *dst) {
+    for (int c0 = 0; c0 < 16; c0 += 4)
+        for (int q0 = 0; q0 < 16; q0 += 4) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(src + (c0 + 0) * ss + q0));
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + (c0 + 1) * ss + q0));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + (c0 + 2) * ss + q0));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src + (c0 + 3) * ss + q0));
+            __m128i ab0 = _mm_unpacklo_epi32(a, b), ab1 = _mm_unpackhi_epi32(a, b);
+            __m128i cd0 = _mm_unpacklo_epi32(c, d), cd1 = _mm_unpackhi_epi32(c, d);
+            _mm_storeu_si128((__m128i *)(dst + (q0 + 0) * 16 + c0), _mm_unpacklo_epi64(ab0, cd0));
+            _mm_storeu_si128((__m128i *)(dst + (q0 + 1) * 16 + c0), _mm_unpackhi_epi64(ab0, cd0));
+            _mm_storeu_si128((__m128i *)(dst + (q0 + 2) * 16 + c0), _mm_unpacklo_epi64(ab1, cd1));
+            _mm_storeu_si128((__m128i *)(dst + (q0 + 3) * 16 + c0), _mm_unpackhi_epi64(ab1, cd1));
+        }
+}
+
+/* Four rows of 16 bytes (k, k+1, k+2, k+3 of 16 lines) into the B order: 64 bytes, line c's
+ * four bytes at 4c. */
+static inline void interleave4(const int8_t *src, Py_ssize_t ss, int8_t *dst) {
+    __m128i r0 = _mm_loadu_si128((const __m128i *)src);
+    __m128i r1 = _mm_loadu_si128((const __m128i *)(src + ss));
+    __m128i r2 = _mm_loadu_si128((const __m128i *)(src + 2 * ss));
+    __m128i r3 = _mm_loadu_si128((const __m128i *)(src + 3 * ss));
+    __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
+    __m128i c = _mm_unpacklo_epi8(r2, r3), d = _mm_unpackhi_epi8(r2, r3);
+    _mm_storeu_si128((__m128i *)dst, _mm_unpacklo_epi16(a, c));
+    _mm_storeu_si128((__m128i *)(dst + 16), _mm_unpackhi_epi16(a, c));
+    _mm_storeu_si128((__m128i *)(dst + 32), _mm_unpacklo_epi16(b, d));
+    _mm_storeu_si128((__m128i *)(dst + 48), _mm_unpackhi_epi16(b, d));
+}
+
+/* One 1 KiB block of panel lines [l0, l0 + 16) and contraction [k0, k0 + 64): the fast
+ * paths for whole blocks, element by element at the edges. */
+static void pack_block(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, int have, int kn,
+                       int b_side, Py_ssize_t l0, Py_ssize_t k0, int8_t *blk) {
+    const int8_t *base = x + l0 * sl + k0 * sk;
+    if (have == LINES && kn == KCHUNK) {
+        if (sk == 1 && !b_side) {
+            for (int r = 0; r < LINES; r++) memcpy(blk + r * KCHUNK, base + r * sl, KCHUNK);
+            return;
+        }
+        if (sl == 1 && !b_side) {          /* 64 k rows of 16 lines: four 16 x 16 transposes */
+            for (int q = 0; q < 4; q++) transpose16(base + 16 * q * sk, sk, blk + 16 * q, KCHUNK);
+            return;
+        }
+        if (sk == 1 && (sl & 3) == 0 && ((uintptr_t)base & 3) == 0) {   /* 16 lines of 16 words */
+            transpose16x32((const int32_t *)base, sl / 4, (int32_t *)blk);
+            return;
+        }
+        if (sl == 1) {
+            for (int q = 0; q < 16; q++) interleave4(base + 4 * q * sk, sk, blk + 64 * q);
+            return;
+        }
+    }
+    memset(blk, 0, BLOCK_BYTES);
+    for (int l = 0; l < have; l++)
+        for (int kk = 0; kk < kn; kk++) {
+            int8_t v = base[l * sl + kk * sk];
+            if (b_side) blk[(kk >> 2) * 64 + l * 4 + (kk & 3)] = v;
+            else blk[l * KCHUNK + kk] = v;
+        }
+}
+
+/* Panels [p0, p1) of x (int8, `lines` x K, element (l, k) at x[l * sl + k * sk]) packed for
+ * the A side (b_side 0: block[r][kk] = x[l0 + r, k0 + kk]) or the B side (1: block[q][c][j]
+ * = x[l0 + c, k0 + 4q + j]), zero past the lines and past K. */
+static void pack(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, Py_ssize_t lines, Py_ssize_t K,
+                 int b_side, int8_t *out, Py_ssize_t p0, Py_ssize_t p1) {
+    Py_ssize_t KP = round_up(K, KCHUNK), chunks = KP / KCHUNK;
+    for (Py_ssize_t p = p0; p < p1; p++) {
+        Py_ssize_t l0 = p * LINES;
+        int have = lines - l0 < LINES ? (lines - l0 > 0 ? (int)(lines - l0) : 0) : LINES;
+        int8_t *panel = out + p * LINES * KP;
+        for (Py_ssize_t ch = 0; ch < chunks; ch++) {
+            Py_ssize_t k0 = ch * KCHUNK;
+            int kn = K - k0 < KCHUNK ? (int)(K - k0) : KCHUNK;
+            pack_block(x, sl, sk, have, kn, b_side, l0, k0, panel + ch * BLOCK_BYTES);
+        }
+    }
+}
+#endif
+
+/* ---------------------------------------------------------------- the tile product */
+
+#if AMX_BUILD
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static int amx_state = -1;   /* -1: not probed yet; then 0 or 1 */
+
+static int amx_probe(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return 0;     /* OSXSAVE */
+    if (__get_cpuid_max(0, NULL) < 0x1d) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return 0;                   /* AMX-TILE, -INT8 */
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return 0;                       /* tile state on */
+    __cpuid_count(0x1d, 1, a, b, c, d);     /* palette 1: 64 bytes a row, 16 rows, 8 tiles */
+    if ((b & 0xffff) < KCHUNK || (c & 0xffff) < LINES || (b >> 16) < 8) return 0;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+static int amx_ready(void) {
+    if (amx_state < 0) amx_state = amx_probe();
+    return amx_state;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Eight 16 x 64-byte tiles. The configuration is per thread: every piece loads it and
+ * releases the tiles at its end. (The memory clobber: GCC 12 dropped the zeroing of the
+ * fields ldtilecfg reads but the code did not name - a #GP - without it.) */
+AMX_TARGET static void tiles_on(void) {
+    tile_config cfg __attribute__((aligned(64)));
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg.rows[i] = LINES;
+        cfg.colsb[i] = KCHUNK;
+    }
+    __asm__ volatile("" : : "r"(&cfg) : "memory");
+    _tile_loadconfig(&cfg);
+}
+
+/* C's 32 x 32 block at (i, j) (panel pairs ia = i / 16, jb = j / 16) over the whole
+ * contraction, stored where it lies inside M x N (a block past an edge through `edge`). */
+AMX_TARGET static void block32(const int8_t *ap, const int8_t *bp, Py_ssize_t KP,
+                               int32_t *c, Py_ssize_t ldc, Py_ssize_t i, Py_ssize_t j,
+                               Py_ssize_t M, Py_ssize_t N, int32_t *edge) {
+    const int8_t *a0 = ap + i * KP, *a1 = a0 + LINES * KP;
+    const int8_t *b0 = bp + j * KP, *b1 = b0 + LINES * KP;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (Py_ssize_t off = 0; off < LINES * KP; off += BLOCK_BYTES) {
+        _tile_loadd(4, a0 + off, KCHUNK);
+        _tile_loadd(6, b0 + off, KCHUNK);
+        _tile_dpbssd(0, 4, 6);
+        _tile_loadd(7, b1 + off, KCHUNK);
+        _tile_dpbssd(1, 4, 7);
+        _tile_loadd(5, a1 + off, KCHUNK);
+        _tile_dpbssd(2, 5, 6);
+        _tile_dpbssd(3, 5, 7);
+    }
+    if (i + 32 <= M && j + 32 <= N) {
+        int32_t *o = c + i * ldc + j;
+        _tile_stored(0, o, ldc * 4);
+        _tile_stored(1, o + 16, ldc * 4);
+        _tile_stored(2, o + 16 * ldc, ldc * 4);
+        _tile_stored(3, o + 16 * ldc + 16, ldc * 4);
+        return;
+    }
+    _tile_stored(0, edge, 32 * 4);
+    _tile_stored(1, edge + 16, 32 * 4);
+    _tile_stored(2, edge + 16 * 32, 32 * 4);
+    _tile_stored(3, edge + 16 * 32 + 16, 32 * 4);
+    Py_ssize_t rows = M - i < 32 ? M - i : 32, cols = N - j < 32 ? N - j : 32;
+    for (Py_ssize_t r = 0; r < rows; r++) memcpy(c + (i + r) * ldc + j, edge + r * 32, cols * 4);
+}
+
+/* C's rows [r0, r1) x columns [c0, c1) (multiples of 32 but for the ends at M and N), in
+ * cache blocks: a block of B's columns stays in cache while a block of A's rows passes
+ * over it, and each A block is reused across the B block's column pairs. */
+AMX_TARGET static void product(const int8_t *ap, const int8_t *bp, int32_t *c, Py_ssize_t M,
+                               Py_ssize_t N, Py_ssize_t KP, Py_ssize_t r0, Py_ssize_t r1,
+                               Py_ssize_t c0, Py_ssize_t c1) {
+    int32_t edge[32 * 32] __attribute__((aligned(64)));
+    Py_ssize_t mb = BLOCK_A / KP / 32 * 32, nb = BLOCK_B / KP / 32 * 32;
+    mb = mb < 32 ? 32 : mb > 256 ? 256 : mb;
+    nb = nb < 32 ? 32 : nb > 512 ? 512 : nb;
+    tiles_on();
+    for (Py_ssize_t jb = c0; jb < c1; jb += nb)
+        for (Py_ssize_t ib = r0; ib < r1; ib += mb)
+            for (Py_ssize_t j = jb; j < jb + nb && j < c1; j += 32)
+                for (Py_ssize_t i = ib; i < ib + mb && i < r1; i += 32)
+                    block32(ap, bp, KP, c, N, i, j, M, N, edge);
+    _tile_release();
+}
+#else
+static int amx_ready(void) { return 0; }
+#endif
+
+/* ---------------------------------------------------------------- Python wrappers */
+
+static PyObject *py_amx_pack(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer x, out;
+    Py_ssize_t sl, sk, lines, K, u0, u1;
+    int b_side, pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnpnn|i", &x, &out, &sl, &sk, &lines, &K, &b_side, &u0,
+                          &u1, &pieces))
+        return NULL;
+    Py_ssize_t span = lines > 0 && K > 0 ? (lines - 1) * sl + (K - 1) * sk + 1 : 0;
+    int ok = lines >= 1 && K >= 1 && sl >= 1 && sk >= 1 && (sl == 1 || sk == 1) &&
+             holds(&x, span, "x") && sized(&out, packed_bytes(lines, K), 1, "out") &&
+             units_ok(u0, u1, round_up(lines, 2 * LINES) / LINES) && PIECES_OK(pieces);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, pack(x.buf, sl, sk, lines, K, b_side, out.buf, p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+    return FINISH(ok, "amx_pack: inconsistent shapes", &x, &out);
+}
+
+static PyObject *py_amx_product(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer ap, bp, c;
+    Py_ssize_t M, N, K, u0, u1;
+    int by_cols, pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnnpnn|i", &ap, &bp, &c, &M, &N, &K, &by_cols, &u0, &u1,
+                          &pieces))
+        return NULL;
+    Py_ssize_t units = round_up(by_cols ? N : M, 32) / 32;
+    int ok = amx_ready() && M >= 1 && N >= 1 && K >= 1 &&
+             sized(&ap, packed_bytes(M, K), 1, "ap") && sized(&bp, packed_bytes(N, K), 1, "bp") &&
+             sized(&c, M * N, 4, "c") && units_ok(u0, u1, units) && PIECES_OK(pieces);
+#if AMX_BUILD
+    if (ok) {
+        Py_ssize_t KP = round_up(K, KCHUNK);
+        Py_BEGIN_ALLOW_THREADS
+        if (by_cols)
+            FOR_PIECES(u0, u1, pieces, product(ap.buf, bp.buf, c.buf, M, N, KP, 0, M, p_lo * 32,
+                                               p_hi * 32 < N ? p_hi * 32 : N));
+        else
+            FOR_PIECES(u0, u1, pieces, product(ap.buf, bp.buf, c.buf, M, N, KP, p_lo * 32,
+                                               p_hi * 32 < M ? p_hi * 32 : M, 0, N));
+        Py_END_ALLOW_THREADS
+    }
+#endif
+    return FINISH(ok, "amx_product: needs AMX-INT8 (amx_cpu()) and consistent shapes", &ap, &bp,
+                  &c);
+}
+
+static PyObject *py_amx_cpu(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyBool_FromLong(amx_ready());
+}
+
+static PyObject *py_amx_packed_bytes(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_ssize_t lines, K;
+    if (!PyArg_ParseTuple(args, "nn", &lines, &K)) return NULL;
+    return PyLong_FromSsize_t(packed_bytes(lines, K));
+}
+
+EXT_METHODS(amxmm) = {
+    {"amx_cpu", py_amx_cpu, METH_NOARGS,
+     "amx_cpu(): whether this process runs AMX-INT8 tiles (CPUID, XCR0 and the OS's "
+     "permission for the tile data; probed once)."},
+    {"amx_packed_bytes", py_amx_packed_bytes, METH_VARARGS,
+     "amx_packed_bytes(lines, K): bytes of a packed operand (lines to 32, K to 64)."},
+    {"amx_pack", py_amx_pack, METH_VARARGS,
+     "amx_pack(x, out, sl, sk, lines, K, b_side, u0, u1[, pieces]): panels [u0, u1) of 16 "
+     "lines of int8 x (element (l, k) at x[l * sl + k * sk]) in the A (b_side False) or B "
+     "tile order, zero-padded."},
+    {"amx_product", py_amx_product, METH_VARARGS,
+     "amx_product(ap, bp, c, M, N, K, by_cols, u0, u1[, pieces]): C's 32-line units [u0, u1) "
+     "(of columns with by_cols, else of rows) of the exact int32 product of packed A and B."},
+    {NULL, NULL, 0, NULL},
+};
