@@ -46,11 +46,13 @@
 #define LINES 16        /* lines per panel: a tile's rows */
 #define KCHUNK 64       /* contraction per block: a tile's 64 bytes a row */
 #define BLOCK_BYTES (LINES * KCHUNK)
-/* Cache blocks: A's rows in blocks of about BLOCK_A bytes (L2), B's columns in blocks of
- * about BLOCK_B bytes; measured on the 2-core Sapphire Rapids VM at 4,096 x 2,048 x 2,048
- * (one thread): 128 rows x 512 columns 2.3 TOPS, 4,096 x 256 (A streamed) 1.3. */
-#define BLOCK_A (256 << 10)
-#define BLOCK_B (1 << 20)
+/* Cache blocks of C: MBLOCK rows x NBLOCK columns, each 32 x 32 block summed over the whole
+ * contraction in the tiles. Measured on the 2-core Sapphire Rapids VM (one thread, CPU time,
+ * the machine shared) at 4,096 x 2,048 x 2,048, x 5,632 x 2,048 and x 2,048 x 11,264: 256 x
+ * 512 2.0-2.1 TOPS; blocking the contraction too (C reloaded per block of 8-16 chunks, so
+ * that a B panel pair stays in L1) 1.4-1.9: the reloads of C cost more than they saved. */
+#define MBLOCK 256
+#define NBLOCK 512
 
 static Py_ssize_t round_up(Py_ssize_t x, Py_ssize_t m) { return (x + m - 1) / m * m; }
 
@@ -223,59 +225,88 @@ AMX_TARGET static void tiles_on(void) {
     _tile_loadconfig(&cfg);
 }
 
-/* C's 32 x 32 block at (i, j) (panel pairs ia = i / 16, jb = j / 16) over the whole
- * contraction, stored where it lies inside M x N (a block past an edge through `edge`). */
-AMX_TARGET static void block32(const int8_t *ap, const int8_t *bp, Py_ssize_t KP,
-                               int32_t *c, Py_ssize_t ldc, Py_ssize_t i, Py_ssize_t j,
-                               Py_ssize_t M, Py_ssize_t N, int32_t *edge) {
-    const int8_t *a0 = ap + i * KP, *a1 = a0 + LINES * KP;
+/* Where A's tiles are: packed (a == NULL: the panels `ap`, every row) or read in place from
+ * row-major A (`a`, row stride lda, K a multiple of 64) for the rows below `direct_rows`
+ * (a multiple of 32), the packed panels `ap` holding only the rows from there on. In place
+ * saves the copy of A: a tile loads 16 rows of 64 bytes at any stride. */
+typedef struct {
+    const int8_t *a, *ap;
+    Py_ssize_t lda, direct_rows;
+} a_side;
+
+/* The A tiles of rows [i, i + 32) and their step and stride per 64-wide chunk. */
+static inline const int8_t *a_tiles(const a_side *A, Py_ssize_t i, Py_ssize_t KP,
+                                    Py_ssize_t *step, Py_ssize_t *stride, Py_ssize_t *half) {
+    if (A->a && i < A->direct_rows) {
+        *step = KCHUNK;
+        *stride = A->lda;
+        *half = LINES * A->lda;
+        return A->a + i * A->lda;
+    }
+    *step = BLOCK_BYTES;
+    *stride = KCHUNK;
+    *half = LINES * KP;
+    return A->ap + (i - (A->a ? A->direct_rows : 0)) * KP;
+}
+
+/* C's 32 x 32 block at (i, j) = its sum over the whole contraction (KP bytes), stored at o
+ * (row stride ldo int32). */
+AMX_TARGET static void block32(const a_side *A, const int8_t *bp, Py_ssize_t KP, Py_ssize_t i,
+                               Py_ssize_t j, int32_t *o, Py_ssize_t ldo) {
+    Py_ssize_t step, stride, half;
+    const int8_t *a0 = a_tiles(A, i, KP, &step, &stride, &half), *a1 = a0 + half;
     const int8_t *b0 = bp + j * KP, *b1 = b0 + LINES * KP;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    for (Py_ssize_t off = 0; off < LINES * KP; off += BLOCK_BYTES) {
-        _tile_loadd(4, a0 + off, KCHUNK);
-        _tile_loadd(6, b0 + off, KCHUNK);
+    for (Py_ssize_t ch = 0; ch < KP / KCHUNK; ch++) {
+        _tile_loadd(4, a0 + ch * step, stride);
+        _tile_loadd(6, b0 + ch * BLOCK_BYTES, KCHUNK);
         _tile_dpbssd(0, 4, 6);
-        _tile_loadd(7, b1 + off, KCHUNK);
+        _tile_loadd(7, b1 + ch * BLOCK_BYTES, KCHUNK);
         _tile_dpbssd(1, 4, 7);
-        _tile_loadd(5, a1 + off, KCHUNK);
+        _tile_loadd(5, a1 + ch * step, stride);
         _tile_dpbssd(2, 5, 6);
         _tile_dpbssd(3, 5, 7);
     }
-    if (i + 32 <= M && j + 32 <= N) {
-        int32_t *o = c + i * ldc + j;
-        _tile_stored(0, o, ldc * 4);
-        _tile_stored(1, o + 16, ldc * 4);
-        _tile_stored(2, o + 16 * ldc, ldc * 4);
-        _tile_stored(3, o + 16 * ldc + 16, ldc * 4);
-        return;
-    }
-    _tile_stored(0, edge, 32 * 4);
-    _tile_stored(1, edge + 16, 32 * 4);
-    _tile_stored(2, edge + 16 * 32, 32 * 4);
-    _tile_stored(3, edge + 16 * 32 + 16, 32 * 4);
+    _tile_stored(0, o, ldo * 4);
+    _tile_stored(1, o + 16, ldo * 4);
+    _tile_stored(2, o + 16 * ldo, ldo * 4);
+    _tile_stored(3, o + 16 * ldo + 16, ldo * 4);
+}
+
+/* A block past C's edge (i + 32 > M or j + 32 > N): the whole contraction into `edge`
+ * (32 x 32), then its part inside M x N copied out. */
+AMX_TARGET static void edge32(const a_side *A, const int8_t *bp, Py_ssize_t KP, int32_t *c,
+                              Py_ssize_t i, Py_ssize_t j, Py_ssize_t M, Py_ssize_t N,
+                              int32_t *edge) {
+    block32(A, bp, KP, i, j, edge, 32);
     Py_ssize_t rows = M - i < 32 ? M - i : 32, cols = N - j < 32 ? N - j : 32;
-    for (Py_ssize_t r = 0; r < rows; r++) memcpy(c + (i + r) * ldc + j, edge + r * 32, cols * 4);
+    for (Py_ssize_t r = 0; r < rows; r++) memcpy(c + (i + r) * N + j, edge + r * 32, cols * 4);
 }
 
 /* C's rows [r0, r1) x columns [c0, c1) (multiples of 32 but for the ends at M and N), in
- * cache blocks: a block of B's columns stays in cache while a block of A's rows passes
- * over it, and each A block is reused across the B block's column pairs. */
-AMX_TARGET static void product(const int8_t *ap, const int8_t *bp, int32_t *c, Py_ssize_t M,
+ * cache blocks of MBLOCK x NBLOCK: a block of B's columns stays in cache while a block of
+ * A's rows passes over it. */
+AMX_TARGET static void product(const a_side *A, const int8_t *bp, int32_t *c, Py_ssize_t M,
                                Py_ssize_t N, Py_ssize_t KP, Py_ssize_t r0, Py_ssize_t r1,
                                Py_ssize_t c0, Py_ssize_t c1) {
     int32_t edge[32 * 32] __attribute__((aligned(64)));
-    Py_ssize_t mb = BLOCK_A / KP / 32 * 32, nb = BLOCK_B / KP / 32 * 32;
-    mb = mb < 32 ? 32 : mb > 256 ? 256 : mb;
-    nb = nb < 32 ? 32 : nb > 512 ? 512 : nb;
+    Py_ssize_t full_r = M / 32 * 32, full_c = N / 32 * 32;
     tiles_on();
-    for (Py_ssize_t jb = c0; jb < c1; jb += nb)
-        for (Py_ssize_t ib = r0; ib < r1; ib += mb)
-            for (Py_ssize_t j = jb; j < jb + nb && j < c1; j += 32)
-                for (Py_ssize_t i = ib; i < ib + mb && i < r1; i += 32)
-                    block32(ap, bp, KP, c, N, i, j, M, N, edge);
+    for (Py_ssize_t jb = c0; jb < c1; jb += NBLOCK)
+        for (Py_ssize_t ib = r0; ib < r1; ib += MBLOCK) {
+            Py_ssize_t ie = ib + MBLOCK < r1 ? ib + MBLOCK : r1;
+            Py_ssize_t je = jb + NBLOCK < c1 ? jb + NBLOCK : c1;
+            for (Py_ssize_t j = jb; j < je; j += 32)
+                for (Py_ssize_t i = ib; i < ie; i += 32) {
+                    if (i < full_r && j < full_c)
+                        block32(A, bp, KP, i, j, c + i * N + j, N);
+                    else
+                        edge32(A, bp, KP, c, i, j, M, N, edge);
+                }
+        }
     _tile_release();
 }
 #else
@@ -306,31 +337,37 @@ static PyObject *py_amx_pack(PyObject *self, PyObject *args) {
 
 static PyObject *py_amx_product(PyObject *self, PyObject *args) {
     (void)self;
-    Py_buffer ap, bp, c;
-    Py_ssize_t M, N, K, u0, u1;
+    Py_buffer a, ap, bp, c;
+    Py_ssize_t M, N, K, lda, u0, u1;
     int by_cols, pieces = 1;
-    if (!PyArg_ParseTuple(args, "y*y*w*nnnpnn|i", &ap, &bp, &c, &M, &N, &K, &by_cols, &u0, &u1,
-                          &pieces))
+    if (!PyArg_ParseTuple(args, "y*ny*y*w*nnnpnn|i", &a, &lda, &ap, &bp, &c, &M, &N, &K,
+                          &by_cols, &u0, &u1, &pieces))
         return NULL;
-    Py_ssize_t units = round_up(by_cols ? N : M, 32) / 32;
+    Py_ssize_t units = round_up(by_cols ? N : M, 32) / 32, KP = round_up(K, KCHUNK);
+    /* in place: a (row-major, stride lda >= K, K a multiple of 64) holds every row, ap the
+     * rows from M rounded down to 32 packed; else a is empty and ap holds every row */
+    int direct = a.len > 0;
+    Py_ssize_t direct_rows = direct ? M / 32 * 32 : 0;
     int ok = amx_ready() && M >= 1 && N >= 1 && K >= 1 &&
-             sized(&ap, packed_bytes(M, K), 1, "ap") && sized(&bp, packed_bytes(N, K), 1, "bp") &&
-             sized(&c, M * N, 4, "c") && units_ok(u0, u1, units) && PIECES_OK(pieces);
+             (!direct || (K % KCHUNK == 0 && lda >= K && holds(&a, (M - 1) * lda + K, "a"))) &&
+             sized(&ap, packed_bytes(M - direct_rows, K), 1, "ap") &&
+             sized(&bp, packed_bytes(N, K), 1, "bp") && sized(&c, M * N, 4, "c") &&
+             units_ok(u0, u1, units) && PIECES_OK(pieces);
 #if AMX_BUILD
     if (ok) {
-        Py_ssize_t KP = round_up(K, KCHUNK);
+        a_side A = {direct ? a.buf : NULL, ap.buf, lda, direct_rows};
         Py_BEGIN_ALLOW_THREADS
         if (by_cols)
-            FOR_PIECES(u0, u1, pieces, product(ap.buf, bp.buf, c.buf, M, N, KP, 0, M, p_lo * 32,
+            FOR_PIECES(u0, u1, pieces, product(&A, bp.buf, c.buf, M, N, KP, 0, M, p_lo * 32,
                                                p_hi * 32 < N ? p_hi * 32 : N));
         else
-            FOR_PIECES(u0, u1, pieces, product(ap.buf, bp.buf, c.buf, M, N, KP, p_lo * 32,
+            FOR_PIECES(u0, u1, pieces, product(&A, bp.buf, c.buf, M, N, KP, p_lo * 32,
                                                p_hi * 32 < M ? p_hi * 32 : M, 0, N));
         Py_END_ALLOW_THREADS
     }
 #endif
-    return FINISH(ok, "amx_product: needs AMX-INT8 (amx_cpu()) and consistent shapes", &ap, &bp,
-                  &c);
+    return FINISH(ok, "amx_product: needs AMX-INT8 (amx_cpu()) and consistent shapes", &a, &ap,
+                  &bp, &c);
 }
 
 static PyObject *py_amx_cpu(PyObject *self, PyObject *args) {
@@ -357,7 +394,9 @@ EXT_METHODS(amxmm) = {
      "lines of int8 x (element (l, k) at x[l * sl + k * sk]) in the A (b_side False) or B "
      "tile order, zero-padded."},
     {"amx_product", py_amx_product, METH_VARARGS,
-     "amx_product(ap, bp, c, M, N, K, by_cols, u0, u1[, pieces]): C's 32-line units [u0, u1) "
-     "(of columns with by_cols, else of rows) of the exact int32 product of packed A and B."},
+     "amx_product(a, lda, ap, bp, c, M, N, K, by_cols, u0, u1[, pieces]): C's 32-line units "
+     "[u0, u1) (of columns with by_cols, else of rows) of the exact int32 product of A and "
+     "packed B; A packed in ap, or (a not empty) row-major in a with its last M % 32 rows "
+     "packed in ap."},
     {NULL, NULL, 0, NULL},
 };

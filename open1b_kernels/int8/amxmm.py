@@ -41,38 +41,56 @@ def available() -> bool:
 
 @dataclass(frozen=True, eq=False)
 class Packed:
-    """An operand packed into tile panels (``pack``): ``lines`` x ``k`` int8 values on the
-    A (``b_side`` False) or the B side."""
+    """An operand for the tile product: ``lines`` x ``k`` int8 values packed into tile
+    panels on the A (``b_side`` False) or the B side (``pack``); an A side may instead be
+    read in place (``direct``: a flat view of a row-major matrix with row stride ``lda``),
+    ``data`` then holding only its last ``lines % 32`` rows packed."""
     data: torch.Tensor
     lines: int
     k: int
     b_side: bool
+    direct: torch.Tensor | None = None
+    lda: int = 0
 
 
-def pack(x: torch.Tensor, b_side: bool, name: str) -> Packed:
-    """``x`` (int8 (lines, K) on the CPU: row-major, a transposed view or a block of either)
-    packed for the A side (its rows are C's rows) or the B side (its rows are C's columns)
-    in the scratch buffer ``name``."""
+def _pack_into(x: torch.Tensor, b_side: bool, out: torch.Tensor) -> None:
     lines, k = x.shape
-    if x.dtype != torch.int8 or x.device.type != "cpu" or not (lines and 1 <= k <= MAX_K):
-        raise ValueError(f"amxmm.pack needs an int8 CPU (lines >= 1, 1 <= K <= {MAX_K}) "
-                         f"matrix, got {x.dtype} {tuple(x.shape)} on {x.device}")
     src, sl, sk = source(x)
     if lines == 1:
         sl = 1 if sk != 1 else max(sl, 1)
     if k == 1:
         sk = 1 if sl != 1 else max(sk, 1)
-    out = scratch(name, (LOOPS.amx_packed_bytes(lines, k),), torch.int8)
     xs, o = flat(src), flat(out)
     panels = -(-lines // UNIT) * 2
     parallel(lambda lo, hi, p: LOOPS.amx_pack(xs, o, sl, sk, lines, k, b_side, lo, hi, p),
              panels, grain=max(1, 8192 // max(k, 1)))
+
+
+def pack(x: torch.Tensor, b_side: bool, name: str) -> Packed:
+    """``x`` (int8 (lines, K) on the CPU: row-major, a transposed view or a block of either)
+    as the A side (its rows are C's rows) or the B side (its rows are C's columns), packed
+    in the scratch buffer ``name`` - or, an A side whose rows are row-major with K a
+    multiple of 64, read in place, only its last ``lines % 32`` rows packed."""
+    lines, k = x.shape
+    if x.dtype != torch.int8 or x.device.type != "cpu" or not (lines and 1 <= k <= MAX_K):
+        raise ValueError(f"amxmm.pack needs an int8 CPU (lines >= 1, 1 <= K <= {MAX_K}) "
+                         f"matrix, got {x.dtype} {tuple(x.shape)} on {x.device}")
+    if not b_side and k % 64 == 0 and x.stride(1) == 1 and x.stride(0) >= k:
+        whole = lines // UNIT * UNIT
+        tail = scratch(name, (LOOPS.amx_packed_bytes(lines - whole, k) if lines > whole
+                              else 0,), torch.int8)
+        if lines > whole:
+            _pack_into(x[whole:], False, tail)
+        src, lda, _ = source(x)
+        return Packed(tail, lines, k, False, src, lda)
+    out = scratch(name, (LOOPS.amx_packed_bytes(lines, k),), torch.int8)
+    _pack_into(x, b_side, out)
     return Packed(out, lines, k, b_side)
 
 
 def product(a: Packed, b: Packed, out: torch.Tensor) -> torch.Tensor:
-    """``out`` (contiguous int32 (M, N)) = the exact product of a packed A side (M lines)
-    and B side (N lines) of one K. Needs ``available()``."""
+    """``out`` (contiguous int32 (M, N)) = the exact product of an A side (M lines) and a
+    B side (N lines) of one K. Needs ``available()``."""
     m, n = a.lines, b.lines
     if a.b_side or not b.b_side or a.k != b.k:
         raise ValueError(f"amxmm.product: an A side and a B side of one K, got "
@@ -81,10 +99,14 @@ def product(a: Packed, b: Packed, out: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"amxmm.product: out must be contiguous int32 {(m, n)}")
     by_cols = m < UNIT * torch.get_num_threads() * 2 <= n
     units = -(-(n if by_cols else m) // UNIT)
+    direct = flat(a.direct) if a.direct is not None else _EMPTY
     ap, bp, c = flat(a.data), flat(b.data), flat(out)
-    parallel(lambda lo, hi, p: LOOPS.amx_product(ap, bp, c, m, n, a.k, by_cols, lo, hi, p),
-             units, grain=1)
+    parallel(lambda lo, hi, p: LOOPS.amx_product(direct, a.lda, ap, bp, c, m, n, a.k, by_cols,
+                                                 lo, hi, p), units, grain=1)
     return out
+
+
+_EMPTY = torch.empty(0, dtype=torch.int8).numpy()
 
 
 def amx_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
