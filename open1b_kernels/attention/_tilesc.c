@@ -526,4 +526,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-EXT_MODULE(_tilesc, "Compiled tile loops of attention's CPU reference (same bits).", {methods})
+EXT_TABLE(tileamx);
+
+EXT_MODULE(_tilesc, "Compiled tile loops of attention's CPU reference (same bits).",
+           {methods, open1b_tileamx_methods})

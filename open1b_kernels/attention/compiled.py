@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from open1b_kernels.attention import amx
 from open1b_kernels.attention.tiles import (BLOCK_M, BLOCK_N, block_band, pad_rows, quantize_v,
                                      row_delta, softmax_scale)
 from open1b_kernels.core import mathc, pieces
@@ -94,6 +95,21 @@ def _fixed(x: torch.Tensor, block: int, columns: bool, hkv: int = 0) -> torch.Te
     return out
 
 
+def _scores(q, k, hkv: int):
+    """The exact scores Q K^T as float64 BLAS products: (qb, first, nk, out) -> out (see
+    ``amx.scores``, the same values from int8 tiles)."""
+    b, hq, s, d = q.shape
+    n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
+    # (n_qb, B * Hkv, G * BLOCK_M, D): one step's queries are one contiguous batch
+    q64 = _fixed(q, BLOCK_M, False, hkv).movedim(0, 2).reshape(n_qb, b * hkv, -1, d)
+    k64 = _fixed(k, BLOCK_N, False).reshape(b * hkv, n_kb * BLOCK_N, d)
+
+    def fill(qb: int, first: int, nk: int, out: torch.Tensor) -> torch.Tensor:
+        keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
+        return torch.matmul(q64[qb], k64[:, keys].transpose(1, 2), out=out)
+    return fill
+
+
 def forward(q, k, v, window: int | None):
     """``forward_reference``'s (out, lse), the same bits (inputs already checked)."""
     b, hq, s, d = q.shape
@@ -102,9 +118,7 @@ def forward(q, k, v, window: int | None):
     rows = g * BLOCK_M  # one query block of the group's heads, stacked
     scale = softmax_scale(d)
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
-    # (n_qb, B * Hkv, G * BLOCK_M, D): one step's queries are one contiguous batch
-    q64 = _fixed(q, BLOCK_M, False, hkv).movedim(0, 2).reshape(n_qb, bk, rows, d)
-    k64 = _fixed(k, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
+    product = amx.scores(q, k) if amx.available() else _scores(q, k, hkv)
     v8, u = quantize_v(v)
     v8f = v8.to(torch.float32).reshape(bk, n_kb, BLOCK_N, d)
     u = u.reshape(bk, n_kb * BLOCK_N).contiguous()
@@ -114,9 +128,7 @@ def forward(q, k, v, window: int | None):
     win = window or 0
     for qb in range(n_qb):
         first, nk = int(lo[qb]), int(hi[qb] - lo[qb]) + 1
-        keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
-        s64 = torch.matmul(q64[qb], k64[:, keys].transpose(1, 2),
-                           out=scratch("attn.s64", (bk, rows, nk * BLOCK_N), torch.float64))
+        s64 = product(qb, first, nk, scratch("attn.s64", (bk, rows, nk * BLOCK_N), torch.float64))
         p8 = scratch("attn.p8", (bk, nk, rows, BLOCK_N), torch.float32)
         alpha = scratch("attn.alpha", (bk, rows, nk), torch.float32)
         t = scratch("attn.t", (bk, rows, nk), torch.int32)
@@ -141,7 +153,10 @@ def backward(q, k, v, o, lse, do, window: int | None):
 
     Loop order: query head h of every KV group outer, query blocks ascending inner - the
     order in which dK and dV sum their tiles (heads ascending, then query blocks); dQ of a
-    query block sums its band's tiles ascending within one step."""
+    query block sums its band's tiles ascending within one step. With AMX tiles
+    (``amx.available``) the same loop takes its products from them."""
+    if amx.available():
+        return _backward_amx(q, k, v, o, lse, do, window)
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     g, bk = hq // hkv, b * hkv
@@ -189,8 +204,37 @@ def backward(q, k, v, o, lse, do, window: int | None):
                            n_kb * BLOCK_N, first * BLOCK_N)
                 pieces.parallel(lambda a, z, p: _tilesc.kv_tiles(*kv_args, a, z, p),
                                 bk * d, grain=8)
+    return _gradients(acc_dq, acc_dk, acc_dv, scale, b, hkv, s)
+
+
+def _gradients(acc_dq, acc_dk, acc_dv, scale: float, b: int, hkv: int, s: int):
+    """(dq, dk, dv) bf16 from the backward's float32 sums: dQ (G, n_qb, B * Hkv, 64, D),
+    dK^T and dV^T (B * Hkv, D, keys); dQ and dK scaled, each rounded once."""
+    d, keys = acc_dk.shape[1], acc_dk.shape[2]
     dq = _ungroup_rows((acc_dq * scale).to(torch.bfloat16), b, hkv, s)
-    dk = (acc_dk * scale).to(torch.bfloat16).transpose(1, 2).reshape(
-        b, hkv, n_kb * BLOCK_N, d)[:, :, :s]
-    dv = acc_dv.to(torch.bfloat16).transpose(1, 2).reshape(b, hkv, n_kb * BLOCK_N, d)[:, :, :s]
+    dk = (acc_dk * scale).to(torch.bfloat16).transpose(1, 2).reshape(b, hkv, keys, d)[:, :, :s]
+    dv = acc_dv.to(torch.bfloat16).transpose(1, 2).reshape(b, hkv, keys, d)[:, :, :s]
     return dq, dk.contiguous(), dv.contiguous()
+
+
+def _backward_amx(q, k, v, o, lse, do, window: int | None):
+    """``backward``'s loop with every tile product on AMX tiles (``amx.backward_step``):
+    the same steps in the same order, the same values, so the same bits."""
+    b, hq, s, d = q.shape
+    hkv = k.shape[1]
+    g, bk = hq // hkv, b * hkv
+    scale = softmax_scale(d)
+    n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
+    drow = _group_rows(pad_rows(row_delta(o, do), BLOCK_M, 0.0), hkv)  # (G, n_qb, bk, BM)
+    lse_b = _group_rows(pad_rows(lse, BLOCK_M, 0.0), hkv)
+    ops = amx.Operands(q, k, v, do)
+    lo, hi = block_band(torch.arange(n_qb), window, n_kb)
+    acc_dq = torch.empty((g, n_qb, bk, BLOCK_M, d))
+    acc_dk = torch.zeros((bk, d, n_kb * BLOCK_N))
+    acc_dv = torch.zeros((bk, d, n_kb * BLOCK_N))
+    for h in range(g):
+        for qb in range(n_qb):
+            first, nk = int(lo[qb]), int(hi[qb] - lo[qb]) + 1
+            amx.backward_step(ops, h, qb, first, nk, lse_b[h, qb], drow[h, qb], acc_dq[h, qb],
+                              acc_dk, acc_dv, s, window or 0, scale)
+    return _gradients(acc_dq, acc_dk, acc_dv, scale, b, hkv, s)

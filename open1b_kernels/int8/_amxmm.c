@@ -21,27 +21,14 @@
  * tiles, two A and two B tiles: the 8 tile registers) over the whole contraction, in cache
  * blocks of rows and columns (BLOCK_A, BLOCK_B).
  *
- * The CPU must have AMX-TILE and AMX-INT8 (CPUID), the OS must enable the tile state
- * (XCR0 bits 17 and 18) and, on Linux, grant this process the tile data
- * (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): Linux 5.16 and later); amx_cpu()
- * checks all three once. Elsewhere, or in a build without the AMX intrinsics, amx_cpu() is
- * False and the caller takes another route. */
+ * Where it runs: open1b_kernels/core/_amx.h (amx_ready: CPUID, XCR0 and the OS's permission
+ * for the tile data, probed once). Elsewhere, or in a build without the AMX intrinsics,
+ * amx_cpu() is False and the caller takes another route. */
 #include "../core/_ext.h"
 
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__linux__) &&                                              \
-    ((defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) ||                          \
-     (defined(__clang__) && __clang_major__ >= 12))
-#define AMX_BUILD 1
-#include <cpuid.h>
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#define AMX_TARGET __attribute__((target("amx-tile,amx-int8")))
-#else
-#define AMX_BUILD 0
-#endif
+#include "../core/_amx.h"
 
 #define LINES 16        /* lines per panel: a tile's rows */
 #define KCHUNK 64       /* contraction per block: a tile's 64 bytes a row */
@@ -64,36 +51,6 @@ static Py_ssize_t packed_bytes(Py_ssize_t lines, Py_ssize_t K) {
 /* ---------------------------------------------------------------- packing */
 
 #if AMX_BUILD
-#include <emmintrin.h>
-
-/* 16 x 16 bytes: dst row r (stride ds) = column r of src (rows at stride ss). The classic
- * four rounds of SSE2 unpacks (bytes, words, dwords, qwords). */
-static inline void transpose16(const int8_t *src, Py_ssize_t ss, int8_t *dst, Py_ssize_t ds) {
-    __m128i r[16], t[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm_loadu_si128((const __m128i *)(src + i * ss));
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 2; j++) {
-            r[4 * i + j] = _mm_unpacklo_epi16(t[4 * i + j], t[4 * i + j + 2]);
-            r[4 * i + j + 2] = _mm_unpackhi_epi16(t[4 * i + j], t[4 * i + j + 2]);
-        }
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 4; j++) {
-            t[8 * i + j] = _mm_unpacklo_epi32(r[8 * i + j], r[8 * i + j + 4]);
-            t[8 * i + j + 4] = _mm_unpackhi_epi32(r[8 * i + j], r[8 * i + j + 4]);
-        }
-    for (int j = 0; j < 8; j++) {
-        r[j] = _mm_unpacklo_epi64(t[j], t[j + 8]);
-        r[j + 8] = _mm_unpackhi_epi64(t[j], t[j + 8]);
-    }
-    /* after the rounds r[i] holds the source column whose index is i's four bits reversed */
-    static const int col[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
-    for (int i = 0; i < 16; i++) _mm_storeu_si128((__m128i *)(dst + col[i] * ds), r[i]);
-}
-
 /* 16 x 16 int32: dst row q = column q of src (src rows of 16 words at stride ss words). */
 static inline void transpose16x32(const int32_t *src, Py_ssize_t ss, int32_t *dst) {
     for (int c0 = 0; c0 < 16; c0 += 4)
@@ -111,21 +68,6 @@ static inline void transpose16x32(const int32_t *src, Py_ssize_t ss, int32_t *ds
         }
 }
 
-/* Four rows of 16 bytes (k, k+1, k+2, k+3 of 16 lines) into the B order: 64 bytes, line c's
- * four bytes at 4c. */
-static inline void interleave4(const int8_t *src, Py_ssize_t ss, int8_t *dst) {
-    __m128i r0 = _mm_loadu_si128((const __m128i *)src);
-    __m128i r1 = _mm_loadu_si128((const __m128i *)(src + ss));
-    __m128i r2 = _mm_loadu_si128((const __m128i *)(src + 2 * ss));
-    __m128i r3 = _mm_loadu_si128((const __m128i *)(src + 3 * ss));
-    __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
-    __m128i c = _mm_unpacklo_epi8(r2, r3), d = _mm_unpackhi_epi8(r2, r3);
-    _mm_storeu_si128((__m128i *)dst, _mm_unpacklo_epi16(a, c));
-    _mm_storeu_si128((__m128i *)(dst + 16), _mm_unpackhi_epi16(a, c));
-    _mm_storeu_si128((__m128i *)(dst + 32), _mm_unpacklo_epi16(b, d));
-    _mm_storeu_si128((__m128i *)(dst + 48), _mm_unpackhi_epi16(b, d));
-}
-
 /* One 1 KiB block of panel lines [l0, l0 + 16) and contraction [k0, k0 + 64): the fast
  * paths for whole blocks, element by element at the edges. */
 static void pack_block(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, int have, int kn,
@@ -137,7 +79,7 @@ static void pack_block(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, int have, 
             return;
         }
         if (sl == 1 && !b_side) {          /* 64 k rows of 16 lines: four 16 x 16 transposes */
-            for (int q = 0; q < 4; q++) transpose16(base + 16 * q * sk, sk, blk + 16 * q, KCHUNK);
+            for (int q = 0; q < 4; q++) amx_transpose16(base + 16 * q * sk, sk, blk + 16 * q, KCHUNK);
             return;
         }
         if (sk == 1 && (sl & 3) == 0 && ((uintptr_t)base & 3) == 0) {   /* 16 lines of 16 words */
@@ -145,7 +87,7 @@ static void pack_block(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, int have, 
             return;
         }
         if (sl == 1) {
-            for (int q = 0; q < 16; q++) interleave4(base + 4 * q * sk, sk, blk + 64 * q);
+            for (int q = 0; q < 16; q++) amx_interleave4(base + 4 * q * sk, sk, blk + 64 * q);
             return;
         }
     }
@@ -180,51 +122,6 @@ static void pack(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, Py_ssize_t lines
 /* ---------------------------------------------------------------- the tile product */
 
 #if AMX_BUILD
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-static int amx_state = -1;   /* -1: not probed yet; then 0 or 1 */
-
-static int amx_probe(void) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return 0;     /* OSXSAVE */
-    if (__get_cpuid_max(0, NULL) < 0x1d) return 0;
-    __cpuid_count(7, 0, a, b, c, d);
-    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return 0;                   /* AMX-TILE, -INT8 */
-    uint32_t lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & (3u << 17)) != (3u << 17)) return 0;                       /* tile state on */
-    __cpuid_count(0x1d, 1, a, b, c, d);     /* palette 1: 64 bytes a row, 16 rows, 8 tiles */
-    if ((b & 0xffff) < KCHUNK || (c & 0xffff) < LINES || (b >> 16) < 8) return 0;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
-
-static int amx_ready(void) {
-    if (amx_state < 0) amx_state = amx_probe();
-    return amx_state;
-}
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
-/* Eight 16 x 64-byte tiles. The configuration is per thread: every piece loads it and
- * releases the tiles at its end. (The memory clobber: GCC 12 dropped the zeroing of the
- * fields ldtilecfg reads but the code did not name - a #GP - without it.) */
-AMX_TARGET static void tiles_on(void) {
-    tile_config cfg __attribute__((aligned(64)));
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg.rows[i] = LINES;
-        cfg.colsb[i] = KCHUNK;
-    }
-    __asm__ volatile("" : : "r"(&cfg) : "memory");
-    _tile_loadconfig(&cfg);
-}
-
 /* Where A's tiles are: packed (a == NULL: the panels `ap`, every row) or read in place from
  * row-major A (`a`, row stride lda, K a multiple of 64) for the rows below `direct_rows`
  * (a multiple of 32), the packed panels `ap` holding only the rows from there on. In place
@@ -294,7 +191,7 @@ AMX_TARGET static void product(const a_side *A, const int8_t *bp, int32_t *c, Py
                                Py_ssize_t c0, Py_ssize_t c1) {
     int32_t edge[32 * 32] __attribute__((aligned(64)));
     Py_ssize_t full_r = M / 32 * 32, full_c = N / 32 * 32;
-    tiles_on();
+    amx_tiles_on();
     for (Py_ssize_t jb = c0; jb < c1; jb += NBLOCK)
         for (Py_ssize_t ib = r0; ib < r1; ib += MBLOCK) {
             Py_ssize_t ie = ib + MBLOCK < r1 ? ib + MBLOCK : r1;
@@ -309,8 +206,6 @@ AMX_TARGET static void product(const a_side *A, const int8_t *bp, int32_t *c, Py
         }
     _tile_release();
 }
-#else
-static int amx_ready(void) { return 0; }
 #endif
 
 /* ---------------------------------------------------------------- Python wrappers */
