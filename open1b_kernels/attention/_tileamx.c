@@ -204,11 +204,6 @@ TILE_TARGET static inline void xtile(const int8_t *a, Py_ssize_t astep, const in
     _tile_stored(4, g + 1024, 64);
 }
 
-typedef int32_t vi16 __attribute__((vector_size(64)));
-typedef int32_t vi8 __attribute__((vector_size(32)));
-typedef double vd8 __attribute__((vector_size(64)));
-typedef float vf8 __attribute__((vector_size(32)));
-
 enum { STORE_F64, STORE_F32, ADD_F32 };
 
 /* A finished tile waiting for its combine: where its 16 x 16 values go (row stride in
@@ -221,47 +216,47 @@ typedef struct {
     double sa[16], sb[16];
 } pending;
 
-/* The exact values of one tile from its five groups (module comment): h0 = g0 * 2^7 + g1 and
- * h1 = g2 * 2^7 + g3 in int32 (below 2^31 for a contraction of at most 256: |g0| <= 2^14 K,
- * |g1| <= 2 * 2^14 K, |g2| <= 3 * 2^14 K, so |h1| <= (3 * 2^7 + 2) 2^14 * 256 < 2^31), then
- * T = h0 * 2^21 + h1 * 2^7 + g4 in float64 - integers below 2^53, exact - times the scales,
- * and stored as the pending tile says. */
+/* Row r's exact values (two halves of 8): h0 = g0 * 2^7 + g1 and h1 = g2 * 2^7 + g3 in
+ * int32 (below 2^31 for a contraction of at most 256: |g0| <= 2^14 K, |g1| <= 2 * 2^14 K,
+ * |g2| <= 3 * 2^14 K, so |h1| <= (3 * 2^7 + 2) 2^14 * 256 < 2^31), then T = h0 * 2^21 +
+ * h1 * 2^7 + g4 in float64 - integers below 2^53, exact, fused or not - times the row's and
+ * the columns' scales (exact powers of two). */
+TILE_TARGET static inline void row_values(const int32_t *g, int r, __m512d sa, __m512d sb0,
+                                          __m512d sb1, __m512d *lo, __m512d *hi) {
+    __m512i g0 = _mm512_loadu_si512(g + r * 16), g1 = _mm512_loadu_si512(g + 256 + r * 16);
+    __m512i g2 = _mm512_loadu_si512(g + 512 + r * 16), g3 = _mm512_loadu_si512(g + 768 + r * 16);
+    __m512i g4 = _mm512_loadu_si512(g + 1024 + r * 16);
+    __m512i h0 = _mm512_add_epi32(_mm512_slli_epi32(g0, 7), g1);
+    __m512i h1 = _mm512_add_epi32(_mm512_slli_epi32(g2, 7), g3);
+    const __m512d c21 = _mm512_set1_pd(2097152.0), c7 = _mm512_set1_pd(128.0);
+    __m512d t0 = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(h0)), c21,
+                                 _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(h1)), c7,
+                                                 _mm512_cvtepi32_pd(_mm512_castsi512_si256(g4))));
+    __m512d t1 = _mm512_fmadd_pd(
+        _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(h0, 1)), c21,
+        _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(h1, 1)), c7,
+                        _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(g4, 1))));
+    *lo = _mm512_mul_pd(_mm512_mul_pd(t0, sa), sb0);
+    *hi = _mm512_mul_pd(_mm512_mul_pd(t1, sa), sb1);
+}
+
+/* The tile's values stored as the pending tile says (the float32 rounding: vcvtpd2ps, round
+ * to nearest even as the scalar (float) conversion). */
 TILE_TARGET static void combine(const int32_t *g, const pending *p) {
-    vd8 sb0, sb1;
-    memcpy(&sb0, p->sb, 64);
-    memcpy(&sb1, p->sb + 8, 64);
+    __m512d sb0 = _mm512_loadu_pd(p->sb), sb1 = _mm512_loadu_pd(p->sb + 8), lo, hi;
     for (int r = 0; r < 16; r++) {
-        vi16 g0, g1, g2, g3, g4;
-        memcpy(&g0, g + r * 16, 64);
-        memcpy(&g1, g + 256 + r * 16, 64);
-        memcpy(&g2, g + 512 + r * 16, 64);
-        memcpy(&g3, g + 768 + r * 16, 64);
-        memcpy(&g4, g + 1024 + r * 16, 64);
-        vi16 h0 = g0 * 128 + g1, h1 = g2 * 128 + g3;
-        vd8 v[2];
-        for (int half = 0; half < 2; half++) {
-            vi8 a, b, c;
-            memcpy(&a, (const int32_t *)&h0 + 8 * half, 32);
-            memcpy(&b, (const int32_t *)&h1 + 8 * half, 32);
-            memcpy(&c, (const int32_t *)&g4 + 8 * half, 32);
-            vd8 t = __builtin_convertvector(a, vd8) * 2097152.0 +
-                    __builtin_convertvector(b, vd8) * 128.0 + __builtin_convertvector(c, vd8);
-            v[half] = (t * p->sa[r]) * (half ? sb1 : sb0);
-        }
+        row_values(g, r, _mm512_set1_pd(p->sa[r]), sb0, sb1, &lo, &hi);
         if (p->mode == STORE_F64) {
-            memcpy((double *)p->out + r * p->stride, v, 128);
+            double *o = (double *)p->out + r * p->stride;
+            _mm512_storeu_pd(o, lo);
+            _mm512_storeu_pd(o + 8, hi);
             continue;
         }
+        __m512 f = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)),
+                                      _mm512_cvtpd_ps(hi), 1);
         float *o = (float *)p->out + r * p->stride;
-        for (int half = 0; half < 2; half++) {
-            vf8 f = __builtin_convertvector(v[half], vf8);
-            if (p->mode == ADD_F32) {
-                vf8 old;
-                memcpy(&old, o + 8 * half, 32);
-                f = old + f;
-            }
-            memcpy(o + 8 * half, &f, 32);
-        }
+        if (p->mode == ADD_F32) f = _mm512_add_ps(_mm512_loadu_ps(o), f);
+        _mm512_storeu_ps(o, f);
     }
 }
 
@@ -302,11 +297,12 @@ static inline Py_ssize_t q_plane(Py_ssize_t bk, Py_ssize_t h, Py_ssize_t Hkv, Py
 
 /* Rows [u0, u1) of (BK * R) - R = G * 64: the 64 rows of query block qb of each of the G
  * query heads of KV head bk - of the exact scores against a band of nk key blocks from key
- * block `first`, as float64 s64 (BK, R, nk * 64): compiled.forward's Q K^T. qd, eq: the
+ * block `first`, rounded to float32 into s32 (BK, R, nk * 64): compiled.forward's Q K^T as
+ * its first use (fwd_rows32) rounds it. qd, eq: the
  * queries' row digits (A side) and exponents of every plane (digit_planes); kd, ek: K's
  * (B side). n_blk 64-row blocks a plane. Units of 16 rows. */
 TILE_TARGET static void scores(const int8_t *qd, const int32_t *eq, const int8_t *kd,
-                               const int32_t *ek, double *s64, Py_ssize_t Hkv, Py_ssize_t G,
+                               const int32_t *ek, float *s32, Py_ssize_t Hkv, Py_ssize_t G,
                                Py_ssize_t n_blk, Py_ssize_t qb, Py_ssize_t nk, Py_ssize_t first,
                                Py_ssize_t DC, Py_ssize_t u0, Py_ssize_t u1) {
     pipeline pl = {.cur = 0, .waiting = 0};
@@ -320,15 +316,57 @@ TILE_TARGET static void scores(const int8_t *qd, const int32_t *eq, const int8_t
             Py_ssize_t key = first * BLK + kp * 16;
             pending *t = next_slot(&pl);
             xtile(a, DIG, kd + (bk * n_blk * 4 + key / 16) * panel, DIG, DC, pl.g[pl.cur]);
-            t->out = s64 + (bk * R + rr) * L + kp * 16;
+            t->out = s32 + (bk * R + rr) * L + kp * 16;
             t->stride = L;
-            t->mode = STORE_F64;
+            t->mode = STORE_F32;
             scales(t->sa, eq + qp * S_pad + qb * BLK + pan * 16);
             scales(t->sb, ek + bk * S_pad + key);
             advance(&pl);
         }
     }
     drain(&pl);
+    _tile_release();
+}
+
+/* V's int8 codes (BK, n_blk * 64, D) of KV planes [u0, u1) in the B order of P V: per plane,
+ * per key block, D / 16 panels of 16 columns, the block's 64 keys the contraction. */
+TILE_TARGET static void value_tiles(const int8_t *v8, int8_t *vb, Py_ssize_t n_blk, Py_ssize_t D,
+                                    Py_ssize_t u0, Py_ssize_t u1) {
+    for (Py_ssize_t p = u0; p < u1; p++)
+        for (Py_ssize_t b = 0; b < n_blk; b++) {
+            const int8_t *src = v8 + (p * n_blk + b) * BLK * D;
+            int8_t *dst = vb + (p * n_blk + b) * (D / 16) * 1024;
+            for (Py_ssize_t dp = 0; dp < D / 16; dp++)
+                for (int q = 0; q < 16; q++)
+                    amx_interleave4(src + 4 * q * D + dp * 16, D, dst + dp * 1024 + q * 64);
+        }
+}
+
+/* The forward's P V, 16-row units [u0, u1) of (BK, nk, R): ii[bk, j, r, :] = the exact
+ * integer sum over the 64 keys of block first + j of p8[bk, j, r, key] * v8[key, :] (one
+ * TDPBSSD a 16 x 16 tile: 0..127 times -127..127 over 64 keys, below 2^24), as float32 -
+ * the float32 BLAS product of compiled.py, exact in both. */
+TILE_TARGET static void pv(const int8_t *p8, const int8_t *vb, float *ii, Py_ssize_t R,
+                           Py_ssize_t nk, Py_ssize_t first, Py_ssize_t n_blk, Py_ssize_t D,
+                           Py_ssize_t u0, Py_ssize_t u1) {
+    int32_t buf[256] __attribute__((aligned(64)));
+    Py_ssize_t panels = R / 16;
+    amx_tiles_on();
+    for (Py_ssize_t unit = u0; unit < u1; unit++) {
+        Py_ssize_t rp = unit % panels, bj = unit / panels, bk = bj / nk, j = bj % nk;
+        _tile_loadd(2, p8 + (bj * R + rp * 16) * BLK, BLK);
+        const int8_t *b = vb + ((bk * n_blk + first + j) * (D / 16)) * 1024;
+        float *o = ii + (bj * R + rp * 16) * D;
+        for (Py_ssize_t dp = 0; dp < D / 16; dp++) {
+            _tile_zero(0);
+            _tile_loadd(3, b + dp * 1024, 64);
+            _tile_dpbssd(0, 2, 3);
+            _tile_stored(0, buf, 64);
+            for (int r = 0; r < 16; r++)
+                _mm512_storeu_ps(o + r * D + dp * 16,
+                                 _mm512_cvtepi32_ps(_mm512_load_si512(buf + r * 16)));
+        }
+    }
     _tile_release();
 }
 
@@ -555,7 +593,7 @@ static PyObject *py_amx_scores(PyObject *self, PyObject *args) {
              sized(&b[1], BK * G * n_blk * BLK, 4, "eq") &&
              sized(&b[2], BK * n_blk * 4 * DC * DIG, 1, "kd") &&
              sized(&b[3], BK * n_blk * BLK, 4, "ek") &&
-             sized(&b[4], BK * R * nk * BLK, 8, "s64") && units_ok(u0, u1, BK * R / 16) &&
+             sized(&b[4], BK * R * nk * BLK, 4, "s32") && units_ok(u0, u1, BK * R / 16) &&
              PIECES_OK(pieces);
 #if AMX_BUILD
     if (ok) {
@@ -661,6 +699,50 @@ static PyObject *py_amx_kv(PyObject *self, PyObject *args) {
     return finish(b, 5, ok, "amx_kv: needs AMX tiles and consistent shapes");
 }
 
+static PyObject *py_amx_value_tiles(PyObject *self, PyObject *args) {
+    (void)self;
+    int pieces = 1;
+    Py_buffer b[2];
+    Py_ssize_t BK, n_blk, D, u0, u1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnn|i", &b[0], &b[1], &BK, &n_blk, &D, &u0, &u1, &pieces))
+        return NULL;
+    int ok = amx_ready() && BK > 0 && n_blk > 0 && D >= 16 && D <= 256 && D % 16 == 0 &&
+             sized(&b[0], BK * n_blk * BLK * D, 1, "v8") && sized(&b[1], BK * n_blk * BLK * D, 1, "vb") &&
+             units_ok(u0, u1, BK) && PIECES_OK(pieces);
+#if AMX_BUILD
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, value_tiles(b[0].buf, b[1].buf, n_blk, D, p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+#endif
+    return finish(b, 2, ok, "amx_value_tiles: needs AMX tiles and consistent shapes");
+}
+
+static PyObject *py_amx_pv(PyObject *self, PyObject *args) {
+    (void)self;
+    int pieces = 1;
+    Py_buffer b[3];
+    Py_ssize_t BK, R, nk, first, n_blk, D, u0, u1;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnnnnnnn|i", &b[0], &b[1], &b[2], &BK, &R, &nk, &first,
+                          &n_blk, &D, &u0, &u1, &pieces))
+        return NULL;
+    int ok = amx_ready() && BK > 0 && R > 0 && R % 16 == 0 && nk > 0 && first >= 0 &&
+             first + nk <= n_blk && D >= 16 && D <= 256 && D % 16 == 0 &&
+             sized(&b[0], BK * nk * R * BLK, 1, "p8") && sized(&b[1], BK * n_blk * BLK * D, 1, "vb") &&
+             sized(&b[2], BK * nk * R * D, 4, "ii") && units_ok(u0, u1, BK * nk * R / 16) &&
+             PIECES_OK(pieces);
+#if AMX_BUILD
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, pv(b[0].buf, b[1].buf, b[2].buf, R, nk, first, n_blk, D, p_lo,
+                                      p_hi));
+        Py_END_ALLOW_THREADS
+    }
+#endif
+    return finish(b, 3, ok, "amx_pv: needs AMX tiles and consistent shapes");
+}
+
 EXT_METHODS(tileamx) = {
     {"amx_tiles", py_amx_tiles, METH_NOARGS,
      "amx_tiles(): whether this process runs AMX-INT8 tiles (open1b_kernels/core/_amx.h)."},
@@ -669,8 +751,16 @@ EXT_METHODS(tileamx) = {
      "fixed-point digits of bf16 planes [u0, u1), by rows or by 64-row column groups, in the "
      "A or B tile order."},
     {"amx_scores", py_amx_scores, METH_VARARGS,
-     "amx_scores(qd, eq, kd, ek, s64, BK, Hkv, G, n_blk, qb, nk, first, D, u0, u1[, pieces]): "
-     "the forward's exact scores of query block qb against its band, 16-row units."},
+     "amx_scores(qd, eq, kd, ek, s32, BK, Hkv, G, n_blk, qb, nk, first, D, u0, u1[, pieces]): "
+     "the forward's exact scores of query block qb against its band, rounded to float32, "
+     "16-row units."},
+    {"amx_value_tiles", py_amx_value_tiles, METH_VARARGS,
+     "amx_value_tiles(v8, vb, BK, n_blk, D, u0, u1[, pieces]): V's int8 codes (BK, n_blk * 64,"
+     " D) in the B order of P V (lines = D, contraction = a block's keys), KV planes [u0, u1)."},
+    {"amx_pv", py_amx_pv, METH_VARARGS,
+     "amx_pv(p8, vb, ii, BK, R, nk, first, n_blk, D, u0, u1[, pieces]): the forward's P V "
+     "tile products (int8 P (BK, nk, R, 64) by V's codes, exact) as float32 ii (BK, nk, R, D)"
+     ", 16-row units of (BK * nk * R)."},
     {"amx_bwd_tiles", py_amx_bwd_tiles, METH_VARARGS,
      "amx_bwd_tiles(qd, eq, dod, edo, kd, ek, vd, ev, lse, drow, dsr, erow, dsc, ecd, pc, ecp, "
      "BK, Hkv, G, n_blk, h, qb, nk, first, D, seq, window, scale, u0, u1[, pieces]): the "

@@ -67,8 +67,9 @@ class Digits:
 
 def scores(q: torch.Tensor, k: torch.Tensor):
     """compiled.forward's exact scores: a function (qb, first, nk, out) filling ``out``
-    (float64 (B * Hkv, G * 64, nk * 64)) with query block qb's scores against the band of nk
-    key blocks from ``first`` - the values of the float64 product Q K^T."""
+    (float32 (B * Hkv, G * 64, nk * 64)) with query block qb's scores against the band of nk
+    key blocks from ``first`` - the float64 product Q K^T's values rounded to float32, as
+    ``fwd_rows`` rounds them first."""
     hkv, g = k.shape[1], q.shape[1] // k.shape[1]
     qd, kd = Digits(q, False, False), Digits(k, False, True)
     bk = kd.planes
@@ -79,6 +80,26 @@ def scores(q: torch.Tensor, k: torch.Tensor):
         pieces.parallel(lambda lo, hi, p: _tilesc.amx_scores(
             *args, o, bk, hkv, g, kd.n_blk, qb, nk, first, kd.d, lo, hi, p),
             bk * g * BLOCK_M // 16, grain=1)
+        return out
+    return fill
+
+
+def values(v8: torch.Tensor):
+    """compiled.forward's P V products: V's int8 codes (B * Hkv, n_blk * 64, D) in the tiles'
+    order once, then a function (p8, first, out) filling ``out`` (float32 (B * Hkv, nk, R,
+    D)) with the exact products of int8 ``p8`` (B * Hkv, nk, R, 64) and the band's values."""
+    bk, keys, d = v8.shape
+    n_blk = keys // BLOCK_M
+    vb = torch.empty(bk * keys * d, dtype=torch.int8)
+    src, vbn = _np(v8.contiguous()), _np(vb)
+    pieces.parallel(lambda lo, hi, p: _tilesc.amx_value_tiles(src, vbn, bk, n_blk, d, lo, hi, p),
+                    bk, grain=1)
+
+    def fill(p8: torch.Tensor, first: int, out: torch.Tensor) -> torch.Tensor:
+        _, nk, rows, _ = p8.shape
+        args = (_np(p8), vbn, _np(out), bk, rows, nk, first, n_blk, d)
+        pieces.parallel(lambda lo, hi, p: _tilesc.amx_pv(*args, lo, hi, p),
+                        bk * nk * rows // 16, grain=1)
         return out
     return fill
 

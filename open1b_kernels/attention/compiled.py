@@ -111,34 +111,45 @@ def _scores(q, k, hkv: int):
 
 
 def forward(q, k, v, window: int | None):
-    """``forward_reference``'s (out, lse), the same bits (inputs already checked)."""
+    """``forward_reference``'s (out, lse), the same bits (inputs already checked). With AMX
+    tiles (``amx.available``) the scores come from them rounded to float32 (``fwd_rows32``
+    rounds first what ``fwd_rows`` would) and P V is an int8 tile product: the same values."""
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     g, bk = hq // hkv, b * hkv
     rows = g * BLOCK_M  # one query block of the group's heads, stacked
     scale = softmax_scale(d)
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
-    product = amx.scores(q, k) if amx.available() else _scores(q, k, hkv)
+    tiles = amx.available()
+    product = amx.scores(q, k) if tiles else _scores(q, k, hkv)
     v8, u = quantize_v(v)
-    v8f = v8.to(torch.float32).reshape(bk, n_kb, BLOCK_N, d)
+    v8 = v8.reshape(bk, n_kb * BLOCK_N, d)
+    pv = amx.values(v8) if tiles else None
+    v8f = None if tiles else v8.to(torch.float32).reshape(bk, n_kb, BLOCK_N, d)
     u = u.reshape(bk, n_kb * BLOCK_N).contiguous()
     lo, hi = block_band(torch.arange(n_qb), window, n_kb)
     out = torch.empty((n_qb, bk, rows, d))
     lse = torch.empty((n_qb, bk, rows))
     win = window or 0
+    rows_loop = _tilesc.fwd_rows32 if tiles else _tilesc.fwd_rows
     for qb in range(n_qb):
         first, nk = int(lo[qb]), int(hi[qb] - lo[qb]) + 1
-        s64 = product(qb, first, nk, scratch("attn.s64", (bk, rows, nk * BLOCK_N), torch.float64))
-        p8 = scratch("attn.p8", (bk, nk, rows, BLOCK_N), torch.float32)
+        sc = product(qb, first, nk, scratch("attn.s32" if tiles else "attn.s64",
+                                            (bk, rows, nk * BLOCK_N),
+                                            torch.float32 if tiles else torch.float64))
+        p8 = scratch("attn.p8", (bk, nk, rows, BLOCK_N), torch.int8 if tiles else torch.float32)
         alpha = scratch("attn.alpha", (bk, rows, nk), torch.float32)
         t = scratch("attn.t", (bk, rows, nk), torch.int32)
         m, l = scratch("attn.m", (bk, rows), torch.float32), scratch("attn.l", (bk, rows),
                                                                      torch.float32)
-        args = (_np(s64), _np(u), _np(p8), _np(alpha), _np(t), _np(m), _np(l), bk, rows, nk,
+        args = (_np(sc), _np(u), _np(p8), _np(alpha), _np(t), _np(m), _np(l), bk, rows, nk,
                 n_kb * BLOCK_N, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
-        pieces.parallel(lambda a, z, p: _tilesc.fwd_rows(*args, a, z, p), bk * rows, grain=8)
+        pieces.parallel(lambda a, z, p: rows_loop(*args, a, z, p), bk * rows, grain=8)
         ii = scratch("attn.pv", (bk, nk, rows, d), torch.float32)  # (bk, nk, rows, D), exact
-        _band_products(p8, v8f[:, first:first + nk], ii)
+        if tiles:
+            pv(p8, first, ii)
+        else:
+            _band_products(p8, v8f[:, first:first + nk], ii)
         acc_args = (_np(ii), _np(alpha), _np(t), _np(m), _np(l), _np(out[qb]), _np(lse[qb]),
                     bk, rows, nk, d)
         pieces.parallel(lambda a, z, p: _tilesc.fwd_acc(*acc_args, a, z, p), bk * rows, grain=8)
