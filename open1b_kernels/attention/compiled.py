@@ -22,6 +22,8 @@ thread count.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from open1b_kernels.attention import amx
@@ -55,6 +57,70 @@ def _band_products(lhs: torch.Tensor, band: torch.Tensor, out: torch.Tensor) -> 
         return
     for i in range(lhs.shape[0]):       # band[i] is contiguous: no copy
         torch.matmul(lhs[i], band[i], out=out[i])
+
+
+def _tiles() -> bool:
+    """Whether this call's products run on AMX tiles: ``amx.available`` and the tiles agreed
+    with the float64 products on the probe (``tiles_agree``, once per process)."""
+    return amx.available() and tiles_agree()
+
+
+@functools.lru_cache(maxsize=1)
+def tiles_agree() -> bool:
+    """Run once: the forward and backward with every product on the tiles and with the
+    float64 products, on worst-case operands (every value at bf16's extreme exponents and
+    significands, so every digit reaches -128 or 127; subnormals; zeros; GQA; a window; a
+    partial block; head dims 16 and 128); False, with a warning naming the platform and the
+    first differing output, where any bit differs - the process then keeps the float64
+    products. The tile products are exact by construction (open1b_kernels/attention/
+    _tileamx.c); this guards the hardware state they run on (tile registers an OS or a
+    hypervisor must save and restore), as the int8 GEMM's probe does."""
+    for case in _PROBE_CASES:
+        q, k, v, do, window = _probe_inputs(*case)
+        got = _run_both(q, k, v, do, window, True)
+        want = _run_both(q, k, v, do, window, False)
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+            if not torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+                               b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32)):
+                import warnings
+
+                from open1b_kernels.int8.route import platform_name
+                warnings.warn(f"attention's AMX tile products differ from the float64 products "
+                              f"on {platform_name()} ({name} of the probe case {case}); using "
+                              "the float64 products", RuntimeWarning, stacklevel=3)
+                return False
+    return True
+
+
+# (B, Hq, Hkv, S, D, window): GQA with a partial last block; head dim 16 under a window
+_PROBE_CASES = ((1, 4, 2, 80, 128, None), (1, 2, 1, 70, 16, 40))
+
+
+def _probe_inputs(b, hq, hkv, s, d, window):
+    """Operands whose digits reach every extreme, finite throughout (attention's inputs are:
+    open1b_kernels/attention/fixed.py): values of the largest significand (255 / 128, both
+    signs: the digit -128) beside much smaller ones in one group, zeros, -0, subnormals,
+    and whole rows of subnormals and of zeros (groups of exponent 1)."""
+    g = torch.Generator().manual_seed(0x7A11)
+    ext = torch.tensor([-255.0 / 128 * 2 ** 20, 255.0 / 128 * 2 ** 20, -2.0 ** -20,
+                        2.0 ** -133, 0.0, -0.0, 1.0, -255.0 / 128])
+
+    def x(*shape):
+        t = torch.randn(*shape, generator=g)
+        pick = torch.randint(0, len(ext) + 1, shape, generator=g)
+        t = torch.where(pick < len(ext), ext[pick.clamp(max=len(ext) - 1)], t)
+        t[..., 3, :] = 2.0 ** -133 * torch.randn(shape[:-2] + (shape[-1],), generator=g)
+        t[..., 5, :] = 0.0
+        return t.to(torch.bfloat16)
+    # queries scaled so that the scores stay moderate (softmax not one-hot): a power of two
+    # changes no digit, only the group exponents
+    q = (x(b, hq, s, d).float() * 2.0 ** -40).to(torch.bfloat16)
+    return q, x(b, hkv, s, d), x(b, hkv, s, d), x(b, hq, s, d), window
+
+
+def _run_both(q, k, v, do, window, tiles: bool):
+    out, lse = _forward(q, k, v, window, tiles)
+    return (out, lse, *(_backward_amx if tiles else _backward)(q, k, v, out, lse, do, window))
 
 
 def available() -> bool:
@@ -112,15 +178,18 @@ def _scores(q, k, hkv: int):
 
 def forward(q, k, v, window: int | None):
     """``forward_reference``'s (out, lse), the same bits (inputs already checked). With AMX
-    tiles (``amx.available``) the scores come from them rounded to float32 (``fwd_rows32``
-    rounds first what ``fwd_rows`` would) and P V is an int8 tile product: the same values."""
+    tiles (``_tiles``) the scores come from them rounded to float32 (``fwd_rows32`` rounds
+    first what ``fwd_rows`` would) and P V is an int8 tile product: the same values."""
+    return _forward(q, k, v, window, _tiles())
+
+
+def _forward(q, k, v, window: int | None, tiles: bool):
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     g, bk = hq // hkv, b * hkv
     rows = g * BLOCK_M  # one query block of the group's heads, stacked
     scale = softmax_scale(d)
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
-    tiles = amx.available()
     product = amx.scores(q, k) if tiles else _scores(q, k, hkv)
     v8, u = quantize_v(v)
     v8 = v8.reshape(bk, n_kb * BLOCK_N, d)
@@ -165,9 +234,13 @@ def backward(q, k, v, o, lse, do, window: int | None):
     Loop order: query head h of every KV group outer, query blocks ascending inner - the
     order in which dK and dV sum their tiles (heads ascending, then query blocks); dQ of a
     query block sums its band's tiles ascending within one step. With AMX tiles
-    (``amx.available``) the same loop takes its products from them."""
-    if amx.available():
+    (``_tiles``) the same loop takes its products from them."""
+    if _tiles():
         return _backward_amx(q, k, v, o, lse, do, window)
+    return _backward(q, k, v, o, lse, do, window)
+
+
+def _backward(q, k, v, o, lse, do, window: int | None):
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     g, bk = hq // hkv, b * hkv
