@@ -109,10 +109,18 @@ def product(a: Packed, b: Packed, out: torch.Tensor) -> torch.Tensor:
 _EMPTY = torch.empty(0, dtype=torch.int8).numpy()
 
 
-def amx_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def amx_mm(a: torch.Tensor, b: torch.Tensor | Packed, out: torch.Tensor | None = None
+           ) -> torch.Tensor:
     """Exact int32 ``a @ b.T`` of int8 (M, K) and (N, K) CPU matrices (row-major or
-    transposed views), 1 <= K <= MAX_K, into ``out`` (contiguous int32 (M, N)) when given.
+    transposed views), 1 <= K <= MAX_K, into ``out`` (contiguous int32 (M, N)) when given;
+    ``b`` may be packed already (``pack(b, True, ...)``: an operand used several times).
     Needs ``available()``."""
+    if isinstance(b, Packed):
+        if not b.b_side or a.shape[1] != b.k or a.shape[0] == 0:
+            raise ValueError(f"amx_mm: a packed B side of K = {a.shape[1]}, got one of "
+                             f"K = {b.k} (B side: {b.b_side}) for a {tuple(a.shape)}")
+        c = out if out is not None else torch.empty((a.shape[0], b.lines), dtype=torch.int32)
+        return product(pack(a, False, "amxmm.a"), b, c)
     m, k = a.shape
     n = b.shape[0]
     if (a.dtype != torch.int8 or b.dtype != torch.int8 or b.shape[1] != k

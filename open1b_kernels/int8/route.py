@@ -99,10 +99,10 @@ def _library_int_mm(a: torch.Tensor, b_t: torch.Tensor, out: torch.Tensor | None
     return torch._int_mm(a, b_t) if out is None else torch._int_mm(a, b_t, out=out)
 
 
-def _amx_int_mm(a: torch.Tensor, b_t: torch.Tensor, out: torch.Tensor | None = None
-                ) -> torch.Tensor:
-    """The AMX tile GEMM with ``_library_int_mm``'s signature."""
-    return amxmm.amx_mm(a, b_t.t(), out)
+def _amx_int_mm(a: torch.Tensor, b_t, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The AMX tile GEMM with ``_library_int_mm``'s signature (``b_t`` may be a B side
+    packed by ``prepare_b``)."""
+    return amxmm.amx_mm(a, b_t if isinstance(b_t, amxmm.Packed) else b_t.t(), out)
 
 
 def _raw_int_mm(a: torch.Tensor, b_t: torch.Tensor, out: torch.Tensor | None = None
@@ -344,18 +344,19 @@ def _float_int_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) ->
     return acc if out is None else out.copy_(acc)
 
 
-def int_mm_unchecked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
+def int_mm_unchecked(a: torch.Tensor, b, out: torch.Tensor | None = None
                      ) -> torch.Tensor | None:
     """int32 ``a @ b.T`` by the checked routes' int8 GEMM (``_raw_int_mm``: the AMX tiles or
     the library's; into ``out``, contiguous int32 (M, N), when given), *not* checked - for a
     caller on a checked route ("int", "amx") that checks the exact row
     and column sums of the whole product itself, once, instead of per block
     (``open1b_kernels.ops.lmhead_int`` through ``lmhead_check``); None where the library
-    refuses the layout or shape."""
+    refuses the layout or shape. On "amx" ``b`` may be packed already (``amxmm.pack``: an
+    operand several products share)."""
     if a.shape[1] < 2:                  # K = 1: the float route (comment above SGEMM_K)
         return None
     try:
-        return _raw_int_mm(a, b.t(), out=out)
+        return _raw_int_mm(a, b if isinstance(b, amxmm.Packed) else b.t(), out=out)
     except RuntimeError:
         return None
 
