@@ -23,13 +23,13 @@ import torch
 from open1b_kernels.attention.tiles import BLOCK_M
 from open1b_kernels.core import mathc, pieces
 from open1b_kernels.core.workspace import scratch
+from open1b_kernels.int8.amxmm import SWITCH  # "0": every AMX loop off, this and the GEMM
 
 try:
     from open1b_kernels.attention import _tilesc
 except ImportError:  # pragma: no cover - the extension is optional
     _tilesc = None
 
-SWITCH = "OPEN1B_AMX"     # "0": every AMX loop off (attention's products and the tile GEMM)
 DIGITS = 3 * 1024         # one 64-wide chunk's three digit blocks of 16 lines
 _np = mathc.flat
 

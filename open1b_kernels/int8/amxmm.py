@@ -12,6 +12,7 @@ writes its own part of C, so the result does not depend on the cut.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -32,11 +33,14 @@ def _cpu() -> bool:
     return bool(LOOPS.amx_cpu())
 
 
+SWITCH = "OPEN1B_AMX"     # "0": every AMX loop off (this GEMM and attention's tile products)
+
+
 def available() -> bool:
     """True when the extension is built with the AMX intrinsics, this process runs AMX-INT8
-    tiles (CPUID, the OS's tile state and its permission: probed once) and the compiled
-    loops are not switched off (OPEN1B_MATHC=0)."""
-    return LOOPS.available() and _cpu()
+    tiles (CPUID, the OS's tile state and its permission: probed once) and neither the
+    compiled loops (OPEN1B_MATHC=0) nor the AMX loops (OPEN1B_AMX=0) are switched off."""
+    return LOOPS.available() and os.environ.get(SWITCH, "1") != "0" and _cpu()
 
 
 @dataclass(frozen=True, eq=False)
