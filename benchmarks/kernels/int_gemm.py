@@ -66,10 +66,10 @@ def main(repeats, out):
                 f()
                 t[s].append(time.perf_counter() - t0)
         md = {s: statistics.median(v) for s, v in t.items()}
-        pair_s, pair_r = (f"{md['pairs']:.3f}", f"{md['f32'] / md['pairs']:.2f}") if "pairs" in md \
-            else ("-", "-")
-        tile_s, tile_r = (f"{md['amx']:.3f}", f"{md['f32'] / md['amx']:.2f}") if "amx" in md \
-            else ("-", "-")
+        def side(name):
+            return ((f"{md[name]:.3f}", f"{md['f32'] / md[name]:.2f}") if name in md
+                    else ("-", "-"))
+        (pair_s, pair_r), (tile_s, tile_r) = side("pairs"), side("amx")
         lines.append(f"| {m} x {k} x {n} | {exact} | {md['int']:.3f} | {md['float']:.3f} | "
                      f"{pair_s} | {tile_s} | {md['f32']:.3f} | {md['f64']:.3f} | "
                      f"{md['f32'] / md['int']:.2f} | {md['f32'] / md['float']:.2f} | {pair_r} | "
