@@ -59,7 +59,7 @@ def _band_products(lhs: torch.Tensor, band: torch.Tensor, out: torch.Tensor) -> 
         torch.matmul(lhs[i], band[i], out=out[i])
 
 
-def _tiles() -> bool:
+def tiles_in_use() -> bool:
     """Whether this call's products run on AMX tiles: ``amx.available`` and the tiles agreed
     with the float64 products on the probe (``tiles_agree``, once per process)."""
     return amx.available() and tiles_agree()
@@ -178,9 +178,9 @@ def _scores(q, k, hkv: int):
 
 def forward(q, k, v, window: int | None):
     """``forward_reference``'s (out, lse), the same bits (inputs already checked). With AMX
-    tiles (``_tiles``) the scores come from them rounded to float32 (``fwd_rows32`` rounds
+    tiles (``tiles_in_use``) the scores come from them rounded to float32 (``fwd_rows32`` rounds
     first what ``fwd_rows`` would) and P V is an int8 tile product: the same values."""
-    return _forward(q, k, v, window, _tiles())
+    return _forward(q, k, v, window, tiles_in_use())
 
 
 def _forward(q, k, v, window: int | None, tiles: bool):
@@ -234,8 +234,8 @@ def backward(q, k, v, o, lse, do, window: int | None):
     Loop order: query head h of every KV group outer, query blocks ascending inner - the
     order in which dK and dV sum their tiles (heads ascending, then query blocks); dQ of a
     query block sums its band's tiles ascending within one step. With AMX tiles
-    (``_tiles``) the same loop takes its products from them."""
-    if _tiles():
+    (``tiles_in_use``) the same loop takes its products from them."""
+    if tiles_in_use():
         return _backward_amx(q, k, v, o, lse, do, window)
     return _backward(q, k, v, o, lse, do, window)
 

@@ -147,7 +147,7 @@ def test_a_forged_score_is_caught_too(monkeypatch):
 
 def test_switch_off_keeps_the_float64_products(monkeypatch):
     monkeypatch.setenv(amx.SWITCH, "0")
-    assert not amx.available() and not compiled._tiles()
+    assert not amx.available() and not compiled.tiles_in_use()
     calls = []
     monkeypatch.setattr(amx, "backward_step", lambda *a: calls.append(1))
     q, k, v, do, window = _inputs((1, 2, 1, 70, 16, None), seed=2)

@@ -50,8 +50,8 @@ def products(request, monkeypatch):
     """The tile products as float64 BLAS products, or on AMX tiles where this CPU runs them
     (open1b_kernels/attention/amx.py): both give the definition's bits."""
     if request.param == "float64":
-        monkeypatch.setattr(compiled, "_tiles", lambda: False)
-    elif not compiled._tiles():
+        monkeypatch.setattr(compiled, "tiles_in_use", lambda: False)
+    elif not compiled.tiles_in_use():
         pytest.skip("this CPU (or OS) does not run AMX-INT8 tiles")
     return request.param
 
@@ -73,7 +73,7 @@ def test_compiled_matches_reference(case, kind, batch_band, monkeypatch, product
 
 @pytest.mark.parametrize("case", MORE_CASES)
 def test_every_tile_copy_matches_the_reference(case, tile_copy, monkeypatch):
-    monkeypatch.setattr(compiled, "_tiles", lambda: False)      # the float64 products' copies
+    monkeypatch.setattr(compiled, "tiles_in_use", lambda: False)      # the float64 products' copies
     q, k, v, do, window = _inputs(case, seed=13, kind="normal")
     out, lse = forward_reference(q, k, v, window)
     _assert_same(compiled.backward(q, k, v, out, lse, do, window),
