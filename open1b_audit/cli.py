@@ -99,7 +99,8 @@ def selftest_cmd(steps, interpreter, work, as_json) -> None:
                    f"{m['torch']} (CPU capability {m['torch_cpu_capability']}), numpy "
                    f"{m['numpy']}, python {m['python']}, C math extension "
                    f"{'on' if m['mathc'] else 'off'}, attention loops "
-                   f"{'on' if m.get('attention_loops') else 'off'}, "
+                   f"{'on' if m.get('attention_loops') else 'off'} (products "
+                   f"{'on AMX tiles' if m.get('attention_tiles') else 'float64'}), "
                    f"FTZ {'ON' if m['flush']['ftz'] else 'off'}"
                    f", DAZ {'ON' if m['flush']['daz'] else 'off'}"
                    + (f", GPU {m['cuda']}" if m["cuda"] else ""))

@@ -25,7 +25,12 @@ its report.
   estimate, the free memory and the choice are printed.
 
 "Fits" means the estimate times HEADROOM is at most MemAvailable; with MemAvailable unknown,
-auto takes resident and lean keeps no layer.
+auto takes resident and lean keeps no layer. The lean plan's kept layers stop where its
+estimated peak would pass ``LEAN_PEAK`` (16 GB) even where more memory is free: the point of
+lean is a step on a 16 GB machine, and at Open-1B's shapes one more kept layer saves a
+layer's forward (0.2-0.4 s of a window's ~50 s on the AMX Xeon, BENCHMARKS.md) for 0.39 GiB -
+measured, the step kept 14 layers on a 24 GB VM and peaked at 18.8-19.3 GiB, while
+``lean:0`` peaked at 14.1-14.2 GiB. ``lean:N`` keeps exactly N, whatever either says.
 
 The estimates are arithmetic over the model's shapes and the step's tokens (the terms are
 listed in ``estimate``), not measurements; BENCHMARKS.md compares them with measured peaks.
@@ -48,6 +53,7 @@ PLANS = ("resident", "lean")
 CHOICES = ("auto", *PLANS)
 CHOICE_HELP = "auto, resident, lean or lean:N (N layers' activations kept, 0 = none)"
 HEADROOM = 1.10            # auto picks resident only when 110% of its estimate is free
+LEAN_PEAK = 16 * 10**9     # lean keeps layers only while its estimated peak stays within
 RUNTIME = 512 << 20        # Python, torch and the package imported: 327 MiB measured, rounded up
 
 
@@ -169,12 +175,15 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str, kept: int = 0) -> int:
             + min(fold, 2 * flat) + RUNTIME)
 
 
-def fitting(cfg: TrainConfig, tokens: int, free: int | None) -> int:
+def fitting(cfg: TrainConfig, tokens: int, free: int | None, peak: int | None = None) -> int:
     """The most layers whose activations the lean plan can keep within ``free`` bytes
-    (HEADROOM included); 0 when ``free`` is unknown."""
+    (HEADROOM included) with its estimated peak at most ``peak`` (default ``LEAN_PEAK``); 0
+    when ``free`` is unknown."""
+    peak = LEAN_PEAK if peak is None else peak
     n = 0
     while (free is not None and n < cfg.model.n_layers
-           and estimate(cfg, tokens, "lean", n + 1) * HEADROOM <= free):
+           and estimate(cfg, tokens, "lean", n + 1) * HEADROOM <= free
+           and estimate(cfg, tokens, "lean", n + 1) <= peak):
         n += 1
     return n
 

@@ -52,13 +52,18 @@ ROWS: dict[str, tuple[dict[str, str], list[str], str | None]] = {
     # the compiled loops' pieces on open1b_kernels.core.pieces' own thread pool instead of torch's
     # OpenMP team (open1b_kernels/core/_pieces.h), three of them
     "pool-3": ({"OPEN1B_MATHC_OMP": "0", "OMP_NUM_THREADS": "3"}, ["--threads", "3"], None),
-    # the three exact integer GEMM routes (open1b_kernels.int8.route): the library's int8 GEMM
-    # (fast on VNNI-class CPUs, checked), the project's int16-pair GEMM (x86-64 with AVX2;
-    # elsewhere this row runs the float route and says so) and float32 GEMMs of int8 values;
-    # auto picks one per CPU
+    # the four exact integer GEMM routes (open1b_kernels.int8.route): the project's AMX tile
+    # GEMM (AMX-INT8 CPUs, checked; elsewhere this row runs the float route and says so), the
+    # library's int8 GEMM (fast on VNNI-class CPUs, checked), the project's int16-pair GEMM
+    # (x86-64 with AVX2; elsewhere the float route) and float32 GEMMs of int8 values; auto
+    # picks one per CPU
+    "int-gemm-amx": ({"OPEN1B_INT_GEMM": "amx"}, [], None),
     "int-gemm-int": ({"OPEN1B_INT_GEMM": "int"}, [], None),
     "int-gemm-pairs": ({"OPEN1B_INT_GEMM": "pairs"}, [], None),
     "int-gemm-float": ({"OPEN1B_INT_GEMM": "float"}, [], None),
+    # every AMX loop off (attention's tile products back to float64 BLAS products, the int8
+    # GEMM to the next route auto takes): on a CPU without AMX the same as baseline
+    "amx-off": ({"OPEN1B_AMX": "0"}, [], None),
     "flush-denormal": ({}, ["--flush-denormal"], None),
     "matmul-medium": ({}, ["--matmul-precision", "medium"], None),
     "fma-control": ({}, ["--fma-control"], None),

@@ -9,8 +9,9 @@ reference (``force("cpu")``, the bits the trainer computes):
   ``layer_backward`` timed apart (``benchmarks.kernels.layer.setup``, one run each). The
   lean plan keeps only each layer's input and recomputes the layer before its backward, so
   a lean layer costs 2 x forward + backward - except the layers whose activations it keeps
-  as the free memory allows (``memplan.fitting``; ``--free-gib``, default 22: what a 24 GB
-  machine reports available), which cost forward + backward as under resident.
+  as the free memory and the lean plan's peak allow (``memplan.fitting``: ``--free-gib``,
+  default 22, what a 24 GB machine reports available, and ``memplan.LEAN_PEAK``, 16 GB),
+  which cost forward + backward as under resident.
 * **the LM head and loss** (2,048 -> 128,256, 3 int8 slices, cross-entropy + z-loss,
   forward and backward: ``lmhead_forward``, ``xent_forward``/``xent_backward``,
   ``lmhead_backward``) on ``--head-tokens`` tokens, scaled linearly to 4,096 (its GEMMs are
@@ -138,6 +139,8 @@ def full_step_lines(parts: dict, m, cores: int, update: float | None,
     ``parts`` = {allocator: (layers, head)} (each plan from its own allocator's parts where
     measured, else from the one measured); ``kept``: the layers the lean plan keeps with
     ``free_gib`` available."""
+    from open1b_train import memplan
+
     threads = torch.get_num_threads()
     keeps = f"lean, {len(kept)} layers kept"
 
@@ -151,8 +154,9 @@ def full_step_lines(parts: dict, m, cores: int, update: float | None,
     out = [f"Full Open-1B step ({windows:,} windows of 4,096 tokens), per window: resident "
            f"plan (forward + backward) {per['resident']:,.0f} s, lean plan recomputing every "
            f"layer (`lean:0`, 2 x forward + backward) {per['lean:0']:,.0f} s, lean keeping "
-           f"the {len(kept)} layers' activations {free_gib:g} GiB available hold "
-           f"(`memplan.fitting`) {per[keeps]:,.0f} s, at {threads} threads"
+           f"the {len(kept)} layers' activations {free_gib:g} GiB available and the plan's "
+           f"{memplan.LEAN_PEAK / 1e9:g} GB peak hold (`memplan.fitting`) {per[keeps]:,.0f} s, "
+           f"at {threads} threads"
            + (" (each plan timed under its trainer's allocator setting)" if len(parts) > 1
               else f" (every plan timed under the allocator setting '{next(iter(parts))}')")
            + "; the update "

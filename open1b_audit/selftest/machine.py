@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS", "OPEN1B_MATHC",
-       "OPEN1B_INT_GEMM", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")
+       "OPEN1B_INT_GEMM", "OPEN1B_AMX", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")
 
 
 def cpu_info() -> dict[str, Any]:
@@ -52,6 +52,8 @@ def describe() -> dict[str, Any]:
             "torch_cpu_capability": cap() if cap else None,
             "torch_threads": torch.get_num_threads(),
             "mathc": mathc.available(), "attention_loops": attention_loops.available(),
+            # attention's exact tile products on AMX tiles, or as float64 BLAS products
+            "attention_tiles": attention_loops.available() and attention_loops.tiles_in_use(),
             "flush": ieee.flush_state(),
             # which exact integer GEMM ran (the library's, checked, or float32 chunks) and
             # how many results failed their checksum: a reader sees the path, not just "CPU"

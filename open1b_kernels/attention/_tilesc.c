@@ -74,18 +74,23 @@ static inline double fixed_value(uint16_t bits, int32_t e) {
  * same IEEE operations on wider registers (FMA stays off), picked at load time. */
 
 /* Forward, one query block's band for rows [u0, u1) of (BK, R): the online softmax over nk
- * key blocks from key `col0`, as forward_reference's loop body. s64 (BK, R, nk*64) float64
- * exact products; u (BK, ustride) int32 V row exponents. Out: p8 (BK, nk, R, 64) float32 in
- * the layout of the P V product, alpha and t (BK, R, nk), m and l (BK, R). */
-CLONES static void fwd_rows(const double *s64, const int32_t *u, float *p8, float *alpha,
-                            int32_t *t, float *m_out, float *l_out, Py_ssize_t R, Py_ssize_t nk,
-                            Py_ssize_t ustride, Py_ssize_t col0, Py_ssize_t row0, int32_t seq,
-                            int32_t window, float scale, Py_ssize_t u0, Py_ssize_t u1) {
+ * key blocks from key `col0`, as forward_reference's loop body. s (BK, R, nk*64) the exact
+ * products: float64 (s_f32 0), or their float32 roundings (1: the AMX products,
+ * open1b_kernels/attention/_tileamx.c, where the first operation below is that rounding);
+ * u (BK, ustride) int32 V row exponents. Out: p8 (BK, nk, R, 64) in the layout of the P V
+ * product, float32 (p_i8 0) or int8 (1: the integers 0..127 themselves, for the tiles),
+ * alpha and t (BK, R, nk), m and l (BK, R). */
+static inline __attribute__((always_inline)) void
+fwd_rows_body(const void *s, const int s_f32, const int32_t *u, void *p8, const int p_i8,
+              float *alpha, int32_t *t, float *m_out, float *l_out, Py_ssize_t R, Py_ssize_t nk,
+              Py_ssize_t ustride, Py_ssize_t col0, Py_ssize_t row0, int32_t seq, int32_t window,
+              float scale, Py_ssize_t u0, Py_ssize_t u1) {
     Py_ssize_t L = nk * BLK;
     for (Py_ssize_t unit = u0; unit < u1; unit++) {
         Py_ssize_t bk = unit / R, r = unit % R;
         int32_t row = (int32_t)(row0 + r % BLK);
-        const double *srow = s64 + unit * L;
+        const double *srow = (const double *)s + unit * L;
+        const float *srow32 = (const float *)s + unit * L;
         const int32_t *urow = u + bk * ustride;
         float m = -INFINITY, l = 0.0f;
         for (Py_ssize_t j = 0; j < nk; j++) {
@@ -93,11 +98,12 @@ CLONES static void fwd_rows(const double *s64, const int32_t *u, float *p8, floa
             int32_t vis[BLK];
             Py_ssize_t cb = col0 + j * BLK;
             const double *sj = srow + j * BLK;
+            const float *sj32 = srow32 + j * BLK;
             const int32_t *uj = urow + cb;
             int32_t lower = lower_bound(row, window), c0 = (int32_t)cb;
             for (int c = 0; c < BLK; c++) vis[c] = visible(row, c0 + c, seq, lower);
             for (int c = 0; c < BLK; c++) {
-                float x = (float)sj[c] * scale;
+                float x = (s_f32 ? sj32[c] : (float)sj[c]) * scale;
                 sc[c] = vis[c] ? x : -INFINITY;
             }
             float rowmax = -INFINITY;
@@ -114,10 +120,14 @@ CLONES static void fwd_rows(const double *s64, const int32_t *u, float *p8, floa
             int32_t tt = 133 - expo_f32(pmax);
             tt = tt > P_EXP_CAP ? P_EXP_CAP : tt;
             float up = pow2i(tt);
-            float *dst = p8 + ((bk * nk + j) * R + r) * BLK;
+            Py_ssize_t at = ((bk * nk + j) * R + r) * BLK;
             for (int c = 0; c < BLK; c++) {
                 float q = (pu[c] * up + RNE_MAGIC) - RNE_MAGIC;
-                dst[c] = q > 127.0f ? 127.0f : q;
+                q = q > 127.0f ? 127.0f : q;
+                if (p_i8)
+                    ((int8_t *)p8)[at + c] = (int8_t)q;
+                else
+                    ((float *)p8)[at + c] = q;
             }
             l = l * a + tree64(p);
             alpha[unit * nk + j] = a;
@@ -127,6 +137,22 @@ CLONES static void fwd_rows(const double *s64, const int32_t *u, float *p8, floa
         m_out[unit] = m;
         l_out[unit] = l;
     }
+}
+
+CLONES static void fwd_rows(const double *s64, const int32_t *u, float *p8, float *alpha,
+                            int32_t *t, float *m_out, float *l_out, Py_ssize_t R, Py_ssize_t nk,
+                            Py_ssize_t ustride, Py_ssize_t col0, Py_ssize_t row0, int32_t seq,
+                            int32_t window, float scale, Py_ssize_t u0, Py_ssize_t u1) {
+    fwd_rows_body(s64, 0, u, p8, 0, alpha, t, m_out, l_out, R, nk, ustride, col0, row0, seq,
+                  window, scale, u0, u1);
+}
+
+CLONES static void fwd_rows32(const float *s32, const int32_t *u, int8_t *p8, float *alpha,
+                              int32_t *t, float *m_out, float *l_out, Py_ssize_t R, Py_ssize_t nk,
+                              Py_ssize_t ustride, Py_ssize_t col0, Py_ssize_t row0, int32_t seq,
+                              int32_t window, float scale, Py_ssize_t u0, Py_ssize_t u1) {
+    fwd_rows_body(s32, 1, u, p8, 1, alpha, t, m_out, l_out, R, nk, ustride, col0, row0, seq,
+                  window, scale, u0, u1);
 }
 
 /* Forward, the accumulator of rows [u0, u1): acc = acc * alpha + I * 2^-t over the key
@@ -345,8 +371,8 @@ static int positions_ok(Py_ssize_t seq, Py_ssize_t window, Py_ssize_t rows, Py_s
     return 0;
 }
 
-static PyObject *py_fwd_rows(PyObject *self, PyObject *args) {
-    (void)self;
+/* fwd_rows (narrow 0: s float64, p8 float32) or fwd_rows32 (1: s float32, p8 int8). */
+static PyObject *fwd_rows_call(PyObject *args, int narrow) {
     int pieces = 1;
     Py_buffer b[7];
     Py_ssize_t BK, R, nk, ustride, col0, row0, seq, window, u0, u1;
@@ -357,19 +383,34 @@ static PyObject *py_fwd_rows(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t rows = BK * R, L = nk * BLK;
     int ok = positions_ok(seq, window, row0 + R, col0 + L) && BK > 0 && R > 0 && nk > 0 && col0 >= 0 && col0 + L <= ustride &&
-             sized(&b[0], rows * L, 8, "s64") && sized(&b[1], BK * ustride, 4, "u") &&
-             sized(&b[2], rows * L, 4, "p8") && sized(&b[3], rows * nk, 4, "alpha") &&
+             sized(&b[0], rows * L, narrow ? 4 : 8, "s") && sized(&b[1], BK * ustride, 4, "u") &&
+             sized(&b[2], rows * L, narrow ? 1 : 4, "p8") && sized(&b[3], rows * nk, 4, "alpha") &&
              sized(&b[4], rows * nk, 4, "t") && sized(&b[5], rows, 4, "m") &&
              sized(&b[6], rows, 4, "l") && units_ok(u0, u1, rows);
     ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        FOR_PIECES(u0, u1, pieces, fwd_rows(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf,
-                                            b[5].buf, b[6].buf, R, nk, ustride, col0, row0, seq,
-                                            window, (float)scale, p_lo, p_hi));
+        if (narrow)
+            FOR_PIECES(u0, u1, pieces, fwd_rows32(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf,
+                                                  b[5].buf, b[6].buf, R, nk, ustride, col0, row0,
+                                                  seq, window, (float)scale, p_lo, p_hi));
+        else
+            FOR_PIECES(u0, u1, pieces, fwd_rows(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf,
+                                                b[5].buf, b[6].buf, R, nk, ustride, col0, row0, seq,
+                                                window, (float)scale, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
     return finish(b, 7, ok, "fwd_rows: inconsistent shapes");
+}
+
+static PyObject *py_fwd_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    return fwd_rows_call(args, 0);
+}
+
+static PyObject *py_fwd_rows32(PyObject *self, PyObject *args) {
+    (void)self;
+    return fwd_rows_call(args, 1);
 }
 
 static PyObject *py_fwd_acc(PyObject *self, PyObject *args) {
@@ -509,6 +550,9 @@ static PyMethodDef methods[] = {
     {"fwd_rows", py_fwd_rows, METH_VARARGS,
      "fwd_rows(s64, u, p8, alpha, t, m, l, BK, R, nk, ustride, col0, row0, seq, window, scale,"
      " u0, u1): the forward's online softmax over one query block's band."},
+    {"fwd_rows32", py_fwd_rows32, METH_VARARGS,
+     "fwd_rows32(s32, u, p8, ...): fwd_rows from the scores' float32 roundings, P as int8 "
+     "(the AMX path's operands)."},
     {"fwd_acc", py_fwd_acc, METH_VARARGS,
      "fwd_acc(I, alpha, t, m, l, out, lse, BK, R, nk, D, u0, u1): the forward's accumulator."},
     {"bwd_tiles", py_bwd_tiles, METH_VARARGS,
@@ -526,4 +570,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-EXT_MODULE(_tilesc, "Compiled tile loops of attention's CPU reference (same bits).", {methods})
+EXT_TABLE(tileamx);
+
+EXT_MODULE(_tilesc, "Compiled tile loops of attention's CPU reference (same bits).",
+           {methods, open1b_tileamx_methods})

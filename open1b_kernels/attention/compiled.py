@@ -22,8 +22,11 @@ thread count.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from open1b_kernels.attention import amx
 from open1b_kernels.attention.tiles import (BLOCK_M, BLOCK_N, block_band, pad_rows, quantize_v,
                                      row_delta, softmax_scale)
 from open1b_kernels.core import mathc, pieces
@@ -54,6 +57,70 @@ def _band_products(lhs: torch.Tensor, band: torch.Tensor, out: torch.Tensor) -> 
         return
     for i in range(lhs.shape[0]):       # band[i] is contiguous: no copy
         torch.matmul(lhs[i], band[i], out=out[i])
+
+
+def tiles_in_use() -> bool:
+    """Whether this call's products run on AMX tiles: ``amx.available`` and the tiles agreed
+    with the float64 products on the probe (``tiles_agree``, once per process)."""
+    return amx.available() and tiles_agree()
+
+
+@functools.lru_cache(maxsize=1)
+def tiles_agree() -> bool:
+    """Run once: the forward and backward with every product on the tiles and with the
+    float64 products, on worst-case operands (every value at bf16's extreme exponents and
+    significands, so every digit reaches -128 or 127; subnormals; zeros; GQA; a window; a
+    partial block; head dims 16 and 128); False, with a warning naming the platform and the
+    first differing output, where any bit differs - the process then keeps the float64
+    products. The tile products are exact by construction (open1b_kernels/attention/
+    _tileamx.c); this guards the hardware state they run on (tile registers an OS or a
+    hypervisor must save and restore), as the int8 GEMM's probe does."""
+    for case in _PROBE_CASES:
+        q, k, v, do, window = _probe_inputs(*case)
+        got = _run_both(q, k, v, do, window, True)
+        want = _run_both(q, k, v, do, window, False)
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+            if not torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+                               b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32)):
+                import warnings
+
+                from open1b_kernels.int8.route import platform_name
+                warnings.warn(f"attention's AMX tile products differ from the float64 products "
+                              f"on {platform_name()} ({name} of the probe case {case}); using "
+                              "the float64 products", RuntimeWarning, stacklevel=3)
+                return False
+    return True
+
+
+# (B, Hq, Hkv, S, D, window): GQA with a partial last block; head dim 16 under a window
+_PROBE_CASES = ((1, 4, 2, 80, 128, None), (1, 2, 1, 70, 16, 40))
+
+
+def _probe_inputs(b, hq, hkv, s, d, window):
+    """Operands whose digits reach every extreme, finite throughout (attention's inputs are:
+    open1b_kernels/attention/fixed.py): values of the largest significand (255 / 128, both
+    signs: the digit -128) beside much smaller ones in one group, zeros, -0, subnormals,
+    and whole rows of subnormals and of zeros (groups of exponent 1)."""
+    g = torch.Generator().manual_seed(0x7A11)
+    ext = torch.tensor([-255.0 / 128 * 2 ** 20, 255.0 / 128 * 2 ** 20, -2.0 ** -20,
+                        2.0 ** -133, 0.0, -0.0, 1.0, -255.0 / 128])
+
+    def x(*shape):
+        t = torch.randn(*shape, generator=g)
+        pick = torch.randint(0, len(ext) + 1, shape, generator=g)
+        t = torch.where(pick < len(ext), ext[pick.clamp(max=len(ext) - 1)], t)
+        t[..., 3, :] = 2.0 ** -133 * torch.randn(shape[:-2] + (shape[-1],), generator=g)
+        t[..., 5, :] = 0.0
+        return t.to(torch.bfloat16)
+    # queries scaled so that the scores stay moderate (softmax not one-hot): a power of two
+    # changes no digit, only the group exponents
+    q = (x(b, hq, s, d).float() * 2.0 ** -40).to(torch.bfloat16)
+    return q, x(b, hkv, s, d), x(b, hkv, s, d), x(b, hq, s, d), window
+
+
+def _run_both(q, k, v, do, window, tiles: bool):
+    out, lse = _forward(q, k, v, window, tiles)
+    return (out, lse, *(_backward_amx if tiles else _backward)(q, k, v, out, lse, do, window))
 
 
 def available() -> bool:
@@ -94,39 +161,64 @@ def _fixed(x: torch.Tensor, block: int, columns: bool, hkv: int = 0) -> torch.Te
     return out
 
 
+def _scores(q, k, hkv: int):
+    """The exact scores Q K^T as float64 BLAS products: (qb, first, nk, out) -> out (see
+    ``amx.scores``, the same values from int8 tiles)."""
+    b, hq, s, d = q.shape
+    n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
+    # (n_qb, B * Hkv, G * BLOCK_M, D): one step's queries are one contiguous batch
+    q64 = _fixed(q, BLOCK_M, False, hkv).movedim(0, 2).reshape(n_qb, b * hkv, -1, d)
+    k64 = _fixed(k, BLOCK_N, False).reshape(b * hkv, n_kb * BLOCK_N, d)
+
+    def fill(qb: int, first: int, nk: int, out: torch.Tensor) -> torch.Tensor:
+        keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
+        return torch.matmul(q64[qb], k64[:, keys].transpose(1, 2), out=out)
+    return fill
+
+
 def forward(q, k, v, window: int | None):
-    """``forward_reference``'s (out, lse), the same bits (inputs already checked)."""
+    """``forward_reference``'s (out, lse), the same bits (inputs already checked). With AMX
+    tiles (``tiles_in_use``) the scores come from them rounded to float32 (``fwd_rows32`` rounds
+    first what ``fwd_rows`` would) and P V is an int8 tile product: the same values."""
+    return _forward(q, k, v, window, tiles_in_use())
+
+
+def _forward(q, k, v, window: int | None, tiles: bool):
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     g, bk = hq // hkv, b * hkv
     rows = g * BLOCK_M  # one query block of the group's heads, stacked
     scale = softmax_scale(d)
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
-    # (n_qb, B * Hkv, G * BLOCK_M, D): one step's queries are one contiguous batch
-    q64 = _fixed(q, BLOCK_M, False, hkv).movedim(0, 2).reshape(n_qb, bk, rows, d)
-    k64 = _fixed(k, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
+    product = amx.scores(q, k) if tiles else _scores(q, k, hkv)
     v8, u = quantize_v(v)
-    v8f = v8.to(torch.float32).reshape(bk, n_kb, BLOCK_N, d)
+    v8 = v8.reshape(bk, n_kb * BLOCK_N, d)
+    pv = amx.values(v8) if tiles else None
+    v8f = None if tiles else v8.to(torch.float32).reshape(bk, n_kb, BLOCK_N, d)
     u = u.reshape(bk, n_kb * BLOCK_N).contiguous()
     lo, hi = block_band(torch.arange(n_qb), window, n_kb)
     out = torch.empty((n_qb, bk, rows, d))
     lse = torch.empty((n_qb, bk, rows))
     win = window or 0
+    rows_loop = _tilesc.fwd_rows32 if tiles else _tilesc.fwd_rows
     for qb in range(n_qb):
         first, nk = int(lo[qb]), int(hi[qb] - lo[qb]) + 1
-        keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
-        s64 = torch.matmul(q64[qb], k64[:, keys].transpose(1, 2),
-                           out=scratch("attn.s64", (bk, rows, nk * BLOCK_N), torch.float64))
-        p8 = scratch("attn.p8", (bk, nk, rows, BLOCK_N), torch.float32)
+        sc = product(qb, first, nk, scratch("attn.s32" if tiles else "attn.s64",
+                                            (bk, rows, nk * BLOCK_N),
+                                            torch.float32 if tiles else torch.float64))
+        p8 = scratch("attn.p8", (bk, nk, rows, BLOCK_N), torch.int8 if tiles else torch.float32)
         alpha = scratch("attn.alpha", (bk, rows, nk), torch.float32)
         t = scratch("attn.t", (bk, rows, nk), torch.int32)
         m, l = scratch("attn.m", (bk, rows), torch.float32), scratch("attn.l", (bk, rows),
                                                                      torch.float32)
-        args = (_np(s64), _np(u), _np(p8), _np(alpha), _np(t), _np(m), _np(l), bk, rows, nk,
+        args = (_np(sc), _np(u), _np(p8), _np(alpha), _np(t), _np(m), _np(l), bk, rows, nk,
                 n_kb * BLOCK_N, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
-        pieces.parallel(lambda a, z, p: _tilesc.fwd_rows(*args, a, z, p), bk * rows, grain=8)
+        pieces.parallel(lambda a, z, p: rows_loop(*args, a, z, p), bk * rows, grain=8)
         ii = scratch("attn.pv", (bk, nk, rows, d), torch.float32)  # (bk, nk, rows, D), exact
-        _band_products(p8, v8f[:, first:first + nk], ii)
+        if tiles:
+            pv(p8, first, ii)
+        else:
+            _band_products(p8, v8f[:, first:first + nk], ii)
         acc_args = (_np(ii), _np(alpha), _np(t), _np(m), _np(l), _np(out[qb]), _np(lse[qb]),
                     bk, rows, nk, d)
         pieces.parallel(lambda a, z, p: _tilesc.fwd_acc(*acc_args, a, z, p), bk * rows, grain=8)
@@ -141,7 +233,14 @@ def backward(q, k, v, o, lse, do, window: int | None):
 
     Loop order: query head h of every KV group outer, query blocks ascending inner - the
     order in which dK and dV sum their tiles (heads ascending, then query blocks); dQ of a
-    query block sums its band's tiles ascending within one step."""
+    query block sums its band's tiles ascending within one step. With AMX tiles
+    (``tiles_in_use``) the same loop takes its products from them."""
+    if tiles_in_use():
+        return _backward_amx(q, k, v, o, lse, do, window)
+    return _backward(q, k, v, o, lse, do, window)
+
+
+def _backward(q, k, v, o, lse, do, window: int | None):
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     g, bk = hq // hkv, b * hkv
@@ -189,8 +288,37 @@ def backward(q, k, v, o, lse, do, window: int | None):
                            n_kb * BLOCK_N, first * BLOCK_N)
                 pieces.parallel(lambda a, z, p: _tilesc.kv_tiles(*kv_args, a, z, p),
                                 bk * d, grain=8)
+    return _gradients(acc_dq, acc_dk, acc_dv, scale, b, hkv, s)
+
+
+def _gradients(acc_dq, acc_dk, acc_dv, scale: float, b: int, hkv: int, s: int):
+    """(dq, dk, dv) bf16 from the backward's float32 sums: dQ (G, n_qb, B * Hkv, 64, D),
+    dK^T and dV^T (B * Hkv, D, keys); dQ and dK scaled, each rounded once."""
+    d, keys = acc_dk.shape[1], acc_dk.shape[2]
     dq = _ungroup_rows((acc_dq * scale).to(torch.bfloat16), b, hkv, s)
-    dk = (acc_dk * scale).to(torch.bfloat16).transpose(1, 2).reshape(
-        b, hkv, n_kb * BLOCK_N, d)[:, :, :s]
-    dv = acc_dv.to(torch.bfloat16).transpose(1, 2).reshape(b, hkv, n_kb * BLOCK_N, d)[:, :, :s]
+    dk = (acc_dk * scale).to(torch.bfloat16).transpose(1, 2).reshape(b, hkv, keys, d)[:, :, :s]
+    dv = acc_dv.to(torch.bfloat16).transpose(1, 2).reshape(b, hkv, keys, d)[:, :, :s]
     return dq, dk.contiguous(), dv.contiguous()
+
+
+def _backward_amx(q, k, v, o, lse, do, window: int | None):
+    """``backward``'s loop with every tile product on AMX tiles (``amx.backward_step``):
+    the same steps in the same order, the same values, so the same bits."""
+    b, hq, s, d = q.shape
+    hkv = k.shape[1]
+    g, bk = hq // hkv, b * hkv
+    scale = softmax_scale(d)
+    n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
+    drow = _group_rows(pad_rows(row_delta(o, do), BLOCK_M, 0.0), hkv)  # (G, n_qb, bk, BM)
+    lse_b = _group_rows(pad_rows(lse, BLOCK_M, 0.0), hkv)
+    ops = amx.Operands(q, k, v, do)
+    lo, hi = block_band(torch.arange(n_qb), window, n_kb)
+    acc_dq = torch.empty((g, n_qb, bk, BLOCK_M, d))
+    acc_dk = torch.zeros((bk, d, n_kb * BLOCK_N))
+    acc_dv = torch.zeros((bk, d, n_kb * BLOCK_N))
+    for h in range(g):
+        for qb in range(n_qb):
+            first, nk = int(lo[qb]), int(hi[qb] - lo[qb]) + 1
+            amx.backward_step(ops, h, qb, first, nk, lse_b[h, qb], drow[h, qb], acc_dq[h, qb],
+                              acc_dk, acc_dv, s, window or 0, scale)
+    return _gradients(acc_dq, acc_dk, acc_dv, scale, b, hkv, s)

@@ -1,6 +1,6 @@
 /* open1b_kernels.int8._int8c: the int8 folder's compiled loops, one file beside each module's
- * Python: _hadamard.c, _quantize.c, _gemm.c, _checksum.c, _route.c and the pair GEMM
- * _pairmm.c. */
+ * Python: _hadamard.c, _quantize.c, _gemm.c, _checksum.c, _route.c, the pair GEMM _pairmm.c
+ * and the AMX tile GEMM _amxmm.c. */
 #include "../core/_ext.h"
 
 EXT_TABLE(hadamard);
@@ -9,7 +9,8 @@ EXT_TABLE(gemm);
 EXT_TABLE(checksum);
 EXT_TABLE(route);
 EXT_TABLE(pairmm);
+EXT_TABLE(amxmm);
 
 EXT_MODULE(_int8c, "Compiled CPU loops of open1b_kernels/int8 (exact: the torch code's bits).",
            {open1b_hadamard_methods, open1b_quantize_methods, open1b_gemm_methods,
-            open1b_checksum_methods, open1b_route_methods, open1b_pairmm_methods})
+            open1b_checksum_methods, open1b_route_methods, open1b_pairmm_methods, open1b_amxmm_methods})

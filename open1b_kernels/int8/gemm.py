@@ -160,15 +160,16 @@ def _dequant_compiled(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: tor
 
 def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
                       col_scale: torch.Tensor, out_dtype: torch.dtype,
-                      out: torch.Tensor | None = None, slabs: SlabCheck | None = None
-                      ) -> torch.Tensor:
+                      out: torch.Tensor | None = None, slabs: SlabCheck | None = None,
+                      b_tiles=None) -> torch.Tensor:
     """``dequantize_cpu(exact_int_mm_cpu(a, b, slabs=slabs), row_scale, col_scale,
     out_dtype, out)``: the same bits, and the same checks. On the integer route the check's
     row and column sums of the int32 product are taken in the dequantization's own pass
     (``_dequant_compiled``: one read of the product instead of four or five), and the result is
     returned only after the check passed; a failed check is counted, switches the process
     to the float route and recomputes, as ``exact_int_mm_cpu`` does. ``out``: a contiguous
-    float32 destination (out_dtype float32 only)."""
+    float32 destination (out_dtype float32 only). ``b_tiles``: ``b`` packed already for the
+    "amx" route (``amxmm.pack``: one b shared by several slabs), used on that route only."""
     m, n = a.shape[0], b.shape[0]
     if (m and n and a.shape[1] and route.int_gemm_route() == "pairs"
             and (out is None or out_dtype == torch.float32)):
@@ -179,10 +180,13 @@ def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
         if _dequant_compiled(acc, row_scale, col_scale, y, sums=False) is not None:
             return y
         return dequantize_cpu(acc, row_scale, col_scale, out_dtype, out=out)
-    if (m and n and a.shape[1] > 1 and route.int_gemm_route() == "int" and LOOPS.available()
+    if (m and n and a.shape[1] > 1 and route.int_gemm_route() in route.CHECKED
+            and LOOPS.available()
             and (out is None or out_dtype == torch.float32)):
+        tiles = b_tiles is not None and route.int_gemm_route() == "amx"
         try:               # the product is only read here: a reused buffer (page faults)
-            acc = route._raw_int_mm(a, b.t(), out=scratch("gemm.acc", (m, n), torch.int32))
+            acc = route._raw_int_mm(a, b_tiles if tiles else b.t(),
+                                    out=scratch("gemm.acc", (m, n), torch.int32))
         except RuntimeError:        # a layout or shape the library refuses: not a fault
             acc = None
         if acc is not None:

@@ -53,9 +53,10 @@ import math
 import torch
 
 from open1b_kernels.core.backend import use_triton
+from open1b_kernels.int8 import amxmm
 from open1b_kernels.int8.checksum import SlabCheck
 from open1b_kernels.int8.gemm import MAX_K, exact_dequant_cpu, int8_mm, int8_mm_cpu
-from open1b_kernels.int8.route import int_gemm_route, record_failure
+from open1b_kernels.int8.route import CHECKED, int_gemm_route, record_failure
 # The quantizers live in open1b_kernels/int8/quantize.py; re-exported so that callers keep importing
 # them from the op that uses them.
 from open1b_kernels.int8.quantize import (BLOCK_K, BLOCK_R, FLT_MIN, HADAMARD_BLOCK, INV_127,  # noqa: F401
@@ -157,12 +158,15 @@ def _dw_cpu(qa: torch.Tensor, qb: torch.Tensor, sa: torch.Tensor, sb: torch.Tens
     rows = max(16, DW_SLAB // max(k, 1))
     # the integer route checks each slab's rows and all slabs' columns at the end: one
     # O(N K) column pass instead of one per slab (which cost more than the GEMMs)
-    check = SlabCheck(qb, n) if int_gemm_route() == "int" else None
+    check = SlabCheck(qb, n) if int_gemm_route() in CHECKED else None
+    # on the tiles, qb is packed into their order once for every slab
+    tiles = amxmm.pack(qb, True, "linear.dw_tiles") if int_gemm_route() == "amx" else None
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         direct = dtype == torch.float32
         d = dw[r0:r1] if direct else scratch("linear.dw", (r1 - r0, k), torch.float32)
-        exact_dequant_cpu(qa[r0:r1], qb, sa[r0:r1], sb, torch.float32, out=d, slabs=check)
+        exact_dequant_cpu(qa[r0:r1], qb, sa[r0:r1], sb, torch.float32, out=d, slabs=check,
+                          b_tiles=tiles)
         if outside is not None:
             d.masked_fill_(outside[r0:r1], 0.0)  # = where(inside_w, dW, +0)
         if not direct:
@@ -197,6 +201,9 @@ def linear_int8_backward_cpu(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     # dX_hat = G @ w_hat, contraction over N: rotate w_hat^T's rows = w_hat's columns,
     # w_hat = rn(q_w * sw[n]); and G's rows, seen from G^T (N, M)
     qb, sb = rotate_quantize_cols_cpu(q_w, "linear.codes_w", row_scale=sw)       # (Np, K)
+    # (the tile route transposes qa^T's bytes into its tiles: measured faster than writing
+    # the codes transposed, ``transposed=True``, 61 ms against 55 ms more for the codes at
+    # the gate_up's 4,096 x 11,264)
     qa, sa = rotate_quantize_cols_cpu(dy.t(), "linear.codes_g")                   # (Np, M)
     dx_hat = exact_dequant_cpu(qa.t(), qb.t(), sa, sb, torch.float32)
     # dW = G^T @ x_hat = s_x * (G^T @ q_x): contraction over M; G^T's codes in (N, Mp)

@@ -15,7 +15,7 @@ import torch
 from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat, none
 from open1b_kernels.core.pieces import parallel, row_pieces
 from open1b_kernels.core.workspace import scratch
-from open1b_kernels.int8 import pairmm
+from open1b_kernels.int8 import amxmm, pairmm
 from open1b_kernels.int8.checksum import SlabCheck, checksum_ok
 
 # |a*b| <= 128*128 = 2^14 and MAX_K * 2^14 = 2^31 - 2^14 < 2^31: no int32 overflow.
@@ -45,20 +45,31 @@ MAX_K = 131_071
 # "float" route, names the platform and the failing case (``int_gemm_status``), and the
 # result is recomputed on the float route: the bits never change, only the speed.
 #
+# "amx": the project's own AMX tile GEMM (``open1b_kernels.int8.amxmm``): int8 tiles multiplied
+# by TDPBSSD into int32 accumulators that add without saturating, so the integer product
+# below 2^31 (K <= MAX_K), exact in any order by construction - and checked all the same,
+# as the library's GEMM is (the same probe once per process, the same row and column sums
+# of every result, a failure recomputed on the float route): it runs on hardware state the
+# OS and a hypervisor must save and restore per thread (the tile registers), which no
+# construction argument covers. Picked first on CPUs with AMX-INT8 whose OS grants the tile
+# state (``amxmm.available``): on the project's 2-core Sapphire Rapids VM the library's
+# ``_int_mm`` runs oneDNN's AVX-512 VNNI ``gemm_api`` (ONEDNN_VERBOSE), not its AMX kernels.
+#
 # "pairs": the project's own compiled GEMM (``open1b_kernels.int8.pairmm``): int8 widened to
 # int16 pairs, AVX2's vpmaddwd multiplying 16 of them per instruction into int32 lanes.
 # Integer sums below 2^31 (K <= MAX_K): exact in any order, by construction - no library to
 # trust, so no probe and no checksum; x86-64 with AVX2 only.
 #
-# Which route: OPEN1B_INT_GEMM=float|int|pairs|auto (default auto: "int" on CPUs with an
-# int8 dot-product instruction - AVX-512 VNNI, AVX-VNNI or AMX-INT8 - where it is the
-# faster one, and only if the probe passes; else "pairs" where the CPU runs it; else
-# "float"). Measured on the project's 2-core AMD EPYC (Zen 3: AVX2, FMA, no AVX-512, no
-# VNNI; torch capability AVX2), benchmarks/kernels/int_gemm.py: torch._int_mm is exact
-# there but 13-20x slower than the float route at the linear's shapes (the float route
-# runs at 0.75-0.9x of a float32 GEMM); the pair GEMM runs them 1.5-1.7x faster than a
-# float32 GEMM. On a 2-core AMD EPYC with AVX-512 VNNI (2026-12-02, BENCHMARKS.md) the int
-# route runs the linear's GEMMs 1.3-1.7x faster than a float32 GEMM of the same shape.
+# Which route: OPEN1B_INT_GEMM=float|int|pairs|amx|auto (default auto: "amx" where it runs
+# and its probe passes; else "int" on CPUs with an int8 dot-product instruction - AVX-512
+# VNNI, AVX-VNNI or AMX-INT8 - where it is the faster one, and only if the probe passes;
+# else "pairs" where the CPU runs it; else "float"). Measured on the project's 2-core AMD
+# EPYC (Zen 3: AVX2, FMA, no AVX-512, no VNNI; torch capability AVX2),
+# benchmarks/kernels/int_gemm.py: torch._int_mm is exact there but 13-20x slower than the
+# float route at the linear's shapes (the float route runs at 0.75-0.9x of a float32 GEMM);
+# the pair GEMM runs them 1.5-1.7x faster than a float32 GEMM. On a 2-core AMD EPYC with
+# AVX-512 VNNI (2026-12-02, BENCHMARKS.md) the int route runs the linear's GEMMs 1.3-1.7x
+# faster than a float32 GEMM of the same shape.
 #
 # A contraction of length 1 always takes the float route: torch 2.13's CPU ``_int_mm``
 # returns uninitialized memory for K = 1 and N >= 2 (the (1, N) operand's strides are
@@ -74,16 +85,33 @@ SGEMM_K = 1024
 # not, and take the chunks - exact either way, so the bits never depend on which.
 ONE_GEMM_BOUND = 1 << 48     # (2^24)^2: compared with exact integer squared norms
 INT_GEMM_ENV = "OPEN1B_INT_GEMM"
+ROUTES = ("auto", "amx", "int", "pairs", "float")
+CHECKED = ("int", "amx")     # the routes whose every result is checked by its sums
 _VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 LOOPS = Loops("open1b_kernels.int8._int8c")    # the float route's operand compiled: _route.c
 
 
-def _raw_int_mm(a: torch.Tensor, b_t: torch.Tensor, out: torch.Tensor | None = None
-                ) -> torch.Tensor:
+def _library_int_mm(a: torch.Tensor, b_t: torch.Tensor, out: torch.Tensor | None = None
+                     ) -> torch.Tensor:
     """The library's int8 GEMM, a (M, K) @ b_t (K, N) -> int32, into ``out`` (contiguous
     int32 (M, N)) when given: reused memory, where a fresh product of the linear's size
-    costs a third of the GEMM in page faults (tests replace this)."""
+    costs a third of the GEMM in page faults."""
     return torch._int_mm(a, b_t) if out is None else torch._int_mm(a, b_t, out=out)
+
+
+def _amx_int_mm(a: torch.Tensor, b_t, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The AMX tile GEMM with ``_library_int_mm``'s signature (``b_t`` may be a B side
+    packed by ``prepare_b``)."""
+    return amxmm.amx_mm(a, b_t if isinstance(b_t, amxmm.Packed) else b_t.t(), out)
+
+
+def _raw_int_mm(a: torch.Tensor, b_t: torch.Tensor, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """The checked routes' int8 GEMM, a (M, K) @ b_t (K, N) -> int32 (into ``out`` when
+    given): the AMX tile GEMM on "amx", the library's on "int" (tests replace this)."""
+    if _Route.route == "amx":
+        return _amx_int_mm(a, b_t, out)
+    return _library_int_mm(a, b_t, out)
 
 
 def cpu_flags() -> set[str]:
@@ -164,7 +192,7 @@ def probe_int_mm(mm=None) -> str | None:
 
 
 class _Route:
-    route: str | None = None        # "int", "pairs" or "float" once decided
+    route: str | None = None        # "amx", "int", "pairs" or "float" once decided
     reason: str = "not decided yet"
     failures: int = 0
 
@@ -181,12 +209,37 @@ def _refuse(why: str) -> None:
     warnings.warn(_Route.reason, RuntimeWarning, stacklevel=3)
 
 
+def _amx_decision(want: str) -> bool:
+    """Whether the "amx" route is taken (``want`` amx or auto): it runs here and its probe
+    passes. A failed probe is reported (and, forced, leaves the float route)."""
+    if "amx_int8" not in cpu_flags() or not amxmm.available():
+        if want == "amx":
+            _Route.route = "float"
+            _Route.reason = (f"{INT_GEMM_ENV}=amx: no AMX-INT8 tiles on {platform_name()} (not "
+                             "an AMX CPU, the OS does not grant the tile state, or not built)")
+        return False
+    bad = probe_int_mm(_amx_int_mm)
+    if bad is None:
+        _Route.route, _Route.reason = "amx", f"{INT_GEMM_ENV}={want}: AMX tiles, probe passed"
+        return True
+    if want == "amx":
+        _refuse(f"the AMX tile GEMM's probe failed - {bad}")
+    else:
+        import warnings
+        warnings.warn(f"the AMX tile GEMM is not exact on {platform_name()}: probe failed - "
+                      f"{bad}; trying the other routes", RuntimeWarning, stacklevel=3)
+    return False
+
+
 def int_gemm_route() -> str:
-    """"int", "pairs" or "float" for this process (decided once; see the comment above)."""
+    """"amx", "int", "pairs" or "float" for this process (decided once; see the comment
+    above)."""
     if _Route.route is None:
         want = os.environ.get(INT_GEMM_ENV, "auto").lower()
-        if want not in ("auto", "int", "pairs", "float"):
-            raise ValueError(f"{INT_GEMM_ENV} must be auto, int, pairs or float, got {want!r}")
+        if want not in ROUTES:
+            raise ValueError(f"{INT_GEMM_ENV} must be one of {', '.join(ROUTES)}, got {want!r}")
+        if want in ("auto", "amx") and (_amx_decision(want) or want == "amx"):
+            return _Route.route
         vnni = bool(cpu_flags() & set(_VNNI_FLAGS))
         if want == "pairs" or (want == "auto" and not vnni):
             if pairmm.available():
@@ -291,17 +344,19 @@ def _float_int_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) ->
     return acc if out is None else out.copy_(acc)
 
 
-def int_mm_unchecked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
+def int_mm_unchecked(a: torch.Tensor, b, out: torch.Tensor | None = None
                      ) -> torch.Tensor | None:
-    """int32 ``a @ b.T`` by the library's int8 GEMM (into ``out``, contiguous int32 (M, N),
-    when given), *not* checked - for a caller on the "int" route that checks the exact row
+    """int32 ``a @ b.T`` by the checked routes' int8 GEMM (``_raw_int_mm``: the AMX tiles or
+    the library's; into ``out``, contiguous int32 (M, N), when given), *not* checked - for a
+    caller on a checked route ("int", "amx") that checks the exact row
     and column sums of the whole product itself, once, instead of per block
     (``open1b_kernels.ops.lmhead_int`` through ``lmhead_check``); None where the library
-    refuses the layout or shape."""
+    refuses the layout or shape. On "amx" ``b`` may be packed already (``amxmm.pack``: an
+    operand several products share)."""
     if a.shape[1] < 2:                  # K = 1: the float route (comment above SGEMM_K)
         return None
     try:
-        return _raw_int_mm(a, b.t(), out=out)
+        return _raw_int_mm(a, b if isinstance(b, amxmm.Packed) else b.t(), out=out)
     except RuntimeError:
         return None
 
@@ -326,7 +381,7 @@ def exact_int_mm_cpu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None 
     route = int_gemm_route() if a.shape[0] and b.shape[0] and a.shape[1] else "float"
     if route == "pairs":
         return pairmm.pair_mm(a, b, out)
-    if a.shape[1] > 1 and route == "int":
+    if a.shape[1] > 1 and route in CHECKED:
         try:
             acc = _raw_int_mm(a, b.t(), out=out)
         except RuntimeError:        # a layout or shape the library refuses: not a fault

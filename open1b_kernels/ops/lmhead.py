@@ -53,7 +53,7 @@ import torch
 
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from open1b_kernels.int8.gemm import bf16_operand
-from open1b_kernels.int8.route import int_gemm_route
+from open1b_kernels.int8.route import CHECKED, int_gemm_route
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from open1b_kernels.core.workspace import release, scratch
 from open1b_kernels.ops import lmhead_float, lmhead_int, lmhead_pairs
@@ -163,8 +163,8 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
 
     Both operands are sliced into the level-ready layout (``open1b_kernels.ops.lmhead_slices``);
     one plan per row block of ``a`` (``lmhead_plan``: which slices run compacted, row by
-    row or dense), then T from the route's products: the library's int8 GEMM on the "int"
-    route (``lmhead_int.int_blocks``: the definition's levels), the pair GEMM's wide int64
+    row or dense), then T from the route's products: the checked int8 GEMM on the "int"
+    and "amx" routes (``lmhead_int.int_blocks``: the definition's levels), the pair GEMM's wide int64
     terms on the "pairs" route (``lmhead_pairs.pair_blocks``: two a slices against one b
     slice per product, a third less work) or float GEMMs of the slices on the float route
     (``lmhead_float.float_blocks``, also the integer routes' fallback) - the same integer
@@ -174,7 +174,7 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     float64, and one rounding to float32 follows."""
     _check(a, b, slices)
     route = int_gemm_route() if a.device.type == "cpu" else "float"
-    if route == "int" and _narrow_transposed(a, b):
+    if route in CHECKED and _narrow_transposed(a, b):
         return ozaki_mm_cpu(b, a, slices).t().contiguous()
     r, k = a.shape
     c = b.shape[0]
@@ -199,7 +199,7 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     rowf = _pow2_f64(ea)                                 # 2^Ea, exact
     colf = _pow2_f64(eb - bias)                          # 2^(Eb - bias), exact
     done = (lmhead_pairs.pair_blocks(sa, sb, rowf, colf, out, slices) if route == "pairs"
-            else route == "int" and lmhead_int.int_blocks(sa, sb, rowf, colf, out, slices))
+            else route in CHECKED and lmhead_int.int_blocks(sa, sb, rowf, colf, out, slices))
     if not done:
         lmhead_float.float_blocks(sa, sb, rowf, colf, out, slices, CPU_S3_TWO_GEMMS)
     return _non_finite(out, ea, eb)

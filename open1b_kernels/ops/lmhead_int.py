@@ -19,7 +19,8 @@ import torch
 from open1b_kernels.core.mathc import Loops, flat, none
 from open1b_kernels.core.pieces import row_pieces
 from open1b_kernels.core.workspace import scratch
-from open1b_kernels.int8.route import int_mm_unchecked
+from open1b_kernels.int8 import amxmm
+from open1b_kernels.int8.route import int_gemm_route, int_mm_unchecked
 from open1b_kernels.ops import lmhead_plan, lmhead_rowsparse
 from open1b_kernels.ops.lmhead_check import check_sums
 from open1b_kernels.ops.lmhead_plan import Product, level_products, plan
@@ -72,6 +73,7 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
     whole = k <= lmhead_plan.K_CHUNK
     row_block, col_block = SHORT_BLOCKS if k < SHORT_K else (INT_ROW_BLOCK, INT_COL_BLOCK)
     once = r <= row_block
+    tiles = int_gemm_route() == "amx"
     plans: dict[int, tuple] = {}         # per row block: (its plan, its products)
     for c0 in range(0, c, col_block):
         cs = slice(c0, c0 + col_block)
@@ -101,7 +103,11 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
                     else:
                         key = (q.b, q.k0)
                         if key not in kept:
-                            kept[key] = operand(sb, q.b, cs, q, whole, f"lmhead.op_b{len(kept)}")
+                            name = f"lmhead.op_b{len(kept)}"
+                            # on the tiles, packed once into their order from one reused copy
+                            kept[key] = (amxmm.pack(operand(sb, q.b, cs, q, whole, "lmhead.op_b"),
+                                                    True, name) if tiles
+                                         else operand(sb, q.b, cs, q, whole, name))
                         bl = kept[key]
                 if int_mm_unchecked(al, bl, out=accs[n]) is None:
                     return False                # a layout the library refuses: not a fault

@@ -27,7 +27,8 @@ def test_selftest_matches_and_describes_the_machine(tmp_path):
     assert "torch_cpu_capability" in m and isinstance(m["mathc"], bool)
     assert isinstance(m["attention_loops"], bool)
     # the exact integer GEMM route that ran is named, with its checksum failures counted
-    assert m["int_gemm"]["route"] in ("int", "pairs", "float") and m["int_gemm"]["failures"] == 0
+    assert m["int_gemm"]["route"] in ("amx", "int", "pairs", "float")
+    assert m["int_gemm"]["failures"] == 0 and isinstance(m["attention_tiles"], bool)
 
 
 def test_selftest_names_the_first_differing_step_component_and_operator(tmp_path,

@@ -45,11 +45,24 @@ def _assert_same(a, b):
         assert torch.equal(bits(x), bits(y))
 
 
+@pytest.fixture(params=["float64", "amx"])
+def products(request, monkeypatch):
+    """The tile products as float64 BLAS products, or on AMX tiles where this CPU runs them
+    (open1b_kernels/attention/amx.py): both give the definition's bits."""
+    if request.param == "float64":
+        monkeypatch.setattr(compiled, "tiles_in_use", lambda: False)
+    elif not compiled.tiles_in_use():
+        pytest.skip("this CPU (or OS) does not run AMX-INT8 tiles")
+    return request.param
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("case", CASES + MORE_CASES)
 @pytest.mark.parametrize("batch_band", [compiled.BATCH_BAND, 0])
-def test_compiled_matches_reference(case, kind, batch_band, monkeypatch):
+def test_compiled_matches_reference(case, kind, batch_band, monkeypatch, products):
     # the band's tile products batched over the KV heads (small bands) or per KV head (0)
+    if products == "amx" and batch_band == 0:
+        pytest.skip("the batching is the float64 products' choice")
     monkeypatch.setattr(compiled, "BATCH_BAND", batch_band)
     q, k, v, do, window = _inputs(case, seed=11, kind=kind)
     out, lse = forward_reference(q, k, v, window)
@@ -59,14 +72,15 @@ def test_compiled_matches_reference(case, kind, batch_band, monkeypatch):
 
 
 @pytest.mark.parametrize("case", MORE_CASES)
-def test_every_tile_copy_matches_the_reference(case, tile_copy):
+def test_every_tile_copy_matches_the_reference(case, tile_copy, monkeypatch):
+    monkeypatch.setattr(compiled, "tiles_in_use", lambda: False)      # the float64 products' copies
     q, k, v, do, window = _inputs(case, seed=13, kind="normal")
     out, lse = forward_reference(q, k, v, window)
     _assert_same(compiled.backward(q, k, v, out, lse, do, window),
                  backward_reference(q, k, v, out, lse, do, window))
 
 
-def test_thread_count_does_not_change_bits():
+def test_thread_count_does_not_change_bits(products):
     q, k, v, do, window = _inputs((1, 4, 1, 300, 32, 90), seed=3)
     before = torch.get_num_threads()
     results = []

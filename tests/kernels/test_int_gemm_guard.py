@@ -147,7 +147,7 @@ def test_routes_give_the_same_bits_through_the_linear(route, monkeypatch):
 
 def test_unknown_route_is_refused(route):
     route("fast")
-    with pytest.raises(ValueError, match="auto, int, pairs or float"):
+    with pytest.raises(ValueError, match="auto, amx, int, pairs, float"):
         gemm_route.int_gemm_route()
 
 

@@ -247,17 +247,17 @@ def test_the_real_library_gemm_compacts_with_the_same_bits(route, monkeypatch):
 
 
 def test_every_route_runs_the_one_plan(route, monkeypatch):
-    # the three routes take their compaction from the one planner: for the products whose
+    # every route takes its compaction from the one planner: for the products whose
     # a is the 70 token rows (the forward's h, dh's dlogits: one row block on every route;
     # the weight gradient's blocks and orientation are the route's own) the same compacted
     # slices and columns - the route changes only the products behind the plan, and the
     # bits agree
-    from open1b_kernels.int8 import pairmm
+    from open1b_kernels.int8 import amxmm, pairmm
     h, w, dl = _case(v=2000, seed=4)
     real = lp.compacted
     runs = {}
-    for on in ("int", "pairs", "float"):
-        if on == "pairs" and not pairmm.available():
+    for on in ("int", "amx", "pairs", "float"):
+        if (on == "pairs" and not pairmm.available()) or (on == "amx" and not amxmm.available()):
             continue
         seen: list = []
         monkeypatch.setattr(lp, "compacted", lambda sa, rows, s: seen.append(

@@ -124,7 +124,8 @@ def test_auto_follows_free_memory(tmp_path):
                                                                                 "resident")
 
 
-def test_lean_keeps_as_many_layers_as_fit(tmp_path):
+def test_lean_keeps_as_many_layers_as_fit(tmp_path, monkeypatch):
+    monkeypatch.setattr(memplan, "LEAN_PEAK", 1 << 62)     # the free memory decides alone
     big = tj.config("micro").__class__()
     big = big.__class__(**{**big.__dict__, "model": big.model.__class__(
         **{**big.model.__dict__, "vocab": 128_256})})
@@ -231,3 +232,20 @@ def test_train_and_replay_tell_the_allocator_the_plan(tmp_path, micro_mix, monke
     assert rp.replay(run, 2, from_step=0, memory_plan="lean").ok
     rp.replay(run, 1, from_step=0, memory_plan="resident")
     assert seen == [("t", True), ("r", True), ("r", False)]
+
+
+def test_lean_keeps_layers_only_within_its_peak(tmp_path, monkeypatch):
+    # Open-1B at its 4,097-token window: with 22 GiB free the memory would hold 14 layers'
+    # activations (an 18.8-19.3 GiB step), but lean stops where its estimated peak would
+    # pass LEAN_PEAK (16 GB); a larger peak, or lean:N, keeps more
+    from open1b_train.config import open1b
+    cfg = open1b()
+    free = 22 << 30
+    n = memplan.fitting(cfg, 4097, free)
+    assert memplan.estimate(cfg, 4097, "lean", n) <= memplan.LEAN_PEAK
+    assert memplan.estimate(cfg, 4097, "lean", n + 1) > memplan.LEAN_PEAK
+    assert memplan.fitting(cfg, 4097, free, peak=1 << 62) == 14 > n
+    plan = memplan.choose("lean", cfg, 4097, str(tmp_path), free)
+    assert plan.kept == frozenset(memplan.keep_order(cfg.model)[:n])
+    assert plan.estimate["lean"] <= memplan.LEAN_PEAK
+    assert memplan.choose("lean:14", cfg, 4097, str(tmp_path), free).estimate["lean"] > 18 << 30

@@ -1,0 +1,297 @@
+/* The exact int8 GEMM on AMX tiles: C (int32, M x N) = A (int8, M x K) . B (int8, N x K)^T.
+ *
+ * Why: on an Intel Xeon with AMX-INT8 (Sapphire Rapids and later) the library's integer
+ * GEMM (torch._int_mm) runs oneDNN's `gemm_api`, an AVX-512 VNNI kernel (ONEDNN_VERBOSE
+ * names it; measured 0.7-1.5 TOPS on 2 cores), while one TDPBSSD multiplies a 16 x 64 by a
+ * 64 x 16 int8 tile: 16,384 multiply-adds, several times VNNI's rate per core.
+ *
+ * Exact by construction, in any order: TDPBSSD multiplies signed int8 pairs (products at
+ * most 2^14 in magnitude), adds each group of four into a 32-bit sum and that into the
+ * int32 accumulator with plain two's complement addition (no saturation: Intel SDM,
+ * TDPBSSD), so the accumulator holds the integer sum while it stays below 2^31 - which K
+ * products of at most 2^14 do for K <= 131,071 (the caller's MAX_K). Integer additions are
+ * associative: the blocking, the cut between threads and the order of the tiles give the
+ * integer product itself, the same bits as every other route.
+ *
+ * Layout: both operands are packed once into panels of 16 lines (rows of A, columns of B),
+ * each 64-wide chunk of the contraction one 1 KiB block that a tile loads in one go: A's
+ * block [16 rows][64 k], B's [16 k-quads][16 columns][4 k] (the TDPBSSD "VNNI" order).
+ * Zeros pad the lines to a multiple of 32 and K to a multiple of 64, so every block is
+ * whole and a padded line or k adds zero. C is summed in 32 x 32 blocks (four accumulator
+ * tiles, two A and two B tiles: the 8 tile registers) over the whole contraction, in cache
+ * blocks of rows and columns (BLOCK_A, BLOCK_B).
+ *
+ * Where it runs: open1b_kernels/core/_amx.h (amx_ready: CPUID, XCR0 and the OS's permission
+ * for the tile data, probed once). Elsewhere, or in a build without the AMX intrinsics,
+ * amx_cpu() is False and the caller takes another route. */
+#include "../core/_ext.h"
+
+#include <string.h>
+
+#include "../core/_amx.h"
+
+#define LINES 16        /* lines per panel: a tile's rows */
+#define KCHUNK 64       /* contraction per block: a tile's 64 bytes a row */
+#define BLOCK_BYTES (LINES * KCHUNK)
+/* Cache blocks of C: MBLOCK rows x NBLOCK columns, each 32 x 32 block summed over the whole
+ * contraction in the tiles. Measured on the 2-core Sapphire Rapids VM (one thread, CPU time,
+ * the machine shared) at 4,096 x 2,048 x 2,048, x 5,632 x 2,048 and x 2,048 x 11,264: 256 x
+ * 512 2.0-2.1 TOPS; blocking the contraction too (C reloaded per block of 8-16 chunks, so
+ * that a B panel pair stays in L1) 1.4-1.9: the reloads of C cost more than they saved. */
+#define MBLOCK 256
+#define NBLOCK 512
+
+static Py_ssize_t round_up(Py_ssize_t x, Py_ssize_t m) { return (x + m - 1) / m * m; }
+
+/* Packed size in bytes of `lines` x K: lines padded to 32, K to 64. */
+static Py_ssize_t packed_bytes(Py_ssize_t lines, Py_ssize_t K) {
+    return round_up(lines, 2 * LINES) * round_up(K, KCHUNK);
+}
+
+/* ---------------------------------------------------------------- packing */
+
+#if AMX_BUILD
+/* 16 x 16 int32: dst row q = column q of src (src rows of 16 words at stride ss words). */
+static inline void transpose16x32(const int32_t *src, Py_ssize_t ss, int32_t *dst) {
+    for (int c0 = 0; c0 < 16; c0 += 4)
+        for (int q0 = 0; q0 < 16; q0 += 4) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(src + (c0 + 0) * ss + q0));
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + (c0 + 1) * ss + q0));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + (c0 + 2) * ss + q0));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src + (c0 + 3) * ss + q0));
+            __m128i ab0 = _mm_unpacklo_epi32(a, b), ab1 = _mm_unpackhi_epi32(a, b);
+            __m128i cd0 = _mm_unpacklo_epi32(c, d), cd1 = _mm_unpackhi_epi32(c, d);
+            _mm_storeu_si128((__m128i *)(dst + (q0 + 0) * 16 + c0), _mm_unpacklo_epi64(ab0, cd0));
+            _mm_storeu_si128((__m128i *)(dst + (q0 + 1) * 16 + c0), _mm_unpackhi_epi64(ab0, cd0));
+            _mm_storeu_si128((__m128i *)(dst + (q0 + 2) * 16 + c0), _mm_unpacklo_epi64(ab1, cd1));
+            _mm_storeu_si128((__m128i *)(dst + (q0 + 3) * 16 + c0), _mm_unpackhi_epi64(ab1, cd1));
+        }
+}
+
+/* One 1 KiB block of panel lines [l0, l0 + 16) and contraction [k0, k0 + 64): the fast
+ * paths for whole blocks, element by element at the edges. */
+static void pack_block(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, int have, int kn,
+                       int b_side, Py_ssize_t l0, Py_ssize_t k0, int8_t *blk) {
+    const int8_t *base = x + l0 * sl + k0 * sk;
+    if (have == LINES && kn == KCHUNK) {
+        if (sk == 1 && !b_side) {
+            for (int r = 0; r < LINES; r++) memcpy(blk + r * KCHUNK, base + r * sl, KCHUNK);
+            return;
+        }
+        if (sl == 1 && !b_side) {          /* 64 k rows of 16 lines: four 16 x 16 transposes */
+            for (int q = 0; q < 4; q++) amx_transpose16(base + 16 * q * sk, sk, blk + 16 * q, KCHUNK);
+            return;
+        }
+        if (sk == 1 && (sl & 3) == 0 && ((uintptr_t)base & 3) == 0) {   /* 16 lines of 16 words */
+            transpose16x32((const int32_t *)base, sl / 4, (int32_t *)blk);
+            return;
+        }
+        if (sl == 1) {
+            for (int q = 0; q < 16; q++) amx_interleave4(base + 4 * q * sk, sk, blk + 64 * q);
+            return;
+        }
+    }
+    memset(blk, 0, BLOCK_BYTES);
+    for (int l = 0; l < have; l++)
+        for (int kk = 0; kk < kn; kk++) {
+            int8_t v = base[l * sl + kk * sk];
+            if (b_side) blk[(kk >> 2) * 64 + l * 4 + (kk & 3)] = v;
+            else blk[l * KCHUNK + kk] = v;
+        }
+}
+
+/* Panels [p0, p1) of x (int8, `lines` x K, element (l, k) at x[l * sl + k * sk]) packed for
+ * the A side (b_side 0: block[r][kk] = x[l0 + r, k0 + kk]) or the B side (1: block[q][c][j]
+ * = x[l0 + c, k0 + 4q + j]), zero past the lines and past K. */
+static void pack(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, Py_ssize_t lines, Py_ssize_t K,
+                 int b_side, int8_t *out, Py_ssize_t p0, Py_ssize_t p1) {
+    Py_ssize_t KP = round_up(K, KCHUNK), chunks = KP / KCHUNK;
+    for (Py_ssize_t p = p0; p < p1; p++) {
+        Py_ssize_t l0 = p * LINES;
+        int have = lines - l0 < LINES ? (lines - l0 > 0 ? (int)(lines - l0) : 0) : LINES;
+        int8_t *panel = out + p * LINES * KP;
+        for (Py_ssize_t ch = 0; ch < chunks; ch++) {
+            Py_ssize_t k0 = ch * KCHUNK;
+            int kn = K - k0 < KCHUNK ? (int)(K - k0) : KCHUNK;
+            pack_block(x, sl, sk, have, kn, b_side, l0, k0, panel + ch * BLOCK_BYTES);
+        }
+    }
+}
+#endif
+
+/* ---------------------------------------------------------------- the tile product */
+
+#if AMX_BUILD
+/* Where A's tiles are: packed (a == NULL: the panels `ap`, every row) or read in place from
+ * row-major A (`a`, row stride lda, K a multiple of 64) for the rows below `direct_rows`
+ * (a multiple of 32), the packed panels `ap` holding only the rows from there on. In place
+ * saves the copy of A: a tile loads 16 rows of 64 bytes at any stride. */
+typedef struct {
+    const int8_t *a, *ap;
+    Py_ssize_t lda, direct_rows;
+} a_side;
+
+/* The A tiles of rows [i, i + 32) and their step and stride per 64-wide chunk. */
+static inline const int8_t *a_tiles(const a_side *A, Py_ssize_t i, Py_ssize_t KP,
+                                    Py_ssize_t *step, Py_ssize_t *stride, Py_ssize_t *half) {
+    if (A->a && i < A->direct_rows) {
+        *step = KCHUNK;
+        *stride = A->lda;
+        *half = LINES * A->lda;
+        return A->a + i * A->lda;
+    }
+    *step = BLOCK_BYTES;
+    *stride = KCHUNK;
+    *half = LINES * KP;
+    return A->ap + (i - (A->a ? A->direct_rows : 0)) * KP;
+}
+
+/* C's 32 x 32 block at (i, j) = its sum over the whole contraction (KP bytes), stored at o
+ * (row stride ldo int32). */
+AMX_TARGET static void block32(const a_side *A, const int8_t *bp, Py_ssize_t KP, Py_ssize_t i,
+                               Py_ssize_t j, int32_t *o, Py_ssize_t ldo) {
+    Py_ssize_t step, stride, half;
+    const int8_t *a0 = a_tiles(A, i, KP, &step, &stride, &half), *a1 = a0 + half;
+    const int8_t *b0 = bp + j * KP, *b1 = b0 + LINES * KP;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (Py_ssize_t ch = 0; ch < KP / KCHUNK; ch++) {
+        _tile_loadd(4, a0 + ch * step, stride);
+        _tile_loadd(6, b0 + ch * BLOCK_BYTES, KCHUNK);
+        _tile_dpbssd(0, 4, 6);
+        _tile_loadd(7, b1 + ch * BLOCK_BYTES, KCHUNK);
+        _tile_dpbssd(1, 4, 7);
+        _tile_loadd(5, a1 + ch * step, stride);
+        _tile_dpbssd(2, 5, 6);
+        _tile_dpbssd(3, 5, 7);
+    }
+    _tile_stored(0, o, ldo * 4);
+    _tile_stored(1, o + 16, ldo * 4);
+    _tile_stored(2, o + 16 * ldo, ldo * 4);
+    _tile_stored(3, o + 16 * ldo + 16, ldo * 4);
+}
+
+/* A block past C's edge (i + 32 > M or j + 32 > N): the whole contraction into `edge`
+ * (32 x 32), then its part inside M x N copied out. */
+AMX_TARGET static void edge32(const a_side *A, const int8_t *bp, Py_ssize_t KP, int32_t *c,
+                              Py_ssize_t i, Py_ssize_t j, Py_ssize_t M, Py_ssize_t N,
+                              int32_t *edge) {
+    block32(A, bp, KP, i, j, edge, 32);
+    Py_ssize_t rows = M - i < 32 ? M - i : 32, cols = N - j < 32 ? N - j : 32;
+    for (Py_ssize_t r = 0; r < rows; r++) memcpy(c + (i + r) * N + j, edge + r * 32, cols * 4);
+}
+
+/* C's rows [r0, r1) x columns [c0, c1) (multiples of 32 but for the ends at M and N), in
+ * cache blocks of MBLOCK x NBLOCK: a block of B's columns stays in cache while a block of
+ * A's rows passes over it. */
+AMX_TARGET static void product(const a_side *A, const int8_t *bp, int32_t *c, Py_ssize_t M,
+                               Py_ssize_t N, Py_ssize_t KP, Py_ssize_t r0, Py_ssize_t r1,
+                               Py_ssize_t c0, Py_ssize_t c1) {
+    int32_t edge[32 * 32] __attribute__((aligned(64)));
+    Py_ssize_t full_r = M / 32 * 32, full_c = N / 32 * 32;
+    amx_tiles_on();
+    for (Py_ssize_t jb = c0; jb < c1; jb += NBLOCK)
+        for (Py_ssize_t ib = r0; ib < r1; ib += MBLOCK) {
+            Py_ssize_t ie = ib + MBLOCK < r1 ? ib + MBLOCK : r1;
+            Py_ssize_t je = jb + NBLOCK < c1 ? jb + NBLOCK : c1;
+            for (Py_ssize_t j = jb; j < je; j += 32)
+                for (Py_ssize_t i = ib; i < ie; i += 32) {
+                    if (i < full_r && j < full_c)
+                        block32(A, bp, KP, i, j, c + i * N + j, N);
+                    else
+                        edge32(A, bp, KP, c, i, j, M, N, edge);
+                }
+        }
+    _tile_release();
+}
+#endif
+
+/* ---------------------------------------------------------------- Python wrappers */
+
+static PyObject *py_amx_pack(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer x, out;
+    Py_ssize_t sl, sk, lines, K, u0, u1;
+    int b_side, pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnpnn|i", &x, &out, &sl, &sk, &lines, &K, &b_side, &u0,
+                          &u1, &pieces))
+        return NULL;
+    Py_ssize_t span = lines > 0 && K > 0 ? (lines - 1) * sl + (K - 1) * sk + 1 : 0;
+    int ok = lines >= 1 && K >= 1 && sl >= 1 && sk >= 1 && (sl == 1 || sk == 1) &&
+             holds(&x, span, "x") && sized(&out, packed_bytes(lines, K), 1, "out") &&
+             units_ok(u0, u1, round_up(lines, 2 * LINES) / LINES) && PIECES_OK(pieces);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, pack(x.buf, sl, sk, lines, K, b_side, out.buf, p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+    return FINISH(ok, "amx_pack: inconsistent shapes", &x, &out);
+}
+
+static PyObject *py_amx_product(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer a, ap, bp, c;
+    Py_ssize_t M, N, K, lda, u0, u1;
+    int by_cols, pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*ny*y*w*nnnpnn|i", &a, &lda, &ap, &bp, &c, &M, &N, &K,
+                          &by_cols, &u0, &u1, &pieces))
+        return NULL;
+    Py_ssize_t units = round_up(by_cols ? N : M, 32) / 32, KP = round_up(K, KCHUNK);
+    /* in place: a (row-major, stride lda >= K, K a multiple of 64) holds every row, ap the
+     * rows from M rounded down to 32 packed; else a is empty and ap holds every row */
+    int direct = a.len > 0;
+    Py_ssize_t direct_rows = direct ? M / 32 * 32 : 0;
+    int ok = amx_ready() && M >= 1 && N >= 1 && K >= 1 &&
+             (!direct || (K % KCHUNK == 0 && lda >= K && holds(&a, (M - 1) * lda + K, "a"))) &&
+             sized(&ap, packed_bytes(M - direct_rows, K), 1, "ap") &&
+             sized(&bp, packed_bytes(N, K), 1, "bp") && sized(&c, M * N, 4, "c") &&
+             units_ok(u0, u1, units) && PIECES_OK(pieces);
+#if AMX_BUILD
+    if (ok) {
+        a_side A = {direct ? a.buf : NULL, ap.buf, lda, direct_rows};
+        Py_BEGIN_ALLOW_THREADS
+        if (by_cols)
+            FOR_PIECES(u0, u1, pieces, product(&A, bp.buf, c.buf, M, N, KP, 0, M, p_lo * 32,
+                                               p_hi * 32 < N ? p_hi * 32 : N));
+        else
+            FOR_PIECES(u0, u1, pieces, product(&A, bp.buf, c.buf, M, N, KP, p_lo * 32,
+                                               p_hi * 32 < M ? p_hi * 32 : M, 0, N));
+        Py_END_ALLOW_THREADS
+    }
+#endif
+    return FINISH(ok, "amx_product: needs AMX-INT8 (amx_cpu()) and consistent shapes", &a, &ap,
+                  &bp, &c);
+}
+
+static PyObject *py_amx_cpu(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyBool_FromLong(amx_ready());
+}
+
+static PyObject *py_amx_packed_bytes(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_ssize_t lines, K;
+    if (!PyArg_ParseTuple(args, "nn", &lines, &K)) return NULL;
+    return PyLong_FromSsize_t(packed_bytes(lines, K));
+}
+
+EXT_METHODS(amxmm) = {
+    {"amx_cpu", py_amx_cpu, METH_NOARGS,
+     "amx_cpu(): whether this process runs AMX-INT8 tiles (CPUID, XCR0 and the OS's "
+     "permission for the tile data; probed once)."},
+    {"amx_packed_bytes", py_amx_packed_bytes, METH_VARARGS,
+     "amx_packed_bytes(lines, K): bytes of a packed operand (lines to 32, K to 64)."},
+    {"amx_pack", py_amx_pack, METH_VARARGS,
+     "amx_pack(x, out, sl, sk, lines, K, b_side, u0, u1[, pieces]): panels [u0, u1) of 16 "
+     "lines of int8 x (element (l, k) at x[l * sl + k * sk]) in the A (b_side False) or B "
+     "tile order, zero-padded."},
+    {"amx_product", py_amx_product, METH_VARARGS,
+     "amx_product(a, lda, ap, bp, c, M, N, K, by_cols, u0, u1[, pieces]): C's 32-line units "
+     "[u0, u1) (of columns with by_cols, else of rows) of the exact int32 product of A and "
+     "packed B; A packed in ap, or (a not empty) row-major in a with its last M % 32 rows "
+     "packed in ap."},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,143 @@
+"""The exact int8 GEMM on AMX tiles (``open1b_kernels/int8/_amxmm.c``): int32 ``a @ b.T`` at
+the tile rate of an Intel Xeon with AMX-INT8.
+
+The C file says why it is exact (int32 sums of int8 products below 2^31 for K <= MAX_K,
+in any order: TDPBSSD adds without saturating) and why it is faster there than the
+library's integer GEMM (oneDNN's VNNI ``gemm_api``); the route that picks it, with the
+library route's probe and checksums, is ``open1b_kernels.int8.route`` ("amx"). Both operands
+are packed into tile panels (scratch buffers reused across calls), then C's 32-line units -
+rows, or columns where there are few rows - are cut between the threads: each thread
+writes its own part of C, so the result does not depend on the cut.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+from open1b_kernels.core.mathc import Loops, flat
+from open1b_kernels.core.pieces import parallel
+from open1b_kernels.core.workspace import scratch
+from open1b_kernels.int8.pairmm import source
+
+LOOPS = Loops("open1b_kernels.int8._int8c")    # the tile GEMM: _amxmm.c
+
+MAX_K = 131_071    # int32 sums of K products of at most 2^14
+UNIT = 32          # C's lines per unit of work (the tile block's rows or columns)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu() -> bool:
+    return bool(LOOPS.amx_cpu())
+
+
+SWITCH = "OPEN1B_AMX"     # "0": every AMX loop off (this GEMM and attention's tile products)
+
+
+def available() -> bool:
+    """True when the extension is built with the AMX intrinsics, this process runs AMX-INT8
+    tiles (CPUID, the OS's tile state and its permission: probed once) and neither the
+    compiled loops (OPEN1B_MATHC=0) nor the AMX loops (OPEN1B_AMX=0) are switched off."""
+    return LOOPS.available() and os.environ.get(SWITCH, "1") != "0" and _cpu()
+
+
+@dataclass(frozen=True, eq=False)
+class Packed:
+    """An operand for the tile product: ``lines`` x ``k`` int8 values packed into tile
+    panels on the A (``b_side`` False) or the B side (``pack``); an A side may instead be
+    read in place (``direct``: a flat view of a row-major matrix with row stride ``lda``),
+    ``data`` then holding only its last ``lines % 32`` rows packed."""
+    data: torch.Tensor
+    lines: int
+    k: int
+    b_side: bool
+    direct: torch.Tensor | None = None
+    lda: int = 0
+
+
+def _pack_into(x: torch.Tensor, b_side: bool, out: torch.Tensor) -> None:
+    lines, k = x.shape
+    src, sl, sk = source(x)
+    if lines == 1:
+        sl = 1 if sk != 1 else max(sl, 1)
+    if k == 1:
+        sk = 1 if sl != 1 else max(sk, 1)
+    xs, o = flat(src), flat(out)
+    panels = -(-lines // UNIT) * 2
+    parallel(lambda lo, hi, p: LOOPS.amx_pack(xs, o, sl, sk, lines, k, b_side, lo, hi, p),
+             panels, grain=max(1, 8192 // max(k, 1)))
+
+
+def pack(x: torch.Tensor, b_side: bool, name: str) -> Packed:
+    """``x`` (int8 (lines, K) on the CPU: row-major, a transposed view or a block of either)
+    as the A side (its rows are C's rows) or the B side (its rows are C's columns), packed
+    in the scratch buffer ``name`` - or, an A side whose rows are row-major with K a
+    multiple of 64, read in place, only its last ``lines % 32`` rows packed."""
+    lines, k = x.shape
+    if x.dtype != torch.int8 or x.device.type != "cpu" or not (lines and 1 <= k <= MAX_K):
+        raise ValueError(f"amxmm.pack needs an int8 CPU (lines >= 1, 1 <= K <= {MAX_K}) "
+                         f"matrix, got {x.dtype} {tuple(x.shape)} on {x.device}")
+    if not b_side and k % 64 == 0 and x.stride(1) == 1 and x.stride(0) >= k:
+        whole = lines // UNIT * UNIT
+        tail = scratch(name, (LOOPS.amx_packed_bytes(lines - whole, k) if lines > whole
+                              else 0,), torch.int8)
+        if lines > whole:
+            _pack_into(x[whole:], False, tail)
+        src, lda, _ = source(x)
+        return Packed(tail, lines, k, False, src, lda)
+    out = scratch(name, (LOOPS.amx_packed_bytes(lines, k),), torch.int8)
+    _pack_into(x, b_side, out)
+    return Packed(out, lines, k, b_side)
+
+
+def product(a: Packed, b: Packed, out: torch.Tensor) -> torch.Tensor:
+    """``out`` (contiguous int32 (M, N)) = the exact product of an A side (M lines) and a
+    B side (N lines) of one K. Needs ``available()``."""
+    m, n = a.lines, b.lines
+    if a.b_side or not b.b_side or a.k != b.k:
+        raise ValueError(f"amxmm.product: an A side and a B side of one K, got "
+                         f"({a.lines}, {a.k}, B={a.b_side}) and ({b.lines}, {b.k}, B={b.b_side})")
+    if out.dtype != torch.int32 or out.shape != (m, n) or not out.is_contiguous():
+        raise ValueError(f"amxmm.product: out must be contiguous int32 {(m, n)}")
+    by_cols = m < UNIT * torch.get_num_threads() * 2 <= n
+    units = -(-(n if by_cols else m) // UNIT)
+    direct = flat(a.direct) if a.direct is not None else _EMPTY
+    ap, bp, c = flat(a.data), flat(b.data), flat(out)
+    parallel(lambda lo, hi, p: LOOPS.amx_product(direct, a.lda, ap, bp, c, m, n, a.k, by_cols,
+                                                 lo, hi, p), units, grain=1)
+    return out
+
+
+_EMPTY = torch.empty(0, dtype=torch.int8).numpy()
+
+
+def amx_mm(a: torch.Tensor, b: torch.Tensor | Packed, out: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """Exact int32 ``a @ b.T`` of int8 (M, K) and (N, K) CPU matrices (row-major or
+    transposed views), 1 <= K <= MAX_K, into ``out`` (contiguous int32 (M, N)) when given;
+    ``b`` may be packed already (``pack(b, True, ...)``: an operand used several times).
+    Needs ``available()``."""
+    if isinstance(b, Packed):
+        if not b.b_side or a.shape[1] != b.k or a.shape[0] == 0:
+            raise ValueError(f"amx_mm: a packed B side of K = {a.shape[1]}, got one of "
+                             f"K = {b.k} (B side: {b.b_side}) for a {tuple(a.shape)}")
+        c = out if out is not None else torch.empty((a.shape[0], b.lines), dtype=torch.int32)
+        return product(pack(a, False, "amxmm.a"), b, c)
+    m, k = a.shape
+    n = b.shape[0]
+    if (a.dtype != torch.int8 or b.dtype != torch.int8 or b.shape[1] != k
+            or a.device.type != "cpu" or b.device.type != "cpu"):
+        raise ValueError(f"amx_mm needs int8 (M, K) and (N, K) CPU matrices, got {a.dtype} "
+                         f"{tuple(a.shape)} on {a.device} and {b.dtype} {tuple(b.shape)} "
+                         f"on {b.device}")
+    if not 1 <= k <= MAX_K:
+        raise ValueError(f"amx_mm: K = {k} outside [1, {MAX_K}] (int32 sums stay exact)")
+    c = out if out is not None else torch.empty((m, n), dtype=torch.int32)
+    if out is not None and (out.dtype != torch.int32 or out.shape != (m, n)
+                            or not out.is_contiguous()):
+        raise ValueError(f"amx_mm: out must be contiguous int32 {(m, n)}")
+    if not (m and n):
+        return c
+    return product(pack(a, False, "amxmm.a"), pack(b, True, "amxmm.b"), c)

@@ -1,0 +1,216 @@
+"""The AMX tile GEMM (open1b_kernels/int8/_amxmm.c) and the "amx" route: the exact int32
+product on every shape, layout and extreme, and the route's guard - the same probe and
+checksums as the library's route, each forgery caught and recomputed (the same bits as the
+float route through the linear: tests/kernels/test_int_gemm_guard.py, every route)."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from open1b_kernels.core.backend import force
+from open1b_kernels.int8 import amxmm, gemm
+from open1b_kernels.int8 import route as gemm_route
+from open1b_kernels.int8.linear import linear_int8_backward, linear_int8_forward
+from tests.kernels.test_int_gemm_guard import saturating_int_mm
+
+needs_amx = pytest.mark.skipif(not amxmm.available(),
+                               reason="the tile GEMM needs AMX-INT8 granted by the OS (and the build)")
+
+
+def _exact(a, b):
+    return torch.mm(a.to(torch.int64), b.to(torch.int64).t())
+
+
+def _layouts(x):
+    """x row-major and as a transposed view of a row-major copy (same values)."""
+    return x, x.t().contiguous().t()
+
+
+@needs_amx
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 3, 17), (16, 64, 16), (33, 128, 17),
+                                   (13, 1001, 33), (100, 2049, 70), (64, 2048, 96),
+                                   (70, 4096, 90), (12, 4097, 48)])
+def test_exact_on_awkward_shapes_and_both_layouts(m, k, n):
+    # rows and columns not a multiple of 16 or 32 (the tile blocks' edges), K not one of 64
+    # (padded chunks), K a multiple of 64 (row-major A read in place, its last rows packed)
+    g = torch.Generator().manual_seed(m * 7 + k + n)
+    a = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    want = _exact(a, b)
+    for aa in _layouts(a):
+        for bb in _layouts(b):
+            got = amxmm.amx_mm(aa, bb)
+            assert got.dtype == torch.int32 and torch.equal(got.to(torch.int64), want)
+
+
+@needs_amx
+@pytest.mark.parametrize("va,vb", [(-128, -128), (127, -128), (-128, 127), (127, 127)])
+def test_extremes_at_the_longest_contraction(va, vb):
+    # -128 * -128 = 2^14 summed MAX_K times: 2^31 - 2^14, the largest int32 sum it must hold
+    k = amxmm.MAX_K
+    a = torch.full((33, k), va, dtype=torch.int8)
+    b = torch.full((17, k), vb, dtype=torch.int8)
+    assert torch.equal(amxmm.amx_mm(a, b).to(torch.int64), _exact(a, b))
+
+
+@needs_amx
+def test_blocks_of_larger_matrices_and_a_strided_copy():
+    g = torch.Generator().manual_seed(9)
+    big = torch.randint(-128, 128, (300, 640), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (21, 128), generator=g, dtype=torch.int8)
+    # a row-major block with a longer row (read in place: stride 640), a transposed block,
+    # and a view with no unit stride (copied)
+    for a in (big[5:88, 100:228], big.t()[40:168, 7:100].t(), big[::2, ::3][:50, :128]):
+        assert torch.equal(amxmm.amx_mm(a, b).to(torch.int64), _exact(a, b))
+        assert torch.equal(amxmm.amx_mm(b, a).to(torch.int64), _exact(b, a))
+
+
+@needs_amx
+@pytest.mark.parametrize("m,n", [(250, 70), (40, 300)])
+def test_the_thread_cut_does_not_change_the_bits(monkeypatch, m, n):
+    # many rows: units of rows; few rows and many columns: units of columns
+    g = torch.Generator().manual_seed(1)
+    a = torch.randint(-128, 128, (m, 3000), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (n, 3000), generator=g, dtype=torch.int8)
+    one = amxmm.amx_mm(a, b).clone()
+    monkeypatch.setattr(amxmm, "parallel", lambda fn, n, grain=1: [fn(i, i + 1, 1)
+                                                                 for i in range(n)])
+    assert torch.equal(amxmm.amx_mm(a, b), one)
+    assert torch.equal(one.to(torch.int64), _exact(a, b))
+
+
+@needs_amx
+def test_out_and_bad_arguments():
+    a = torch.randint(-128, 128, (9, 5), dtype=torch.int8)
+    b = torch.randint(-128, 128, (4, 5), dtype=torch.int8)
+    out = torch.full((9, 4), 7, dtype=torch.int32)
+    assert amxmm.amx_mm(a, b, out) is out and torch.equal(out.to(torch.int64), _exact(a, b))
+    with pytest.raises(ValueError, match="contiguous int32"):
+        amxmm.amx_mm(a, b, torch.empty((4, 9), dtype=torch.int32))
+    with pytest.raises(ValueError, match="int8"):
+        amxmm.amx_mm(a.to(torch.int16), b)
+    with pytest.raises(ValueError, match="K = 0"):
+        amxmm.amx_mm(a[:, :0], b[:, :0])
+    e = torch.empty(0, dtype=torch.int8).numpy()
+    with pytest.raises(ValueError, match="buffer"):       # the C side checks sizes too
+        amxmm.LOOPS.amx_product(e, 0, torch.zeros(4, dtype=torch.int8).numpy(),
+                                torch.zeros(4, dtype=torch.int8).numpy(),
+                                torch.zeros(36, dtype=torch.int32).numpy(), 9, 4, 5, False, 0, 1)
+
+
+@needs_amx
+def test_auto_picks_amx_where_it_runs_and_says_why(route, monkeypatch):
+    route("auto")
+    assert gemm_route.int_gemm_route() == "amx"
+    assert "AMX tiles, probe passed" in gemm_route.int_gemm_status()["reason"]
+    a = torch.randint(-128, 128, (30, 70), dtype=torch.int8)
+    b = torch.randint(-128, 128, (20, 70), dtype=torch.int8)
+    calls = []
+    real = amxmm.amx_mm
+    monkeypatch.setattr(amxmm, "amx_mm", lambda *x, **k: calls.append(1) or real(*x, **k))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = gemm_route.exact_int_mm_cpu(a, b)
+    assert calls and torch.equal(got.to(torch.int64), _exact(a, b))
+
+
+def test_amx_forced_without_amx_takes_the_float_route_and_says_why(route, monkeypatch):
+    monkeypatch.setattr(gemm_route, "cpu_flags", lambda: {"avx2", "fma", "avx512_vnni"})
+    route("amx")
+    assert gemm_route.int_gemm_route() == "float"
+    assert "no AMX-INT8 tiles" in gemm_route.int_gemm_status()["reason"]
+    route("auto")                     # auto goes on to the other routes: int (VNNI here)
+    assert gemm_route.int_gemm_route() in ("int", "float")
+
+
+@needs_amx
+def test_a_failed_amx_probe_is_reported_and_another_route_taken(route, monkeypatch):
+    # forged tile GEMM saturating like vpmaddubsw: the probe refuses it; auto goes on to the
+    # library's route (probed on its own), forced amx leaves the float route
+    monkeypatch.setattr(gemm_route, "_amx_int_mm",
+                        lambda a, b_t, out=None: saturating_int_mm(a, b_t))
+    route("auto")
+    with pytest.warns(RuntimeWarning, match="AMX tile GEMM is not exact.*all 127 x all 127"):
+        assert gemm_route.int_gemm_route() in ("int", "pairs", "float")
+    route("amx")
+    with pytest.warns(RuntimeWarning, match="AMX tile GEMM's probe failed"):
+        assert gemm_route.int_gemm_route() == "float"
+    a, b = torch.full((5, 300), 127, dtype=torch.int8), torch.full((3, 300), 127, dtype=torch.int8)
+    assert torch.equal(gemm_route.exact_int_mm_cpu(a, b).to(torch.int64), _exact(a, b))
+
+
+@needs_amx
+@pytest.mark.parametrize("fault", ["one element", "cancelling in a row"])
+def test_an_amx_fault_the_probe_misses_is_caught_and_recomputed(route, monkeypatch, fault):
+    # tile state lost on a context switch would look like this: exact on the probe's shapes,
+    # wrong on a larger product - caught by the sums in the dequantization's pass (a pair
+    # of errors cancelling in a row by the column sums), counted, recomputed on float
+    a = torch.randint(-128, 128, (48, 2100), dtype=torch.int8)
+    b = torch.randint(-128, 128, (29, 2100), dtype=torch.int8)
+    rs, cs = torch.rand(48) * 1e-3, torch.rand(29) * 1e-2
+    route("float")
+    want = gemm.int8_mm_cpu(a, b, rs, cs, torch.bfloat16)
+    real = amxmm.amx_mm
+
+    def faulty_on_large(a, b_t, out=None):
+        got = real(a, b_t.t(), out)
+        if a.shape[0] >= 40:
+            got[3, 5] += 1
+            if fault == "cancelling in a row":
+                got[3, 6] -= 1
+        return got
+
+    monkeypatch.setattr(gemm_route, "_amx_int_mm", faulty_on_large)
+    route("amx")
+    assert gemm_route.int_gemm_route() == "amx"
+    with pytest.warns(RuntimeWarning, match="checksum failed on a 48x2100x29 GEMM"):
+        got = gemm.int8_mm_cpu(a, b, rs, cs, torch.bfloat16)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert gemm_route.int_gemm_status()["route"] == "float"
+    assert gemm_route.int_gemm_status()["failures"] == 1
+
+
+@needs_amx
+def test_amx_gives_the_float_routes_bits_through_the_linear(route):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(70, 320, generator=g).to(torch.bfloat16)
+    w = (torch.randn(90, 320, generator=g) * 0.02).to(torch.bfloat16)
+    dy = (torch.randn(70, 90, generator=g) * 1e-3).to(torch.bfloat16)
+    s = torch.tensor([4.0 / 127])
+    outs = {}
+    for which in ("float", "amx"):
+        route(which)
+        with force("cpu"), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            outs[which] = (linear_int8_forward(x, w, s), *linear_int8_backward(dy, x, w, s))
+        assert gemm_route.int_gemm_route() == which
+    for f, i in zip(outs["float"], outs["amx"]):
+        assert torch.equal(f.view(-1).view(torch.int16 if f.dtype == torch.bfloat16 else
+                                           torch.int32),
+                           i.view(-1).view(torch.int16 if i.dtype == torch.bfloat16 else
+                                           torch.int32))
+
+
+@needs_amx
+@pytest.mark.parametrize("slices", [2, 3])
+def test_amx_gives_the_float_routes_bits_through_the_lm_head(route, monkeypatch, slices):
+    # the head's level products on the tile GEMM (several output blocks, a non-finite row
+    # and column), checked by the head's own sums: the float route's bits
+    from open1b_kernels.ops import lmhead_int as li
+    from tests.kernels.test_lmhead_int import _case, _run, _same
+    monkeypatch.setattr(li, "SHORT_BLOCKS", (16, 32))
+    h, w, dl = _case(k=320)
+    dl[5, 7] = float("nan")
+    route("float")
+    want = _run(h, w, dl, slices)
+    route("amx")
+    calls = []
+    real = amxmm.amx_mm
+    monkeypatch.setattr(amxmm, "amx_mm", lambda *x, **k: calls.append(1) or real(*x, **k))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = _run(h, w, dl, slices)
+    assert calls and gemm_route.int_gemm_status()["failures"] == 0
+    assert _same(want, got)
