@@ -83,10 +83,12 @@ CPU_S3_TWO_GEMMS = True
 # against 2^Eb * 2^(Ea - bias) are exact float64 multiplies before the one rounding.
 NARROW_C = 512
 
-# Three int32 level accumulators plus the int64 total live in registers: a 128 x 64 tile
-# over 8 warps keeps that near 160 registers per thread (128 x 128 would spill). Untuned:
-# on the first GPU run (H200, 2026-12-04) the head's forward and backward ran at 0.21-0.39x
-# of torch's bf16 mm, bit-identical to the CPU (BENCHMARKS.md, "On an NVIDIA H200").
+# Three int32 level accumulators live in registers: a 128 x 64 tile over 8 warps fits
+# them in 255 registers with no stack when the contraction is one K_CHUNK (Triton 3.6,
+# compiled offline for sm_90; 128 x 128 spills 800 bytes). On the first GPU run (H200,
+# 2026-12-04) the head's forward and backward ran at 0.21-0.39x of torch's bf16 mm with
+# an int64 total live through the loop and spilled, bit-identical to the CPU
+# (BENCHMARKS.md, "On an NVIDIA H200").
 GPU_BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8,
               "num_warps": 8, "num_stages": 3}
 # A contraction longer than K_CHUNK (dh = dlogits @ w contracts over the vocabulary) keeps
