@@ -345,7 +345,8 @@ def run_plan(fitted: list, checks: dict, payload: dict, out: Path, budget_s: flo
                    "compiled stock model, hashing share, collectives on a one-process NCCL group.")
 @click.option("--train-sections", default=",".join(gpu_train.SECTIONS),
               show_default=True, help="Which training checks to plan (comma-separated; the "
-              "plan orders them: speed and golden after the goal ops, the others last).")
+              "plan orders them: speed after the causal attention check, golden after the "
+              "goal ops, the others last: scripts/gpu_plan.py).")
 @click.option("--ops/--no-ops", default=True, show_default=True,
               help="The per-op checks (parity, PTX scan, speed of every open1b_kernels/ op).")
 @click.option("--mixes", type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -381,11 +382,11 @@ def main(out, only, repeats, budget_s, resume, dry_run, no_parity, no_bench, ptx
         write_json(out, {"mode": "train-dry-run", "train": res})
         sys.exit(0 if gpu_train.passed(res) else 1)
     checks, errors = discover(only)
-    previous = json.loads(resume.read_text()) if resume else {}
+    previous = _previous(resume)
+    fitted = gpu_plan.fit(gpu_plan.make_plan([c.name for _, c in checks], sections, ops, train,
+                                             gpu_plan.previous_seconds(repeats=repeats)),
+                          budget_s, gpu_plan.done_keys(previous))
     if dry_run:
-        fitted = gpu_plan.fit(gpu_plan.make_plan([c.name for _, c in checks], sections, ops,
-                                                 train, gpu_plan.previous_seconds(repeats=repeats)),
-                              budget_s, gpu_plan.done_keys(previous))
         click.echo(gpu_plan.format_plan(fitted, budget_s))
         sys.exit(1 if errors else 0)
     if not backend.HAVE_TRITON:
@@ -422,9 +423,6 @@ def main(out, only, repeats, budget_s, resume, dry_run, no_parity, no_bench, ptx
                      "train": dict(previous.get("train", {}))}
     if "ceilings" in previous:
         payload["ceilings"] = previous["ceilings"]
-    fitted = gpu_plan.fit(gpu_plan.make_plan([c.name for _, c in checks], sections, ops, train,
-                                             gpu_plan.previous_seconds(repeats=repeats)),
-                          budget_s, gpu_plan.done_keys(previous))
     click.echo(gpu_plan.format_plan(fitted, budget_s), err=True)
     # the roofline column: --peak-gbps, else the copy ceiling once measured, else the
     # datasheet's figure by the card's name
@@ -447,6 +445,22 @@ def main(out, only, repeats, budget_s, resume, dry_run, no_parity, no_bench, ptx
         click.echo(f"not run: {s['section']} ({s['why']})")
     write_json(out, payload)
     sys.exit(0 if ok and not errors else 1)
+
+
+def _previous(path: Path | None) -> dict:
+    """A previous run's JSON (--resume), refused with one line if it is not one."""
+    if path is None:
+        return {}
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise click.BadParameter(f"{path} is not a gpu_check JSON ({exc}); give the --out "
+                                 "file of an earlier run", param_hint="--resume") from None
+    if not isinstance(previous, dict) or previous.get("mode") != "full":
+        raise click.BadParameter(f"{path} is not the JSON of a full gpu_check run (mode "
+                                 f"{previous.get('mode') if isinstance(previous, dict) else None!r})",
+                                 param_hint="--resume")
+    return previous
 
 
 def train_checks(sections: tuple[str, ...], out: Path, payload: dict,

@@ -38,7 +38,6 @@ if HAVE_TRITON:
     from open1b_kernels.core.reduce import tree_levels_1d
 
 BLOCK = 4096         # values per block of a tree pass (power of two: the blockable tree)
-NEG_ZERO = -2**31    # the int32 bits of -0.0 (a literal inside kernels: globals must be constexpr)
 
 
 def blocks_of(n: int, block: int) -> int:

@@ -56,6 +56,7 @@ from open1b_kernels.core.backend import use_triton
 from open1b_kernels.int8.checksum import SlabCheck
 from open1b_kernels.int8.gemm import MAX_K, exact_dequant_cpu, int8_mm, int8_mm_cpu
 from open1b_kernels.int8.route import int_gemm_route, record_failure
+from open1b_kernels.int8 import stegemm
 from open1b_kernels.int8.weightcodes import weight_codes_triton
 # The quantizers live in open1b_kernels/int8/quantize.py; re-exported so that callers keep importing
 # them from the op that uses them.
@@ -246,15 +247,21 @@ def linear_int8_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     # dX_hat = G @ w_hat: contraction over N.
     qa, sa = rotate_quantize(dy)                       # (M, Np)
     qb, sb = rotate_quantize(w_hat.t())                # (K, Np)
-    dx_hat = int8_mm(qa, qb, sa, sb, torch.float32)  # (M, K)
     # dW = G^T @ x_hat = s_x * (G^T @ q_x): contraction over M.
     qa2, sa2 = rotate_quantize(dy.t())                 # (N, Mp)
     qb2, sb2 = rotate_quantize(q_x.t())                # (K, Mp)
     dw_raw = int8_mm(qa2, qb2, sa2, sb2 * sx, torch.float32)  # (N, K)
-    dx, term = ste(dx_hat, x, sx, want_term=True, out_bf16=True)
+    if x.dtype == torch.bfloat16 and stegemm.fits(m, k):
+        # dX_hat, its STE and the LSQ term's row-segment trees in the GEMM's epilogue
+        # (open1b_kernels/int8/stegemm.py): neither dX_hat nor term reaches memory
+        dx, term_sum = stegemm.ste_gemm(qa, qb, sa, sb, x, sx)
+    else:
+        dx_hat = int8_mm(qa, qb, sa, sb, torch.float32)  # (M, K)
+        dx, term = ste(dx_hat, x, sx, want_term=True, out_bf16=True)
+        term_sum = tree_sum(term.reshape(-1), 0)
     dw, _ = ste(dw_raw, w, sw, want_term=False, out_bf16=False)
     g = float(torch.tensor(1.0 / math.sqrt(m * k * Q_MAX), dtype=torch.float32))
-    ds = tree_sum(term.reshape(-1), 0) * g
+    ds = term_sum * g
     return dx, dw.to(dw_dtype), ds.reshape(s_x.shape)
 
 

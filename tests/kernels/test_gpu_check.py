@@ -166,3 +166,13 @@ def test_sections_over_budget_are_skipped_and_an_overrun_is_cut(tmp_path, monkey
     assert [w for _, w in fitted] == ["done", "done", "run", "run", "run"]
     assert gpu_check.run_plan(fitted, checks, payload, out, 100.0, 1, True, True, None)
     assert [r["name"] for r in json.loads(out.read_text())["results"]] == ["a.x", "c.z", "b.y"]
+
+
+def test_resume_refuses_what_is_not_a_full_run(tmp_path):
+    for text, why in (("nope", "is not a gpu_check JSON"),
+                      ('{"mode": "ptx-only"}', "not the JSON of a full gpu_check run")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        proc = run(tmp_path, "--dry-run", "--resume", str(bad))
+        assert proc.returncode == 2 and why in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
