@@ -1,39 +1,47 @@
 """GPU check of the reproducible-operations runtime: parity, PTX scan, speed vs PyTorch.
 
-Run it as-is on any machine with an NVIDIA GPU:
+Run it as-is on any machine with an NVIDIA GPU, after building the C extensions there
+(the CPU references run them):
 
-    python scripts/gpu_check.py [--out gpu_check.json] [--only rmsnorm] [--repeats 20]
+    python setup.py -q build_ext --inplace
+    python scripts/gpu_check.py --budget-s 480 --mixes gpumix --out gpu_check.json
+
+One run is a plan of sections, most important first (scripts/gpu_plan.py): the card's
+ceilings, the goal ops (causal attention first, then the kernels redesigned toward the
+roofline), one full Open-1B step against the per-block compiled stock model, the golden
+trajectories on the GPU, then every other op and the remaining training checks. A section
+starts only if its estimate fits what is left of ``--budget-s`` and is cut by an alarm if
+it overruns; the JSON (``--out``) is rewritten after every section, so a lease that ends
+early still returns the first figures, and ``--resume gpu_check.json`` runs only what the
+last run did not finish. ``--dry-run`` prints the plan and its budget without a GPU.
 
 For every ``GPU_CHECKS`` entry of every ``kernels.<noun>`` module (open1b_kernels/core/registry.py):
 1. parity: the op on CUDA (Triton) vs the CPU reference on the same inputs, bit for bit;
    mismatched elements are counted per output (NaN positions must agree; payloads are
-   outside the contract). Shapes are the check's ``parity_scale`` of Open-1B's.
+   outside the contract). Shapes are the check's ``parity_scale`` of Open-1B's: the CPU
+   reference runs only there, never at the speed shape.
 2. PTX scan: every Triton kernel the op compiled is searched for instructions the
    contract forbids: float fma/mad (contraction), ``.approx``, ``.ftz`` (flush to zero),
    ``ex2``, ``lg2``, ``rsqrt``, ``div.full``.
 3. speed: median of CUDA-event timings of the op and of stock PyTorch doing the same job
    (``torch_baseline``), same GPU, same run, at ``bench_scale``; ratio = torch / ours
    (>= 1 means we are faster), achieved bandwidth against the memory roofline.
-It prints one markdown table and writes the same results as JSON (``--out``).
 
-Then the training checks of scripts/gpu_train.py (``--train``; ``--train-sections`` picks
-them, ``--train-first`` runs the bitwise ones before the ops and the speed one last, and
-each section's result is written as soon as it ends, so a short lease still returns them).
-The golden trajectories must train on their committed mixes, and a machine whose pyarrow
-or tokenizers differs rebuilds other shard bytes (docs/FORMATS.md): build them where the
-fingerprints match and carry them (``--build-mixes DIR`` there, ``--mixes DIR`` on the GPU
-machine). Measured on an H200 (2026-12-04, BENCHMARKS.md): the 34 op checks 5.5 min, the
-bitwise training sections 2.5 min (most of it Triton's first-use compilation); the
-speed section and the causal attention check did not fit that lease, so the whole script
-runs longer than one 8-minute slot: split it as BENCHMARKS.md shows.
+The training checks are scripts/gpu_train.py's. The golden trajectories must train on
+their committed mixes, and a machine whose pyarrow or tokenizers differs rebuilds other
+shard bytes (docs/FORMATS.md): build them where the fingerprints match and carry them
+(``--build-mixes DIR`` there, ``--mixes DIR`` on the GPU machine).
 
 Without CUDA it exits with status 2. ``--ptx-only`` needs no GPU: it compiles every
 kernel on the real launch path for sm_90 (the H200's architecture) without launching,
-and runs the PTX scan only. CI runs that whole scan (tests/kernels/test_gpu_check.py),
-because the Triton interpreter executes kernels with numpy and cannot see an approximate
-instruction; only the compiled PTX shows one. It compiles in this one process: spread over
-two spawned processes on the project's 2-vCPU VM it took 5.9-6.1 min against 3.0 min here
-(34 checks, load average 3-5, 2026-12-01).
+runs the PTX scan, and reports each kernel's registers, stack frame, local-memory
+instructions (spills) and instruction count from the cubin (``cuobjdump``, shipped with
+Triton). CI runs that whole scan (tests/kernels/test_gpu_check.py), because the Triton
+interpreter executes kernels with numpy and cannot see an approximate instruction; only
+the compiled PTX shows one. It compiles in this one process: spread over two spawned
+processes on the project's 2-vCPU VM it took 5.9-6.1 min against 3.0 min here (34
+checks, load average 3-5, 2026-12-01). With another Triton on ``PYTHONPATH`` (the GPU
+machine's 3.6, unpacked from its wheel) it shows what that compiler makes of the kernels.
 """
 from __future__ import annotations
 
@@ -41,6 +49,7 @@ import datetime as dt
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -54,6 +63,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))      # gpu_train beside this file
 
+import gpu_device  # noqa: E402
+import gpu_plan  # noqa: E402
 import gpu_train  # noqa: E402
 from open1b_kernels.core import backend  # noqa: E402
 from open1b_kernels.core.registry import FORBIDDEN, GpuCheck, discover  # noqa: E402
@@ -193,6 +204,8 @@ def ptx_only_check(module: str, check: GpuCheck, scale: float) -> dict:
         return {**row, "error": short_error(exc), "traceback": traceback.format_exc()}
     row["ptx_forbidden"] = rec.scan()
     row["kernels"] = sorted({k.split("#")[0] for k in rec.kernels})
+    row["resources"] = {k.split("#")[0]: gpu_device.resources(kern)
+                        for k, kern in rec.kernels.items()}
     return row
 
 
@@ -243,29 +256,99 @@ def write_json(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+class BudgetCut(BaseException):
+    """The section ran past what was left of ``--budget-s`` (a BaseException, so that the
+    sections' own ``except Exception`` handlers do not swallow it)."""
+
+
+def _alarm(signum, frame):
+    raise BudgetCut()
+
+
+def _cuda(fn) -> None:
+    if torch.cuda.is_available():
+        fn()
+
+
+def run_plan(fitted: list, checks: dict, payload: dict, out: Path, budget_s: float,
+             repeats: int, parity: bool, bench: bool, mixes: str | None) -> bool:
+    """Run the planned sections in order within the budget; True when every one that ran
+    agreed bit for bit. The JSON is rewritten after each section."""
+    start, bad = time.monotonic(), False
+    rows, skipped = payload["results"], payload.setdefault("not_run", [])
+    signal.signal(signal.SIGALRM, _alarm)
+    for section, what in fitted:
+        left = budget_s - (time.monotonic() - start)
+        if what != "run" or section.estimate_s > left:
+            skipped.append({"section": section.key,
+                            "why": what if what != "run" else "over budget"})
+            continue
+        click.echo(f"[{time.monotonic() - start:6.1f} s] {section.key} "
+                   f"(~{section.estimate_s:.0f} s, {left:.0f} s left)", err=True)
+        t0 = time.monotonic()
+        signal.alarm(max(1, int(left)))
+        try:
+            if section.kind == "ceilings":
+                payload["ceilings"] = gpu_device.ceilings()
+                if payload["meta"].get("peak_source") != "--peak-gbps":
+                    payload["meta"].update(peak_gbps=payload["ceilings"]["copy_gbps"],
+                                           peak_source="measured copy")
+            elif section.kind == "op":
+                module, check = checks[section.name]
+                try:
+                    row = run_check(module, check, repeats, parity, bench,
+                                    payload["meta"].get("peak_gbps"))
+                except Exception as exc:  # one failing op must not hide the others
+                    row = {"name": check.name, "module": module, "error": short_error(exc),
+                           "traceback": traceback.format_exc()}
+                    _cuda(torch.cuda.empty_cache)
+                rows.append(row)
+                bad |= bool(row.get("error") or row.get("ptx_forbidden")
+                            or any(row.get("mismatched", [])))
+            else:
+                bad |= not train_checks((section.name,), out, payload, mixes)
+        except BudgetCut:
+            signal.alarm(0)
+            skipped.append({"section": section.key, "why": "cut: ran past the budget",
+                            "seconds": round(time.monotonic() - t0, 1)})
+            _cuda(torch.cuda.synchronize)
+            write_json(out, payload)
+            return False
+        signal.alarm(0)
+        payload.setdefault("seconds", {})[section.key] = round(time.monotonic() - t0, 1)
+        write_json(out, payload)
+    return not bad
+
+
 @click.command()
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("gpu_check.json"),
               show_default=True, help="Where to write the JSON results.")
 @click.option("--only", default=None, help="Run only checks whose name contains this text.")
-@click.option("--repeats", default=20, show_default=True, help="Timed repeats per op (median).")
+@click.option("--repeats", default=10, show_default=True, help="Timed repeats per op (median).")
+@click.option("--budget-s", type=float, default=480.0, show_default=True,
+              help="Seconds the planned sections may take (a section starts only if its "
+                   "estimate fits what is left, and is cut when it overruns it).")
+@click.option("--resume", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="A previous run's JSON: skip the sections it holds, keep "
+                                 "its results, and write the union to --out.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and its budget (no GPU needed).")
 @click.option("--no-parity", is_flag=True, help="Skip the CPU-reference parity comparison.")
 @click.option("--no-bench", is_flag=True, help="Skip the timing against stock PyTorch.")
 @click.option("--ptx-only", is_flag=True, help="No GPU needed: compile for sm_90 and scan PTX only.")
 @click.option("--ptx-scale", default=1 / 256, show_default=True, help="Input scale for --ptx-only.")
 @click.option("--peak-gbps", type=float, default=None,
-              help="Memory bandwidth for the roofline column (default: by GPU name).")
+              help="Memory bandwidth for the roofline column (default: the measured copy "
+                   "ceiling, else by GPU name).")
 @click.option("--train/--no-train", default=True, show_default=True,
               help="Also the training checks (scripts/gpu_train.py): micro-preset step hashes "
-                   "CPU vs GPU, the 100-step golden trajectory, one full Open-1B step vs "
-                   "the compiled stock model, hashing share, collectives on a one-process NCCL group.")
-@click.option("--train-sections", default=",".join(("parity", "golden", "collectives", "speed")),
-              show_default=True, help="Which training checks to run (comma-separated; they "
-              "run bitwise ones first, speed last).")
+                   "CPU vs GPU, the golden trajectories, one full Open-1B step vs the "
+                   "compiled stock model, hashing share, collectives on a one-process NCCL group.")
+@click.option("--train-sections", default=",".join(gpu_train.SECTIONS),
+              show_default=True, help="Which training checks to plan (comma-separated; the "
+              "plan orders them: speed after the causal attention check, golden after the "
+              "goal ops, the others last: scripts/gpu_plan.py).")
 @click.option("--ops/--no-ops", default=True, show_default=True,
               help="The per-op checks (parity, PTX scan, speed of every open1b_kernels/ op).")
-@click.option("--train-first", is_flag=True,
-              help="Run the training checks other than speed before the per-op checks, and "
-                   "speed after them (a short lease then still returns the bitwise results).")
 @click.option("--mixes", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None,
               help="A folder of golden-trajectory mixes built on a machine that rebuilds the "
@@ -276,15 +359,17 @@ def write_json(path: Path, payload: dict) -> None:
                    "and exit; carry the folder to the GPU machine and pass it as --mixes.")
 @click.option("--train-dry-run", is_flag=True,
               help="Only the training checks, on the CPU with tiny shapes (no GPU needed).")
-def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps, train,
-         train_sections, ops, train_first, mixes, build_mixes, train_dry_run):
+def main(out, only, repeats, budget_s, resume, dry_run, no_parity, no_bench, ptx_only,
+         ptx_scale, peak_gbps, train, train_sections, ops, mixes, build_mixes, train_dry_run):
     """Parity, PTX scan and speed of every open1b_kernels/ op on this machine's GPU, then whole
-    training steps and collectives."""
+    training steps and collectives, in order of importance within a time budget."""
     sections = tuple(x.strip() for x in train_sections.split(",") if x.strip())
     unknown = sorted(set(sections) - set(gpu_train.SECTIONS))
     if unknown:
         raise click.BadParameter(f"unknown sections {unknown}; choose from "
                                  f"{', '.join(gpu_train.SECTIONS)}", param_hint="--train-sections")
+    if budget_s <= 0:
+        raise click.BadParameter(f"must be positive, got {budget_s}", param_hint="--budget-s")
     mixes = str(mixes) if mixes else None
     if build_mixes:
         for path in gpu_train.build_golden_mixes(str(build_mixes)):
@@ -296,6 +381,14 @@ def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps
         click.echo(gpu_train.format_report(res))
         write_json(out, {"mode": "train-dry-run", "train": res})
         sys.exit(0 if gpu_train.passed(res) else 1)
+    checks, errors = discover(only)
+    previous = _previous(resume)
+    fitted = gpu_plan.fit(gpu_plan.make_plan([c.name for _, c in checks], sections, ops, train,
+                                             gpu_plan.previous_seconds(repeats=repeats)),
+                          budget_s, gpu_plan.done_keys(previous))
+    if dry_run:
+        click.echo(gpu_plan.format_plan(fitted, budget_s))
+        sys.exit(1 if errors else 0)
     if not backend.HAVE_TRITON:
         click.echo("gpu_check: triton is not installed; install the 'gpu' extra (pip install -e '.[gpu]').",
                    err=True)
@@ -303,7 +396,6 @@ def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps
     if backend.interpreting():
         click.echo("gpu_check: unset TRITON_INTERPRET; this script compiles real kernels.", err=True)
         sys.exit(2)
-    checks, errors = discover(only)
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "triton": __import__("triton").__version__,
             "host": platform.node(), "python": platform.python_version()}
@@ -325,45 +417,57 @@ def main(out, only, repeats, no_parity, no_bench, ptx_only, ptx_scale, peak_gbps
                    "use --ptx-only to compile and scan the kernels without one.", err=True)
         sys.exit(2)
     name = torch.cuda.get_device_name()
-    meta["device"] = name
-    peak = peak_gbps or next((v for k, v in PEAK_GBPS.items() if k in name), None)
-    meta["peak_gbps"] = peak
-    payload: dict = {"meta": meta, "mode": "full", "results": rows}
-    bitwise = tuple(s for s in sections if s != "speed")
-    bad = False
-    if train and train_first:
-        bad |= not train_checks(bitwise, out, payload, mixes)
-    if ops:
-        click.echo(f"gpu_check on {name}: {len(checks)} checks", err=True)
-        for module, check in checks:
-            click.echo(f"  {check.name} ...", err=True)
-            try:
-                rows.append(run_check(module, check, repeats, not no_parity, not no_bench, peak))
-            except Exception as exc:  # one failing op must not hide the others' results
-                rows.append({"name": check.name, "module": module, "error": short_error(exc),
-                             "traceback": traceback.format_exc()})
-                torch.cuda.empty_cache()
-            write_json(out, payload)  # partial results survive
-        click.echo(f"\n{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, "
-                   f"{meta['date']}\n")
-        click.echo(fmt_table(rows))
-    bad |= any(r.get("error") or r.get("ptx_forbidden") or any(r.get("mismatched", []))
-               for r in rows)
-    if train:
-        later = tuple(s for s in sections if s not in bitwise) if train_first else sections
-        bad |= not train_checks(later, out, payload, mixes)
+    meta.update(device=name, budget_s=budget_s, repeats=repeats)
+    payload: dict = {"meta": meta, "mode": "full",
+                     "results": rows + list(previous.get("results", [])),
+                     "train": dict(previous.get("train", {}))}
+    if "ceilings" in previous:
+        payload["ceilings"] = previous["ceilings"]
+    click.echo(gpu_plan.format_plan(fitted, budget_s), err=True)
+    # the roofline column: --peak-gbps, else the copy ceiling once measured, else the
+    # datasheet's figure by the card's name
+    meta["peak_gbps"] = peak_gbps or next((v for k, v in PEAK_GBPS.items() if k in name), None)
+    meta["peak_source"] = "--peak-gbps" if peak_gbps else "datasheet"
+    if payload.get("ceilings") and not peak_gbps:
+        meta.update(peak_gbps=payload["ceilings"]["copy_gbps"], peak_source="measured copy")
+    by_name = {c.name: (m, c) for m, c in checks}
+    ok = run_plan(fitted, by_name, payload, out, budget_s, repeats, not no_parity,
+                  not no_bench, mixes)
+    click.echo(f"\n{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, "
+               f"{meta['date']}\n")
+    if payload.get("ceilings"):
+        click.echo(f"ceilings: copy {payload['ceilings']['copy_gbps']:.0f} GB/s, bf16 mm "
+                   f"{payload['ceilings']['bf16_mm_tflops']:.0f} TFLOP/s")
+    click.echo(fmt_table(payload["results"]))
+    if payload["train"]:
+        click.echo("\n" + gpu_train.format_report({"device": name, **payload["train"]}))
+    for s in payload.get("not_run", []):
+        click.echo(f"not run: {s['section']} ({s['why']})")
     write_json(out, payload)
-    sys.exit(1 if bad else 0)
+    sys.exit(0 if ok and not errors else 1)
+
+
+def _previous(path: Path | None) -> dict:
+    """A previous run's JSON (--resume), refused with one line if it is not one."""
+    if path is None:
+        return {}
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise click.BadParameter(f"{path} is not a gpu_check JSON ({exc}); give the --out "
+                                 "file of an earlier run", param_hint="--resume") from None
+    if not isinstance(previous, dict) or previous.get("mode") != "full":
+        raise click.BadParameter(f"{path} is not the JSON of a full gpu_check run (mode "
+                                 f"{previous.get('mode') if isinstance(previous, dict) else None!r})",
+                                 param_hint="--resume")
+    return previous
 
 
 def train_checks(sections: tuple[str, ...], out: Path, payload: dict,
                  mixes: str | None) -> bool:
     """The training checks of scripts/gpu_train.py, merged into ``payload["train"]`` and
-    written after each section; True when every one that ran agreed bit for bit."""
-    if not sections:
-        return True
-    click.echo(f"training checks {', '.join(sections)} ...", err=True)
-
+    written after each section (and once more when the step's own half is timed); True
+    when every one that ran agreed bit for bit."""
     def flush(res: dict) -> None:
         payload["train"] = {**payload.get("train", {}), **res}
         write_json(out, payload)
@@ -375,8 +479,9 @@ def train_checks(sections: tuple[str, ...], out: Path, payload: dict,
                             "traceback": traceback.format_exc()}
         click.echo(f"training checks failed: {payload['train']['error']}")
         return False
-    click.echo("\n" + gpu_train.format_report(res))
+    flush(res)
     return gpu_train.passed(res)
+
 
 if __name__ == "__main__":
     main()

@@ -185,81 +185,11 @@ if HAVE_TRITON:
         return tl.load(ptr + off), tl.load(ptr + plane + off), tl.load(ptr + 2 * plane + off)
 
     @triton.jit
-    def _dq_kernel(
-        qd,
-        eq,
-        kd,
-        ek,
-        vd,
-        ev,
-        dod,
-        edo,
-        kcd,
-        ekc,
-        lse_ptr,
-        drow_ptr,
-        dq_ptr,
-        seq,
-        window,
-        scale,
-        q_plane,
-        k_plane,
-        n_kb,
-        HQ: tl.constexpr,
-        GROUP: tl.constexpr,
-        D: tl.constexpr,
-        SQP: tl.constexpr,
-        SKP: tl.constexpr,
-        BM: tl.constexpr,
-        BN: tl.constexpr,
-        HAS_WINDOW: tl.constexpr,
-    ):
-        # Program (qb, b * HQ + h): dQ of one query block, key blocks of its band ascending.
-        qb = tl.program_id(0)
-        bh = tl.program_id(1)
-        bk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP
-        rows = qb * BM + tl.arange(0, BM)
-        rd = tl.arange(0, D)
-        rn = tl.arange(0, BN)
-        r_off = (bh * SQP + rows[:, None]).to(tl.int64) * D + rd[None, :]
-        q0, q1, q2 = _load3(qd, q_plane, r_off)
-        o0, o1, o2 = _load3(dod, q_plane, r_off)
-        eqr = tl.load(eq + bh * SQP + rows)
-        edr = tl.load(edo + bh * SQP + rows)
-        lse = tl.load(lse_ptr + bh * seq + rows, mask=rows < seq, other=0.0)
-        drow = tl.load(drow_ptr + bh * seq + rows, mask=rows < seq, other=0.0)
-        acc = tl.zeros([BM, D], tl.float32)
-        lo, hi = tl_band(qb, window, n_kb, BM, BN, HAS_WINDOW)
-        for kb in range(lo, hi + 1):
-            cols = kb * BN + rn
-            t_off = (bk * SKP + cols[None, :]).to(tl.int64) * D + rd[:, None]  # (D, BN)
-            k0, k1, k2 = _load3(kd, k_plane, t_off)
-            v0, v1, v2 = _load3(vd, k_plane, t_off)
-            sc = (
-                tl_exact_to_f32(
-                    tl_exact_dot(q0, q1, q2, k0, k1, k2), eqr, tl.load(ek + bk * SKP + cols)
-                )
-                * scale
-            )
-            dp = tl_exact_to_f32(
-                tl_exact_dot(o0, o1, o2, v0, v1, v2), edr, tl.load(ev + bk * SKP + cols)
-            )
-            vis = (cols[None, :] <= rows[:, None]) & (cols[None, :] < seq) & (rows[:, None] < seq)
-            if HAS_WINDOW:
-                vis = vis & (cols[None, :] > rows[:, None] - window)
-            p = tl.where(vis, exp_tl(tl.where(vis, sc - lse[:, None], 0.0)), 0.0)
-            ds = p * (dp - drow[:, None])
-            s0, s1, s2, eds = tl_fixed_point(tl_to_bf16(ds), 1)
-            c_off = (bk * SKP + cols[:, None]).to(tl.int64) * D + rd[None, :]  # (BN, D)
-            c0, c1, c2 = _load3(kcd, k_plane, c_off)
-            ekcol = tl.load(ekc + (bk * n_kb + kb) * D + rd)
-            acc = acc + tl_exact_to_f32(tl_exact_dot(s0, s1, s2, c0, c1, c2), eds, ekcol)
-        dq = tl_to_bf16(acc * scale)
-        tl.store(
-            dq_ptr + (bh * seq + rows[:, None]).to(tl.int64) * D + rd[None, :],
-            dq,
-            mask=(rows < seq)[:, None],
-        )
+    def _half_product(acc, a0, a1, a2, ea, cd, ec, plane, c_off, e_col):
+        """acc + fp32 of the exact product of a tile's row digits with half of the column
+        digits (``cd``, ``ec`` already offset to that half)."""
+        c0, c1, c2 = _load3(cd, plane, c_off)
+        return acc + tl_exact_to_f32(tl_exact_dot(a0, a1, a2, c0, c1, c2), ea, tl.load(ec + e_col))
 
     @triton.jit
     def _dkv_kernel(
@@ -279,12 +209,16 @@ if HAVE_TRITON:
         drow_ptr,
         dk_ptr,
         dv_ptr,
+        ds_ptr,
+        first_ptr,
+        n_tiles,
         seq,
         window,
         scale,
         q_plane,
         k_plane,
         n_qb,
+        n_kb,
         HQ: tl.constexpr,
         GROUP: tl.constexpr,
         D: tl.constexpr,
@@ -295,24 +229,31 @@ if HAVE_TRITON:
         HAS_WINDOW: tl.constexpr,
     ):
         # Program (kb, b * HKV + hk): dK, dV of one key block; query heads of the group
-        # ascending, then the query blocks that can see this key block ascending.
+        # ascending, then the query blocks that can see this key block ascending. Every
+        # tile of the dQ kernel's band leaves its ds16 (as dQ's (BM, BN) tile) in ds_ptr.
         kb = tl.program_id(0)
         bk = tl.program_id(1)
         hkv = HQ // GROUP
         cols = kb * BN + tl.arange(0, BN)
         rd = tl.arange(0, D)
         rm = tl.arange(0, BM)
+        rn = tl.arange(0, BN)
         k_off = (bk * SKP + cols[:, None]).to(tl.int64) * D + rd[None, :]  # (BN, D)
-        k0, k1, k2 = _load3(kd, k_plane, k_off)
-        v0, v1, v2 = _load3(vd, k_plane, k_off)
         ekr = tl.load(ek + bk * SKP + cols)
         evr = tl.load(ev + bk * SKP + cols)
-        acc_dk = tl.zeros([BN, D], tl.float32)
-        acc_dv = tl.zeros([BN, D], tl.float32)
+        # dK and dV by halves of the head dim: an exact product's int64 and int32 tiles
+        # are (BN, D / 2), which keeps the kernel within its registers (column d's value
+        # depends only on column d's digits: the same integers as the whole product)
+        rh = tl.arange(0, D // 2)
+        dk_a = tl.zeros([BN, D // 2], tl.float32)
+        dk_b = tl.zeros([BN, D // 2], tl.float32)
+        dv_a = tl.zeros([BN, D // 2], tl.float32)
+        dv_b = tl.zeros([BN, D // 2], tl.float32)
         qlo = kb * BN // BM
         qhi = n_qb - 1
         if HAS_WINDOW:
             qhi = tl.minimum((kb * BN + BN - 2 + window) // BM, n_qb - 1)
+        ds_tile = rm[None, :] * BN + rn[:, None]  # element (key j, query i) of dQ's tile
         for h in range(GROUP):
             bh = (bk // hkv) * HQ + (bk % hkv) * GROUP + h
             for qb in range(qlo, qhi + 1):
@@ -320,12 +261,16 @@ if HAVE_TRITON:
                 t_off = (bh * SQP + rows[None, :]).to(tl.int64) * D + rd[:, None]  # (D, BM)
                 q0, q1, q2 = _load3(qd, q_plane, t_off)
                 o0, o1, o2 = _load3(dod, q_plane, t_off)
+                # K's and V's digits are read again per tile (from cache) rather than held
+                # in registers across the loop: held, they pushed the kernel into spills
+                k0, k1, k2 = _load3(kd, k_plane, k_off)
                 sc = (
                     tl_exact_to_f32(
                         tl_exact_dot(k0, k1, k2, q0, q1, q2), ekr, tl.load(eq + bh * SQP + rows)
                     )
                     * scale
                 )  # (BN, BM)
+                v0, v1, v2 = _load3(vd, k_plane, k_off)
                 dp = tl_exact_to_f32(
                     tl_exact_dot(v0, v1, v2, o0, o1, o2), evr, tl.load(edo + bh * SQP + rows)
                 )
@@ -337,23 +282,83 @@ if HAVE_TRITON:
                 lse = tl.load(lse_ptr + bh * seq + rows, mask=rows < seq, other=0.0)
                 drow = tl.load(drow_ptr + bh * seq + rows, mask=rows < seq, other=0.0)
                 p = tl.where(vis, exp_tl(tl.where(vis, sc - lse[None, :], 0.0)), 0.0)
-                ds = p * (dp - drow[None, :])
-                c_off = (bh * SQP + rows[:, None]).to(tl.int64) * D + rd[None, :]  # (BM, D)
-                e_col = (bh * (SQP // BM) + qb) * D + rd
+                ds16 = tl_to_bf16(p * (dp - drow[None, :]))
+                lo, hi = tl_band(qb, window, n_kb, BM, BN, HAS_WINDOW)
+                slot = (bh * n_tiles + tl.load(first_ptr + qb) + kb - lo).to(tl.int64)
+                in_band = kb <= hi  # kb >= lo holds for every query block visited here
+                tl.store(ds_ptr + slot * (BM * BN) + ds_tile, ds16.to(tl.int16, bitcast=True),
+                         mask=ds_tile < tl.where(in_band, BM * BN, 0))
+                c_off = (bh * SQP + rows[:, None]).to(tl.int64) * D + rh[None, :]  # (BM, D/2)
+                e_col = (bh * (SQP // BM) + qb) * D + rh
                 p0, p1, p2, ep = tl_fixed_point(tl_to_bf16(p), 1)
-                c0, c1, c2 = _load3(docd, q_plane, c_off)
-                acc_dv = acc_dv + tl_exact_to_f32(
-                    tl_exact_dot(p0, p1, p2, c0, c1, c2), ep, tl.load(edoc + e_col)
-                )
-                s0, s1, s2, es = tl_fixed_point(tl_to_bf16(ds), 1)
-                c0, c1, c2 = _load3(qcd, q_plane, c_off)
-                acc_dk = acc_dk + tl_exact_to_f32(
-                    tl_exact_dot(s0, s1, s2, c0, c1, c2), es, tl.load(eqc + e_col)
-                )
+                dv_a = _half_product(dv_a, p0, p1, p2, ep, docd, edoc, q_plane, c_off, e_col)
+                dv_b = _half_product(dv_b, p0, p1, p2, ep, docd + D // 2, edoc + D // 2,
+                                     q_plane, c_off, e_col)
+                s0, s1, s2, es = tl_fixed_point(ds16, 1)
+                dk_a = _half_product(dk_a, s0, s1, s2, es, qcd, eqc, q_plane, c_off, e_col)
+                dk_b = _half_product(dk_b, s0, s1, s2, es, qcd + D // 2, eqc + D // 2,
+                                     q_plane, c_off, e_col)
         keep = (cols < seq)[:, None]
-        out_off = (bk * seq + cols[:, None]).to(tl.int64) * D + rd[None, :]
-        tl.store(dk_ptr + out_off, tl_to_bf16(acc_dk * scale), mask=keep)
-        tl.store(dv_ptr + out_off, tl_to_bf16(acc_dv), mask=keep)
+        out_off = (bk * seq + cols[:, None]).to(tl.int64) * D + rh[None, :]
+        tl.store(dk_ptr + out_off, tl_to_bf16(dk_a * scale), mask=keep)
+        tl.store(dk_ptr + out_off + D // 2, tl_to_bf16(dk_b * scale), mask=keep)
+        tl.store(dv_ptr + out_off, tl_to_bf16(dv_a), mask=keep)
+        tl.store(dv_ptr + out_off + D // 2, tl_to_bf16(dv_b), mask=keep)
+
+    @triton.jit
+    def _dq_kernel(
+        ds_ptr,
+        first_ptr,
+        n_tiles,
+        kcd,
+        ekc,
+        dq_ptr,
+        seq,
+        window,
+        scale,
+        k_plane,
+        n_kb,
+        HQ: tl.constexpr,
+        GROUP: tl.constexpr,
+        D: tl.constexpr,
+        SKP: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        HAS_WINDOW: tl.constexpr,
+    ):
+        # Program (qb, b * HQ + h): dQ of one query block, key blocks of its band ascending,
+        # from the ds16 tiles the dK/dV kernel left (the same values as recomputing them).
+        qb = tl.program_id(0)
+        bh = tl.program_id(1)
+        bk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP
+        rows = qb * BM + tl.arange(0, BM)
+        rd = tl.arange(0, D)
+        tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+        acc = tl.zeros([BM, D], tl.float32)
+        lo, hi = tl_band(qb, window, n_kb, BM, BN, HAS_WINDOW)
+        base = bh * n_tiles + tl.load(first_ptr + qb) - lo
+        for kb in range(lo, hi + 1):
+            bits = tl.load(ds_ptr + (base + kb).to(tl.int64) * (BM * BN) + tile)
+            s0, s1, s2, eds = tl_fixed_point(bits.to(tl.bfloat16, bitcast=True), 1)
+            cols = kb * BN + tl.arange(0, BN)
+            c_off = (bk * SKP + cols[:, None]).to(tl.int64) * D + rd[None, :]  # (BN, D)
+            c0, c1, c2 = _load3(kcd, k_plane, c_off)
+            ekcol = tl.load(ekc + (bk * n_kb + kb) * D + rd)
+            acc = acc + tl_exact_to_f32(tl_exact_dot(s0, s1, s2, c0, c1, c2), eds, ekcol)
+        dq = tl_to_bf16(acc * scale)
+        tl.store(
+            dq_ptr + (bh * seq + rows[:, None]).to(tl.int64) * D + rd[None, :],
+            dq,
+            mask=(rows < seq)[:, None],
+        )
+
+
+# Warps per program of the backward kernels on a GPU (the interpreter ignores them): the
+# dK/dV kernel holds two (BN, D) fp32 accumulators, K and V's digits and a tile's scores,
+# probabilities and int64 products; at 4 warps Triton 3.6 spilled them to a 2-3 KB stack.
+DKV_WARPS = 8
+DKV_STAGES = 2
+DQ_WARPS = 4
 
 
 def _col_digits(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -361,8 +366,19 @@ def _col_digits(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor
     return digits(n_int).contiguous(), e.contiguous()
 
 
+def _tile_slots(n_qb: int, n_kb: int, window: int | None, device) -> tuple[torch.Tensor, int]:
+    """Where each query block's band of (BM, BN) tiles starts among one head's tiles, and
+    the tiles per head (the CPU reference's slots: ``backward_reference``)."""
+    lo, hi = block_band(torch.arange(n_qb), window, n_kb)
+    width = hi - lo + 1
+    first = torch.cumsum(width, 0) - width
+    return first.to(torch.int32).to(device), int(width.sum())
+
+
 def backward_triton(q, k, v, o, lse, do, window: int | None):
-    """The Triton path of the backward (same bits as ``backward_cpu``)."""
+    """The Triton path of the backward (same bits as ``backward_cpu``): the dK/dV kernel
+    computes every visible tile's p and ds once and leaves ds16 for the dQ kernel, which
+    then runs 9 int8 products per tile instead of recomputing the scores and dO V^T (27)."""
     check_inputs(q, k, v, window)
     b, hq, s, d = q.shape
     hkv = k.shape[1]
@@ -378,68 +394,29 @@ def backward_triton(q, k, v, o, lse, do, window: int | None):
         "HQ": hq,
         "GROUP": hq // hkv,
         "D": d,
-        "SQP": n_qb * BLOCK_M,
         "SKP": n_kb * BLOCK_N,
         "BM": BLOCK_M,
         "BN": BLOCK_N,
         "HAS_WINDOW": window is not None,
     }
     scale = softmax_scale(d)
-    kcd, ekc = _col_digits(k, BLOCK_N)
-    dq = torch.empty_like(q)
-    _dq_kernel[(n_qb, b * hq)](
-        qd,
-        eq,
-        kd,
-        ek,
-        vd,
-        ev,
-        dod,
-        edo,
-        kcd,
-        ekc,
-        lse,
-        drow,
-        dq,
-        s,
-        win,
-        scale,
-        qd[0].numel(),
-        kd[0].numel(),
-        n_kb,
-        **shape,
-        **LAUNCH_OPTIONS,
-    )
-    del kcd, ekc
+    first, n_tiles = _tile_slots(n_qb, n_kb, window, q.device)
+    ds16 = torch.empty((b * hq * n_tiles, BLOCK_M, BLOCK_N), dtype=torch.int16, device=q.device)
     qcd, eqc = _col_digits(q, BLOCK_M)
     docd, edoc = _col_digits(do, BLOCK_M)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     _dkv_kernel[(n_kb, b * hkv)](
-        qd,
-        eq,
-        kd,
-        ek,
-        vd,
-        ev,
-        dod,
-        edo,
-        qcd,
-        eqc,
-        docd,
-        edoc,
-        lse,
-        drow,
-        dk,
-        dv,
-        s,
-        win,
-        scale,
-        qd[0].numel(),
-        kd[0].numel(),
-        n_qb,
-        **shape,
-        **LAUNCH_OPTIONS,
+        qd, eq, kd, ek, vd, ev, dod, edo, qcd, eqc, docd, edoc, lse, drow, dk, dv, ds16,
+        first, n_tiles, s, win, scale, qd[0].numel(), kd[0].numel(), n_qb, n_kb,
+        SQP=n_qb * BLOCK_M, num_warps=DKV_WARPS, num_stages=DKV_STAGES, **shape, **LAUNCH_OPTIONS,
+    )
+    del qcd, eqc, docd, edoc, qd, eq, dod, edo, vd, ev
+    kcd, ekc = _col_digits(k, BLOCK_N)
+    dq = torch.empty_like(q)
+    _dq_kernel[(n_qb, b * hq)](
+        ds16, first, n_tiles, kcd, ekc, dq, s, win, scale, kd[0].numel(), n_kb,
+        num_warps=DQ_WARPS, **shape, **LAUNCH_OPTIONS,
     )
     return dq, dk, dv
 

@@ -172,18 +172,28 @@ if HAVE_TRITON:
 
     @triton.jit
     def tl_exact_dot(a0, a1, a2, b0, b1, b2):
-        """int64 ``sum_k Na[m, k] * Nb[k, n]`` from int8 digit tiles (nine exact int8 dots)."""
-        g0 = tl.dot(a0, b0, out_dtype=tl.int32)
-        g1 = tl.dot(a0, b1, out_dtype=tl.int32) + tl.dot(a1, b0, out_dtype=tl.int32)
-        g2 = (
-            tl.dot(a0, b2, out_dtype=tl.int32)
-            + tl.dot(a1, b1, out_dtype=tl.int32)
-            + tl.dot(a2, b0, out_dtype=tl.int32)
-        )
-        g3 = tl.dot(a1, b2, out_dtype=tl.int32) + tl.dot(a2, b1, out_dtype=tl.int32)
-        g4 = tl.dot(a2, b2, out_dtype=tl.int32)
-        t = (g0.to(tl.int64) << 28) + (g1.to(tl.int64) << 21) + (g2.to(tl.int64) << 14)
-        return t + (g3.to(tl.int64) << 7) + g4.to(tl.int64)
+        """int64 ``sum_k Na[m, k] * Nb[k, n]`` from int8 digit tiles (nine exact int8 dots).
+
+        T = g0 2^28 + g1 2^21 + g2 2^14 + g3 2^7 + g4 (g_L the sum of the digit dots of
+        level L) is formed as ``(g0 << 28) + (mid << 14) + low`` with mid = g1 2^7 + g2 and
+        low = g3 2^7 + g4 accumulated in int32 by the tensor cores themselves (each dot adds
+        into the shifted accumulator; every partial sum of mid or low stays below 1.08e9 <
+        2^31 for contractions up to 256, the largest head dim attention takes, and the
+        tiles' 64 keys or queries): the same integer as the five-term sum, folded into the
+        int64 tile as each part is done, so one int32 tile and one int64 tile are live
+        instead of five of each - the backward's kernels spilled registers with the
+        five-term form (CONTRACT.md, "GPU cost")."""
+        t = tl.dot(a0, b0, out_dtype=tl.int32).to(tl.int64) << 28
+        mid = tl.dot(a0, b1, out_dtype=tl.int32)
+        mid = tl.dot(a1, b0, mid, out_dtype=tl.int32) << 7
+        mid = tl.dot(a0, b2, mid, out_dtype=tl.int32)
+        mid = tl.dot(a1, b1, mid, out_dtype=tl.int32)
+        mid = tl.dot(a2, b0, mid, out_dtype=tl.int32)
+        t = t + (mid.to(tl.int64) << 14)
+        low = tl.dot(a1, b2, out_dtype=tl.int32)
+        low = tl.dot(a2, b1, low, out_dtype=tl.int32) << 7
+        low = tl.dot(a2, b2, low, out_dtype=tl.int32)
+        return t + low.to(tl.int64)
 
     @triton.jit
     def tl_exact_to_f32(t, ea, eb):

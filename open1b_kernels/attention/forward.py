@@ -346,7 +346,9 @@ GPU_CHECKS = [
         torch_baseline=_sdpa,
         cost=_cost,
         describe=_describe(w),
-        parity_scale=0.25,
+        # the CPU reference's cost grows with the square of the sequence: fully causal at
+        # S = 512 (eight blocks each way) takes seconds where S = 1,024 outlasted a lease
+        parity_scale=0.25 if w else 0.125,
         bound="compute",
         notes="outputs: out, lse, dq, dk, dv; baseline SDPA bf16 fwd+bwd",
     )

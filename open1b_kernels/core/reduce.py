@@ -152,30 +152,66 @@ def tree_sum_cpu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 if HAVE_TRITON:
 
+    # Each tree level is a sum over an axis of length two: one IEEE add per pair (a + b and
+    # b + a are the same bits; compiled, Triton adds the two values with no identity:
+    # ``add.rn.f32`` of the pair), so it is the pairwise tree, and the compiler keeps the
+    # pairs where the layout already has them (a register or a lane shuffle). The earlier
+    # form - reshape to (..., 2) then ``tl.split`` - pinned each pair into one thread, so
+    # every level moved the tile through shared memory; Triton 3.6 (the H200's) compiled
+    # RMSNorm's (2, 2048) tile that way with a 5,680-byte stack frame and 27,784
+    # instructions per thread (CONTRACT.md, "GPU cost").
+    # The interpreter sums a pair with numpy as a + (0.0 + b), which differs from a + b only
+    # when both are -0.0 (+0.0 instead of -0.0); such a node's subtree is all -0.0, every
+    # other node is the same, and the tree's root is -0.0 exactly when every leaf is. So one
+    # integer max over the leaves' bits (-0.0 is the smallest int32 pattern) restores the
+    # root on the interpreter and changes nothing compiled: the same code runs on both.
+    @triton.jit
+    def _neg_zero_root(x, s, AXIS: tl.constexpr):
+        """``s`` (a tree over ``x`` along AXIS), -0.0 where every leaf is -0.0."""
+        every = tl.max(x.to(tl.int32, bitcast=True), axis=AXIS) == -2147483648
+        return tl.where(every, -0.0, s)
+
     @triton.jit
     def tree_sum_rows(x, R: tl.constexpr, N: tl.constexpr):
         """Pairwise tree over the last axis of an (R, N) tile, N a power of two -> (R,)."""
         s = x
         for lvl in tl.static_range(24):
             if (N >> lvl) > 1:
-                a, b = tl.split(tl.reshape(s, (R, N >> (lvl + 1), 2)))
-                s = a + b
-        return tl.reshape(s, (R,))
+                s = tl.sum(tl.reshape(s, (R, N >> (lvl + 1), 2)), axis=2)
+        s = tl.reshape(s, (R,))
+        if N > 1:
+            s = _neg_zero_root(x, s, 1)
+        return s
+
+    @triton.jit
+    def tree_levels_1d(x, N: tl.constexpr):
+        """``tree_sum_1d`` without the -0.0 root (for callers that restore it themselves)."""
+        s = x
+        for lvl in tl.static_range(24):
+            if (N >> lvl) > 1:
+                s = tl.sum(tl.reshape(s, (N >> (lvl + 1), 2)), axis=1)
+        return tl.reshape(s, ())
 
     @triton.jit
     def tree_sum_1d(x, N: tl.constexpr):
         """Pairwise tree over a 1-D tile of N (a power of two) elements -> scalar."""
-        s = x
-        for lvl in tl.static_range(24):
-            if (N >> lvl) > 1:
-                a, b = tl.split(tl.reshape(s, (N >> (lvl + 1), 2)))
-                s = a + b
-        return tl.reshape(s, ())
+        s = tree_levels_1d(x, N)
+        if N > 1:
+            s = _neg_zero_root(x, s, 0)
+        return s
 
     @triton.jit
     def tree_sum_cols(x, R: tl.constexpr, N: tl.constexpr):
-        """Pairwise tree over the first axis of an (R, N) tile, R a power of two -> (N,)."""
-        return tree_sum_rows(tl.trans(x), N, R)
+        """Pairwise tree over the first axis of an (R, N) tile, R a power of two -> (N,);
+        pairs of adjacent rows, no transpose."""
+        s = x
+        for lvl in tl.static_range(24):
+            if (R >> lvl) > 1:
+                s = tl.sum(tl.reshape(s, (R >> (lvl + 1), 2, N)), axis=1)
+        s = tl.reshape(s, (N,))
+        if R > 1:
+            s = _neg_zero_root(x, s, 0)
+        return s
 
     @triton.jit
     def _tree_sum_cols_kernel(x_ptr, out_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):

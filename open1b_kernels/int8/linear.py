@@ -57,6 +57,8 @@ from open1b_kernels.int8 import amxmm
 from open1b_kernels.int8.checksum import SlabCheck
 from open1b_kernels.int8.gemm import MAX_K, exact_dequant_cpu, int8_mm, int8_mm_cpu
 from open1b_kernels.int8.route import CHECKED, int_gemm_route, record_failure
+from open1b_kernels.int8 import stegemm
+from open1b_kernels.int8.weightcodes import weight_codes_triton
 # The quantizers live in open1b_kernels/int8/quantize.py; re-exported so that callers keep importing
 # them from the op that uses them.
 from open1b_kernels.int8.quantize import (BLOCK_K, BLOCK_R, FLT_MIN, HADAMARD_BLOCK, INV_127,  # noqa: F401
@@ -222,8 +224,18 @@ def linear_int8_forward(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor) -> 
     if not use_triton(x):
         return linear_int8_forward_cpu(x, w, s_x)[0]
     sx = s_x.reshape(1).to(torch.float32)
+    sw, q_w, _ = _weight_codes(w)
+    return int8_mm(quantize(x, sx), q_w, sx, sw, torch.bfloat16)
+
+
+def _weight_codes(w: torch.Tensor, want_hat: bool = False):
+    """(sw, q_w, w_hat or None) on the Triton path: one fused pass for a bf16 weight
+    (open1b_kernels/int8/weightcodes.py), else the op-by-op definition."""
+    if w.dtype == torch.bfloat16 and w.shape[1]:
+        return weight_codes_triton(w, _inv_k(w.shape[1]), TWO_OVER_SQRT127, want_hat)
     sw = weight_step(w)
-    return int8_mm(quantize(x, sx), quantize(w, sw), sx, sw, torch.bfloat16)
+    q_w = quantize(w, sw)
+    return sw, q_w, (q_w.to(torch.float32) * sw.reshape(-1, 1) if want_hat else None)
 
 
 def linear_int8_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
@@ -236,23 +248,27 @@ def linear_int8_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     if not use_triton(x) and min(m, k, w.shape[0]):
         return linear_int8_backward_cpu(dy, x, w, s_x, codes, dw_dtype)
     sx = s_x.reshape(1).to(torch.float32)
-    sw = weight_step(w)
-    q_w = quantize(w, sw)
+    sw, _, w_hat = _weight_codes(w, want_hat=True)   # w_hat (N, K): one rounding each
     q_x = quantize(x, sx)
     dy = dy.to(torch.bfloat16)
-    w_hat = q_w.to(torch.float32) * sw.reshape(-1, 1)  # (N, K), one rounding per element
     # dX_hat = G @ w_hat: contraction over N.
     qa, sa = rotate_quantize(dy)                       # (M, Np)
     qb, sb = rotate_quantize(w_hat.t())                # (K, Np)
-    dx_hat = int8_mm(qa, qb, sa, sb, torch.float32)  # (M, K)
     # dW = G^T @ x_hat = s_x * (G^T @ q_x): contraction over M.
     qa2, sa2 = rotate_quantize(dy.t())                 # (N, Mp)
     qb2, sb2 = rotate_quantize(q_x.t())                # (K, Mp)
     dw_raw = int8_mm(qa2, qb2, sa2, sb2 * sx, torch.float32)  # (N, K)
-    dx, term = ste(dx_hat, x, sx, want_term=True, out_bf16=True)
+    if x.dtype == torch.bfloat16 and stegemm.fits(m, k):
+        # dX_hat, its STE and the LSQ term's row-segment trees in the GEMM's epilogue
+        # (open1b_kernels/int8/stegemm.py): neither dX_hat nor term reaches memory
+        dx, term_sum = stegemm.ste_gemm(qa, qb, sa, sb, x, sx)
+    else:
+        dx_hat = int8_mm(qa, qb, sa, sb, torch.float32)  # (M, K)
+        dx, term = ste(dx_hat, x, sx, want_term=True, out_bf16=True)
+        term_sum = tree_sum(term.reshape(-1), 0)
     dw, _ = ste(dw_raw, w, sw, want_term=False, out_bf16=False)
     g = float(torch.tensor(1.0 / math.sqrt(m * k * Q_MAX), dtype=torch.float32))
-    ds = tree_sum(term.reshape(-1), 0) * g
+    ds = term_sum * g
     return dx, dw.to(dw_dtype), ds.reshape(s_x.shape)
 
 

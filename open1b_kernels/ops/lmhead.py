@@ -83,12 +83,18 @@ CPU_S3_TWO_GEMMS = True
 # against 2^Eb * 2^(Ea - bias) are exact float64 multiplies before the one rounding.
 NARROW_C = 512
 
-# Three int32 level accumulators plus the int64 total live in registers: a 128 x 64 tile
-# over 8 warps keeps that near 160 registers per thread (128 x 128 would spill). Untuned:
-# on the first GPU run (H200, 2026-12-04) the head's forward and backward ran at 0.21-0.39x
-# of torch's bf16 mm, bit-identical to the CPU (BENCHMARKS.md, "On an NVIDIA H200").
+# Three int32 level accumulators live in registers: a 128 x 64 tile over 8 warps fits
+# them in 255 registers with no stack when the contraction is one K_CHUNK (Triton 3.6,
+# compiled offline for sm_90; 128 x 128 spills 800 bytes). On the first GPU run (H200,
+# 2026-12-04) the head's forward and backward ran at 0.21-0.39x of torch's bf16 mm with
+# an int64 total live through the loop and spilled, bit-identical to the CPU
+# (BENCHMARKS.md, "On an NVIDIA H200").
 GPU_BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8,
               "num_warps": 8, "num_stages": 3}
+# A contraction longer than K_CHUNK (dh = dlogits @ w contracts over the vocabulary) keeps
+# an int64 total through the loop: at 128 x 64 Triton 3.6 spilled it (184-byte stack);
+# 64 x 64 over 8 warps holds it in 168 registers (compiled offline for sm_90).
+GPU_BLOCKS_LONG_K = {**GPU_BLOCKS, "BLOCK_M": 64}
 INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 4}
 SLICE_BR, SLICE_BK = 32, 128
 
@@ -281,9 +287,39 @@ if HAVE_TRITON:
             tl.store(s_ptr + i * plane + off, ((part ^ neg) - neg).to(tl.int8), mask=mask)
 
     @triton.jit
+    def _level_sums(a_rows, b_cols, pa, pb, rm, rn, rk, M, N, K, c0, c1, SL: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """T's part over contraction steps [c0, c1) as int64: the level accumulators in
+        int32 (no overflow within K_CHUNK), shifted together once at the end."""
+        acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        acc4 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        for k0 in range(c0, c1, BLOCK_K):
+            kk = k0 + rk
+            am = (rm[:, None] < M) & (kk[None, :] < K)
+            bm = (rn[None, :] < N) & (kk[:, None] < K)
+            a1 = tl.load(a_rows + kk[None, :], mask=am, other=0)
+            a2 = tl.load(a_rows + pa + kk[None, :], mask=am, other=0)
+            b1 = tl.load(b_cols + kk[:, None], mask=bm, other=0)
+            b2 = tl.load(b_cols + pb + kk[:, None], mask=bm, other=0)
+            acc2 += tl.dot(a1, b1, out_dtype=tl.int32)
+            acc3 += tl.dot(a1, b2, out_dtype=tl.int32)
+            acc3 += tl.dot(a2, b1, out_dtype=tl.int32)
+            if SL == 3:
+                a3 = tl.load(a_rows + 2 * pa + kk[None, :], mask=am, other=0)
+                b3 = tl.load(b_cols + 2 * pb + kk[:, None], mask=bm, other=0)
+                acc4 += tl.dot(a1, b3, out_dtype=tl.int32)
+                acc4 += tl.dot(a2, b2, out_dtype=tl.int32)
+                acc4 += tl.dot(a3, b1, out_dtype=tl.int32)
+        if SL == 3:
+            return (acc2.to(tl.int64) << 14) + (acc3.to(tl.int64) << 7) + acc4.to(tl.int64)
+        else:
+            return (acc2.to(tl.int64) << 7) + acc3.to(tl.int64)
+
+    @triton.jit
     def _ozaki_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, c_ptr, M, N, K, SL: tl.constexpr,
                       K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ONE_CHUNK: tl.constexpr):
         pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -292,32 +328,15 @@ if HAVE_TRITON:
         pb = N.to(tl.int64) * K
         a_rows = a_ptr + rm[:, None].to(tl.int64) * K
         b_cols = b_ptr + rn[None, :].to(tl.int64) * K
-        t = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int64)
-        for c0 in range(0, K, K_CHUNK):
-            acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-            acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-            acc4 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-            for k0 in range(c0, tl.minimum(c0 + K_CHUNK, K), BLOCK_K):
-                kk = k0 + rk
-                am = (rm[:, None] < M) & (kk[None, :] < K)
-                bm = (rn[None, :] < N) & (kk[:, None] < K)
-                a1 = tl.load(a_rows + kk[None, :], mask=am, other=0)
-                a2 = tl.load(a_rows + pa + kk[None, :], mask=am, other=0)
-                b1 = tl.load(b_cols + kk[:, None], mask=bm, other=0)
-                b2 = tl.load(b_cols + pb + kk[:, None], mask=bm, other=0)
-                acc2 += tl.dot(a1, b1, out_dtype=tl.int32)
-                acc3 += tl.dot(a1, b2, out_dtype=tl.int32)
-                acc3 += tl.dot(a2, b1, out_dtype=tl.int32)
-                if SL == 3:
-                    a3 = tl.load(a_rows + 2 * pa + kk[None, :], mask=am, other=0)
-                    b3 = tl.load(b_cols + 2 * pb + kk[:, None], mask=bm, other=0)
-                    acc4 += tl.dot(a1, b3, out_dtype=tl.int32)
-                    acc4 += tl.dot(a2, b2, out_dtype=tl.int32)
-                    acc4 += tl.dot(a3, b1, out_dtype=tl.int32)
-            if SL == 3:
-                t += (acc2.to(tl.int64) << 14) + (acc3.to(tl.int64) << 7) + acc4.to(tl.int64)
-            else:
-                t += (acc2.to(tl.int64) << 7) + acc3.to(tl.int64)
+        if ONE_CHUNK:   # K <= K_CHUNK (the head's 2,048; a vocabulary of tokens is not):
+            # no int64 total live through the main loop (it spilled registers at S = 3)
+            t = _level_sums(a_rows, b_cols, pa, pb, rm, rn, rk, M, N, K, 0, K, SL,
+                            BLOCK_M, BLOCK_N, BLOCK_K)
+        else:
+            t = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int64)
+            for c0 in range(0, K, K_CHUNK):
+                t += _level_sums(a_rows, b_cols, pa, pb, rm, rn, rk, M, N, K, c0,
+                                 tl.minimum(c0 + K_CHUNK, K), SL, BLOCK_M, BLOCK_N, BLOCK_K)
         ea = tl.load(ea_ptr + rm, mask=rm < M, other=1)
         eb = tl.load(eb_ptr + rn, mask=rn < N, other=1)
         p = (ea[:, None] + eb[None, :] - (259 + 7 * SL)).to(tl.int64)  # exp_bias(SL)
@@ -357,10 +376,11 @@ def ozaki_mm_triton(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> t
     c = torch.empty((m, n), dtype=torch.float32, device=a.device)
     if m == 0 or n == 0:
         return c
-    cfg = dict(INTERPRET_BLOCKS if interpreting() else GPU_BLOCKS)
+    cfg = dict(INTERPRET_BLOCKS if interpreting() else
+               GPU_BLOCKS if k <= K_CHUNK else GPU_BLOCKS_LONG_K)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
-    _ozaki_kernel[grid](sa, sb, ea, eb, c, m, n, k, SL=slices, K_CHUNK=K_CHUNK, **cfg,
-                        **LAUNCH_OPTIONS)
+    _ozaki_kernel[grid](sa, sb, ea, eb, c, m, n, k, SL=slices, K_CHUNK=K_CHUNK,
+                        ONE_CHUNK=k <= K_CHUNK, **cfg, **LAUNCH_OPTIONS)
     return c
 
 

@@ -53,7 +53,11 @@ def test_constants_are_correctly_rounded():
 
 @needs_interpreter
 @pytest.mark.parametrize("m,k,n,kind", [(33, 70, 45, "normal"), (20, 300, 17, "extreme"),
-                                        (5, 16, 260, "normal"), (18, 40, 24, "tiny")])
+                                        (5, 16, 260, "normal"), (18, 40, 24, "tiny"),
+                                        # K a multiple of the tile: the fused STE GEMM
+                                        # (open1b_kernels/int8/stegemm.py)
+                                        (37, 64, 29, "normal"), (20, 96, 40, "extreme"),
+                                        (18, 32, 24, "tiny")])
 def test_parity_forward_backward(m, k, n, kind):
     x, w, s, dy = _case(m, k, n, m + k + n, kind)
     outs = {}

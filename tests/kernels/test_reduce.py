@@ -145,3 +145,23 @@ def test_compiled_tree_sum_equals_the_torch_tree(monkeypatch):
     inf[7] = float("inf")
     assert reduce.tree_sum_cpu(inf, 0) == float("inf")
     assert reduce._tree_1d_compiled(torch.ones(100)) is None            # short: the torch tree
+
+
+@needs_triton
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 64, 4096, 5000])
+def test_a_tree_of_negative_zeros_is_negative_zero_on_both_paths(n):
+    # The interpreter sums a pair as a + (0.0 + b) (numpy), which turns -0.0 + -0.0 into
+    # +0.0; the kernels restore the root from the leaves' bits. Rows of all -0.0 (a power
+    # of two or not: padding adds +0.0), next to rows where -0.0 meets +0.0 or cancels.
+    x = torch.full((4, n), -0.0)
+    x[1, 0] = 0.0
+    x[2, :2] = torch.tensor([2.0**-149, -(2.0**-149)])
+    x[3, -1] = -1.0
+    with force("cpu"):
+        a = reduce.tree_sum(x, -1)
+    with force("triton"):
+        b = reduce.tree_sum(x, -1)
+        c = reduce.tree_sum(x.t().contiguous(), 0)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    assert torch.equal(a.view(torch.int32), c.view(torch.int32))
+    assert a.view(torch.int32)[0] == (-(2**31) if n & (n - 1) == 0 else 0)
