@@ -152,19 +152,20 @@ def verify(mix: str, as_json: bool) -> None:
     """Check every file of built MIX (directory or URL) against the content its
     manifest.json records (shards' Merkle roots, document lengths, held-out rows,
     tokenizer content); exits non-zero naming each mismatch."""
-    from open1b_data.ingest.verify import verify as run
+    from open1b_data.ingest.verify import check
 
     try:
-        problems = run(mix)
+        found = check(mix)
     except Open1bDataError as e:
         raise click.ClickException(str(e)) from None
+    problems = list(found.problems)
     if as_json:
         click.echo(json.dumps(problems, indent=1))
     else:
         for p in problems:
             click.echo(f"MISMATCH {p}")
-        click.echo(f"{mix}: {'OK' if not problems else f'{len(problems)} mismatch(es)'}",
-                   err=bool(problems))
+        click.echo(f"{mix}: {'OK' if not problems else f'{len(problems)} mismatch(es)'} - "
+                   f"{found.summary()}", err=bool(problems))
     if problems:
         sys.exit(1)
 

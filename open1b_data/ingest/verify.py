@@ -2,7 +2,8 @@
 fingerprint covers.
 
 ``verify(mix_url)`` returns one line per mismatch, each naming the file by its path
-relative to the mix root:
+relative to the mix root (``check(mix_url)`` the same lines and the counts of what was
+read and compared, so that an "OK" can say what it covers):
 
 * tokenizer files (``tokenizer.json`` and the transformers directory): missing, or content
   that is not the manifest's (``formats/tokenizerfile.py``: vocabulary, merges, special
@@ -22,6 +23,7 @@ reached) is an error, not a mismatch: ``load_manifest``'s message, raised.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -48,17 +50,45 @@ def _read(url: str) -> bytes | None:
         return None
 
 
+@dataclass(frozen=True)
+class Verification:
+    """What ``check`` found and what it read: the counts are of work done (a shard that
+    could not be read is not counted as checked), never copied from the manifest."""
+    problems: tuple[str, ...]
+    fingerprint: str | None          # the manifest's content fingerprint (recomputed on parse)
+    tokenizer_files: int             # compared by content
+    shards: int                      # read whole, Merkle root recomputed from the documents
+    documents: int
+    tokens: int
+    heldout_rows: int                # re-derived by the definition's rule and compared
+    lengths_files: int               # read and compared with the manifest and the shard
+
+    def summary(self) -> str:
+        """One line saying what an OK covers."""
+        return (f"content fingerprint {self.fingerprint}: {self.shards} shard(s) read whole "
+                f"({self.documents:,} documents, {self.tokens:,} tokens; Merkle roots "
+                f"recomputed from tokens and provenance), {self.heldout_rows:,} held-out "
+                f"row(s) re-derived by the definition's rule, {self.lengths_files} lengths "
+                f"file(s) and {self.tokenizer_files} tokenizer file(s) compared by content")
+
+
 def verify(mix_url: str) -> list[str]:
     """Every mismatch between the manifest's content and the files it names, one line
     each (module docstring)."""
+    return list(check(mix_url).problems)
+
+
+def check(mix_url: str) -> Verification:
+    """``verify``'s mismatches with the counts of what was read and compared."""
     root = mix_root(mix_url)
     url, raw = read_manifest_bytes(root)
     try:
         m = parse_manifest(raw, url)
     except ManifestError as e:
-        return [str(e)]
+        return Verification((str(e),), None, 0, 0, 0, 0, 0, 0)
     problems = _tokenizer(root, m)
     fractions = fractions_of(m.definition)
+    shards = documents = tokens = heldout = lengths_files = 0
     for source, sh in m.shards():
         fraction = fractions.get(source)
         if (sh.heldout is None) != (fraction is None):
@@ -71,8 +101,15 @@ def verify(mix_url: str) -> list[str]:
             problems.extend(found)
         except ShardFormatError as e:
             problems.append(f"{sh.path}: {e}")
-        problems.extend(_lengths(root, sh, sizes))
-    return problems
+        if sizes is not None:
+            shards, documents, tokens = shards + 1, documents + len(sizes), tokens + sum(sizes)
+            if fraction is not None and sh.heldout is not None:
+                heldout += len(sh.heldout)
+        found = _lengths(root, sh, sizes)
+        problems.extend(found)
+        lengths_files += not found
+    return Verification(tuple(problems), m.fingerprint, len(tokenizer_files(m.tokenizer)),
+                        shards, documents, tokens, heldout, lengths_files)
 
 
 def _tokenizer(root: str, m: BuiltManifest) -> list[str]:

@@ -305,6 +305,12 @@ def test_verify_names_a_flipped_byte(reference, tmp_path):
     ok = runner.invoke(verify_cmd, [str(out)])
     assert ok.exit_code == 0, ok.output
     manifest = load_manifest(str(out))
+    # an OK says what it read: every shard, document and token, by the manifest's counts
+    docs = sum(sh.documents for s in manifest.sources for sh in s.shards)
+    toks = sum(sh.tokens for s in manifest.sources for sh in s.shards)
+    shards = sum(len(s.shards) for s in manifest.sources)
+    assert (f"OK - content fingerprint {manifest.fingerprint}: {shards} shard(s) read whole "
+            f"({docs:,} documents, {toks:,} tokens;") in ok.output, ok.output
     victim = manifest.sources[1].shards[0].path
     data = bytearray((out / victim).read_bytes())
     data[len(data) // 2] ^= 0x01
