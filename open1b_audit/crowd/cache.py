@@ -163,8 +163,10 @@ class RunCache:
 
     def mirror_mix(self) -> str:
         """The verified local mirror of the mix's metadata (module docstring, 3)."""
+        from open1b_data.errors import ShardFormatError
         from open1b_data.formats.manifest import parse_manifest, tokenizer_files
-        from open1b_train.published import verified_tokenizer
+        from open1b_data.formats.shards import lengths_digest, parse_lengths
+        from open1b_data.formats.tokenizerfile import verified_tokenizer_files
 
         done = os.path.join(self.mirror, ".complete")
         manifest_path = os.path.join(self.mirror, "manifest.json")
@@ -182,14 +184,19 @@ class RunCache:
                               f"...: it is not the run's mix (pass --mix with the right one)")
         os.makedirs(self.mirror, exist_ok=True)
         names = [f["path"] for f in tokenizer_files(manifest.tokenizer)]
-        for rel, data in verified_tokenizer(self.mix_url, manifest).items():
+        for rel, data in verified_tokenizer_files(self.mix_url, manifest).items():
             self.mix_source.count("mix", len(data))
             self._put(os.path.join(self.mirror, rel), data)
         for _, shard in manifest.shards():
             data = self.mix_source.read(shard.lengths_path, "mix")
-            if hashlib.sha256(data).hexdigest() != shard.lengths_sha256:
-                raise SourceError(f"{self.mix_url}/{shard.lengths_path}: its sha256 is not the "
-                                  f"manifest's; the mix was altered - use the mix as built")
+            try:                        # by content, as the manifest records it (v2)
+                same = (lengths_digest(parse_lengths(data, shard.lengths_path))
+                        == shard.lengths_content)
+            except ShardFormatError:
+                same = False
+            if not same:
+                raise SourceError(f"{self.mix_url}/{shard.lengths_path}: its counts are not "
+                                  f"the manifest's; the mix was altered - use the mix as built")
             self._put(os.path.join(self.mirror, shard.lengths_path), data)
         self._put(manifest_path, raw)
         self._put(done, json.dumps({"fingerprint": manifest.fingerprint,

@@ -56,9 +56,15 @@ LOOPS = {
     "open1b_kernels.int8._int8c": {"fwht_dim0", "rotq", "widen_t", "quant", "rot_steps",
                                    "codes", "ste", "v4", "v3", "dequant", "bf16_rne",
                                    "int_sums", "mv_int8", "widen_sq", "pack", "product",
-                                   "product64", "round", "pair_cpu"},
+                                   "product64", "round", "pair_cpu",
+                                   # the AMX tile GEMM (int8/_amxmm.c)
+                                   "amx_cpu", "amx_pack", "amx_packed_bytes", "amx_product"},
     "open1b_kernels.attention._tilesc": {"fwd_rows", "fwd_acc", "bwd_tiles", "dq_tiles",
-                                         "kv_tiles", "fixed_planes", "tile_level"},
+                                         "kv_tiles", "fixed_planes", "tile_level",
+                                         "fwd_rows32", "digit_planes",
+                                         # the AMX tile products (attention/_tileamx.c)
+                                         "amx_bwd_tiles", "amx_dq", "amx_kv", "amx_pv",
+                                         "amx_scores", "amx_tiles", "amx_value_tiles"},
 }
 
 
