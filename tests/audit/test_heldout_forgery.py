@@ -6,10 +6,7 @@ bypassed) replayed by ``open1b-audit replay``, ``open1b-audit fetch-step`` and
 ``stream-at``."""
 from __future__ import annotations
 
-import contextlib
 import re
-import shutil
-from unittest import mock
 
 import pytest
 import torch
@@ -21,7 +18,7 @@ from open1b_data.errors import HeldOutError
 from open1b_data.ingest.verify import verify
 from open1b_data.stream.loader import StreamLoader
 from open1b_train.train import train
-from tests.fixtures.rewrite import refingerprint
+from tests.fixtures.heldout import bypassed, emptied
 from tests.fixtures.runs import micro_cfg
 from tests.fixtures.trainmix import train_mix
 
@@ -39,21 +36,9 @@ def honest(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def forged(honest, tmp_path_factory) -> str:
     """The honest mix with every held-out list emptied, re-fingerprinted."""
-    mix = str(tmp_path_factory.mktemp("forged") / "mix")
-    shutil.copytree(honest, mix)
-    shutil.rmtree(f"{mix}/stream", ignore_errors=True)
-    refingerprint(mix, lambda d: [sh.update(heldout=[]) for s in d["sources"]
-                                  for sh in s["shards"]])
+    mix = emptied(honest, str(tmp_path_factory.mktemp("forged") / "mix"))
     assert any("held-out rows differ" in p for p in verify(mix))    # only verify knew
     return mix
-
-
-@contextlib.contextmanager
-def bypassed():
-    """A dishonest trainer: the held-out check answers what the forged manifest says."""
-    with mock.patch("open1b_data.stream.shardreader.heldout_rows", lambda ids, f: []), \
-            mock.patch("open1b_data.stream.shardreader.is_heldout", lambda d, f: False):
-        yield
 
 
 def test_the_training_loader_refuses_the_forged_mix(honest, forged):
