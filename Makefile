@@ -1,7 +1,8 @@
 # Two commands a newcomer needs: `make demo` and `make test`. Both set up .venv first.
 # `make demo` installs only what the demo runs: the package and its runtime dependencies
 # (a 1.4 GB .venv, half of it the CPU build of torch). `make test` adds the test extra
-# (pytest, moto, transformers, datasets, and triton for the kernel parity tests: 2.7 GB).
+# (pytest, moto, transformers, datasets, and triton for the kernel parity tests: 3.1 GB,
+# measured 2026-12-05: README.md).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -54,7 +55,7 @@ demo: $(RUNTIME)
 	@echo "==> the tokens rank 0 of 2 reads at step 1, decoded"
 	$(BIN)/open1b-data stream-at build/demo-mix --step 1 --rank 0 --world 2 --decode
 	@echo "==> training the demo preset for 24 steps on the demo mix (every step hashed; the"
-	@echo "    validation loss on the mix's held-out windows at steps 12 and 24; ~2 min)"
+	@echo "    validation loss on the mix's held-out windows at steps 12 and 24; ~30 s on 2 cores)"
 	$(BIN)/open1b-train run --preset demo --mix build/demo-mix --steps 24 --eval-every 12 --out build/demo-run
 	$(BIN)/open1b-train plot build/demo-run
 	@echo "==> step 24 as logged: its hashes, training loss and validation loss per source"
