@@ -34,10 +34,11 @@ INTERNAL_ERROR = 3
 
 # OpenMP threads (torch's and the project's C loops share libgomp) spin while they wait for
 # work by default. On a machine where another process holds a core, every parallel region
-# then waits for a spinning thread the kernel has descheduled: 6 demo steps on 2 threads took
-# 58-80 s against 10 s on 1 thread (a loaded 2-core Xeon, BENCHMARKS.md "Threads under
-# load"). Passive waiting removes that cliff; the commands set it before torch loads libgomp
-# (no command imports torch at import time), unless the user chose a policy.
+# then waits for a spinning thread the kernel has descheduled: with one of 2 cores busy, 6
+# demo steps on 2 spinning threads ran at 0.64x one thread, on passive ones 0.94x (idle: 1.32x
+# and 1.07x; benchmarks/results/results-threads.md). Passive waiting removes that cliff for a
+# little idle speed; the commands set it before torch loads libgomp (no command imports torch
+# at import time), unless the user chose a policy.
 if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
