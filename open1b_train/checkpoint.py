@@ -29,7 +29,7 @@ which entry wins), a moment twice across the optim files, an optim entry that is
 ``m.<name>`` / ``v.<name>``, and (``check_names``, given the model's parameter names) a
 tensor the model does not have or a parameter it lacks.
 
-The lean memory plan (``memplan.py``) writes and reads the same files in chunks
+The lean memory plan (``memory/memplan.py``) writes and reads the same files in chunks
 (``save_streamed`` / ``load_streamed``): the safetensors layout written by hand - tensors
 ordered float32 before bf16, then by name, the header compact JSON padded with spaces to
 a multiple of 8 bytes, as ``safetensors.torch.save`` lays it out (tested byte for byte) -
@@ -372,7 +372,7 @@ def save_streamed(run: str, step: int, params: dict[str, torch.Tensor], layout, 
                   n_shards: int, record: dict[str, Any]) -> str:
     """``save`` with the moments read in chunks from ``m`` / ``v`` (``DiskFlat``) and every
     file written in chunks: the same files, never whole in memory."""
-    from open1b_train.memplan import moment_parts
+    from open1b_train.memory.memplan import moment_parts
 
     clear_debris(run)
     tmp = tmp_dir(run, step, str(os.getpid()))

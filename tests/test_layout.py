@@ -2,7 +2,7 @@
 modules, and every package imports only the packages upstream of it in the data flow
 
     open1b (shared base)      kernels (a leaf)
-    open1b_data: formats -> ingest, stream -> cli
+    open1b_data: formats -> ingest, stream -> explore -> cli
     open1b_train -> open1b_eval -> open1b_audit (the run explorer in site/; verify-model
     checks exports in open1b_eval's format)
 
@@ -28,6 +28,9 @@ ALLOWED = {
                             "open1b_data.storage_errors"),
     "open1b_data.stream": ("open1b", "open1b_data.errors", "open1b_data.storage",
                            "open1b_data.storage_errors", "open1b_data.formats"),
+    "open1b_data.explore": ("open1b", "open1b_data.errors", "open1b_data.storage",
+                            "open1b_data.storage_errors", "open1b_data.formats",
+                            "open1b_data.stream"),
     "open1b_data.ingest": ("open1b", "open1b_data.errors", "open1b_data.storage",
                            "open1b_data.storage_errors", "open1b_data.formats"),
     "open1b_data.cli": ("open1b", "open1b_data"),
@@ -35,6 +38,17 @@ ALLOWED = {
     "open1b_train": ("open1b", "open1b_kernels", "open1b_data"),
     "open1b_audit": ("open1b", "open1b_kernels", "open1b_data", "open1b_train", "open1b_eval"),
     "open1b_eval": ("open1b", "open1b_kernels", "open1b_data", "open1b_train"),
+}
+
+# inside open1b_train: the lower layers a step is built from import only the base modules
+# (never run, step, loop, the trainer, the engine or the other lower layer); the step and
+# the run above them import each other one way only (the cycle test: step imports run)
+TRAIN_BASE = ("open1b_train.errors", "open1b_train.config", "open1b_train.params",
+              "open1b_train.model", "open1b_train.statehash")
+INSIDE = {
+    "open1b_train.memory": TRAIN_BASE,
+    "open1b_train.reduction": TRAIN_BASE,
+    "open1b_train.optimstate": (),
 }
 
 
@@ -103,14 +117,28 @@ def _allowed(module: str) -> tuple[str, ...]:
 def test_every_package_imports_only_what_is_upstream_of_it():
     bad = []
     for mod, deps in imports().items():
-        own = mod.split(".")[0] if not mod.startswith("open1b_data.") else \
-            ".".join(mod.split(".")[:2])
+        own = (mod.split(".")[0] if not mod.startswith("open1b_data.")
+               else ".".join(mod.split(".")[:2]))
         for d in deps:
             if d == own or d.startswith(own + ".") or d.startswith(mod):
                 continue
             if d == "open1b_data" and mod.startswith("open1b_data."):
                 continue                  # the package root: its version and lazy names
             if not any(d == p or d.startswith(p + ".") for p in _allowed(mod)):
+                bad.append(f"{mod} -> {d}")
+    assert bad == []
+
+
+def test_the_lower_layers_of_a_step_import_only_the_base_of_open1b_train():
+    bad = []
+    for mod, deps in imports().items():
+        rule = [p for p in INSIDE if mod == p or mod.startswith(p + ".")]
+        if not rule:
+            continue
+        own = rule[0]
+        for d in deps:
+            inside = d == own or d.startswith(own + ".")
+            if d.startswith("open1b_train.") and not inside and d not in INSIDE[own]:
                 bad.append(f"{mod} -> {d}")
     assert bad == []
 

@@ -33,7 +33,7 @@ from open1b_eval.generate import generate  # noqa: E402
 from open1b_eval.trained import load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HELD_OUT = [ROOT / "docs" / "TRAINING.md", ROOT / "open1b_train" / "treefold.py",
+HELD_OUT = [ROOT / "docs" / "TRAINING.md", ROOT / "open1b_train" / "reduction" / "treefold.py",
             ROOT / "STREAM.md"]
 
 

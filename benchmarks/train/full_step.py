@@ -284,7 +284,7 @@ def main() -> None:
 
     from benchmarks.machine import LoadLog
     from open1b_data.formats.manifest import load_manifest
-    from open1b_train import memplan
+    from open1b_train.memory import memplan
     from open1b_train.config import apply_overrides, open1b
     from open1b_train.params import count
 

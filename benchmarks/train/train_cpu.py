@@ -34,10 +34,12 @@ from tqdm import tqdm
 from benchmarks.machine import RESULTS, report_end, report_head
 from benchmarks.train.stock_model import StockModel, optimizer, train_step
 from open1b_train import statehash
-from open1b_train.allocator import keep_freed_memory
+from open1b_train.memory.allocator import keep_freed_memory
 from open1b_train.config import demo
 from open1b_train.params import Layout, init_params, param_specs
-from open1b_train.step import MicroBatch, OptimState, apply_update, reduce_step
+from open1b_train.optimstate import OptimState
+from open1b_train.reduction.gradient import MicroBatch, reduce_step
+from open1b_train.step import apply_update
 
 
 def _mix() -> str:

@@ -194,7 +194,7 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     # not zeroed: every path below writes every block (a failed integer route's float
     # recomputation included). Zeroing had been kept against scattered first-touch page
     # faults; measured on the Zen 4 host, A/B in one process: with freed memory kept
-    # (open1b_train.allocator) the zeroing was 3.5 of the demo head's 29 ms forward, with
+    # (open1b_train.memory.allocator) the zeroing was 3.5 of the demo head's 29 ms forward, with
     # fresh pages and at a 1,024 x 32,768 block neither way was faster
     out = torch.empty((r, c), dtype=torch.float32)
     if not (r and c):

@@ -352,7 +352,7 @@ def test_a_machine_the_doctor_refuses_claims_nothing(long_pub, tmp_path, ks):
 def test_flipped_bits_are_caught_in_every_cached_and_spilled_file(pub, tmp_path, ks):
     from open1b_audit.crowd.source import SourceError
     from open1b_train.errors import SpillError
-    from open1b_train.treefold import file_spill
+    from open1b_train.reduction.treefold import file_spill
 
     # a published checkpoint file that is not its record's
     bad = str(tmp_path / "bad")
@@ -395,7 +395,7 @@ def test_flipped_bits_are_caught_in_every_cached_and_spilled_file(pub, tmp_path,
     assert b.store.read(cert_path(1, b.key)) == first
     assert "initial state" in res.start
     # the lean plan's moments, kept in files while a step runs
-    from open1b_train.diskflat import DiskFlat
+    from open1b_train.memory.diskflat import DiskFlat
 
     flat = DiskFlat(str(tmp_path), "m", 64)
     flat.write(0, torch.arange(64, dtype=torch.float32))

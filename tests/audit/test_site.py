@@ -17,7 +17,7 @@ from open1b_audit.errors import SiteError
 from open1b_audit.site import render, static
 from open1b_audit.site.data import Explorer
 from open1b_audit.site.scalars import f32, scalars_of
-from open1b_data.stream import inspect, provenance
+from open1b_data.explore import inspect, provenance
 from open1b_train import runlog
 from open1b_train.show import step_report
 from tests.fixtures.sitefixture import ATTACK, CERTIFIED, CERTIFIED_STEPS, PAGE, STEPS

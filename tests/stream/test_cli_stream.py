@@ -136,7 +136,7 @@ def test_far_window_is_refused_before_any_replay(mix, monkeypatch):
 
 
 def test_build_index_serves_late_windows(tmp_path, monkeypatch):
-    from open1b_data.stream import inspect
+    from open1b_data.explore import inspect
     from open1b_data.stream.plan import StreamPlan
 
     path, _ = text_mix(str(tmp_path / "mix"))

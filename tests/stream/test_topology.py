@@ -75,7 +75,7 @@ def test_non_divisor_fails_clearly(mix, world):
 
 
 def test_a_mesh_range_is_a_slice_of_the_steps_mesh_order(mix):
-    from open1b_data.stream.inspect import stream_at as lib_stream_at
+    from open1b_data.explore.inspect import stream_at as lib_stream_at
 
     whole = lib_stream_at(mix, step=2, world=2)["windows"]
     n = len(whole)

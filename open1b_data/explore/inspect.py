@@ -196,7 +196,7 @@ def stream_at(mix: str, window: int | None = None, step: int | None = None,
     check_reach(plan, sched, min(ms), max(ms))
     out = _header(plan, sched, R, rank, info)
     if stats:
-        from open1b_data.stream.stats import batch_stats
+        from open1b_data.explore.stats import batch_stats
 
         uniq, toks, segs = _content(plan, WindowReader(plan, whole_shards=False), ms)
         out["stats"] = batch_stats(uniq, toks, segs, plan.sources,
@@ -251,7 +251,7 @@ def steps_stats(mix: str, steps: tuple[int, int], world: int | None = None,
     """The batch statistics of every step A..B (at most ``MAX_STATS_STEPS``), one entry per
     step; ``on_step(header, entry)`` is called as each is done (so a long range prints as it
     goes; ``header`` is the result without ``per_step``)."""
-    from open1b_data.stream.stats import batch_stats
+    from open1b_data.explore.stats import batch_stats
     from open1b_data.stream.windows import WindowReader
 
     a, b = steps
