@@ -5,6 +5,7 @@ modules, and every package imports only the packages upstream of it in the data 
     open1b_data: formats -> ingest, stream -> explore -> cli
     open1b_train -> open1b_eval -> open1b_audit (the run explorer in site/; verify-model
     checks exports in open1b_eval's format)
+    testkit (what tests and benchmarks share): any of them, never tests/
 
 Imports under ``if TYPE_CHECKING:`` are type annotations only and do not count; imports
 inside functions do (a lazy import is still a dependency)."""
@@ -12,10 +13,17 @@ from __future__ import annotations
 
 import ast
 import os
+import tomllib
 from pathlib import Path
 
+import setuptools
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("open1b", "open1b_kernels", "open1b_data", "open1b_train", "open1b_audit", "open1b_eval")
+PACKAGES = ("open1b", "open1b_kernels", "open1b_data", "open1b_train", "open1b_audit", "open1b_eval",
+            "testkit")
+# what is shipped (pyproject.toml's package list) and what only runs from a checkout
+SHIPPED = PACKAGES[:-1]
+CHECKOUT = ("testkit", "benchmarks", "scripts")
 
 # package prefix -> prefixes it may import (besides itself and the standard library)
 ALLOWED = {
@@ -38,6 +46,7 @@ ALLOWED = {
     "open1b_train": ("open1b", "open1b_kernels", "open1b_data"),
     "open1b_audit": ("open1b", "open1b_kernels", "open1b_data", "open1b_train", "open1b_eval"),
     "open1b_eval": ("open1b", "open1b_kernels", "open1b_data", "open1b_train"),
+    "testkit": SHIPPED,                             # the shared fixtures: never tests
 }
 
 # inside open1b_train: the lower layers a step is built from import only the base modules
@@ -161,6 +170,32 @@ def test_no_module_imports_itself_back_through_others():
         if m not in state:
             visit(m, [m])
     assert cycles == []
+
+
+def _imported_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_nothing_outside_tests_imports_tests():
+    # benchmarks and scripts share fixtures with the tests through testkit, never tests/
+    bad = [f"{p.relative_to(ROOT)} -> {n}" for top in PACKAGES + CHECKOUT
+           for p in sorted((ROOT / top).rglob("*.py")) for n in _imported_names(p)
+           if n == "tests" or n.startswith("tests.")]
+    assert bad == []
+
+
+def test_testkit_is_not_shipped():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    found = setuptools.find_packages(str(ROOT),
+                                     include=cfg["tool"]["setuptools"]["packages"]["find"]["include"])
+    assert "testkit" not in found and not any(p.startswith("testkit.") for p in found)
+    assert {p.split(".")[0] for p in found} == set(SHIPPED)
 
 
 def test_no_package_folder_is_named_like_build_output():

@@ -68,7 +68,7 @@ def ensure_demo(path: str) -> None:
 
 def ensure_open1b(path: str) -> None:
     from benchmarks.data.stream_scale import OPEN1B_SCHEDULE
-    from tests.fixtures.synthetic import open1b_sources, write_synthetic_mix
+    from testkit.synthetic import open1b_sources, write_synthetic_mix
     from open1b_data.stream import seekindex
     from open1b_data.stream.plan import StreamPlan
 

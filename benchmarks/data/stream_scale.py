@@ -150,7 +150,7 @@ def main() -> None:
     if args.stage:
         print(json.dumps(stage(args.stage, args.out, args.step)))
         return
-    from tests.fixtures.synthetic import open1b_sources, write_synthetic_mix
+    from testkit.synthetic import open1b_sources, write_synthetic_mix
 
     if not os.path.exists(os.path.join(args.out, "manifest.json")):
         t = time.perf_counter()

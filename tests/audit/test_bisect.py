@@ -11,7 +11,7 @@ import open1b_audit.replay as replay_mod
 import open1b_train.model as model_mod
 from open1b_audit.bisect import bisect, trace_step
 from open1b_audit.trace import first_difference, path_of
-from tests.fixtures.tamper import Patch
+from testkit.tamper import Patch
 
 
 @pytest.mark.slow

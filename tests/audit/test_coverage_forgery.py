@@ -15,8 +15,8 @@ from open1b_audit import certificate
 from open1b_audit.cli import main as audit_cli
 from open1b_audit.coverage import coverage
 from open1b_train.chain import Finding
-from tests.fixtures.auditors import on_recipe
-from tests.fixtures.fakelog import lines_of, write_run
+from testkit.auditors import on_recipe
+from testkit.fakelog import lines_of, write_run
 
 STEPS = 8
 

@@ -34,8 +34,8 @@ from open1b_audit.crowd.windows import ProvedWindows
 from open1b_train import runlog
 from open1b_train.recipe import Announcement
 from open1b_train.train import train
-from tests.fixtures import crowd as cf
-from tests.fixtures.runs import micro_cfg
+from testkit import crowd as cf
+from testkit.runs import micro_cfg
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 pytest.importorskip("moto.server")

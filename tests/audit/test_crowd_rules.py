@@ -34,8 +34,8 @@ from open1b_audit.crowd.store import Store, Taken
 from open1b_audit.crowd.windows import ProvedWindows
 from open1b_train import runlog
 from open1b_train.train import train
-from tests.fixtures import crowd as cf
-from tests.fixtures.runs import micro_cfg
+from testkit import crowd as cf
+from testkit.runs import micro_cfg
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +298,7 @@ def test_a_run_that_differs_ends_mismatch_with_bisect_ready_evidence(mix4, tmp_p
     import open1b_train.step as S
     from open1b_audit.bisect import trace_step
     from open1b_audit.trace import first_difference, read
-    from tests.fixtures.tamper import Patch, lr_changed
+    from testkit.tamper import Patch, lr_changed
 
     run, step = lr_changed(mix4, str(tmp_path / "forged"))    # step 5 trained at 2x the LR
     publish(run, str(tmp_path / "pub" / "run"), "../mix", mix4)
@@ -439,7 +439,7 @@ def test_a_run_that_logs_validation_losses_replays_from_its_url(tmp_path):
     from click.testing import CliRunner
 
     from open1b_audit.cli import main
-    from tests.fixtures.trainmix import train_mix
+    from testkit.trainmix import train_mix
 
     mix = train_mix(tmp_path / "mix", steps=8, batch=4, heldout="0.2")
     n = torch.get_num_threads()

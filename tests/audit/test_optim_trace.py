@@ -19,8 +19,8 @@ from open1b_train.params import param_specs
 from open1b_train.trace import path_of, read
 from open1b_train.run import read_run
 from open1b_train.train import train
-from tests.fixtures.tamper import Patch
-from tests.fixtures.runs import REF_STEPS, micro_cfg
+from testkit.tamper import Patch
+from testkit.runs import REF_STEPS, micro_cfg
 
 PARAM = "layers.1.mlp.down.weight"
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from open1b_train import chain
 from open1b_audit.cli import main as audit_cli
 from open1b_train import runlog
-from tests.fixtures.fakelog import lines_of, rechain, write_run
+from testkit.fakelog import lines_of, rechain, write_run
 
 STEPS = 8
 

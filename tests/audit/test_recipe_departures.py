@@ -19,8 +19,8 @@ from open1b_audit.replay import replay
 from open1b_train import recipe
 from open1b_train.config import config_departures, demo, micro, open1b
 from open1b_train.train import train
-from tests.fixtures import released as forge
-from tests.fixtures.runs import cli_env, micro_cfg
+from testkit import released as forge
+from testkit.runs import cli_env, micro_cfg
 
 
 def _audit(*args: str) -> subprocess.CompletedProcess:

@@ -20,7 +20,7 @@ from open1b_audit.site.scalars import f32, scalars_of
 from open1b_data.explore import inspect, provenance
 from open1b_train import runlog
 from open1b_train.show import step_report
-from tests.fixtures.sitefixture import ATTACK, CERTIFIED, CERTIFIED_STEPS, PAGE, STEPS
+from testkit.sitefixture import ATTACK, CERTIFIED, CERTIFIED_STEPS, PAGE, STEPS
 
 
 def test_script_json_cannot_close_or_open_anything():

@@ -19,7 +19,7 @@ import pytest
 from open1b_audit.site import render, static
 from open1b_audit.site.data import Explorer
 from open1b_data.explore import inspect, provenance
-from tests.fixtures.sitefixture import ATTACK, CERTIFIED_STEPS, PAGE, STEPS
+from testkit.sitefixture import ATTACK, CERTIFIED_STEPS, PAGE, STEPS
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"

@@ -292,7 +292,7 @@ def test_a_mix_without_roots_loads_but_its_shards_cannot_be_read(tmp_path):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> str:
-    from tests.fixtures.trainmix import train_mix
+    from testkit.trainmix import train_mix
 
     return train_mix(tmp_path_factory.mktemp("proofmix"), steps=12, batch=4)
 

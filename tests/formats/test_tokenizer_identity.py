@@ -24,8 +24,8 @@ from open1b_data.formats.manifest import load_manifest
 from open1b_data.formats.tokenizerfile import (content_digest, load_mix_tokenizer,
                                                verified_tokenizer_files)
 from open1b_data.ingest.pipeline import BuildOptions, build_mix
-from tests.fixtures.mixfixture import dump_toml
-from tests.fixtures.trainmix import train_mix
+from testkit.mixfixture import dump_toml
+from testkit.trainmix import train_mix
 
 
 @pytest.fixture(scope="module")

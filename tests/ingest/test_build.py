@@ -25,7 +25,7 @@ from open1b_data.formats.definition import load_mix
 from open1b_data.formats.shards import iter_documents
 from open1b_data.ingest.sources import list_inputs, read_input
 from open1b_data.ingest.tokenizer import load_tokenizer
-from tests.fixtures.mixfixture import break_inputs, small_mix
+from testkit.mixfixture import break_inputs, small_mix
 
 QUIET = dict(progress=False)
 # "<source>/shard-<input>-<k>.parquet row <r> (input <source>/<path> row <line>)"

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from open1b_data.cli.stream import plot_mix, provenance, schedule, stream_at
 from open1b_data.stream.windows import window_sha256
-from tests.fixtures.s2mix import text_mix, token_mix
+from testkit.s2mix import text_mix, token_mix
 
 
 @pytest.fixture(scope="module")

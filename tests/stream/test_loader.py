@@ -10,8 +10,8 @@ import torch
 
 from open1b_data.errors import StateMismatchError, StreamError
 from open1b_data.stream.loader import StreamLoader
-from tests.fixtures.synthetic import SyntheticSource, write_synthetic_mix
-from tests.fixtures.s2mix import SCHEDULE, STEPS, token_mix
+from testkit.synthetic import SyntheticSource, write_synthetic_mix
+from testkit.s2mix import SCHEDULE, STEPS, token_mix
 
 
 @pytest.fixture(scope="module")

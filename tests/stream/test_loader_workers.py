@@ -12,7 +12,7 @@ from open1b_data.errors import StreamError
 from open1b_data.stream.loader import StreamLoader
 from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.schedule import Schedule
-from tests.fixtures.s2mix import STEPS, token_mix
+from testkit.s2mix import STEPS, token_mix
 
 
 @pytest.fixture(scope="module")

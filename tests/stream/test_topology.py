@@ -12,7 +12,7 @@ from open1b_data.errors import StreamError
 from open1b_data.stream.loader import StreamLoader
 from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.windows import WindowReader, window_sha256
-from tests.fixtures.s2mix import STEPS, WINDOWS, token_mix
+from testkit.s2mix import STEPS, WINDOWS, token_mix
 
 WORLDS = [1, 2, 3, 4, 6, 8]
 

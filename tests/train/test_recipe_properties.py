@@ -24,8 +24,8 @@ from open1b_train.reduction import gradient as gradient_mod
 from open1b_train.params import Layout, ParamSpec
 from open1b_train.reduction.gradient import MicroBatch
 from open1b_train.train import train
-from tests.fixtures.runs import micro_cfg
-from tests.fixtures.trainmix import train_mix
+from testkit.runs import micro_cfg
+from testkit.trainmix import train_mix
 
 # ---------------------------------------------------------------- LR across a batch ramp
 

@@ -14,8 +14,8 @@ from open1b_train.errors import CheckpointError, DivergenceError, ResumeError
 from open1b_train.show import f32_from_hex
 from open1b_train.train import train
 from tests.kernels.support import needs_interpreter
-from tests.fixtures.runs import REF_STEPS, micro_cfg
-from tests.fixtures.trainmix import SEQ, train_mix
+from testkit.runs import REF_STEPS, micro_cfg
+from testkit.trainmix import SEQ, train_mix
 
 
 def _lines(run: str) -> list[dict]:
