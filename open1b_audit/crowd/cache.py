@@ -17,7 +17,7 @@ and checks, in this order, before a file is used:
    (``published.hashed_config``), and the announced preset and mix
    (``Announcement.refusal``);
 3. the mix: ``manifest.json`` parsed with its fingerprint recomputed, which must be the
-   genesis's; each tokenizer file (``published.verified_tokenizer``) and lengths file
+   genesis's; each tokenizer file (``formats.tokenizerfile.verified_tokenizer_files``) and lengths file
    has the sha256 the manifest lists (and is checked again by every later read);
 4. a checkpoint: its ``record.json`` must be the chain's step (``checkpoint.record_
    difference``: step hash, mix, seed, config identity), its files are only the plain names
@@ -164,7 +164,7 @@ class RunCache:
     def mirror_mix(self) -> str:
         """The verified local mirror of the mix's metadata (module docstring, 3)."""
         from open1b_data.formats.manifest import parse_manifest, tokenizer_files
-        from open1b_train.published import verified_tokenizer
+        from open1b_data.formats.tokenizerfile import verified_tokenizer_files
 
         done = os.path.join(self.mirror, ".complete")
         manifest_path = os.path.join(self.mirror, "manifest.json")
@@ -182,7 +182,7 @@ class RunCache:
                               f"...: it is not the run's mix (pass --mix with the right one)")
         os.makedirs(self.mirror, exist_ok=True)
         names = [f["path"] for f in tokenizer_files(manifest.tokenizer)]
-        for rel, data in verified_tokenizer(self.mix_url, manifest).items():
+        for rel, data in verified_tokenizer_files(self.mix_url, manifest).items():
             self.mix_source.count("mix", len(data))
             self._put(os.path.join(self.mirror, rel), data)
         for _, shard in manifest.shards():
