@@ -135,8 +135,8 @@ def read_rows_remote(fetcher: Fetcher, url: str, entry: ShardEntry, source: str,
     from open1b_data.formats.shards import check_footer, list_parts
 
     size = fetcher.size(url)
-    tail = fetcher.ranges(url, [(size - PARQUET_TAIL, size)], "footers")[0] \
-        if size >= 12 else b""
+    tail = (fetcher.ranges(url, [(size - PARQUET_TAIL, size)], "footers")[0]
+        if size >= 12 else b"")
     if len(tail) != PARQUET_TAIL or tail[4:] != b"PAR1":
         raise ShardFormatError(f"{url}: not a Parquet file (no footer magic at its end); the "
                                f"shard was replaced - run `open1b-data verify` on the mix")

@@ -111,8 +111,8 @@ def _start_state(run: Run, lines: list[dict], c: int) -> tuple[State, Finding | 
     """The verified state after step ``c`` (a checkpoint, or the seed's init for 0):
     ``open1b_train.run``'s checks, a difference as a finding."""
     try:
-        state = initial_state(run, lines[0]["genesis"]) if c == 0 else \
-            checkpoint_state(run, lines, c)
+        state = (initial_state(run, lines[0]["genesis"]) if c == 0 else
+            checkpoint_state(run, lines, c))
     except StateMismatch as e:
         return None, Finding(e.step, e.component, e.detail)
     return state, None
@@ -254,8 +254,8 @@ def published_checkpoint_difference(run: Run, lines: list[dict], s: int,
         params, opt = tensors_of(ck, run) if moments else (ck.params, None)
     except CheckpointError as e:
         return Finding(s, "checkpoint", f"the published checkpoint {path}: {e}")
-    if sorted(params) != sorted(names) or \
-            statehash.tensors_digest({n: params[n] for n in names}) != comps["params"]:
+    if (sorted(params) != sorted(names) or
+            statehash.tensors_digest({n: params[n] for n in names}) != comps["params"]):
         return Finding(s, "params", f"the published checkpoint {path}: its parameters are not "
                                     f"the replayed step's (swapped or edited)")
     if opt is not None and memplan.optim_digest(run.layout, opt) != comps["optim"]:

@@ -134,9 +134,9 @@ def _attn_bwd(cfg: ModelConfig, p: dict, i: int, dout: torch.Tensor, sv: dict,
     dxs = []
     for name in ("q", "k", "v"):
         dy = dheads[name].reshape(b * s, -1)
-        dx, grads[f"{pre}.attn.{name}.weight"], grads[f"{pre}.attn.{name}.step"] = \
+        dx, grads[f"{pre}.attn.{name}.weight"], grads[f"{pre}.attn.{name}.step"] = (
             linear_int8_backward(dy, sv["x2"], p[f"{pre}.attn.{name}.weight"],
-                                 p[f"{pre}.attn.{name}.step"], sv[f"codes_{name}"])
+                                 p[f"{pre}.attn.{name}.step"], sv[f"codes_{name}"]))
         dxs.append(tr(f"{pre}.bwd.attn.{name}.dx", dx))
     return add_bf16(*dxs).reshape(b, s, d)
 
@@ -163,9 +163,9 @@ def _mlp_bwd(cfg: ModelConfig, p: dict, i: int, dout: torch.Tensor, sv: dict,
         sv["codes_down"])
     tr(f"{pre}.bwd.mlp.down.dx", da)
     dgu = tr(f"{pre}.bwd.mlp.swiglu", swiglu_bwd(da, sv["gu"]))
-    dx, grads[f"{pre}.mlp.gate_up.weight"], grads[f"{pre}.mlp.gate_up.step"] = \
+    dx, grads[f"{pre}.mlp.gate_up.weight"], grads[f"{pre}.mlp.gate_up.step"] = (
         linear_int8_backward(dgu, sv["x2"], p[f"{pre}.mlp.gate_up.weight"],
-                             p[f"{pre}.mlp.gate_up.step"], sv["codes_gu"])
+                             p[f"{pre}.mlp.gate_up.step"], sv["codes_gu"]))
     return tr(f"{pre}.bwd.mlp.gate_up.dx", dx).reshape(b, s, d)
 
 

@@ -21,9 +21,10 @@ import setuptools
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("open1b", "open1b_kernels", "open1b_data", "open1b_train", "open1b_audit", "open1b_eval",
             "testkit")
-# what is shipped (pyproject.toml's package list) and what only runs from a checkout
+# what is shipped (pyproject.toml's package list; testkit is not) and the folders of a checkout
+# that import the packages (never shipped)
 SHIPPED = PACKAGES[:-1]
-CHECKOUT = ("testkit", "benchmarks", "scripts")
+CHECKOUT = ("benchmarks", "scripts")
 
 # package prefix -> prefixes it may import (besides itself and the standard library)
 ALLOWED = {
@@ -196,6 +197,16 @@ def test_testkit_is_not_shipped():
                                      include=cfg["tool"]["setuptools"]["packages"]["find"]["include"])
     assert "testkit" not in found and not any(p.startswith("testkit.") for p in found)
     assert {p.split(".")[0] for p in found} == set(SHIPPED)
+
+
+def test_no_line_ends_in_a_backslash():
+    # no backslash line continuation (PEP 8: parentheses), in code or in a string
+    found = [f"{p.relative_to(ROOT)}:{i}" for top in PACKAGES + CHECKOUT + ("tests",)
+             for p in sorted((ROOT / top).rglob("*.py"))
+             for i, line in enumerate(p.read_text().split("\n"), 1) if line.endswith("\\")]
+    found += [f"setup.py:{i}" for i, line in enumerate((ROOT / "setup.py").read_text().split("\n"), 1)
+              if line.endswith("\\")]
+    assert found == []
 
 
 def test_no_package_folder_is_named_like_build_output():

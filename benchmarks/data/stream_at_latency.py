@@ -137,8 +137,8 @@ def stats_stage(demo: str) -> dict:
     out = {"windows": 2304, "window_tokens": 4097}
     for fn in ("distinct_per_window", "longest_run", "longest_repeat"):
         t = time.process_time()
-        r = getattr(stats, fn)(tokens, windows) if fn != "distinct_per_window" else \
-            stats.distinct_per_window(tokens)
+        r = (getattr(stats, fn)(tokens, windows) if fn != "distinct_per_window" else
+            stats.distinct_per_window(tokens))
         out[f"{fn}_cpu_s"] = round(time.process_time() - t, 3)
         if fn == "longest_repeat":
             out["longest_repeat"] = r.length

@@ -85,8 +85,8 @@ def anchor(out: str, first_window: int) -> dict:
                 take = perms[(s, h)][off:off + k]
                 got.append(take)
                 k -= take.size
-                cursors[s] = [h, off + take.size] if off + take.size < sv.shard_documents[h] \
-                    else [(h + 1) % sv.shards, 0]
+                cursors[s] = ([h, off + take.size] if off + take.size < sv.shard_documents[h]
+                    else [(h + 1) % sv.shards, 0])
             if idx.size:
                 lens[idx] = np.concatenate(got)
         c = np.cumsum(lens + 1)

@@ -3,7 +3,7 @@ cache) against the exported model in transformers (``open1b_eval.hf``, float32 t
 KV cache), side by side in one run on one machine, plus the agreement of their logits on
 held-out windows (text this repository wrote, never in a mix).
 
-    .venv/bin/python -m benchmarks.eval.generate_speed --run build/demo-run \
+    .venv/bin/python -m benchmarks.eval.generate_speed --run build/demo-run
         --out benchmarks/results/results-generate.md
 
 Greedy decoding of ``--new`` tokens after a ``--prompt-tokens`` prompt, ``--repeat`` times

@@ -13,7 +13,7 @@ Two measurements, each against the anchor in the same run:
   and the final losses (mean of the last 5 steps) side by side.
 
     .venv/bin/python -m benchmarks.train.train_cpu --speed --repeats 5
-    .venv/bin/python -m benchmarks.train.train_cpu --quality --steps 64 \
+    .venv/bin/python -m benchmarks.train.train_cpu --quality --steps 64
         --png benchmarks/results/train-quality.png
 
 Writes a markdown report (``--out``) with the command, machine, date and load averages.

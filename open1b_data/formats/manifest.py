@@ -489,8 +489,8 @@ def parse_manifest(raw: bytes, url: str) -> BuiltManifest:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ManifestError(f"{url} is not valid JSON ({e}); rebuild the mix") from None
     except RecursionError:
-        raise ManifestError(f"{url} nests too deeply to be a manifest; rebuild the mix") \
-            from None
+        raise ManifestError(
+            f"{url} nests too deeply to be a manifest; rebuild the mix") from None
     if not isinstance(d, dict):
         raise ManifestError(f"{url}: expected a JSON object, got {type(d).__name__}; "
                             f"rebuild the mix")

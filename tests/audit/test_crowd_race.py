@@ -112,8 +112,8 @@ def _race(moto, mix4, tmp_path) -> None:
                 a, b = plan.legs[cv.leg]
                 if cv.status(plan, time.time()) != "live" or holders.key(cv) != ks["a4"][1]:
                     continue
-                if st.exists(f"certs/step-{a + 1:08d}/{ks['a4'][1][:16]}.json") and \
-                        not st.exists(f"certs/step-{b:08d}/{ks['a4'][1][:16]}.json"):
+                if (st.exists(f"certs/step-{a + 1:08d}/{ks['a4'][1][:16]}.json") and
+                        not st.exists(f"certs/step-{b:08d}/{ks['a4'][1][:16]}.json")):
                     os.kill(procs["a4"].pid, signal.SIGKILL)
                     killed = cv
                     break

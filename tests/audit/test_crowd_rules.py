@@ -227,8 +227,8 @@ def test_timeout_and_cancel_release_the_leg_and_a_restart_resumes(long_pub, tmp_
     a.stop_requested = threading.Event()
     a.stop_requested.set()                        # a stop asked for: after the next step
     res = run_leg(a, _claim(a, 0, 0, 1))
-    assert (res.outcome, res.exit_code, res.resumed_from, res.certified) == \
-        ("cancelled", 5, 1, [2])
+    assert ((res.outcome, res.exit_code, res.resumed_from, res.certified) ==
+        ("cancelled", 5, 1, [2]))
     first = st.read(cert_path(1, a.key))
     a.stop_requested = None
     res = run_leg(a, _claim(a, 0, 0, 2))

@@ -51,8 +51,8 @@ def forged(honest, tmp_path_factory) -> str:
 @contextlib.contextmanager
 def bypassed():
     """A dishonest trainer: the held-out check answers what the forged manifest says."""
-    with mock.patch("open1b_data.stream.shardreader.heldout_rows", lambda ids, f: []), \
-            mock.patch("open1b_data.stream.shardreader.is_heldout", lambda d, f: False):
+    with (mock.patch("open1b_data.stream.shardreader.heldout_rows", lambda ids, f: []),
+            mock.patch("open1b_data.stream.shardreader.is_heldout", lambda d, f: False)):
         yield
 
 

@@ -74,8 +74,8 @@ def test_a_schedule_departure_is_flagged_and_refused_when_the_preset_is_announce
     assert _audit("keygen", key).returncode == 0
     p = _audit("replay", hot_run, "--step", "2", "--certify", certs, "--key", key)
     assert p.returncode == 0, p.stderr
-    assert "RECIPE: the run departs from the published 'demo' preset in schedule.lr_peak" \
-        in p.stdout
+    assert ("RECIPE: the run departs from the published 'demo' preset in schedule.lr_peak"
+        in p.stdout)
     p = _audit("replay", hot_run, "--step", "2", "--expect-preset", "demo", "--json")
     assert p.returncode == 1
     f = json.loads(p.stdout)["finding"]

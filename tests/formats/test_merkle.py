@@ -248,8 +248,8 @@ def test_verify_catches_a_changed_root_shard_or_tree(tmp_path):
     entry["sha256"], entry["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
     _rewrite(tmp_path, d)
     problems = verify(str(tmp_path))
-    assert len(problems) == 1 and "Merkle root differs" in problems[0] \
-        and sh.path in problems[0] and "first at row 2" in problems[0], problems
+    assert (len(problems) == 1 and "Merkle root differs" in problems[0]
+        and sh.path in problems[0] and "first at row 2" in problems[0]), problems
 
     m = _build(tmp_path)
     tree = tmp_path / sh.merkle.path

@@ -96,8 +96,8 @@ def test_build_mix_reads_and_writes_s3(s3_endpoint, tmp_path):
                       BuildOptions(workers=1, progress=False))
     local_manifest = local.manifest
     for s3_src, local_src in zip(manifest.sources, local_manifest.sources):
-        assert [(e.path, e.sha256, e.lengths_content) for e in s3_src.shards] == \
-               [(e.path, e.sha256, e.lengths_content) for e in local_src.shards]
+        assert ([(e.path, e.sha256, e.lengths_content) for e in s3_src.shards] ==
+               [(e.path, e.sha256, e.lengths_content) for e in local_src.shards])
         assert s3_src.counts == local_src.counts
     assert manifest.tokenizer["sha256"] == local_manifest.tokenizer["sha256"]
 

@@ -184,5 +184,5 @@ def test_a_tokenizers_version_that_trains_other_merges_is_caught_by_name(built, 
         assert r.fingerprint == load_manifest(built).fingerprint
     finally:
         pinned.unlink()
-    assert content_digest("tokenizer.json", (Path(built) / "tokenizer.json").read_bytes()) \
-        == want
+    assert (content_digest("tokenizer.json", (Path(built) / "tokenizer.json").read_bytes())
+        == want)

@@ -416,8 +416,8 @@ def test_tokenizer_directory_opens_in_transformers(reference, mix_path, tmp_path
         "tokenizer/tokenizer_config.json"]
     assert sorted(p.name for p in (out / "tokenizer").iterdir()) == [
         "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
-    assert (out / "tokenizer" / "tokenizer.json").read_bytes() == \
-        (out / "tokenizer.json").read_bytes()  # the top-level file stays, the same bytes
+    assert ((out / "tokenizer" / "tokenizer.json").read_bytes() ==
+        (out / "tokenizer.json").read_bytes())  # the top-level file stays, the same bytes
     tok = transformers.AutoTokenizer.from_pretrained(str(out / "tokenizer"))
     assert tok.eos_token == "<|endoftext|>"
     assert tok.eos_token_id == manifest.tokenizer["eot_id"]

@@ -56,8 +56,8 @@ def test_stream_at_json_schema(mix):
     assert w9 == next(w for w in rep["windows"] if w["window"] == 9)
     plan_only = json.loads(ok(stream_at, [path, "--window", "9", "--plan-only", "--json"]))
     assert plan_only["windows"][0]["sha256"] is None
-    assert [s["doc"] for s in plan_only["windows"][0]["segments"]] == \
-           [s["doc"] for s in w9["segments"]]
+    assert ([s["doc"] for s in plan_only["windows"][0]["segments"]] ==
+           [s["doc"] for s in w9["segments"]])
 
 
 def test_stream_at_human_decode(mix):

@@ -29,8 +29,8 @@ def run(loader, n=None):
 
 
 def same(a, b):
-    assert [(x["step"], x["micro_batch"], x["windows"]) for x in a] == \
-           [(y["step"], y["micro_batch"], y["windows"]) for y in b]
+    assert ([(x["step"], x["micro_batch"], x["windows"]) for x in a] ==
+           [(y["step"], y["micro_batch"], y["windows"]) for y in b])
     for x, y in zip(a, b):
         assert torch.equal(x["input_ids"], y["input_ids"])
         assert torch.equal(x["labels"], y["labels"])

@@ -31,8 +31,8 @@ def run(items, n=None):
 
 def same(a, b):
     assert [x["windows"] for x in a] == [y["windows"] for y in b]
-    assert [(x["step"], x["rank"], x["micro_batch"]) for x in a] == \
-           [(y["step"], y["rank"], y["micro_batch"]) for y in b]
+    assert ([(x["step"], x["rank"], x["micro_batch"]) for x in a] ==
+           [(y["step"], y["rank"], y["micro_batch"]) for y in b])
     for x, y in zip(a, b):
         assert torch.equal(x["input_ids"], y["input_ids"])
         assert torch.equal(x["labels"], y["labels"])
