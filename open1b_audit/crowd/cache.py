@@ -18,7 +18,7 @@ and checks, in this order, before a file is used:
    (``Announcement.refusal``);
 3. the mix: ``manifest.json`` parsed with its fingerprint recomputed, which must be the
    genesis's; each tokenizer file (``formats.tokenizerfile.verified_tokenizer_files``) and lengths file
-   has the sha256 the manifest lists (and is checked again by every later read);
+   has the content digest the manifest lists (and is checked again by every later read);
 4. a checkpoint: its ``record.json`` must be the chain's step (``checkpoint.record_
    difference``: step hash, mix, seed, config identity), its files are only the plain names
    a checkpoint holds, each streamed with its sha256 compared with the record's; the
@@ -164,6 +164,8 @@ class RunCache:
     def mirror_mix(self) -> str:
         """The verified local mirror of the mix's metadata (module docstring, 3)."""
         from open1b_data.formats.manifest import parse_manifest, tokenizer_files
+        from open1b_data.errors import Open1bDataError
+        from open1b_data.formats.shards import lengths_digest, parse_lengths
         from open1b_data.formats.tokenizerfile import verified_tokenizer_files
 
         done = os.path.join(self.mirror, ".complete")
@@ -187,9 +189,14 @@ class RunCache:
             self._put(os.path.join(self.mirror, rel), data)
         for _, shard in manifest.shards():
             data = self.mix_source.read(shard.lengths_path, "mix")
-            if hashlib.sha256(data).hexdigest() != shard.lengths_sha256:
-                raise SourceError(f"{self.mix_url}/{shard.lengths_path}: its sha256 is not the "
-                                  f"manifest's; the mix was altered - use the mix as built")
+            url = f"{self.mix_url}/{shard.lengths_path}"
+            try:
+                digest = lengths_digest(parse_lengths(data, url, shard.documents))
+            except Open1bDataError as e:
+                raise SourceError(f"{e}; the mix was altered - use the mix as built") from None
+            if digest != shard.lengths_content:
+                raise SourceError(f"{url}: its lengths are not the manifest's (content digest); "
+                                  f"the mix was altered - use the mix as built")
             self._put(os.path.join(self.mirror, shard.lengths_path), data)
         self._put(manifest_path, raw)
         self._put(done, json.dumps({"fingerprint": manifest.fingerprint,
