@@ -56,9 +56,13 @@ LOOPS = {
     "open1b_kernels.int8._int8c": {"fwht_dim0", "rotq", "widen_t", "quant", "rot_steps",
                                    "codes", "ste", "v4", "v3", "dequant", "bf16_rne",
                                    "int_sums", "mv_int8", "widen_sq", "pack", "product",
-                                   "product64", "round", "pair_cpu"},
+                                   "product64", "round", "pair_cpu", "amx_cpu", "amx_pack",
+                                   "amx_packed_bytes", "amx_product"},
     "open1b_kernels.attention._tilesc": {"fwd_rows", "fwd_acc", "bwd_tiles", "dq_tiles",
-                                         "kv_tiles", "fixed_planes", "tile_level"},
+                                         "kv_tiles", "fixed_planes", "tile_level",
+                                         "fwd_rows32", "digit_planes", "amx_tiles",
+                                         "amx_scores", "amx_pv", "amx_dq", "amx_kv",
+                                         "amx_bwd_tiles", "amx_value_tiles"},
 }
 
 
