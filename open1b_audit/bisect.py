@@ -90,8 +90,8 @@ class Search:
 
     @property
     def vouched(self) -> bool:
-        return self.differing is None and not self.not_replayed and \
-            all(r.ok for r in self.replayed.values())
+        return (self.differing is None and not self.not_replayed and
+            all(r.ok for r in self.replayed.values()))
 
     def replay_interval(self, run_dir: str, iv: tuple[int, int], **kw) -> ReplayResult:
         self.replayed[iv] = replay(run_dir, iv[1], from_step=iv[0], **kw)

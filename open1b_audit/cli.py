@@ -516,8 +516,8 @@ def coverage_cmd(run, certs, redundancy, trusted_keys, expect, expect_preset, ex
         for c in r["conflicts"]:
             click.echo(f"CONFLICT step {c['step']}: {c['certificate']}: {c['why']}")
     emit(rep, as_json, human)
-    if rep["conflicts"] or rep["off_recipe"] or rep["run_recipe"] or \
-            rep["final_checkpoint"]["matches"] is False:
+    if (rep["conflicts"] or rep["off_recipe"] or rep["run_recipe"] or
+            rep["final_checkpoint"]["matches"] is False):
         sys.exit(1)
 
 

@@ -68,8 +68,8 @@ def _why_not(lines: list[dict[str, Any]], cert: dict[str, Any]) -> str | None:
         return "it is about another run (its genesis differs)"
     if cert["verdict"] != "match":
         return f"the auditor's replay disagrees: {cert.get('finding')}"
-    if (cert["input_state"]["hash"], cert["output_state"]["hash"]) != \
-            (lines[s - 1].get("hash"), lines[s].get("hash")):
+    if ((cert["input_state"]["hash"], cert["output_state"]["hash"]) !=
+            (lines[s - 1].get("hash"), lines[s].get("hash"))):
         return "it certifies other state hashes than the run's log"
     if cert["components"] is not None and cert["components"] != lines[s].get("components"):
         return "its component digests differ from the run's log for the step"

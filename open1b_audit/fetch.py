@@ -14,7 +14,7 @@ mix, fetched document by document and proved, without downloading the corpus.
    stored Merkle tree the header and the log2(n) sibling hashes of each document (one
    batched range request).
 4. Each document's leaf is computed from the tokens fetched and must lead to its shard's
-   root in the manifest (``stream/proof.py``). One that does not stops everything with a
+   root in the manifest (``explore/proof.py``). One that does not stops everything with a
    ``ProofError`` naming it (source, shard path, row, doc_id): no window of the step is
    reported.
 5. The windows are rebuilt from the proved documents (the stream's window definition),
@@ -25,7 +25,7 @@ mix, fetched document by document and proved, without downloading the corpus.
 Every byte read is counted by what it was for (manifest, lengths, footers, row groups,
 proofs) and set against the mix's token shard bytes. The tree commits to each document's
 tokens and provenance (doc_id, input, row), and each proved document's held-out status by
-the definition's rule must be the manifest's (``stream/proof.py``).
+the definition's rule must be the manifest's (``explore/proof.py``).
 
 A step's windows depend on the seed as well as the mix: the plan draws documents with the
 run's seed, which need not be the mix's default. Against a run (``--run RUN``,
@@ -52,7 +52,7 @@ from open1b_data.errors import ShardFormatError, StateMismatchError
 from open1b_data.storage import atomic_write_bytes, join, url_to_fs
 from open1b_data.storage_errors import failures
 from open1b_data.stream.mixview import MixView, summary_of
-from open1b_data.stream.proof import ProvedDocument
+from open1b_data.explore.proof import ProvedDocument
 
 PARQUET_TAIL = 8      # footer length (u32 LE) + b"PAR1"
 
@@ -135,8 +135,8 @@ def read_rows_remote(fetcher: Fetcher, url: str, entry: ShardEntry, source: str,
     from open1b_data.formats.shards import check_footer, list_parts
 
     size = fetcher.size(url)
-    tail = fetcher.ranges(url, [(size - PARQUET_TAIL, size)], "footers")[0] \
-        if size >= 12 else b""
+    tail = (fetcher.ranges(url, [(size - PARQUET_TAIL, size)], "footers")[0]
+        if size >= 12 else b"")
     if len(tail) != PARQUET_TAIL or tail[4:] != b"PAR1":
         raise ShardFormatError(f"{url}: not a Parquet file (no footer magic at its end); the "
                                f"shard was replaced - run `open1b-data verify` on the mix")
@@ -290,7 +290,7 @@ def fetch_step(mix_url: str, step: int, run: RunStep | None = None,
     each lengths file still checked against the manifest, and only the documents and their
     proofs are fetched (and counted) from ``mix_url``."""
     from open1b_data.stream.plan import StreamPlan
-    from open1b_data.stream.proof import Placement, prove_documents, rebuild_windows
+    from open1b_data.explore.proof import Placement, prove_documents, rebuild_windows
     from open1b_data.stream.schedule import Schedule
     from open1b_data.stream.windows import window_sha256
     from open1b_train.statehash import data_digest

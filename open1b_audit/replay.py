@@ -23,7 +23,7 @@ its owner announced (``announce``). The first difference stops the replay with a
 Memory: the replay holds the parameters, the Adam moments, one virtual rank's gradient,
 one replica partial (when dp_shard > 1) and the TreeFold stack (at most log2(dp_replicate)
 + 1 partials); ``spill`` moves TreeFold partials that are not on top of the stack to disk.
-``memory_plan`` (``open1b_train.memplan``) picks how: resident, or lean (the moments in
+``memory_plan`` (``open1b_train.memory.memplan``) picks how: resident, or lean (the moments in
 files under RUN/memplan, activations recomputed, the LM head in token blocks, partials
 spilled), or auto from the machine's free memory; every plan gives the same bits.
 The peak resident memory and the time of every step are reported.
@@ -44,17 +44,17 @@ from open1b_train import chain
 from open1b_train.chain import Finding
 from open1b_data import StreamLoader
 from open1b_data.errors import Open1bDataError
-from open1b_train import checkpoint, memplan, recipe, runlog, statehash
-from open1b_train.allocator import keep_freed_memory
+from open1b_train import checkpoint, recipe, runlog, statehash
+from open1b_train.memory import memplan
+from open1b_train.memory.allocator import keep_freed_memory
 from open1b_train.errors import CheckpointError, DivergenceError
 from open1b_audit.errors import Open1bAuditError
 from open1b_train.loop import micro_batches
-from open1b_train.params import Layout, param_specs
 from open1b_train.recipe import Announcement
 from open1b_train.run import (Run, State, StateMismatch, backend_scope, checkpoint_state,
                               initial_state, read_run, resolve, tensors_of)
 from open1b_train.step import compute_step, data_digest_of
-from open1b_train.treefold import file_spill
+from open1b_train.reduction.treefold import file_spill
 
 ORDER = ("grad", "scalars", "params", "optim")     # the order a step computes them in
 
@@ -76,7 +76,7 @@ class ReplayResult:
     fold_peak_partials: int = 0
     recipe: dict[str, Any] | None = None    # preset, mix fingerprint, departures (recipe.py)
     checkpoints_compared: list[int] = field(default_factory=list)   # published, replayed steps
-    memory_plan: str | None = None          # memplan.py's choice (never changes a bit)
+    memory_plan: str | None = None          # memory/memplan.py's choice (never changes a bit)
     memory_plan_text: str = ""
 
     @property
@@ -111,8 +111,8 @@ def _start_state(run: Run, lines: list[dict], c: int) -> tuple[State, Finding | 
     """The verified state after step ``c`` (a checkpoint, or the seed's init for 0):
     ``open1b_train.run``'s checks, a difference as a finding."""
     try:
-        state = initial_state(run, lines[0]["genesis"]) if c == 0 else \
-            checkpoint_state(run, lines, c)
+        state = (initial_state(run, lines[0]["genesis"]) if c == 0 else
+            checkpoint_state(run, lines, c))
     except StateMismatch as e:
         return None, Finding(e.step, e.component, e.detail)
     return state, None
@@ -125,7 +125,7 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
            on_verified=None) -> ReplayResult:
     """Replay up to ``step`` (see the module docstring). ``trace(step, name, tensor)`` is
     called with every op's output of the steps in ``trace_steps``. ``memory_plan``: auto,
-    resident or lean (``open1b_train.memplan``; the bits do not depend on it).
+    resident or lean (``open1b_train.memory.memplan``; the bits do not depend on it).
     ``announce``: the preset and mix its owner announced - a run that is not on them is a
     ``recipe`` finding at step 0, before any work. ``windows(run, first, last)``: the
     items of steps first..last in the stream loader's order from another source (the
@@ -171,8 +171,6 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
         raise Open1bAuditError(f"no checkpoint at step {c} before step {step} in {run_dir} "
                                f"(available: {avail})")
     res.start = c
-    specs = param_specs(run.cfg.model)
-    layout = Layout(specs)
     V = run.cfg.virtual_ranks
     with backend_scope(run.cfg):
         state, res.finding = _start_state(run, lines, c)
@@ -206,8 +204,7 @@ def replay(run_dir: str, step: int, mix: str | None = None, backend: str = "cpu"
             if trace is not None and (trace_steps is None or s in trace_steps):
                 tr = lambda name, t, s=s: trace(s, name, t)  # noqa: E731
             try:
-                out = compute_step(run, state, batches, s, info, specs, layout, trace=tr,
-                                   spill=sp)
+                out = compute_step(run, state, batches, s, info, trace=tr, spill=sp)
             except DivergenceError as e:
                 res.finding = Finding(s, "scalars", str(e))
                 break
@@ -247,8 +244,7 @@ def published_checkpoint_difference(run: Run, lines: list[dict], s: int,
     moments would not fit beside its own; the replay that starts from that checkpoint
     compares them."""
     path = checkpoint.step_dir(run.dir, s)
-    specs = param_specs(run.cfg.model)
-    names = [p.name for p in specs]
+    names = [p.name for p in run.specs]
     comps = lines[s]["components"]
     try:
         ck = checkpoint.load(path, params_only=not moments)
@@ -258,11 +254,11 @@ def published_checkpoint_difference(run: Run, lines: list[dict], s: int,
         params, opt = tensors_of(ck, run) if moments else (ck.params, None)
     except CheckpointError as e:
         return Finding(s, "checkpoint", f"the published checkpoint {path}: {e}")
-    if sorted(params) != sorted(names) or \
-            statehash.tensors_digest({n: params[n] for n in names}) != comps["params"]:
+    if (sorted(params) != sorted(names) or
+            statehash.tensors_digest({n: params[n] for n in names}) != comps["params"]):
         return Finding(s, "params", f"the published checkpoint {path}: its parameters are not "
                                     f"the replayed step's (swapped or edited)")
-    if opt is not None and memplan.optim_digest(Layout(specs), opt) != comps["optim"]:
+    if opt is not None and memplan.optim_digest(run.layout, opt) != comps["optim"]:
         return Finding(s, "optim", f"the published checkpoint {path}: its optimizer state "
                                    f"(moments or counters) is not the replayed step's (edited)")
     return None

@@ -2,9 +2,10 @@
 
 Data flows one way: ``open1b_data.ingest`` (readers -> filters -> tokenizer) writes what
 ``open1b_data.formats`` defines (the mix definition, token shards + lengths, Merkle trees,
-the manifest), which ``open1b_data.stream`` reads (plan -> windows -> state -> loader,
-provenance); ``open1b_data.cli`` is the thin ``open1b-data`` layer on top. The public entry
-points are importable from here (lazily, so ``import open1b_data`` stays cheap)::
+the manifest), which ``open1b_data.stream`` reads (plan -> windows -> state -> loader) and
+``open1b_data.explore`` inspects (stream-at, statistics, provenance, proofs);
+``open1b_data.cli`` is the thin ``open1b-data`` layer on top. The public entry points are
+importable from here (lazily, so ``import open1b_data`` stays cheap)::
 
     from open1b_data import StreamLoader, StreamPlan, Schedule, load_manifest
 """

@@ -208,8 +208,8 @@ def _config(pub: PublishedRun, t: Trained, d: str) -> None:
 
 
 def _export(pub: PublishedRun, d: str, v: Verdict) -> None:
-    prov = _json_file(d, ex.PROVENANCE) if os.path.lexists(os.path.join(d, ex.PROVENANCE)) \
-        else None
+    prov = (_json_file(d, ex.PROVENANCE) if os.path.lexists(os.path.join(d, ex.PROVENANCE))
+        else None)
     claimed = prov.get("step") if prov is not None else None
     claimed = claimed if type(claimed) is int else None
     sd = _tensors(os.path.join(d, "model.safetensors"))
@@ -253,8 +253,8 @@ def _export(pub: PublishedRun, d: str, v: Verdict) -> None:
             raise Differs("tokenizer", name, f"tokenizer file {name} differs from the run's "
                                              f"mix's (its manifest's sha256)")
     v.checked.append("tokenizer files: byte-identical to the mix's manifest")
-    readme = read_regular(os.path.join(d, "README.md"), "README.md", EvalError) \
-        if "README.md" in present else None
+    readme = (read_regular(os.path.join(d, "README.md"), "README.md", EvalError)
+        if "README.md" in present else None)
     if readme is not None and readme != ex.readme(pub.run_hash, v.step).encode():
         raise Differs("file", "README.md", "README.md is not the one export writes for this "
                                            "step (its claims were edited)")

@@ -104,8 +104,8 @@ def _check(lines: list[dict[str, Any]]) -> Finding | None:
     if not lines:
         return Finding(0, "log", "the run's steps.jsonl has no lines")
     g = lines[0]
-    if type(g.get("step")) is not int or g["step"] != 0 or \
-            not isinstance(g.get("genesis"), dict):
+    if (type(g.get("step")) is not int or g["step"] != 0 or
+            not isinstance(g.get("genesis"), dict)):
         return Finding(0, "log", "line 1 is not the run's genesis (step 0 with a genesis "
                                  "object)")
     if statehash.genesis_hash(g["genesis"]) != g.get("hash"):

@@ -29,7 +29,7 @@ which entry wins), a moment twice across the optim files, an optim entry that is
 ``m.<name>`` / ``v.<name>``, and (``check_names``, given the model's parameter names) a
 tensor the model does not have or a parameter it lacks.
 
-The lean memory plan (``memplan.py``) writes and reads the same files in chunks
+The lean memory plan (``memory/memplan.py``) writes and reads the same files in chunks
 (``save_streamed`` / ``load_streamed``): the safetensors layout written by hand - tensors
 ordered float32 before bf16, then by name, the header compact JSON padded with spaces to
 a multiple of 8 bytes, as ``safetensors.torch.save`` lays it out (tested byte for byte) -
@@ -157,8 +157,8 @@ def list_steps(run: str) -> list[int]:
         return []
     out = []
     for name in os.listdir(root):
-        if name.startswith("step-") and ".tmp-" not in name and name[5:].isdigit() and \
-                os.path.exists(os.path.join(root, name, "record.json")):
+        if (name.startswith("step-") and ".tmp-" not in name and name[5:].isdigit() and
+                os.path.exists(os.path.join(root, name, "record.json"))):
             out.append(int(name[5:]))
     return sorted(out)
 
@@ -187,8 +187,8 @@ def _record_and_files(path: str) -> tuple[dict, dict]:
     at least one optimizer file (both loaders start here)."""
     rec = read_record(path)
     files = rec.get("files") or {}
-    if not isinstance(files, dict) or "params.safetensors" not in files or \
-            not any(str(f).startswith("optim-") for f in files):
+    if (not isinstance(files, dict) or "params.safetensors" not in files or
+            not any(str(f).startswith("optim-") for f in files)):
         raise CheckpointError(f"{path}: the record lists no params/optim files; corrupt")
     return rec, files
 
@@ -222,8 +222,8 @@ def load(path: str, device: torch.device | str = "cpu", params_only: bool = Fals
     for name in sorted(files):
         if params_only and name != "params.safetensors":
             continue
-        if not isinstance(name, str) or not isinstance(files[name], str) or \
-                os.path.basename(name) != name or not name.endswith(".safetensors"):
+        if (not isinstance(name, str) or not isinstance(files[name], str) or
+                os.path.basename(name) != name or not name.endswith(".safetensors")):
             raise CheckpointError(f"{path}/record.json: files lists {name!r}; a checkpoint "
                                   f"file is a plain *.safetensors name with its sha256")
         fpath = os.path.join(path, name)
@@ -372,7 +372,7 @@ def save_streamed(run: str, step: int, params: dict[str, torch.Tensor], layout, 
                   n_shards: int, record: dict[str, Any]) -> str:
     """``save`` with the moments read in chunks from ``m`` / ``v`` (``DiskFlat``) and every
     file written in chunks: the same files, never whole in memory."""
-    from open1b_train.memplan import moment_parts
+    from open1b_train.memory.memplan import moment_parts
 
     clear_debris(run)
     tmp = tmp_dir(run, step, str(os.getpid()))
@@ -449,8 +449,8 @@ def load_streamed(path: str, layout, m_flat, v_flat) -> Checkpoint:
     params: dict[str, torch.Tensor] = {}
     seen = {"m": set(), "v": set()}
     for name in sorted(files):
-        if not isinstance(name, str) or not isinstance(files[name], str) or \
-                os.path.basename(name) != name or not name.endswith(".safetensors"):
+        if (not isinstance(name, str) or not isinstance(files[name], str) or
+                os.path.basename(name) != name or not name.endswith(".safetensors")):
             raise CheckpointError(f"{path}/record.json: files lists {name!r}; a checkpoint "
                                   f"file is a plain *.safetensors name with its sha256")
         fpath = os.path.join(path, name)
@@ -471,8 +471,8 @@ def load_streamed(path: str, layout, m_flat, v_flat) -> Checkpoint:
                     continue
                 which, _, pname = key.partition(".")
                 slot = layout.by_name.get(pname)
-                if which not in seen or slot is None or dtype != torch.float32 or \
-                        tuple(shape) != tuple(slot.shape) or pname in seen[which]:
+                if (which not in seen or slot is None or dtype != torch.float32 or
+                        tuple(shape) != tuple(slot.shape) or pname in seen[which]):
                     raise CheckpointError(f"{fpath}: entry {key!r} is not a moment of this "
                                           f"run's model; it was written for another config")
                 flat = m_flat if which == "m" else v_flat

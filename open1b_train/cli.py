@@ -67,7 +67,7 @@ MEMORY_PLAN_HELP = ("How a step holds its state (never what it computes: the bit
 def check_memory_plan(ctx, param, value: str) -> str:
     """click callback: ``value`` is auto, resident, lean or lean:N (``memplan.parse``)."""
     from open1b_train.errors import MemoryPlanError
-    from open1b_train.memplan import parse
+    from open1b_train.memory.memplan import parse
 
     try:
         parse(value)

@@ -20,7 +20,7 @@ import torch
 from open1b_data import StreamLoader
 from open1b_train import runlog, statehash
 from open1b_train.errors import ReproducibilityError
-from open1b_train.step import MicroBatch
+from open1b_train.reduction.gradient import MicroBatch
 
 if TYPE_CHECKING:                      # run.py needs nothing of this module
     from open1b_train.run import Run, State

@@ -27,7 +27,7 @@ of every parameter. ``trace(name, tensor)`` (optional) is called with every op's
 execution order, e.g. ``layers.3.fwd.attn`` or ``layers.3.bwd.mlp.down.dw``: per-op digests
 for dispute bisection.
 
-``forward_backward(..., lean=True)`` is the memory plan ``lean`` of ``memplan.py``: the same
+``forward_backward(..., lean=True)`` is the memory plan ``lean`` of ``memory/memplan.py``: the same
 ops on the same values, so the same bits, holding less. The forward keeps only each
 layer's input (B, S, D) and the backward recomputes that layer's forward before its
 backward (one more forward pass of work) - except the layers in ``kept``, whose
@@ -39,7 +39,7 @@ cannot change a bit: ``open1b_kernels.ops.lmhead``'s rows are sliced per row, ``
 mean's row count); the head's weight gradient runs over blocks of HEAD_COLS vocabulary
 rows (each of its rows is one column of dlogits sliced over all tokens, so blocks of rows
 cannot change a bit either, and only a block of dlogits^T is copied and sliced at once).
-``grads`` (optional) is the mapping the gradients are stored into: a ``step.GradSink`` adds
+``grads`` (optional) is the mapping the gradients are stored into: a ``reduction.gradient.GradSink`` adds
 each into the flat reduced buffer as it is produced instead of holding all of them.
 """
 from __future__ import annotations
@@ -134,9 +134,9 @@ def _attn_bwd(cfg: ModelConfig, p: dict, i: int, dout: torch.Tensor, sv: dict,
     dxs = []
     for name in ("q", "k", "v"):
         dy = dheads[name].reshape(b * s, -1)
-        dx, grads[f"{pre}.attn.{name}.weight"], grads[f"{pre}.attn.{name}.step"] = \
+        dx, grads[f"{pre}.attn.{name}.weight"], grads[f"{pre}.attn.{name}.step"] = (
             linear_int8_backward(dy, sv["x2"], p[f"{pre}.attn.{name}.weight"],
-                                 p[f"{pre}.attn.{name}.step"], sv[f"codes_{name}"])
+                                 p[f"{pre}.attn.{name}.step"], sv[f"codes_{name}"]))
         dxs.append(tr(f"{pre}.bwd.attn.{name}.dx", dx))
     return add_bf16(*dxs).reshape(b, s, d)
 
@@ -163,9 +163,9 @@ def _mlp_bwd(cfg: ModelConfig, p: dict, i: int, dout: torch.Tensor, sv: dict,
         sv["codes_down"])
     tr(f"{pre}.bwd.mlp.down.dx", da)
     dgu = tr(f"{pre}.bwd.mlp.swiglu", swiglu_bwd(da, sv["gu"]))
-    dx, grads[f"{pre}.mlp.gate_up.weight"], grads[f"{pre}.mlp.gate_up.step"] = \
+    dx, grads[f"{pre}.mlp.gate_up.weight"], grads[f"{pre}.mlp.gate_up.step"] = (
         linear_int8_backward(dgu, sv["x2"], p[f"{pre}.mlp.gate_up.weight"],
-                             p[f"{pre}.mlp.gate_up.step"], sv["codes_gu"])
+                             p[f"{pre}.mlp.gate_up.step"], sv["codes_gu"]))
     return tr(f"{pre}.bwd.mlp.gate_up.dx", dx).reshape(b, s, d)
 
 

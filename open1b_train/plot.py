@@ -107,8 +107,8 @@ def phase_start_tokens(run: str, genesis: dict, mix: str | None = None) -> list[
 def xlabel(s: Series) -> str:
     """The step axis's label, naming only the marks this run's plot has: dashed lines
     where it has batch-ramp phase starts, red bands where it has skipped updates."""
-    marks = ([f"dashed: {s.phase_source}"] if s.phase_starts else []) + \
-        (["red: skipped updates"] if s.skipped else [])
+    marks = (([f"dashed: {s.phase_source}"] if s.phase_starts else []) +
+        (["red: skipped updates"] if s.skipped else []))
     return "step" + (f" ({'; '.join(marks)})" if marks else "")
 
 

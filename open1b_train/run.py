@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,13 +34,14 @@ from open1b_data.formats.manifest import load_manifest
 from open1b_data.stream.loader import step_boundary_state
 from open1b_data.stream.schedule import Schedule
 from open1b_data.stream.state import differing_fields
-from open1b_train import __version__, checkpoint, memplan, runinfo, runlog, statehash, validate
+from open1b_train import __version__, checkpoint, runinfo, runlog, statehash, validate
+from open1b_train.memory import memplan
 from open1b_train.config import TrainConfig, from_dict
 from open1b_train.errors import CheckpointError, ConfigError, Open1bTrainError, ResumeError
-from open1b_train.memplan import MemoryPlan
-from open1b_train.params import Layout, init_params, param_specs
+from open1b_train.memory.memplan import MemoryPlan
+from open1b_train.optimstate import OptimState
+from open1b_train.params import Layout, ParamSpec, init_params, param_specs
 from open1b.safeio import read_json_object
-from open1b_train.step import OptimState
 
 CONFIG = "config.json"
 RUN_INFO = "run.json"      # where the run's mix lives (not part of its identity)
@@ -48,7 +49,8 @@ RUN_INFO = "run.json"      # where the run's mix lives (not part of its identity
 
 @dataclass
 class Run:
-    """A resolved run: config (vocab and seed filled in), mix, schedule, directories."""
+    """A resolved run: config (vocab and seed filled in), mix, schedule, directories, and
+    its model's parameter list and flat layout (derived from the config once, here)."""
 
     cfg: TrainConfig
     mix: str
@@ -58,7 +60,13 @@ class Run:
     last_step: int
     device: torch.device
     validation: dict[str, torch.Tensor] | None = None   # held-out windows (eval_every > 0)
-    memory: MemoryPlan | None = None     # how the state is held (memplan.py); never hashed
+    memory: MemoryPlan | None = None     # how the state is held (memory/memplan.py); never hashed
+    specs: list[ParamSpec] = field(init=False, repr=False)
+    layout: Layout = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.specs = param_specs(self.cfg.model)
+        self.layout = Layout(self.specs)
 
 
 @dataclass
@@ -123,7 +131,7 @@ def resolve(cfg: TrainConfig, mix: str, run_dir: str, use_index: bool = True,
 # ----------------------------------------------------------------------------- state
 
 def genesis_line(run: Run, params: dict[str, torch.Tensor], opt: OptimState) -> dict[str, Any]:
-    layout = Layout(param_specs(run.cfg.model))
+    layout = run.layout
     rec = {"config_identity": run.cfg.identity_sha256(), "mix_fingerprint": run.plan.fingerprint,
            "seed": run.cfg.seed, "params": statehash.tensors_digest(params),
            "optim": memplan.optim_digest(layout, opt)}
@@ -132,7 +140,7 @@ def genesis_line(run: Run, params: dict[str, torch.Tensor], opt: OptimState) -> 
 
 def fresh_state(run: Run) -> tuple[State, dict[str, Any]]:
     params = init_params(run.cfg.model, run.cfg.seed, run.device)
-    layout = Layout(param_specs(run.cfg.model))
+    layout = run.layout
     opt = OptimState(*memplan.new_moments(run.memory, layout, run.device))
     line = genesis_line(run, params, opt)
     loader = step_boundary_state(run.plan, run.cfg.virtual_ranks, 1)
@@ -180,7 +188,7 @@ def initial_state(run: Run, genesis: dict[str, Any]) -> State:
         raise StateMismatch(0, "params", f"the initial parameters re-derived from the seed "
                                          f"{run.cfg.seed} differ from the genesis digest "
                                          f"(another seed or init)")
-    layout = Layout(param_specs(run.cfg.model))
+    layout = run.layout
     opt = OptimState(*memplan.new_moments(run.memory, layout, run.device))
     if memplan.optim_digest(layout, opt) != genesis.get("optim"):   # hashed, so compared
         raise StateMismatch(0, "optim", "the genesis's optimizer digest is not the digest of "
@@ -196,9 +204,9 @@ def checkpoint_state(run: Run, lines: list[dict[str, Any]], c: int) -> State:
     path = checkpoint.step_dir(run.dir, c)
     try:
         if run.memory is not None and run.memory.lean:   # moments into the plan's files
-            lay = Layout(param_specs(run.cfg.model))
-            ck = checkpoint.load_streamed(path, lay, *memplan.new_moments(run.memory, lay,
-                                                                          run.device))
+            ck = checkpoint.load_streamed(path, run.layout,
+                                          *memplan.new_moments(run.memory, run.layout,
+                                                               run.device))
         else:
             ck = checkpoint.load(path, run.device)
         why = checkpoint.record_difference(ck.record, lines, c)   # its genesis: this run's
@@ -208,7 +216,7 @@ def checkpoint_state(run: Run, lines: list[dict[str, Any]], c: int) -> State:
         params, opt = tensors_of(ck, run)
     except CheckpointError as e:
         raise CheckpointMismatch(c, "checkpoint", str(e)) from None
-    layout = Layout(param_specs(run.cfg.model))
+    layout = run.layout
     comps = lines[c]["components"]
     if statehash.tensors_digest(params) != comps["params"]:
         raise StateMismatch(c, "params", f"checkpoint {path}: its parameters digest differs "
@@ -256,13 +264,13 @@ def tensors_of(ck: checkpoint.Checkpoint, run: Run) -> tuple[dict[str, torch.Ten
                                                              OptimState]:
     """A loaded checkpoint's parameters and optimizer state, laid out for ``run``'s model
     (not yet checked against the log: the caller compares digests)."""
-    specs = param_specs(run.cfg.model)
+    specs = run.specs
     checkpoint.check_names(ck, [s.name for s in specs])     # no tensor ignored silently
     if ck.m_flat is not None:              # streamed into the lean plan's files (complete)
         return ({s.name: ck.params[s.name] for s in specs},
                 OptimState(ck.m_flat, ck.v_flat, int(ck.record["adam_step"]),
                            int(ck.record["skip_left"])))
-    layout = Layout(specs)
+    layout = run.layout
     rec = ck.record
     opt = OptimState(layout.zeros(run.device), layout.zeros(run.device),
                      int(rec["adam_step"]), int(rec["skip_left"]))
@@ -344,7 +352,7 @@ def optim_shards(layout: Layout, opt: OptimState, n: int, which=None) -> dict:
 
 
 def save_checkpoint(run: Run, state: State) -> None:
-    layout = Layout(param_specs(run.cfg.model))
+    layout = run.layout
     n = run.cfg.mesh[1]
     if run.memory is not None and run.memory.lean:
         checkpoint.save_streamed(run.dir, state.step, state.params, layout, state.opt.m,

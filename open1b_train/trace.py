@@ -54,8 +54,8 @@ def read(path: str) -> tuple[int, list[tuple[str, str]]]:
     every line checked); a malformed one is an ``Open1bTrainError`` naming the path."""
     lines = read_regular(path, "trace").split(b"\n")
     head = parse_json(lines[0], path)
-    if not isinstance(head, dict) or head.get("format") != FORMAT or \
-            isinstance(head.get("step"), bool) or not isinstance(head.get("step"), int):
+    if (not isinstance(head, dict) or head.get("format") != FORMAT or
+            isinstance(head.get("step"), bool) or not isinstance(head.get("step"), int)):
         raise Open1bTrainError(f"{path}: not an {FORMAT} file (its first line must be the "
                                f"header with the step)")
     ops = []
@@ -63,8 +63,8 @@ def read(path: str) -> tuple[int, list[tuple[str, str]]]:
         if not raw.strip():
             continue
         r = parse_json(raw, f"{path} line {i}")
-        if not isinstance(r, dict) or not isinstance(r.get("op"), str) or \
-                not isinstance(r.get("digest"), str):
+        if (not isinstance(r, dict) or not isinstance(r.get("op"), str) or
+                not isinstance(r.get("digest"), str)):
             raise Open1bTrainError(f"{path} line {i}: not a trace entry (needs string 'op' and "
                                    f"'digest')")
         ops.append((r["op"], r["digest"]))

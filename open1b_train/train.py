@@ -10,10 +10,9 @@ virtual ranks in mesh order, never reordered.
 """
 from __future__ import annotations
 
-from open1b_train.allocator import keep_freed_memory
+from open1b_train.memory.allocator import keep_freed_memory
 from open1b_train.config import TrainConfig
 from open1b_train.loop import Computed, Summary, run_steps
-from open1b_train.params import Layout, param_specs
 from open1b_train.run import Run, State, backend_scope, open_run, save_checkpoint
 from open1b_train.step import compute_step
 from open1b_train.trace import Tracer
@@ -24,7 +23,7 @@ def train(cfg: TrainConfig, mix: str, run_dir: str, progress: bool | None = None
           echo=print, trace_steps: frozenset[int] = frozenset(),
           memory_plan: str = "auto") -> Summary:
     """Train (or resume) the run in ``run_dir``; see the module docstring. ``memory_plan``:
-    auto, resident or lean (``memplan.py``; the bits do not depend on it)."""
+    auto, resident or lean (``memory/memplan.py``; the bits do not depend on it)."""
     with backend_scope(cfg):
         run, state, expected, fresh = open_run(cfg, mix, run_dir, memory_plan=memory_plan)
         keep_freed_memory(run.memory.lean)
@@ -42,13 +41,10 @@ class LocalStepper:
     def __init__(self, run: Run, trace_steps: frozenset[int] = frozenset()) -> None:
         self.run, self.trace_steps = run, trace_steps
         self.ranks = range(run.cfg.virtual_ranks)
-        self.specs = param_specs(run.cfg.model)
-        self.layout = Layout(self.specs)
 
     def compute(self, state: State, step: int, info, batches) -> Computed:
         tracer = Tracer(step) if step in self.trace_steps else None
-        out = compute_step(self.run, state, batches, step, info, self.specs, self.layout,
-                           trace=tracer)
+        out = compute_step(self.run, state, batches, step, info, trace=tracer)
         if tracer is not None:
             tracer.write(trace_path(self.run.dir, step))
         return Computed(out.line, out.upd, out.loss, {"hash_seconds": round(out.hash_seconds, 4),

@@ -176,7 +176,9 @@ def speed(device: str, dry_run: bool, repeats: int, partial=None) -> dict:
     first-use compilation included - and its median), before the stock model compiles:
     a run cut short by its time limit still returns our step's figures."""
     from open1b_train import statehash
-    from open1b_train.step import MicroBatch, OptimState, apply_update, reduce_step
+    from open1b_train.optimstate import OptimState
+    from open1b_train.reduction.gradient import MicroBatch, reduce_step
+    from open1b_train.step import apply_update
     from benchmarks.train.stock_model import StockModel, optimizer
     from benchmarks.train.stock_model import train_step as stock_step
 

@@ -1,6 +1,6 @@
 """Writes open1b_audit/selftest/data/corpus/: the corpus of the golden trajectories and of
 ``open1b-audit selftest``, cut once from the committed demo corpus (manifests/demo) by
-``tests.fixtures.mixfixture.small_mix`` (the first record-range of the first input of every
+``testkit.mixfixture.small_mix`` (the first record-range of the first input of every
 source, re-written in its upstream format) and committed, so that the trajectories'
 mix does not depend on the pyarrow or zstandard release that would re-write a cut.
 
@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tests.fixtures.mixfixture import small_mix
+from testkit.mixfixture import small_mix
 
 DST = Path(__file__).resolve().parents[1] / "open1b_audit" / "selftest" / "data" / "corpus"
 

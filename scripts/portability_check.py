@@ -139,8 +139,8 @@ def inside(args) -> dict:
         steps = min(args.steps or golden["steps"], golden["steps"])
         r: dict = {"steps": steps}
         try:
-            mix = args.mix if (args.mix and name == "micro") else \
-                tj.build_mix(name, os.path.join(work, f"mix-{name}"))
+            mix = (args.mix if (args.mix and name == "micro") else
+                tj.build_mix(name, os.path.join(work, f"mix-{name}")))
             with open(os.path.join(mix, "manifest.json")) as f:
                 fp = json.load(f)["fingerprint"]
             if fp != golden["mix_fingerprint"]:
@@ -252,8 +252,8 @@ def verdict(r: dict) -> str:
                                                             f"MISMATCH {d['finding']}"))
     if "bisect" in res:
         b = res["bisect"]
-        op = (b.get("operator") or {}).get("name") if isinstance(b.get("operator"), dict) \
-            else b.get("operator")
+        op = ((b.get("operator") or {}).get("name") if isinstance(b.get("operator"), dict)
+            else b.get("operator"))
         parts.append(f"bisect: step {b['step']}, operator {op}")
     return "; ".join(parts)
 
@@ -276,8 +276,8 @@ def markdown(results: list[dict], machine: dict) -> str:
              f"({cpu['cores']} cores; SIMD flags: {simd}), {platform.platform()}.", "",
              "| row | setting | what ran | result | s |", "|---|---|---|---|---|"]
     for r in results:
-        setting = " ".join(f"{k}={v}" for k, v in (r.get("env") or {}).items()) or \
-            " ".join(r.get("args") or []) or ROWS[r["row"]][2] or "-"
+        setting = (" ".join(f"{k}={v}" for k, v in (r.get("env") or {}).items()) or
+            " ".join(r.get("args") or []) or ROWS[r["row"]][2] or "-")
         lines.append(f"| {r['row']} | {setting} | {describe_row(r)} | {verdict(r)} | "
                      f"{r.get('seconds', '')} |")
     return "\n".join(lines) + "\n"

@@ -1,10 +1,10 @@
-"""Suite-wide: the shared built mixes and reference run (``tests/fixtures/runs.py``); and
+"""Suite-wide: the shared built mixes and reference run (``testkit/runs.py``); and
 the long tests are collected first, so that with ``pytest -n 2`` (``make
 test``) the two workers start on them and the short tests fill in around them, instead of
 one worker ending on a five-minute test while the other idles."""
 from __future__ import annotations
 
-from tests.fixtures.runs import mix4, mix12, ref_run  # noqa: F401 (suite-wide fixtures)
+from testkit.runs import mix4, mix12, ref_run  # noqa: F401 (suite-wide fixtures)
 
 # the longest first (minutes each on 2 cores), then every other ``slow`` test
 LONGEST = ("test_every_registered_op_compiles_for_sm90_without_a_forbidden_instruction",

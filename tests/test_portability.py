@@ -55,8 +55,8 @@ def test_a_trajectory_prefix_is_the_golden_one_under_every_cheap_variant(micro_m
     for name, res in results.items():
         r = res["rows"]["micro"]
         assert "error" not in r, (name, r["error"])
-        assert r["result"] is None, f"{name}: step {r['result']['step']} " \
-                                    f"{r['result']['component']} differs from the golden"
+        assert r["result"] is None, (f"{name}: step {r['result']['step']} "
+                                    f"{r['result']['component']} differs from the golden")
     env = {n: r["machine"] for n, r in results.items()}
     assert env["1 thread, ATen default, extension on"]["torch_cpu_capability"] == "DEFAULT"
     assert env["2 threads, ATen avx2, extension off"]["mathc"] is False

@@ -1,15 +1,15 @@
 """Tamper detection: how many ways of tampering with a published run the audit catches.
 
 An honest ``micro`` run (8 steps, checkpoints every 2) on a small built mix, then a copy
-tampered in each way of ``tests/fixtures/tamper.py``; each copy is audited the way auditors
+tampered in each way of ``testkit/tamper.py``; each copy is audited the way auditors
 covering a whole run do it (every checkpoint interval replayed with ``open1b-audit``'s
 ``replay``). A case counts as caught when the audit reports a finding, and as named when
 that finding's step and component are the expected ones. The honest run must pass. Then
-forged auditors (``tests/fixtures/auditors.py``); the hostile files of
-``tests/fixtures/hostile.py``, each through the real ``open1b-audit`` command in a
+forged auditors (``testkit/auditors.py``); the hostile files of
+``testkit/hostile.py``, each through the real ``open1b-audit`` command in a
 subprocess: caught when it exits as expected naming the file and what is wrong, and nothing
 of the auditor's was published, written through or fetched; and forgeries of what users take
-away (``tests/fixtures/released.py``), each where a user meets it.
+away (``testkit/released.py``), each where a user meets it.
 
     .venv/bin/python -m benchmarks.audit.audit_tamper --out benchmarks/results/results-tamper.md
 """
@@ -26,9 +26,9 @@ import torch
 from benchmarks.machine import report_end, report_head
 from open1b_train import runlog
 from open1b_train.train import train
-from tests.fixtures import auditors, hostile, released, tamper
-from tests.fixtures.runs import cli_env, micro_cfg
-from tests.fixtures.trainmix import train_mix
+from testkit import auditors, hostile, released, tamper
+from testkit.runs import cli_env, micro_cfg
+from testkit.trainmix import train_mix
 
 
 def main() -> None:
@@ -78,7 +78,7 @@ def main() -> None:
             lines.append(f"| {name} | {'yes' if hit else '**no**'} | {rep['covered']} | {step} |")
         lines.append(f"\n**caught {ok} / {len(forged)}** forged-auditor cases.")
         lines += ["", "Hostile files (each through the real `open1b-audit` command in a "
-                  "subprocess; tests/fixtures/hostile.py):", "",
+                  "subprocess; testkit/hostile.py):", "",
                   "| hostile file | class | caught | what the command said | s |",
                   "|---|---|---|---|---|"]
         ok = 0

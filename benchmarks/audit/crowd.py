@@ -75,7 +75,7 @@ def main() -> None:
     from open1b_audit.crowd.publish import publish
     from open1b_train.config import preset
     from open1b_train.train import train
-    from tests.fixtures.crowd import Moto
+    from testkit.crowd import Moto
 
     load = LoadLog()
     work = tempfile.mkdtemp(prefix="open1b-crowd-")

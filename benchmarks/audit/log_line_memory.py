@@ -1,5 +1,5 @@
 """Memory of reading a step log with one giant line: the peak resident memory of
-``open1b-audit chain`` on an honest 8-step log (made-up digests, ``tests/fixtures/fakelog``)
+``open1b-audit chain`` on an honest 8-step log (made-up digests, ``testkit/fakelog``)
 and on the same log with an unhashed field of N MiB added to line 4 (the chain still holds,
 so a reader that parses the line accepts it). The reader streams with a per-line bound
 (``open1b_train.runlog.MAX_LINE_BYTES``): the extra memory should be about the bound, not
@@ -17,7 +17,7 @@ import tempfile
 
 from benchmarks.machine import report_end, report_head
 from open1b_train import runlog
-from tests.fixtures import fakelog
+from testkit import fakelog
 
 PROBE = ("import resource, subprocess, sys\n"
          "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"

@@ -13,7 +13,7 @@
    CPU (an upper bound on the speed: memory bandwidth does not scale with cores), and a
    consumer GPU from its datasheet throughput at a stated efficiency (no GPU was measured).
 
-    .venv/bin/python -m benchmarks.audit.replay_cost --steps 4 --mesh 2x1 \
+    .venv/bin/python -m benchmarks.audit.replay_cost --steps 4 --mesh 2x1
         --out benchmarks/results/results-replay.md
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ run page HTML, ``data/run.js`` (overview) and one full-resolution curve chunk. A
 the demo run's steps as ``serve`` renders them on demand (stream plan + shard reads + decode
 + --stats). Sizes in bytes, times wall seconds on this machine (best of ``--repeat``).
 
-    .venv/bin/python -m benchmarks.audit.site_scale --run build/demo-run \
+    .venv/bin/python -m benchmarks.audit.site_scale --run build/demo-run
         --mix build/demo-mix [--steps 80957] [--repeat 3] [--out benchmarks/results/results-site.json]
 """
 from __future__ import annotations

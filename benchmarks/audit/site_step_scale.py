@@ -46,7 +46,7 @@ def build_input_mix(work: str) -> str:
     already built."""
     from open1b_data.formats.definition import default_mix_path, load_mix
     from open1b_data.ingest.pipeline import BuildOptions, build_mix
-    from tests.fixtures.mixfixture import dump_toml
+    from testkit.mixfixture import dump_toml
 
     out = os.path.join(work, "mix")
     if os.path.exists(os.path.join(out, "manifest.json")):
@@ -82,7 +82,7 @@ def synthetic_run(work: str, mix: str) -> str:
     from open1b_train import runlog
     from open1b_train.config import open1b
     from open1b_train.step import float32_hex
-    from tests.fixtures.fakelog import COMPONENTS, _digest, rechain
+    from testkit.fakelog import COMPONENTS, _digest, rechain
 
     run = os.path.join(work, "run")
     plan = StreamPlan.open(mix)

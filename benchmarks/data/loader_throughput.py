@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from benchmarks.machine import cores, cpu_model
 from open1b_data.stream.loader import StreamLoader
 from open1b_data.stream.plan import StreamPlan
-from tests.fixtures.synthetic import SyntheticSource, write_synthetic_mix
+from testkit.synthetic import SyntheticSource, write_synthetic_mix
 
 WINDOW = 4097
 

@@ -151,8 +151,8 @@ def main() -> None:
             load.sample("round")
         for name in os.listdir(f"{tmp}/now/dclm-baseline"):   # same shards, plus the trees
             if name.endswith((".parquet", ".lengths.npy")):
-                with open(f"{tmp}/now/dclm-baseline/{name}", "rb") as a, \
-                        open(f"{tmp}/then/dclm-baseline/{name}", "rb") as b:
+                with (open(f"{tmp}/now/dclm-baseline/{name}", "rb") as a,
+                        open(f"{tmp}/then/dclm-baseline/{name}", "rb") as b):
                     assert a.read() == b.read(), name
         opening = manifest_cost(args.synthetic, 2 * args.repeat + 1)
     finally:

@@ -1,5 +1,5 @@
 """How fast `stream-at` answers (or refuses) at the end of a schedule, and whether its
-replay-cost estimate (open1b_data/stream/inspect.py) matches the replay it guards.
+replay-cost estimate (open1b_data/explore/inspect.py) matches the replay it guards.
 
 Mixes: the demo mix (built by `build-mix`, with token shards) and the synthetic Open-1B-scale
 mix of benchmarks/data/stream_scale.py (Table-5 document counts, lengths only; written and
@@ -68,7 +68,7 @@ def ensure_demo(path: str) -> None:
 
 def ensure_open1b(path: str) -> None:
     from benchmarks.data.stream_scale import OPEN1B_SCHEDULE
-    from tests.fixtures.synthetic import open1b_sources, write_synthetic_mix
+    from testkit.synthetic import open1b_sources, write_synthetic_mix
     from open1b_data.stream import seekindex
     from open1b_data.stream.plan import StreamPlan
 
@@ -107,7 +107,7 @@ def cli_stage(name: str, mix: str, content: bool, repeat: int) -> dict:
 def estimate_stage(name: str, mix: str, reach: int) -> dict:
     """CPU time of the replay from the last index entry to the reach window, against the
     estimate the budget is built on."""
-    from open1b_data.stream import inspect
+    from open1b_data.explore import inspect
     from open1b_data.stream.plan import StreamPlan
 
     plan = StreamPlan.open(mix)
@@ -125,7 +125,7 @@ def estimate_stage(name: str, mix: str, reach: int) -> dict:
 def stats_stage(demo: str) -> dict:
     import numpy as np
 
-    from open1b_data.stream import stats
+    from open1b_data.explore import stats
     from open1b_data.stream.plan import StreamPlan
     from open1b_data.stream.windows import WindowReader
 
@@ -137,8 +137,8 @@ def stats_stage(demo: str) -> dict:
     out = {"windows": 2304, "window_tokens": 4097}
     for fn in ("distinct_per_window", "longest_run", "longest_repeat"):
         t = time.process_time()
-        r = getattr(stats, fn)(tokens, windows) if fn != "distinct_per_window" else \
-            stats.distinct_per_window(tokens)
+        r = (getattr(stats, fn)(tokens, windows) if fn != "distinct_per_window" else
+            stats.distinct_per_window(tokens))
         out[f"{fn}_cpu_s"] = round(time.process_time() - t, 3)
         if fn == "longest_repeat":
             out["longest_repeat"] = r.length

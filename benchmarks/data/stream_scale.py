@@ -85,8 +85,8 @@ def anchor(out: str, first_window: int) -> dict:
                 take = perms[(s, h)][off:off + k]
                 got.append(take)
                 k -= take.size
-                cursors[s] = [h, off + take.size] if off + take.size < sv.shard_documents[h] \
-                    else [(h + 1) % sv.shards, 0]
+                cursors[s] = ([h, off + take.size] if off + take.size < sv.shard_documents[h]
+                    else [(h + 1) % sv.shards, 0])
             if idx.size:
                 lens[idx] = np.concatenate(got)
         c = np.cumsum(lens + 1)
@@ -150,7 +150,7 @@ def main() -> None:
     if args.stage:
         print(json.dumps(stage(args.stage, args.out, args.step)))
         return
-    from tests.fixtures.synthetic import open1b_sources, write_synthetic_mix
+    from testkit.synthetic import open1b_sources, write_synthetic_mix
 
     if not os.path.exists(os.path.join(args.out, "manifest.json")):
         t = time.perf_counter()

@@ -3,7 +3,7 @@ cache) against the exported model in transformers (``open1b_eval.hf``, float32 t
 KV cache), side by side in one run on one machine, plus the agreement of their logits on
 held-out windows (text this repository wrote, never in a mix).
 
-    .venv/bin/python -m benchmarks.eval.generate_speed --run build/demo-run \
+    .venv/bin/python -m benchmarks.eval.generate_speed --run build/demo-run
         --out benchmarks/results/results-generate.md
 
 Greedy decoding of ``--new`` tokens after a ``--prompt-tokens`` prompt, ``--repeat`` times
@@ -33,7 +33,7 @@ from open1b_eval.generate import generate  # noqa: E402
 from open1b_eval.trained import load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HELD_OUT = [ROOT / "docs" / "TRAINING.md", ROOT / "open1b_train" / "treefold.py",
+HELD_OUT = [ROOT / "docs" / "TRAINING.md", ROOT / "open1b_train" / "reduction" / "treefold.py",
             ROOT / "STREAM.md"]
 
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.kernels.block [--d-model 2048] [--seq 256] [--repeats 3] [--out FILE]
 
-Ours: tests/kernels/block.py (the ops composed through their autograd wrappers) under
+Ours: testkit/kernels/block.py (the ops composed through their autograd wrappers) under
 force("cpu") (bf16 activations, W8A8 int8 linears, exactly
 specified arithmetic). Anchor: the same block in stock torch CPU float32 (F.linear,
 RMSNorm from torch ops, RoPE, F.scaled_dot_product_attention with a boolean causal+window
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from benchmarks.machine import LoadLog, describe
 from open1b_kernels.core.backend import force
-from tests.kernels.block import BlockConfig, block_forward, init_params
+from testkit.kernels.block import BlockConfig, block_forward, init_params
 
 
 def torch_block(cfg: BlockConfig, p, x):

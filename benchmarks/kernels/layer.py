@@ -32,7 +32,7 @@ from open1b_kernels.core.backend import force
 from open1b_train.config import open1b
 from open1b_train.model import layer_backward, layer_forward
 from open1b_train.params import init_params
-from tests.kernels.block import BlockConfig
+from testkit.kernels.block import BlockConfig
 
 
 def _kind(name: str) -> str:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.machine import LoadLog, describe
-from open1b_train.allocator import keep_freed_memory
+from open1b_train.memory.allocator import keep_freed_memory
 from open1b_kernels.core.backend import force
 from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops.xent import xent_backward, xent_forward

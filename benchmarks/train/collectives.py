@@ -28,11 +28,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from benchmarks.machine import report_end, report_head
-from open1b_train.allocator import keep_freed_memory
+from open1b_train.memory.allocator import keep_freed_memory
 from open1b_train.distributed import collectives as C
 from open1b_train.distributed.exchange import Exchange
 from open1b_train.distributed.placement import Placement
-from open1b_train.treefold import blocks
+from open1b_train.reduction.treefold import blocks
 
 
 def _worker(rank: int, world: int, port: int, mbs: list[int], repeats: int, q) -> None:

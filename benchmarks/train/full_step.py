@@ -105,7 +105,7 @@ def build_input_mix(work: str, vocab: int, ranks: int) -> str:
     from open1b_data.formats.definition import load_mix
     from open1b_data.formats.manifest import load_manifest
     from open1b_data.ingest.pipeline import BuildOptions, build_mix
-    from tests.fixtures.mixfixture import dump_toml
+    from testkit.mixfixture import dump_toml
 
     raw = mix_toml(vocab, ranks)
     out = os.path.join(work, raw["mix"]["name"])
@@ -140,7 +140,7 @@ def model_overrides(layers: int | None, width: int | None) -> dict:
 
 
 def write_config(path: str, mesh: tuple[int, int], model: dict) -> None:
-    from tests.fixtures.mixfixture import dump_toml
+    from testkit.mixfixture import dump_toml
 
     body = {"preset": "open1b", "mesh": list(mesh), "checkpoint_every": 1}
     text = "\n".join(f"{k} = {json.dumps(v)}" for k, v in body.items()) + "\n\n"
@@ -284,7 +284,7 @@ def main() -> None:
 
     from benchmarks.machine import LoadLog
     from open1b_data.formats.manifest import load_manifest
-    from open1b_train import memplan
+    from open1b_train.memory import memplan
     from open1b_train.config import apply_overrides, open1b
     from open1b_train.params import count
 

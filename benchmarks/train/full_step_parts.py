@@ -30,7 +30,7 @@ run ``cores / threads`` windows at once (each at this run's thread count); the p
 counts that as linear in cores - a lower bound on time, since memory bandwidth is shared.
 
 Each plan is timed under the allocator setting its trainer runs with
-(``open1b_train.allocator.keep_freed_memory``): the resident plan's process keeps freed
+(``open1b_train.memory.allocator.keep_freed_memory``): the resident plan's process keeps freed
 blocks below 1 GiB for reuse, the lean plan's those below ``LEAN_KEEP``. The parts are
 therefore measured twice by default (``--allocator plans``), each time in a fresh child
 process - "resident" for the resident figures, "lean" for the lean ones: one process cannot
@@ -139,7 +139,7 @@ def full_step_lines(parts: dict, m, cores: int, update: float | None,
     ``parts`` = {allocator: (layers, head)} (each plan from its own allocator's parts where
     measured, else from the one measured); ``kept``: the layers the lean plan keeps with
     ``free_gib`` available."""
-    from open1b_train import memplan
+    from open1b_train.memory import memplan
 
     threads = torch.get_num_threads()
     keeps = f"lean, {len(kept)} layers kept"
@@ -250,8 +250,8 @@ def main() -> None:
     a = ap.parse_args()
 
     from benchmarks.machine import describe, simd_flags
-    from open1b_train import memplan
-    from open1b_train.allocator import keep_freed_memory
+    from open1b_train.memory import memplan
+    from open1b_train.memory.allocator import keep_freed_memory
     from open1b_train.config import open1b
 
     if a.allocator == "plans":

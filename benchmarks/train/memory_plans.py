@@ -1,4 +1,4 @@
-"""Peak resident memory (VmHWM) of each memory plan (``open1b_train.memplan``), each case in
+"""Peak resident memory (VmHWM) of each memory plan (``open1b_train.memory.memplan``), each case in
 a fresh subprocess, the resident plan the anchor of every ratio.
 
 * ``demo``: the demo golden trajectory's mix (6 windows of 512 tokens per step, mesh 2x1),
@@ -51,10 +51,11 @@ def child_optim(plan: str, layers: int, work: str) -> dict:
 
     import torch
 
-    from open1b_train import memplan
+    from open1b_train.memory import memplan
     from open1b_train.config import open1b
     from open1b_train.params import Layout, param_specs
-    from open1b_train.step import OptimState, apply_update
+    from open1b_train.optimstate import OptimState
+    from open1b_train.step import apply_update
 
     cfg = open1b()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layers=layers))

@@ -13,7 +13,7 @@ Two measurements, each against the anchor in the same run:
   and the final losses (mean of the last 5 steps) side by side.
 
     .venv/bin/python -m benchmarks.train.train_cpu --speed --repeats 5
-    .venv/bin/python -m benchmarks.train.train_cpu --quality --steps 64 \
+    .venv/bin/python -m benchmarks.train.train_cpu --quality --steps 64
         --png benchmarks/results/train-quality.png
 
 Writes a markdown report (``--out``) with the command, machine, date and load averages.
@@ -34,10 +34,12 @@ from tqdm import tqdm
 from benchmarks.machine import RESULTS, report_end, report_head
 from benchmarks.train.stock_model import StockModel, optimizer, train_step
 from open1b_train import statehash
-from open1b_train.allocator import keep_freed_memory
+from open1b_train.memory.allocator import keep_freed_memory
 from open1b_train.config import demo
 from open1b_train.params import Layout, init_params, param_specs
-from open1b_train.step import MicroBatch, OptimState, apply_update, reduce_step
+from open1b_train.optimstate import OptimState
+from open1b_train.reduction.gradient import MicroBatch, reduce_step
+from open1b_train.step import apply_update
 
 
 def _mix() -> str:

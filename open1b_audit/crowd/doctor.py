@@ -136,7 +136,8 @@ def doctor(cache, plan_numbers: dict[str, Any], refresh_selftest: bool = False,
            selftest: bool = True) -> dict[str, Any]:
     """The report (module docstring); ``plan_numbers``: leg_steps and lease_s (the store's
     plan when it has one)."""
-    from open1b_train import memplan, runlog
+    from open1b_train import runlog
+    from open1b_train.memory import memplan
     from open1b_train.run import resolve
 
     t0 = time.perf_counter()

@@ -118,12 +118,11 @@ def _spill(leg_dir: str, run, state, s: int, keep: set[int]) -> None:
     """The state after step ``s`` as a checkpoint of ``leg_dir`` (module docstring)."""
     from open1b_data.stream.loader import step_boundary_state
     from open1b_train import checkpoint
-    from open1b_train.params import Layout, param_specs
     from open1b_train.run import checkpoint_record, optim_shards
 
     st = dataclasses.replace(state, loader=step_boundary_state(run.plan, run.cfg.virtual_ranks,
                                                                s + 1))
-    layout = Layout(param_specs(run.cfg.model))
+    layout = run.layout
     n = run.cfg.mesh[1]
     if run.memory is not None and run.memory.lean:
         checkpoint.save_streamed(leg_dir, s, st.params, layout, st.opt.m, st.opt.v, n,

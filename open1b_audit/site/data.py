@@ -38,7 +38,7 @@ from open1b_train.recipe import Announcement
 
 CHUNK_STEPS = 4096          # steps per curve chunk (a few hundred KB of JS each)
 OVERVIEW_BUCKETS = 1000     # the overview keeps each bucket's min and max: <= 2,000 points
-PAGE_WINDOWS = 32           # windows on one page: 32 x 4,096 tokens, ~0.5 MB (BENCHMARKS.md)
+PAGE_WINDOWS = 32           # windows on one page: 32 x 4,096 tokens, ~0.5 MB (benchmarks/HISTORY.md)
 TEXT_BUDGET = 1_000_000     # decoded characters on one page of windows
 DOC_TEXT_CHARS = 1_000_000  # a document page shows at most this much of one document
 PHRASE_STEPS = 256          # a served phrase search decodes at most this many steps' documents
@@ -245,7 +245,7 @@ class Explorer:
         ``page_windows`` windows carries them in full (documents, text) and its batch
         statistics; a larger one an index of its windows (plan only, no shard read) whose
         detail is on ``window_page(s, k)`` and statistics on ``stats_page(s)``."""
-        from open1b_data.stream import inspect
+        from open1b_data.explore import inspect
 
         line = self._line(s)
         out: dict[str, Any] = {"step": s, "hash": line.get("hash"), "prev": line.get("prev"),
@@ -310,7 +310,7 @@ class Explorer:
 
     def doc_keys(self, s: int) -> list[str]:
         """The document keys of step s's windows in page order (plan only)."""
-        from open1b_data.stream import inspect
+        from open1b_data.explore import inspect
 
         rep = inspect.stream_at(self.mix, step=s, world=self.world, plan_only=True,
                                 build_index=self.build_index, seed=self.plan.seed)
@@ -318,7 +318,7 @@ class Explorer:
                 for w in rep["windows"] for g in w["segments"]]
 
     def _stats(self, s: int) -> dict[str, Any]:
-        from open1b_data.stream import inspect
+        from open1b_data.explore import inspect
 
         return inspect.stream_at(self.mix, step=s, world=self.world, stats=True,
                                  build_index=self.build_index, seed=self.plan.seed)["stats"]
@@ -327,7 +327,7 @@ class Explorer:
                  ) -> dict[str, Any]:
         """Windows a..b-1 of step s in mesh order: documents, decoded text (up to
         ``text_budget`` characters, then the document pages hold it), losses."""
-        from open1b_data.stream import inspect
+        from open1b_data.explore import inspect
 
         losses = scalars_of(self._line(s))["window_loss"]
         rep = inspect.stream_at(self.mix, step=s, world=self.world, decode=True,
@@ -388,7 +388,7 @@ class Explorer:
         return self.sched.step(1).first_window, last.first_window + last.batch_sequences
 
     def document_page(self, key: str) -> dict[str, Any]:
-        from open1b_data.stream import provenance
+        from open1b_data.explore import provenance
         from open1b_data.stream.windows import WindowReader, load_mix_tokenizer
 
         s, h, d = _parse_key(self.plan, key)
@@ -448,7 +448,7 @@ class Explorer:
     def search(self, q: str, steps: tuple[int, int] | None = None) -> dict[str, Any]:
         """A step or window number, a document id, or a phrase (served search)."""
         from open1b_data.errors import StreamError
-        from open1b_data.stream import provenance
+        from open1b_data.explore import provenance
 
         q = q.strip()
         out: dict[str, Any] = {"query": q, "step": None, "window": None, "documents": [],

@@ -210,14 +210,14 @@ def step_page(d: dict[str, Any], has_step, has_doc) -> str:
         head.insert(3, ("validation loss", _fmt(sc["val_loss"])))
     comps = table([(k, Raw(f"<code>{e(v)}</code>")) for k, v in (d["components"] or {}).items()],
                   ("component", "digest"), "kv")
-    certs = table([(c["auditor"], Raw(f'<code>{e((c["public_key"] or "")[:16])}</code>'),
+    certs = (table([(c["auditor"], Raw(f'<code>{e((c["public_key"] or "")[:16])}</code>'),
                     c["signature"], c.get("counted"), c["verdict"], c["backend"],
                     c["replayed_from"],
                     Raw(f'<a href="certs/{e(c["file"])}">{e(c["file"])}</a>'))
                    for c in d["certificates"]],
                   ("auditor", "public key", "signature", "counted", "verdict", "backend",
-                   "replayed from", "certificate")) if d["certificates"] else \
-        "<p>No certificate of this step was given.</p>"
+                   "replayed from", "certificate")) if d["certificates"] else
+        "<p>No certificate of this step was given.</p>")
     warn = f'<p class="bad">{e(d["loss_mismatch"])}</p>' if d.get("loss_mismatch") else ""
     title = f"<h2>Windows ({d['batch']:,}, mesh order: virtual rank, micro-batch)</h2>"
     if d["windows"] is not None:                 # one page holds the whole step

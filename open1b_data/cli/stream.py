@@ -89,7 +89,7 @@ def stream_at(mix, window, step, steps, world, rank, decode, plan_only, stats, b
     """What the stream holds at a window or step: ranks, micro-batches, window sha256,
     token ids and every document segment (source, shard, doc, doc_id, offsets) - or, with
     --stats, the batch's data statistics."""
-    from open1b_data.stream import inspect
+    from open1b_data.explore import inspect
 
     if sum(x is not None for x in (window, step, steps)) != 1:
         raise click.UsageError("give exactly one of --window M, --step N or --steps A:B")
@@ -113,7 +113,7 @@ def stream_at(mix, window, step, steps, world, rank, decode, plan_only, stats, b
             rep = inspect.stream_at(mix, window, step, world, rank, decode, plan_only, stats,
                                     build_index)
             if proof:
-                from open1b_data.stream.proof import prove_stream_at
+                from open1b_data.explore.proof import prove_stream_at
 
                 rep = prove_stream_at(mix, rep)
     except Open1bDataError as e:
@@ -212,7 +212,7 @@ def _schedule_spec(mix: str):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (docs/CLI.md).")
 def provenance(mix, doc_id, phrase, steps, world, as_json):
     """Where a document (or every document containing a phrase) was trained on."""
-    from open1b_data.stream import provenance as pv
+    from open1b_data.explore import provenance as pv
 
     if (doc_id is None) == (phrase is None):
         raise click.UsageError("give exactly one of --doc-id ID or --text PHRASE")
@@ -239,7 +239,7 @@ def provenance(mix, doc_id, phrase, steps, world, as_json):
               help="Number of step bins on the x axis.")
 def plot_mix(mix, steps, out, bins):
     """A PNG of token share per source over steps, beside the target shares."""
-    from open1b_data.stream import plotmix
+    from open1b_data.explore import plotmix
 
     try:
         summary = plotmix.plot_mix(mix, steps, out, bins=bins)

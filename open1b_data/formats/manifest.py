@@ -19,7 +19,7 @@ Contract (docs/FORMATS.md, "manifest.json"):
   to turn one into a URL). A confined path is accepted by one compiled regular expression
   (``mixpath.CONFINED``, ~2 us a path), and a shard entry is parsed in straight-line code
   (``_fast_shard``) with the field-by-field parse as the fallback that names what is
-  wrong: opening a mix checks 3,322 shard entries at Open-1B scale (BENCHMARKS.md:
+  wrong: opening a mix checks 3,322 shard entries at Open-1B scale (benchmarks/HISTORY.md:
   ~0.15 s, half of it parsing the JSON and the fingerprint).
 - ``load_manifest`` refuses, with the path and what to pass instead, anything that is not
   a built mix: a mix definition ``.toml`` or another file, a directory without
@@ -489,8 +489,8 @@ def parse_manifest(raw: bytes, url: str) -> BuiltManifest:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ManifestError(f"{url} is not valid JSON ({e}); rebuild the mix") from None
     except RecursionError:
-        raise ManifestError(f"{url} nests too deeply to be a manifest; rebuild the mix") \
-            from None
+        raise ManifestError(
+            f"{url} nests too deeply to be a manifest; rebuild the mix") from None
     if not isinstance(d, dict):
         raise ManifestError(f"{url}: expected a JSON object, got {type(d).__name__}; "
                             f"rebuild the mix")

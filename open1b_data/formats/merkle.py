@@ -120,7 +120,7 @@ def _leaves_into(out: list[bytes], data: memoryview, ends: list[int],
         if i is None:
             i = encoded[src] = u64(len(src.encode("utf-8"))) + src.encode("utf-8")
         # one hash call over the joined bytes: ~10% faster than three updates, and within
-        # ~25% of one SHA-256 over the shard's token bytes alone (BENCHMARKS.md)
+        # ~25% of one SHA-256 over the shard's token bytes alone (benchmarks/HISTORY.md)
         out[k] = sha(join((head(LEAF_PREFIX, first + k, b - a), data[4 * a:4 * b],
                            u64(len(d)), d, i, i64(rows[k])))).digest()
 

@@ -18,14 +18,14 @@ completion order, and resumable after a kill at any point):
   names one;
   (c) build the inputs this process owns (``--task i --tasks N``: global index % N == i)
   with ``--workers`` threads, or processes for large builds (``--executor``, see
-  ``build_task.choose_executor``), skipping inputs whose marker
+  ``pool.choose_executor``), skipping inputs whose marker
   matches the input's size/checksum and the tokenizer; (d) merge: once every input has a
   marker, assemble ``manifest.json`` from the markers alone. A build without ``--task``
   always merges; a ``--task`` run merges only if it finds every marker (the last task to
   finish does it; concurrent merges write identical bytes); ``--merge-only`` merges or
   names what is missing. ``--tokenizer-only`` runs stages (a) and (b) and stops: the first
   job of a scaled-out build, so that N tasks do not each train the tokenizer.
-* Every shard is checked (``build_task``): a deterministic sample of its documents (1%,
+* Every shard is checked (``task.py``): a deterministic sample of its documents (1%,
   between 2 and 64) is encoded by the reference HF tokenizer and by the fast encoder, and
   the ids stored in the written shard are read back and compared; any difference is a
   ``BuildError`` (the fast encoder is only trusted because this check runs).
@@ -52,8 +52,8 @@ from open1b_data import __version__
 from open1b_data.ingest.report import InputSummary, Progress, SourceSummary, summarize
 from open1b_data.storage import (atomic_write_bytes, exists, join, list_tree,
                                  read_bytes, read_json, sweep_temporaries, write_json)
-from open1b_data.ingest.task import (EXECUTORS, TOKENIZER, Job, Workers, choose_executor,
-                                    hf_tokenizer, input_record, run_jobs, valid_marker)
+from open1b_data.ingest.pool import EXECUTORS, Workers, choose_executor, run_jobs
+from open1b_data.ingest.task import TOKENIZER, Job, hf_tokenizer, input_record, valid_marker
 from open1b_data.errors import BuildError, StorageError
 from open1b_data.formats.definition import MixSpec
 from open1b_data.formats.tokenizerfile import content_digest
@@ -74,7 +74,7 @@ class BuildOptions:
     merge_only: bool = False
     tokenizer_only: bool = False  # stages (a) and (b) only: the first job of a task array
     progress: bool = True
-    executor: str = "auto"  # threads | processes | auto (build_task.choose_executor)
+    executor: str = "auto"  # threads | processes | auto (pool.choose_executor)
     # take the published tokenizer (a tokenizer.json or a built mix) instead of training
     tokenizer_from: str | None = None
     # the content digest the tokenizer must have (with the definition's [tokenizer] expect)

@@ -175,7 +175,7 @@ def _job(spec: MixSpec, out: str, source: str, index: int, inp: Any):
 
 def _build(jobs: list, workers: int, progress: bool) -> None:
     from open1b_data.ingest.report import Progress
-    from open1b_data.ingest.task import Workers, choose_executor, run_jobs
+    from open1b_data.ingest.pool import Workers, choose_executor, run_jobs
 
     if not jobs:
         return

@@ -83,8 +83,8 @@ def format_bad_inputs(inputs: tuple[InputSummary, ...]) -> str:
             lines.append(f"  {i.where()} [{bad}]")
     if not lines:
         return ""
-    return f"inputs with bad records ({len(lines)}; first bad record of each):\n" + \
-        "\n".join(lines)
+    return (f"inputs with bad records ({len(lines)}; first bad record of each):\n" +
+        "\n".join(lines))
 
 
 def summarize(per_source: dict[str, dict[str, Any]]) -> tuple[SourceSummary, ...]:

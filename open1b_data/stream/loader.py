@@ -94,8 +94,8 @@ def _rank_range(rank: int | None, ranks, world: int) -> range:
         raise StreamError(f"give exactly one of rank= (one rank) or ranks= (a range of "
                           f"ranks), got rank={rank!r} and ranks={ranks!r}")
     rs = [0 if rank is None else rank] if ranks is None else list(ranks)
-    if not rs or any(isinstance(r, bool) or not isinstance(r, int) for r in rs) or \
-            rs != list(range(rs[0], rs[0] + len(rs))):
+    if (not rs or any(isinstance(r, bool) or not isinstance(r, int) for r in rs) or
+            rs != list(range(rs[0], rs[0] + len(rs)))):
         raise StreamError(f"ranks must be a non-empty, contiguous, ascending range of "
                           f"integers in [0, {world}) (e.g. range(0, {world})), got "
                           f"{rank if ranks is None else ranks!r}")
@@ -206,8 +206,8 @@ class StreamLoader(_Base):
         while step <= self.end_step:
             first = self._first_window(step)
             last = step
-            while last < self.end_step and \
-                    self._first_window(last + 1) - first < CHUNK_WINDOWS:
+            while (last < self.end_step and
+                    self._first_window(last + 1) - first < CHUNK_WINDOWS):
                 last += 1
             yield step, last
             step = last + 1

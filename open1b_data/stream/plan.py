@@ -439,8 +439,8 @@ class StreamPlan:
                     ) -> list[DrawInfo]:
         """Every draw of document (source, shard, doc) with tokens in windows [a, b)
         (none for a held-out document)."""
-        if 0 <= shard < self.view.sources[source].shards and \
-                self.view.sources[source].train_index(shard, doc) is None:
+        if (0 <= shard < self.view.sources[source].shards and
+                self.view.sources[source].train_index(shard, doc) is None):
             return []
         lo, hi = self.cursor_at(a), self.cursor_at(b)
         first = lo.consumed[source]            # ordinals >= first (incl. the buffer doc)

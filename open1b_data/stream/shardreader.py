@@ -107,8 +107,8 @@ def read_whole(url: str):
 
     try:
         with failures(url, "read"), open_file(url) as f:    # a regular file, never a link
-            size = int(f.size) if getattr(f, "size", None) is not None else \
-                os.fstat(f.fileno()).st_size
+            size = (int(f.size) if getattr(f, "size", None) is not None else
+                os.fstat(f.fileno()).st_size)
             buf = pa.allocate_buffer(size + 1)      # one spare byte shows a file that grew
             view = memoryview(buf)
             n = 0

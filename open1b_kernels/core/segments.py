@@ -2,7 +2,7 @@
 
 Why: a Triton launch costs the host ~10-20 us, so an op over a list of K tensors that
 launches per tensor is bound by launches long before memory: grad-norm + clip over 30
-gradients made ~125 launches and ran at 0.13x torch on the H200 (BENCHMARKS.md). Here a
+gradients made ~125 launches and ran at 0.13x torch on the H200 (benchmarks/HISTORY.md). Here a
 list of tensors (or of spans of one buffer) becomes one table, and each pass over all of
 them is one launch.
 

@@ -68,7 +68,7 @@ MAX_K = 131_071
 # benchmarks/kernels/int_gemm.py: torch._int_mm is exact there but 13-20x slower than the
 # float route at the linear's shapes (the float route runs at 0.75-0.9x of a float32 GEMM);
 # the pair GEMM runs them 1.5-1.7x faster than a float32 GEMM. On a 2-core AMD EPYC with
-# AVX-512 VNNI (2026-12-02, BENCHMARKS.md) the int route runs the linear's GEMMs 1.3-1.7x
+# AVX-512 VNNI (2026-12-02, benchmarks/HISTORY.md) the int route runs the linear's GEMMs 1.3-1.7x
 # faster than a float32 GEMM of the same shape.
 #
 # A contraction of length 1 always takes the float route: torch 2.13's CPU ``_int_mm``

@@ -88,7 +88,7 @@ NARROW_C = 512
 # compiled offline for sm_90; 128 x 128 spills 800 bytes). On the first GPU run (H200,
 # 2026-12-04) the head's forward and backward ran at 0.21-0.39x of torch's bf16 mm with
 # an int64 total live through the loop and spilled, bit-identical to the CPU
-# (BENCHMARKS.md, "On an NVIDIA H200").
+# (benchmarks/HISTORY.md, "On an NVIDIA H200").
 GPU_BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8,
               "num_warps": 8, "num_stages": 3}
 # A contraction longer than K_CHUNK (dh = dlogits @ w contracts over the vocabulary) keeps
@@ -194,7 +194,7 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     # not zeroed: every path below writes every block (a failed integer route's float
     # recomputation included). Zeroing had been kept against scattered first-touch page
     # faults; measured on the Zen 4 host, A/B in one process: with freed memory kept
-    # (open1b_train.allocator) the zeroing was 3.5 of the demo head's 29 ms forward, with
+    # (open1b_train.memory.allocator) the zeroing was 3.5 of the demo head's 29 ms forward, with
     # fresh pages and at a 1,024 x 32,768 block neither way was faster
     out = torch.empty((r, c), dtype=torch.float32)
     if not (r and c):

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from open1b_kernels.core.reduce import reciprocal_f32
 from open1b_train.distributed.exchange import Exchange
-from open1b_train.treefold import TreeFold, butterfly_reference
+from open1b_train.reduction.treefold import TreeFold, butterfly_reference
 
 
 def reduce_scatter(grads: Mapping[int, torch.Tensor], slices: list[tuple[int, int]],

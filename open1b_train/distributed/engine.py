@@ -37,18 +37,18 @@ import torch.distributed as dist
 from open1b_kernels.core.reduce import tree_sum
 from open1b_kernels.core.rounding import sqrt_rn
 from open1b_train import checkpoint, statehash
-from open1b_train.allocator import keep_freed_memory
+from open1b_train.memory.allocator import keep_freed_memory
 from open1b_train.config import TrainConfig
 from open1b_train.distributed.collectives import all_reduce, reduce_scatter
 from open1b_train.distributed.exchange import Exchange
 from open1b_train.distributed.placement import Placement
 from open1b_train.errors import ReproducibilityError
 from open1b_train.loop import Computed, Summary, run_steps
-from open1b_train.params import ALIGN, Layout, param_specs
+from open1b_train.params import ALIGN, Layout
 from open1b_train.run import (Run, State, backend_scope, checkpoint_record, open_run)
-from open1b_train.step import (SPIKE_INJECTION, MicroBatch, Update, decide, loss_reduction,
-                               rank_gradient, scalars_record, step_line, update,
-                               validation)
+from open1b_train.reduction.gradient import MicroBatch, loss_reduction, rank_gradient
+from open1b_train.step import (SPIKE_INJECTION, Update, decide, scalars_record, step_line,
+                               update, validation)
 
 
 class Shards:
@@ -101,7 +101,7 @@ def train_distributed(cfg: TrainConfig, mix: str, run_dir: str, progress: bool |
     with backend_scope(cfg):
         run, state, expected, fresh = open_run(cfg, mix, run_dir, lead=rank == 0,
                                                sync=dist.barrier)
-        shards = Shards(Layout(param_specs(run.cfg.model)), pl, run.device)
+        shards = Shards(run.layout, pl, run.device)
         shards.load(state.opt)
         state.opt.m = state.opt.v = None           # only the owned slices stay
         stepper = DistStepper(run, shards, pl)
@@ -119,7 +119,6 @@ class DistStepper:
         self.run, self.shards, self.pl = run, shards, pl
         self.ranks, self.lead = pl.local, pl.rank == 0
         self.ex = Exchange(pl)
-        self.specs = param_specs(run.cfg.model)
         self.comm = 0.0                       # seconds in collectives this step
 
     def compute(self, state: State, step: int, info, batches) -> Computed:
@@ -194,7 +193,7 @@ class DistStepper:
         if not upd.skipped:
             state.opt.adam_step += 1
             for s, t in own.items():
-                update(cfg, self.specs, state.params, shards.views(s, t),
+                update(cfg, self.run.specs, state.params, shards.views(s, t),
                        shards.views(s, shards.m[s]), shards.views(s, shards.v[s]), norm_t,
                        state.opt.adam_step, lr)
             if pl.procs > 1:

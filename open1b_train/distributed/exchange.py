@@ -108,8 +108,8 @@ def _run_of(ts: list[torch.Tensor], device, copy: bool) -> torch.Tensor:
         ptr = first.data_ptr()
         whole = True
         for t in ts:
-            if t.data_ptr() != ptr or t.untyped_storage().data_ptr() != \
-                    first.untyped_storage().data_ptr():
+            if (t.data_ptr() != ptr or t.untyped_storage().data_ptr() !=
+                    first.untyped_storage().data_ptr()):
                 whole = False
                 break
             ptr += t.numel() * 4

@@ -43,8 +43,8 @@ def numpy_pages() -> list[tuple[str, str, str]]:
                 continue
             seen.add(key)
             src = inspect.getsourcefile(obj) if inspect.isfunction(obj) else None
-            rel = os.path.relpath(src, os.path.dirname(os.path.dirname(np.__file__))) \
-                if src else f"{prefix}/{name}"
+            rel = (os.path.relpath(src, os.path.dirname(os.path.dirname(np.__file__)))
+                if src else f"{prefix}/{name}")
             pages.append((f"https://numpy.org/doc/2.4/reference/generated/{prefix}.{name}"
                           f".html", inspect.cleandoc(doc) + "\n", rel))
     return pages

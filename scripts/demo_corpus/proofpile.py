@@ -18,9 +18,9 @@ def mpmath_function_docs() -> list[tuple[str, str]]:
         tree = ast.parse(f.read())
     docs = []
     for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
-                and isinstance(node.value.value, str) and len(node.targets) == 1 \
-                and isinstance(node.targets[0], ast.Name):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):
             docs.append((node.targets[0].id, inspect.cleandoc(node.value.value) + "\n"))
     return docs
 

@@ -7,11 +7,11 @@ from tests.train.conftest import _one_thread  # noqa: F401
 
 @pytest.fixture(scope="session")
 def site_run(tmp_path_factory):
-    """tests/fixtures/sitefixture.py: a micro run, documents with script, one step certified."""
+    """testkit/sitefixture.py: a micro run, documents with script, one step certified."""
     import torch
 
-    from tests.fixtures.sitefixture import make_site_run
-    from tests.fixtures.runs import cli_env
+    from testkit.sitefixture import make_site_run
+    from testkit.runs import cli_env
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -38,7 +38,7 @@ def paged_site_dir(site_run, tmp_path_factory) -> str:
     layout (a window index, window pages of 3 and 1 windows, a statistics page)."""
     from open1b_audit.site.data import Explorer
     from open1b_audit.site.static import write_site
-    from tests.fixtures.sitefixture import PAGE
+    from testkit.sitefixture import PAGE
 
     out = str(tmp_path_factory.mktemp("explorer") / "paged")
     ex = Explorer.open(site_run.run, site_run.mix, site_run.certs)

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from open1b_train import checkpoint, runlog
-from tests.fixtures.runs import cli_env
+from testkit.runs import cli_env
 
 TIMEOUT = 120          # seconds: an import of torch on a busy machine, not a hang
 

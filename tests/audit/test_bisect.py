@@ -11,7 +11,7 @@ import open1b_audit.replay as replay_mod
 import open1b_train.model as model_mod
 from open1b_audit.bisect import bisect, trace_step
 from open1b_audit.trace import first_difference, path_of
-from tests.fixtures.tamper import Patch
+from testkit.tamper import Patch
 
 
 @pytest.mark.slow
@@ -38,8 +38,8 @@ def test_one_ulp_in_one_op_is_found_step_then_operator(ref_run, tmp_path):
                 y.view(torch.int16).view(-1)[5] += 1
         return y
 
-    with Patch(replay_mod, "compute_step", stepping), \
-            Patch(model_mod, "swiglu_fwd", off_by_one_ulp):
+    with (Patch(replay_mod, "compute_step", stepping),
+            Patch(model_mod, "swiglu_fwd", off_by_one_ulp)):
         rep = bisect(run, until=8)
     assert rep["step"] == 7 and rep["finding"]["component"] == "grad"
     op = rep["operator"]

@@ -25,9 +25,9 @@ from open1b_train import checkpoint, runlog, statehash
 from open1b_train.params import Layout, param_specs
 from open1b_train.run import read_run
 from open1b_train.train import train
-from tests.fixtures.forger import rewrite_in_record
-from tests.fixtures.tamper import rehash_chain
-from tests.fixtures.runs import REF_STEPS, micro_cfg
+from testkit.forger import rewrite_in_record
+from testkit.tamper import rehash_chain
+from testkit.runs import REF_STEPS, micro_cfg
 
 FORGED = 4
 

@@ -12,7 +12,7 @@ from open1b_audit import certificate
 from open1b_audit.assign import assign
 from open1b_audit.coverage import coverage
 from open1b_train import runlog
-from tests.fixtures.runs import cli_env
+from testkit.runs import cli_env
 
 
 def _audit(*args: str) -> subprocess.CompletedProcess:

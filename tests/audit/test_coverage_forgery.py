@@ -15,8 +15,8 @@ from open1b_audit import certificate
 from open1b_audit.cli import main as audit_cli
 from open1b_audit.coverage import coverage
 from open1b_train.chain import Finding
-from tests.fixtures.auditors import on_recipe
-from tests.fixtures.fakelog import lines_of, write_run
+from testkit.auditors import on_recipe
+from testkit.fakelog import lines_of, write_run
 
 STEPS = 8
 
@@ -82,8 +82,8 @@ def test_fresh_keys_count_only_when_trusted(run, keys, tmp_path):
     # without a trust list any key counts - said on standard error, with the count
     res = _cli("coverage", run_dir, d, "--redundancy", "3")
     assert res.exit_code == 0 and "8 of 8 steps" in res.stdout
-    assert "warning" in res.stderr and "any key counts" in res.stderr and \
-        "4 distinct key(s)" in res.stderr
+    assert ("warning" in res.stderr and "any key counts" in res.stderr and
+        "4 distinct key(s)" in res.stderr)
     # the trust list: alice's KEY.pub as keygen wrote it, plus a raw hex key and a comment
     trust = tmp_path / "trusted"
     trust.write_text("# the audit committee\n" + open(keys["alice"][0] + ".pub").read()
@@ -98,8 +98,8 @@ def test_fresh_keys_count_only_when_trusted(run, keys, tmp_path):
     assert "warning" not in res.stderr
     trust.write_text("not a key\n")
     res = _cli("coverage", run_dir, d, "--trusted-keys", str(trust))
-    assert res.exit_code == 1 and len(res.stderr.strip().splitlines()) == 1 and \
-        "line 1 is neither" in res.stderr
+    assert (res.exit_code == 1 and len(res.stderr.strip().splitlines()) == 1 and
+        "line 1 is neither" in res.stderr)
 
 
 def test_a_signed_mismatch_is_a_conflict_never_credited(run, keys, tmp_path):

@@ -34,8 +34,8 @@ from open1b_audit.crowd.windows import ProvedWindows
 from open1b_train import runlog
 from open1b_train.recipe import Announcement
 from open1b_train.train import train
-from tests.fixtures import crowd as cf
-from tests.fixtures.runs import micro_cfg
+from testkit import crowd as cf
+from testkit.runs import micro_cfg
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 pytest.importorskip("moto.server")
@@ -112,8 +112,8 @@ def _race(moto, mix4, tmp_path) -> None:
                 a, b = plan.legs[cv.leg]
                 if cv.status(plan, time.time()) != "live" or holders.key(cv) != ks["a4"][1]:
                     continue
-                if st.exists(f"certs/step-{a + 1:08d}/{ks['a4'][1][:16]}.json") and \
-                        not st.exists(f"certs/step-{b:08d}/{ks['a4'][1][:16]}.json"):
+                if (st.exists(f"certs/step-{a + 1:08d}/{ks['a4'][1][:16]}.json") and
+                        not st.exists(f"certs/step-{b:08d}/{ks['a4'][1][:16]}.json")):
                     os.kill(procs["a4"].pid, signal.SIGKILL)
                     killed = cv
                     break

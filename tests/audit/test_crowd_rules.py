@@ -34,8 +34,8 @@ from open1b_audit.crowd.store import Store, Taken
 from open1b_audit.crowd.windows import ProvedWindows
 from open1b_train import runlog
 from open1b_train.train import train
-from tests.fixtures import crowd as cf
-from tests.fixtures.runs import micro_cfg
+from testkit import crowd as cf
+from testkit.runs import micro_cfg
 
 
 @pytest.fixture(scope="module")
@@ -227,8 +227,8 @@ def test_timeout_and_cancel_release_the_leg_and_a_restart_resumes(long_pub, tmp_
     a.stop_requested = threading.Event()
     a.stop_requested.set()                        # a stop asked for: after the next step
     res = run_leg(a, _claim(a, 0, 0, 1))
-    assert (res.outcome, res.exit_code, res.resumed_from, res.certified) == \
-        ("cancelled", 5, 1, [2])
+    assert ((res.outcome, res.exit_code, res.resumed_from, res.certified) ==
+        ("cancelled", 5, 1, [2]))
     first = st.read(cert_path(1, a.key))
     a.stop_requested = None
     res = run_leg(a, _claim(a, 0, 0, 2))
@@ -298,7 +298,7 @@ def test_a_run_that_differs_ends_mismatch_with_bisect_ready_evidence(mix4, tmp_p
     import open1b_train.step as S
     from open1b_audit.bisect import trace_step
     from open1b_audit.trace import first_difference, read
-    from tests.fixtures.tamper import Patch, lr_changed
+    from testkit.tamper import Patch, lr_changed
 
     run, step = lr_changed(mix4, str(tmp_path / "forged"))    # step 5 trained at 2x the LR
     publish(run, str(tmp_path / "pub" / "run"), "../mix", mix4)
@@ -352,7 +352,7 @@ def test_a_machine_the_doctor_refuses_claims_nothing(long_pub, tmp_path, ks):
 def test_flipped_bits_are_caught_in_every_cached_and_spilled_file(pub, tmp_path, ks):
     from open1b_audit.crowd.source import SourceError
     from open1b_train.errors import SpillError
-    from open1b_train.treefold import file_spill
+    from open1b_train.reduction.treefold import file_spill
 
     # a published checkpoint file that is not its record's
     bad = str(tmp_path / "bad")
@@ -395,7 +395,7 @@ def test_flipped_bits_are_caught_in_every_cached_and_spilled_file(pub, tmp_path,
     assert b.store.read(cert_path(1, b.key)) == first
     assert "initial state" in res.start
     # the lean plan's moments, kept in files while a step runs
-    from open1b_train.diskflat import DiskFlat
+    from open1b_train.memory.diskflat import DiskFlat
 
     flat = DiskFlat(str(tmp_path), "m", 64)
     flat.write(0, torch.arange(64, dtype=torch.float32))
@@ -439,7 +439,7 @@ def test_a_run_that_logs_validation_losses_replays_from_its_url(tmp_path):
     from click.testing import CliRunner
 
     from open1b_audit.cli import main
-    from tests.fixtures.trainmix import train_mix
+    from testkit.trainmix import train_mix
 
     mix = train_mix(tmp_path / "mix", steps=8, batch=4, heldout="0.2")
     n = torch.get_num_threads()

@@ -21,8 +21,8 @@ from open1b_audit.crowd.publish import publish
 from open1b_audit.crowd.source import SourceError
 from open1b_audit.crowd.store import Store, Taken
 from open1b_train import checkpoint, runlog
-from tests.fixtures import crowd as cf
-from tests.fixtures.runs import cli_env
+from testkit import crowd as cf
+from testkit.runs import cli_env
 
 pytestmark = pytest.mark.s3
 pytest.importorskip("moto.server")

@@ -22,8 +22,8 @@ from open1b_data.stream.state import StreamState
 from open1b_train import checkpoint, runlog
 from open1b_train.errors import ReproducibilityError, ResumeError
 from open1b_train.train import train
-from tests.fixtures import tamper
-from tests.fixtures.runs import REF_STEPS, micro_cfg
+from testkit import tamper
+from testkit.runs import REF_STEPS, micro_cfg
 
 
 def _edit_loader_offset(ck_dir: str) -> tuple[int, int]:

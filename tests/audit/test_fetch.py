@@ -113,8 +113,8 @@ def test_data_digest_is_the_one_a_training_run_logged(mix4, ref_run):
 def test_cli_human_json_and_out(demo, tmp_path):
     res = CliRunner().invoke(audit_cli, ["fetch-step", demo, "--step", "3"])
     assert res.exit_code == 0, res.output
-    assert "data digest" in res.output and "proved against its shard's Merkle root" \
-        in res.output and "of the mix's" in res.output
+    assert ("data digest" in res.output and "proved against its shard's Merkle root"
+            in res.output and "of the mix's" in res.output)
     out = tmp_path / "out"
     res = CliRunner().invoke(audit_cli, ["fetch-step", demo, "--step", "3", "--json",
                                          "--out", str(out)])

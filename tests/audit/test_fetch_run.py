@@ -18,9 +18,9 @@ from open1b_audit.fetch import fetch_step
 from open1b_data import StreamPlan
 from open1b_train import runlog
 from open1b_train.train import train
-from tests.fixtures.tamper import rehash_chain
+from testkit.tamper import rehash_chain
 from tests.formats.test_s3 import s3_endpoint  # noqa: F401  (the loopback S3 server)
-from tests.fixtures.runs import micro_cfg
+from testkit.runs import micro_cfg
 
 SEED = 7
 BUCKET = "fetch-run-test"

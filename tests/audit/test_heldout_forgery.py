@@ -18,9 +18,9 @@ from open1b_data.errors import HeldOutError
 from open1b_data.ingest.verify import verify
 from open1b_data.stream.loader import StreamLoader
 from open1b_train.train import train
-from tests.fixtures.heldout import bypassed, emptied
-from tests.fixtures.runs import micro_cfg
-from tests.fixtures.trainmix import train_mix
+from testkit.heldout import bypassed, emptied
+from testkit.runs import micro_cfg
+from testkit.trainmix import train_mix
 
 STEPS = 4
 NAMED = re.compile(r"shard \S+\.parquet row \d+ \(doc_id '[^']+'\) is held out by the "

@@ -1,6 +1,6 @@
 """Files from others are never followed, waited on or written through, and the explorer
 says no more than the CLI (docs/AUDIT.md, "Files from others" and "The explorer's
-claims"). The tamper table's cases (tests/fixtures/hostile.py) run through the CLI in
+claims"). The tamper table's cases (testkit/hostile.py) run through the CLI in
 tests/audit/test_tamper.py; here are the forgeries that need a server, a memory
 measurement or a unit's view."""
 from __future__ import annotations
@@ -26,11 +26,11 @@ from open1b_data import storage
 from open1b_data.errors import FileAccessError
 from open1b_train import checkpoint, runinfo, runlog
 from open1b_train.errors import CheckpointError, Open1bTrainError
-from tests.fixtures import fakelog, hostile
-from tests.fixtures.auditors import on_recipe
-from tests.fixtures.forger import rewrite_in_record
-from tests.fixtures.runs import REF_STEPS, cli_env
-from tests.fixtures.sitefixture import CERTIFIED_STEPS, STEPS
+from testkit import fakelog, hostile
+from testkit.auditors import on_recipe
+from testkit.forger import rewrite_in_record
+from testkit.runs import REF_STEPS, cli_env
+from testkit.sitefixture import CERTIFIED_STEPS, STEPS
 
 TIMEOUT = 300
 

@@ -19,28 +19,28 @@ from open1b_train.params import param_specs
 from open1b_train.trace import path_of, read
 from open1b_train.run import read_run
 from open1b_train.train import train
-from tests.fixtures.tamper import Patch
-from tests.fixtures.runs import REF_STEPS, micro_cfg
+from testkit.tamper import Patch
+from testkit.runs import REF_STEPS, micro_cfg
 
 PARAM = "layers.1.mlp.down.weight"
 
 
 def test_describe_parses_optimizer_ops():
     d = describe(f"optim.adamw.{PARAM}.v")
-    assert (d["stage"], d["op"], d["param"], d["tensor"], d["layer"]) == \
-        ("optim", "adamw", PARAM, "v", 1)
+    assert ((d["stage"], d["op"], d["param"], d["tensor"], d["layer"]) ==
+        ("optim", "adamw", PARAM, "v", 1))
     assert d["rank"] is None and d["mb"] is None and d["dir"] is None
     d = describe("optim.clip.embed.weight")
-    assert (d["stage"], d["op"], d["param"], d["tensor"], d["layer"]) == \
-        ("optim", "clip", "embed.weight", "grad", None)
+    assert ((d["stage"], d["op"], d["param"], d["tensor"], d["layer"]) ==
+        ("optim", "clip", "embed.weight", "grad", None))
     for name in ("norm", "clip_coef"):
         d = describe(f"optim.{name}")
         assert (d["stage"], d["op"], d["param"], d["tensor"]) == ("optim", name, None, None)
     d = describe("rank1.grad")
     assert (d["stage"], d["rank"], d["op"]) == ("reduce", 1, "grad")
     d = describe("rank0.mb1.layers.0.fwd.mlp.swiglu")
-    assert (d["stage"], d["rank"], d["mb"], d["layer"], d["dir"], d["op"]) == \
-        ("model", 0, 1, 0, "fwd", "mlp.swiglu")
+    assert ((d["stage"], d["rank"], d["mb"], d["layer"], d["dir"], d["op"]) ==
+        ("model", 0, 1, 0, "fwd", "mlp.swiglu"))
 
 
 def _optim_names(run: str) -> list[str]:
@@ -89,8 +89,8 @@ def test_one_ulp_in_one_parameters_moment_is_named(ref_run, tmp_path):
                 v.view(torch.int32).view(-1)[5] += 1
             now["calls"] += 1
 
-    with Patch(replay_mod, "compute_step", stepping), \
-            Patch(step_mod, "adamw_step_", off_by_one_ulp):
+    with (Patch(replay_mod, "compute_step", stepping),
+            Patch(step_mod, "adamw_step_", off_by_one_ulp)):
         rep = bisect(run, until=REF_STEPS)
     assert rep["step"] == 7 and rep["finding"]["component"] == "optim", rep
     op = rep["operator"]

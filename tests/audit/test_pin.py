@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from open1b_train import chain
 from open1b_audit.cli import main as audit_cli
 from open1b_train import runlog
-from tests.fixtures.fakelog import lines_of, rechain, write_run
+from testkit.fakelog import lines_of, rechain, write_run
 
 STEPS = 8
 
@@ -92,8 +92,8 @@ def test_decimals_must_be_the_hashed_values(published, tmp_path, field, value):
     edited[4][field] = value                             # not hashed: the chain still holds
     run = write_run(str(tmp_path / "edited"), edited)
     res = _cli("chain", run)
-    assert res.exit_code == 1 and "step 4: scalars" in res.output and field in res.output, \
-        res.output
+    assert res.exit_code == 1 and "step 4: scalars" in res.output and field in res.output, (
+        res.output)
 
 
 def test_pin_is_checked_before_any_work_by_every_command(published, tmp_path):

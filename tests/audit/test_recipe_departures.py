@@ -19,8 +19,8 @@ from open1b_audit.replay import replay
 from open1b_train import recipe
 from open1b_train.config import config_departures, demo, micro, open1b
 from open1b_train.train import train
-from tests.fixtures import released as forge
-from tests.fixtures.runs import cli_env, micro_cfg
+from testkit import released as forge
+from testkit.runs import cli_env, micro_cfg
 
 
 def _audit(*args: str) -> subprocess.CompletedProcess:
@@ -74,8 +74,8 @@ def test_a_schedule_departure_is_flagged_and_refused_when_the_preset_is_announce
     assert _audit("keygen", key).returncode == 0
     p = _audit("replay", hot_run, "--step", "2", "--certify", certs, "--key", key)
     assert p.returncode == 0, p.stderr
-    assert "RECIPE: the run departs from the published 'demo' preset in schedule.lr_peak" \
-        in p.stdout
+    assert ("RECIPE: the run departs from the published 'demo' preset in schedule.lr_peak"
+        in p.stdout)
     p = _audit("replay", hot_run, "--step", "2", "--expect-preset", "demo", "--json")
     assert p.returncode == 1
     f = json.loads(p.stdout)["finding"]

@@ -17,10 +17,10 @@ from open1b_audit.errors import SiteError
 from open1b_audit.site import render, static
 from open1b_audit.site.data import Explorer
 from open1b_audit.site.scalars import f32, scalars_of
-from open1b_data.stream import inspect, provenance
+from open1b_data.explore import inspect, provenance
 from open1b_train import runlog
 from open1b_train.show import step_report
-from tests.fixtures.sitefixture import ATTACK, CERTIFIED, CERTIFIED_STEPS, PAGE, STEPS
+from testkit.sitefixture import ATTACK, CERTIFIED, CERTIFIED_STEPS, PAGE, STEPS
 
 
 def test_script_json_cannot_close_or_open_anything():
@@ -48,8 +48,8 @@ def test_step_page_is_the_librarys_answer(site_run):
         d = ex.step_page(s)
         lib = inspect.stream_at(site_run.mix, step=s, world=ex.world, seed=ex.plan.seed)
         assert [w["window"] for w in d["windows"]] == [w["window"] for w in lib["windows"]]
-        assert [[g["doc_id"] for g in w["documents"]] for w in d["windows"]] == \
-            [[g["doc_id"] for g in w["segments"]] for w in lib["windows"]]
+        assert ([[g["doc_id"] for g in w["documents"]] for w in d["windows"]] ==
+            [[g["doc_id"] for g in w["segments"]] for w in lib["windows"]])
         show = step_report(site_run.run, s, top=0, mix=site_run.mix)
         assert [w["loss"] for w in d["windows"]] == [w["loss"] for w in show["windows"]]
         assert d["scalars"]["loss"] == show["loss"] and d["scalars"]["lr"] == show["lr"]

@@ -18,8 +18,8 @@ import pytest
 
 from open1b_audit.site import render, static
 from open1b_audit.site.data import Explorer
-from open1b_data.stream import inspect, provenance
-from tests.fixtures.sitefixture import ATTACK, CERTIFIED_STEPS, PAGE, STEPS
+from open1b_data.explore import inspect, provenance
+from testkit.sitefixture import ATTACK, CERTIFIED_STEPS, PAGE, STEPS
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -112,8 +112,8 @@ def test_a_large_steps_index_leads_to_window_pages(browser, site_run, paged_site
     b = _open(browser, paged_site_dir, f"step-{STEPS}.html")
     assert not b.find_elements(By.CSS_SELECTOR, "section.window")
     rows = b.find_elements(By.CSS_SELECTOR, "table.index tr")[1:]
-    assert [int(r.find_element(By.TAG_NAME, "a").text) for r in rows] == \
-        [w["window"] for w in lib["windows"]]
+    assert ([int(r.find_element(By.TAG_NAME, "a").text) for r in rows] ==
+        [w["window"] for w in lib["windows"]])
     last = lib["windows"][-1]["window"]
     rows[-1].find_element(By.TAG_NAME, "a").click()               # -> its window page
     assert b.current_url.endswith(f"step-{STEPS}-windows-1.html#w{last}")
@@ -177,9 +177,9 @@ def test_coverage_map_shows_the_certified_step(browser, site_dir):
     certified = [(int(r.get_attribute("data-first")), int(r.get_attribute("data-last")))
                  for r in b.find_elements(By.CSS_SELECTOR, "svg.coverage rect.c1")]
     assert certified == [(CERTIFIED_STEPS[0], CERTIFIED_STEPS[-1])]     # one run-length rect
-    assert [(int(r.get_attribute("data-first")), int(r.get_attribute("data-last")))
-            for r in b.find_elements(By.CSS_SELECTOR, "svg.coverage rect.c0")] == \
-        [(CERTIFIED_STEPS[-1] + 1, STEPS)]
+    assert ([(int(r.get_attribute("data-first")), int(r.get_attribute("data-last")))
+            for r in b.find_elements(By.CSS_SELECTOR, "svg.coverage rect.c0")] ==
+        [(CERTIFIED_STEPS[-1] + 1, STEPS)])
 
 
 def test_document_markup_is_text_and_never_runs(browser, site_dir):

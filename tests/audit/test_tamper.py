@@ -8,8 +8,8 @@ import os
 import pytest
 
 from open1b_train import runlog
-from tests.fixtures import auditors, hostile, tamper
-from tests.fixtures.runs import cli_env
+from testkit import auditors, hostile, tamper
+from testkit.runs import cli_env
 
 audit_all = tamper.audit_all
 
@@ -49,6 +49,6 @@ def test_forged_auditors_are_never_counted(ref_run, tmp_path):
 @pytest.mark.parametrize("case", list(hostile.CASES))
 def test_hostile_files_are_refused_naming_the_file(case, tmp_path, ref_run, mix4):
     """The tamper table's third part: files planted in a run, mix or certificate folder,
-    through the real ``open1b-audit`` command (tests/fixtures/hostile.py)."""
+    through the real ``open1b-audit`` command (testkit/hostile.py)."""
     got = hostile.run(hostile.make(case, ref_run, mix4, str(tmp_path)), cli_env())
     assert got.caught, f"{case}: {got.detail}"

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from tests.fixtures import released as forge
-from tests.fixtures.runs import REF_STEPS, cli_env
+from testkit import released as forge
+from testkit.runs import REF_STEPS, cli_env
 
 
 def _verify(folder: str, run: str, *extra: str) -> tuple[int, dict]:

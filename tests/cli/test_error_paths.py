@@ -85,7 +85,7 @@ def _huge_lengths(m: dict, mix: Path) -> None:
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory) -> dict[str, str]:
     """Every bad input the table refers to, by placeholder name."""
-    from tests.fixtures.s2mix import text_mix
+    from testkit.s2mix import text_mix
 
     root = tmp_path_factory.mktemp("errors")
     mix, _ = text_mix(str(root / "mix"))

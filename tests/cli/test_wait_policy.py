@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.fixtures.runs import cli_env
+from testkit.runs import cli_env
 
 CODE = ("import os, sys, {m}; print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)")
 

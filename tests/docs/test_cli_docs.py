@@ -64,8 +64,8 @@ def examples(text: str) -> list[Example]:
                 raise AssertionError(f"docs/CLI.md: unknown cli marker option {opt!r}")
         body = m.group("body")
         head = body.split("\n", 1)[0]
-        assert head.startswith(PROMPT), f"docs/CLI.md: a cli block must start with " \
-                                        f"{PROMPT!r}, got {head!r}"
+        assert head.startswith(PROMPT), (f"docs/CLI.md: a cli block must start with "
+                                        f"{PROMPT!r}, got {head!r}")
         out.append(Example(m.start("body"), m.end("body"), tuple(shlex.split(head[2:])[1:]),
                            body, exit_code, first))
     return out

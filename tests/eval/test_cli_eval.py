@@ -67,7 +67,7 @@ def test_export_without_transformers_names_the_extra_to_install(ref_run, tmp_pat
     import subprocess
     import sys
 
-    from tests.fixtures.runs import cli_env
+    from testkit.runs import cli_env
 
     code = ("import sys; sys.modules['transformers'] = None; from open1b_train.cli import main;"
             f" sys.argv = ['open1b-train', 'export', {ref_run!r}, '--out', "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.runs import cli_env
+from testkit.runs import cli_env
 
 TASKS = Path(__file__).parent / "tasks"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.runs import cli_env
+from testkit.runs import cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
 PTH = "open1b_lmeval.pth"

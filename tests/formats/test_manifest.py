@@ -185,9 +185,9 @@ def test_not_a_built_mix_says_what_to_pass(tmp_path):
 
 def _confined(rel: str) -> bool:
     """The confinement rules as the module docstring states them, one by one."""
-    return bool(rel) and "\\" not in rel and "://" not in rel and not rel.startswith("/") \
-        and not re.match(r"[A-Za-z]:", rel) and all(ord(c) >= 32 for c in rel) \
-        and all(part not in ("", ".", "..") for part in rel.split("/"))
+    return (bool(rel) and "\\" not in rel and "://" not in rel and not rel.startswith("/")
+        and not re.match(r"[A-Za-z]:", rel) and all(ord(c) >= 32 for c in rel)
+        and all(part not in ("", ".", "..") for part in rel.split("/")))
 
 
 def test_check_path_fast_path_keeps_every_refusal():

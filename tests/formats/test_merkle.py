@@ -248,8 +248,8 @@ def test_verify_catches_a_changed_root_shard_or_tree(tmp_path):
     entry["sha256"], entry["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
     _rewrite(tmp_path, d)
     problems = verify(str(tmp_path))
-    assert len(problems) == 1 and "Merkle root differs" in problems[0] \
-        and sh.path in problems[0] and "first at row 2" in problems[0], problems
+    assert (len(problems) == 1 and "Merkle root differs" in problems[0]
+        and sh.path in problems[0] and "first at row 2" in problems[0]), problems
 
     m = _build(tmp_path)
     tree = tmp_path / sh.merkle.path
@@ -292,7 +292,7 @@ def test_a_mix_without_roots_loads_but_its_shards_cannot_be_read(tmp_path):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> str:
-    from tests.fixtures.trainmix import train_mix
+    from testkit.trainmix import train_mix
 
     return train_mix(tmp_path_factory.mktemp("proofmix"), steps=12, batch=4)
 

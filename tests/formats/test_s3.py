@@ -56,7 +56,7 @@ def test_build_mix_reads_and_writes_s3(s3_endpoint, tmp_path):
     from open1b_data.cli.build import verify as verify_cmd
     from open1b_data.formats.manifest import load_manifest
     from open1b_data.formats.definition import load_mix
-    from tests.fixtures.mixfixture import dump_toml, small_mix
+    from testkit.mixfixture import dump_toml, small_mix
 
     local_toml = small_mix(tmp_path / "src", docs=25, inputs_per_source=1)
     fs = s3fs.S3FileSystem(endpoint_url=s3_endpoint, skip_instance_cache=True)
@@ -96,8 +96,8 @@ def test_build_mix_reads_and_writes_s3(s3_endpoint, tmp_path):
                       BuildOptions(workers=1, progress=False))
     local_manifest = local.manifest
     for s3_src, local_src in zip(manifest.sources, local_manifest.sources):
-        assert [(e.path, e.sha256, e.lengths_content) for e in s3_src.shards] == \
-               [(e.path, e.sha256, e.lengths_content) for e in local_src.shards]
+        assert ([(e.path, e.sha256, e.lengths_content) for e in s3_src.shards] ==
+               [(e.path, e.sha256, e.lengths_content) for e in local_src.shards])
         assert s3_src.counts == local_src.counts
     assert manifest.tokenizer["sha256"] == local_manifest.tokenizer["sha256"]
 
@@ -141,7 +141,7 @@ def test_task_array_on_s3_is_byte_identical_to_a_local_build(s3_endpoint, tmp_pa
 
     from open1b_data.ingest.pipeline import BuildOptions, build_mix
     from open1b_data.formats.definition import load_mix
-    from tests.fixtures.mixfixture import small_mix
+    from testkit.mixfixture import small_mix
 
     mix_toml = small_mix(tmp_path / "src", docs=25, inputs_per_source=2)
     local = tmp_path / "local"

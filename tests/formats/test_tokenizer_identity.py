@@ -24,8 +24,8 @@ from open1b_data.formats.manifest import load_manifest
 from open1b_data.formats.tokenizerfile import (content_digest, load_mix_tokenizer,
                                                verified_tokenizer_files)
 from open1b_data.ingest.pipeline import BuildOptions, build_mix
-from tests.fixtures.mixfixture import dump_toml
-from tests.fixtures.trainmix import train_mix
+from testkit.mixfixture import dump_toml
+from testkit.trainmix import train_mix
 
 
 @pytest.fixture(scope="module")
@@ -184,5 +184,5 @@ def test_a_tokenizers_version_that_trains_other_merges_is_caught_by_name(built, 
         assert r.fingerprint == load_manifest(built).fingerprint
     finally:
         pinned.unlink()
-    assert content_digest("tokenizer.json", (Path(built) / "tokenizer.json").read_bytes()) \
-        == want
+    assert (content_digest("tokenizer.json", (Path(built) / "tokenizer.json").read_bytes())
+        == want)

@@ -25,7 +25,7 @@ from open1b_data.formats.definition import load_mix
 from open1b_data.formats.shards import iter_documents
 from open1b_data.ingest.sources import list_inputs, read_input
 from open1b_data.ingest.tokenizer import load_tokenizer
-from tests.fixtures.mixfixture import break_inputs, small_mix
+from testkit.mixfixture import break_inputs, small_mix
 
 QUIET = dict(progress=False)
 # "<source>/shard-<input>-<k>.parquet row <r> (input <source>/<path> row <line>)"
@@ -100,6 +100,7 @@ def test_manifest_is_portable(reference, mix_path):
                                  "tiktoken1", "tokenizer-first2"])
 def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_path, how,
                                                       monkeypatch):
+    from open1b_data.ingest import pool as build_pool
     from open1b_data.ingest import task as build_task
 
     ref_out, _ = reference
@@ -108,13 +109,13 @@ def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_p
     if how == "tiktoken1":  # the other encoder backend writes the same bytes
         monkeypatch.setenv("OPEN1B_ENCODER", "tiktoken")
         r = build_mix(mix, out, BuildOptions(workers=1, **QUIET))
-        assert build_task._encoders(out, r.manifest.tokenizer["sha256"])[1].backend == "tiktoken"
+        assert build_task.encoders(out, r.manifest.tokenizer["sha256"])[1].backend == "tiktoken"
     elif how.startswith(("threads", "fork", "spawn")):
         kind, n = how[:-1], int(how[-1])
         if kind != "threads":  # helper processes, started the way the test names
-            if kind == "fork" and build_task.start_method() != "fork":
+            if kind == "fork" and build_pool.start_method() != "fork":
                 pytest.skip("fork is not the start method on this platform")
-            monkeypatch.setattr(build_task, "start_method", lambda: kind)
+            monkeypatch.setattr(build_pool, "start_method", lambda: kind)
         executor = "threads" if kind == "threads" else "processes"
         build_mix(mix, out, BuildOptions(workers=n, executor=executor, **QUIET))
     else:
@@ -137,7 +138,7 @@ def test_deterministic_across_workers_and_task_splits(mix_path, reference, tmp_p
 
 
 def test_executor_choice():
-    from open1b_data.ingest.task import PROCESS_MIN_BYTES, choose_executor
+    from open1b_data.ingest.pool import PROCESS_MIN_BYTES, choose_executor
 
     # Forked helpers start in milliseconds: processes whenever there are 2+ workers.
     assert choose_executor("auto", 1, 2, method="fork") == "processes"
@@ -421,8 +422,8 @@ def test_tokenizer_directory_opens_in_transformers(reference, mix_path, tmp_path
         "tokenizer/tokenizer_config.json"]
     assert sorted(p.name for p in (out / "tokenizer").iterdir()) == [
         "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
-    assert (out / "tokenizer" / "tokenizer.json").read_bytes() == \
-        (out / "tokenizer.json").read_bytes()  # the top-level file stays, the same bytes
+    assert ((out / "tokenizer" / "tokenizer.json").read_bytes() ==
+        (out / "tokenizer.json").read_bytes())  # the top-level file stays, the same bytes
     tok = transformers.AutoTokenizer.from_pretrained(str(out / "tokenizer"))
     assert tok.eos_token == "<|endoftext|>"
     assert tok.eos_token_id == manifest.tokenizer["eot_id"]

@@ -76,8 +76,8 @@ def test_metadata_filters_order_license_before_size():
     st = spec_of("the-stack-v2").filters
     rec = {"license_type": "no_license", "length_bytes": 2_000_000}
     assert metadata_filters(st, rec) == "license_not_allowed"
-    assert metadata_filters(st, {"license_type": "permissive", "length_bytes": 2_000_000}) \
-        == "too_large"
+    assert (metadata_filters(st, {"license_type": "permissive", "length_bytes": 2_000_000})
+        == "too_large")
     assert metadata_filters(st, {"license_type": "permissive", "length_bytes": 10}) is None
 
 

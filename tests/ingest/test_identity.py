@@ -25,8 +25,8 @@ from open1b_data.ingest.pipeline import BuildOptions, build_mix
 from open1b_data.ingest.verify import verify
 from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.windows import WindowReader
-from tests.fixtures.mixfixture import dump_toml, small_mix
-from tests.fixtures.rewrite import edit_shard, refingerprint, reroot, rewrite_shard
+from testkit.mixfixture import dump_toml, small_mix
+from testkit.rewrite import edit_shard, refingerprint, reroot, rewrite_shard
 
 QUIET = dict(progress=False)
 

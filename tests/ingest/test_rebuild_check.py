@@ -21,8 +21,8 @@ from open1b_data.formats.manifest import load_manifest
 from open1b_data.ingest.pipeline import BuildOptions, build_mix
 from open1b_data.ingest.rebuildcheck import rebuild_check, sample_shards
 from open1b_data.ingest.verify import verify
-from tests.fixtures.mixfixture import small_mix
-from tests.fixtures.rewrite import edit_shard, refingerprint, reroot
+from testkit.mixfixture import small_mix
+from testkit.rewrite import edit_shard, refingerprint, reroot
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from open1b_kernels.attention.fixed import (
     fixed_rows,
     fixed_values,
 )
-from tests.kernels.autograd import attention
+from testkit.kernels.autograd import attention
 from tests.kernels.support import bits, needs_interpreter
 
 

@@ -1,4 +1,4 @@
-"""One Open-1B transformer block (``tests/kernels/block.py``: the ops composed through their
+"""One Open-1B transformer block (``testkit/kernels/block.py``: the ops composed through their
 autograd wrappers) at tiny shapes.
 
 1. Bit parity: forward output and every parameter/input gradient are identical (int view)
@@ -30,7 +30,7 @@ import torch
 
 from open1b_kernels.hashing import tensorbytes as hashing
 from open1b_kernels.core.backend import force, triton_available
-from tests.kernels.block import BlockConfig, block_forward, init_params
+from testkit.kernels.block import BlockConfig, block_forward, init_params
 from open1b_kernels.int8.linear import Q_MAX
 from open1b_kernels.ops.philox import truncated_normal
 from tests.kernels.support import bits

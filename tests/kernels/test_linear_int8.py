@@ -17,7 +17,7 @@ from open1b_kernels.int8.gemm import MAX_K
 from open1b_kernels.int8.linear import (HADAMARD_BLOCK, INV_127, MAX_TOKENS, TWO_OVER_SQRT127,
                                  linear_int8_backward, linear_int8_forward, quantize_cpu,
                                  weight_step)
-from tests.kernels.autograd import linear_int8
+from testkit.kernels.autograd import linear_int8
 from tests.kernels.support import bits, needs_interpreter
 
 

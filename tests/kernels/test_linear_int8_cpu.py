@@ -23,7 +23,7 @@ from open1b_kernels.int8.route import exact_int_mm_cpu
 from open1b_kernels.int8.linear import (INV_127, Q_MAX, RND, TWO_OVER_SQRT127, linear_int8_backward,
                                  linear_int8_forward)
 from open1b_kernels.core.reduce import tree_sum_cpu
-from tests.kernels.autograd import linear_int8
+from testkit.kernels.autograd import linear_int8
 from tests.kernels.support import bits
 
 F32 = torch.float32

@@ -11,7 +11,7 @@ from open1b_kernels.ops import lmhead_float as fp
 from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops.lmhead import (lmhead_backward, lmhead_forward, ozaki_mm, ozaki_mm_cpu,
                             slice_rows_cpu)
-from tests.kernels.autograd import lmhead
+from testkit.kernels.autograd import lmhead
 from tests.kernels.support import needs_interpreter
 
 

@@ -113,8 +113,8 @@ def test_blocks_of_larger_matrices_are_read_in_place():
     for a in (big.t()[40:123, 7:84], big[5:88, 100:177], big[5:88, 100:177].t().contiguous().t()):
         src, sl, sk = pairmm.source(a)
         assert (sl, sk) == a.stride()
-        assert src.untyped_storage().data_ptr() == big.untyped_storage().data_ptr() or \
-            a.is_contiguous() or a.t().is_contiguous()
+        assert (src.untyped_storage().data_ptr() == big.untyped_storage().data_ptr() or
+            a.is_contiguous() or a.t().is_contiguous())
         assert torch.equal(pairmm.pair_mm(a, b).to(torch.int64), _exact(a, b))
         assert torch.equal(pairmm.pair_mm(b, a).to(torch.int64), _exact(b, a))
     odd = big[::2, ::3][:50, :77]                    # no unit stride: a copy, still exact

@@ -53,8 +53,8 @@ def test_row_trees_match_the_definition(compiled, monkeypatch):
         got = reduce.tree_sum_cpu(x, -1)
         for r in range(9):
             want = naive_tree(x[r].tolist())
-            assert torch.equal(got[r:r + 1].view(torch.int32), want.view(1).view(torch.int32)) \
-                or (want.isnan() and got[r].isnan()), (n, r)
+            assert (torch.equal(got[r:r + 1].view(torch.int32), want.view(1).view(torch.int32))
+                or (want.isnan() and got[r].isnan())), (n, r)
     y = torch.randn(2, 3, 37, generator=g)
     assert torch.equal(reduce.tree_sum_cpu(y, -1), torch.stack(
         [torch.stack([naive_tree(y[i, j].tolist()) for j in range(3)]) for i in range(2)]))

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from open1b_kernels.ops import rope
-from tests.kernels import autograd
+from testkit.kernels import autograd
 from open1b_kernels.core.backend import force
 from tests.kernels.support import needs_triton, same_bits
 

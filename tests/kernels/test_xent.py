@@ -7,7 +7,7 @@ import torch
 
 from open1b_kernels.core import backend
 from open1b_kernels.ops.xent import CHUNK, Z_LOSS, xent_backward, xent_forward
-from tests.kernels.autograd import xent
+from testkit.kernels.autograd import xent
 from tests.kernels.support import bits, needs_interpreter
 from tests.kernels.support import needs_loops
 
@@ -85,7 +85,7 @@ def test_rejects_bad_inputs():
 def test_lmhead_xent_chain_parity():
     # the loss head as training composes it: bf16 hidden -> LM head -> fused loss, through
     # autograd on both paths; every output and gradient bit must agree
-    from tests.kernels.autograd import lmhead
+    from testkit.kernels.autograd import lmhead
 
     g = torch.Generator().manual_seed(12)
     h = torch.randn(6, 40, generator=g).to(torch.bfloat16)

@@ -21,8 +21,8 @@ from open1b_data.stream.loader import StreamLoader
 from open1b_data.stream.mixview import summary_of
 from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.windows import WindowReader
-from tests.fixtures.rewrite import edit_shard, rewrite_shard
-from tests.fixtures.s2mix import token_mix
+from testkit.rewrite import edit_shard, rewrite_shard
+from testkit.s2mix import token_mix
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from open1b_data.cli.stream import plot_mix, provenance, schedule, stream_at
 from open1b_data.stream.windows import window_sha256
-from tests.fixtures.s2mix import text_mix, token_mix
+from testkit.s2mix import text_mix, token_mix
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,8 @@ def test_stream_at_json_schema(mix):
     assert w9 == next(w for w in rep["windows"] if w["window"] == 9)
     plan_only = json.loads(ok(stream_at, [path, "--window", "9", "--plan-only", "--json"]))
     assert plan_only["windows"][0]["sha256"] is None
-    assert [s["doc"] for s in plan_only["windows"][0]["segments"]] == \
-           [s["doc"] for s in w9["segments"]]
+    assert ([s["doc"] for s in plan_only["windows"][0]["segments"]] ==
+           [s["doc"] for s in w9["segments"]])
 
 
 def test_stream_at_human_decode(mix):
@@ -136,7 +136,7 @@ def test_far_window_is_refused_before_any_replay(mix, monkeypatch):
 
 
 def test_build_index_serves_late_windows(tmp_path, monkeypatch):
-    from open1b_data.stream import inspect
+    from open1b_data.explore import inspect
     from open1b_data.stream.plan import StreamPlan
 
     path, _ = text_mix(str(tmp_path / "mix"))

@@ -11,7 +11,7 @@ could not agree with the reference by luck.
 import numpy as np
 import pytest
 
-from tests.fixtures.synthetic import SyntheticSource
+from testkit.synthetic import SyntheticSource
 from open1b_data.stream import seekindex
 from open1b_data.stream.plan import StreamPlan
 from tests.stream.test_plan import WINDOW, flatten, reference_tokens, small_mix

@@ -20,7 +20,7 @@ from open1b_data.stream.heldout import HeldoutWindows
 from open1b_data.stream.plan import HeldOutError
 from open1b_data.stream.schedule import Schedule
 from open1b_data.stream.shardreader import ShardReader
-from tests.fixtures.trainmix import train_mix
+from testkit.trainmix import train_mix
 
 # STREAM.md section 10 "Test vectors": (doc_id, fraction, held out?)
 VECTORS = [
@@ -232,7 +232,7 @@ def test_a_source_with_everything_held_out_is_refused_on_open(hmix, tmp_path):
     import shutil
 
     from open1b_data.errors import StreamError
-    from tests.fixtures.rewrite import refingerprint
+    from testkit.rewrite import refingerprint
 
     mix = str(tmp_path / "mix")
     shutil.copytree(hmix, mix)
@@ -251,7 +251,7 @@ def test_lists_and_fractions_must_agree(hmix, tmp_path):
     import shutil
 
     from open1b_data.errors import ManifestError
-    from tests.fixtures.rewrite import refingerprint
+    from testkit.rewrite import refingerprint
 
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     for mix in (a, b):

@@ -10,8 +10,8 @@ import torch
 
 from open1b_data.errors import StateMismatchError, StreamError
 from open1b_data.stream.loader import StreamLoader
-from tests.fixtures.synthetic import SyntheticSource, write_synthetic_mix
-from tests.fixtures.s2mix import SCHEDULE, STEPS, token_mix
+from testkit.synthetic import SyntheticSource, write_synthetic_mix
+from testkit.s2mix import SCHEDULE, STEPS, token_mix
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +29,8 @@ def run(loader, n=None):
 
 
 def same(a, b):
-    assert [(x["step"], x["micro_batch"], x["windows"]) for x in a] == \
-           [(y["step"], y["micro_batch"], y["windows"]) for y in b]
+    assert ([(x["step"], x["micro_batch"], x["windows"]) for x in a] ==
+           [(y["step"], y["micro_batch"], y["windows"]) for y in b])
     for x, y in zip(a, b):
         assert torch.equal(x["input_ids"], y["input_ids"])
         assert torch.equal(x["labels"], y["labels"])

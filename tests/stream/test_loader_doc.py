@@ -7,7 +7,7 @@ import socket
 import pytest
 import torch
 
-from tests.fixtures.s2mix import token_mix
+from testkit.s2mix import token_mix
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "LOADER.md")
 BLOCKS = re.findall(r"```python\n(.*?)```", open(DOC).read(), flags=re.S)

@@ -12,7 +12,7 @@ from open1b_data.errors import StreamError
 from open1b_data.stream.loader import StreamLoader
 from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.schedule import Schedule
-from tests.fixtures.s2mix import STEPS, token_mix
+from testkit.s2mix import STEPS, token_mix
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,8 @@ def run(items, n=None):
 
 def same(a, b):
     assert [x["windows"] for x in a] == [y["windows"] for y in b]
-    assert [(x["step"], x["rank"], x["micro_batch"]) for x in a] == \
-           [(y["step"], y["rank"], y["micro_batch"]) for y in b]
+    assert ([(x["step"], x["rank"], x["micro_batch"]) for x in a] ==
+           [(y["step"], y["rank"], y["micro_batch"]) for y in b])
     for x, y in zip(a, b):
         assert torch.equal(x["input_ids"], y["input_ids"])
         assert torch.equal(x["labels"], y["labels"])

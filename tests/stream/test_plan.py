@@ -6,7 +6,7 @@ import pytest
 from open1b_data.stream import rng
 from open1b_data.errors import StreamError
 from open1b_data.stream.plan import StreamPlan
-from tests.fixtures.synthetic import SyntheticSource, write_synthetic_mix
+from testkit.synthetic import SyntheticSource, write_synthetic_mix
 
 WINDOW = 257
 SCHEDULE = {"seq_tokens": WINDOW - 1, "micro_batch": 2, "reference_world": 2,

@@ -4,9 +4,9 @@ import pytest
 
 from open1b_data.errors import StreamError
 from open1b_data.stream.plan import StreamPlan
-from open1b_data.stream.provenance import report
+from open1b_data.explore.provenance import report
 from open1b_data.stream.schedule import Schedule
-from tests.fixtures.s2mix import text_mix
+from testkit.s2mix import text_mix
 
 
 @pytest.fixture(scope="module")

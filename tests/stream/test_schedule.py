@@ -40,8 +40,8 @@ def test_closed_form_matches_walk(spec):
     for s in picks:
         step, batch, before, first = ref[s - 1]
         info = sched.step(s)
-        assert (info.batch_sequences, info.tokens_before, info.first_window) == \
-               (batch, before, first)
+        assert ((info.batch_sequences, info.tokens_before, info.first_window) ==
+               (batch, before, first))
         assert info.tokens_after == before + batch * spec.seq_tokens
         assert sched.step_of_token(before) == s
         assert sched.step_of_token(info.tokens_after - 1) == s

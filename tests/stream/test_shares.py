@@ -8,7 +8,7 @@ import pytest
 from open1b_data.errors import StreamError
 from open1b_data.stream.mixview import WEIGHT_LIMIT, source_weights, target_shares
 from open1b_data.stream.plan import StreamPlan
-from tests.fixtures.synthetic import SyntheticSource, write_synthetic_mix
+from testkit.synthetic import SyntheticSource, write_synthetic_mix
 from tests.stream.test_plan import SCHEDULE, WINDOW
 
 

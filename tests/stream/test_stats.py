@@ -1,4 +1,4 @@
-"""Batch statistics (stream/stats.py) on hand-built token arrays and segments with known
+"""Batch statistics (explore/stats.py) on hand-built token arrays and segments with known
 answers, the repeat search against a brute force (also with a hash that collides on every
 n-gram, so only the token-by-token check decides), and ties to the earliest position."""
 import json
@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from open1b_data.stream import stats
+from open1b_data.explore import stats
 from open1b_data.stream.segments import Segments
 
 

@@ -12,7 +12,7 @@ from open1b_data.errors import StreamError
 from open1b_data.stream.loader import StreamLoader
 from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.windows import WindowReader, window_sha256
-from tests.fixtures.s2mix import STEPS, WINDOWS, token_mix
+from testkit.s2mix import STEPS, WINDOWS, token_mix
 
 WORLDS = [1, 2, 3, 4, 6, 8]
 
@@ -75,7 +75,7 @@ def test_non_divisor_fails_clearly(mix, world):
 
 
 def test_a_mesh_range_is_a_slice_of_the_steps_mesh_order(mix):
-    from open1b_data.stream.inspect import stream_at as lib_stream_at
+    from open1b_data.explore.inspect import stream_at as lib_stream_at
 
     whole = lib_stream_at(mix, step=2, world=2)["windows"]
     n = len(whole)

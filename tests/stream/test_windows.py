@@ -10,7 +10,7 @@ from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.schedule import Schedule
 from open1b_data.ingest.tokenizer import load_tokenizer
 from open1b_data.stream.windows import WindowReader, window_sha256
-from tests.fixtures.s2mix import text_mix, token_mix
+from testkit.s2mix import text_mix, token_mix
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The training tests run tiny steps, which spend their time in per-op overhead: pin torch
-to one thread (the shared mixes and reference run are in ``tests/fixtures/runs.py``)."""
+to one thread (the shared mixes and reference run are in ``testkit/runs.py``)."""
 from __future__ import annotations
 
 import pytest

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.fixtures.runs import REF_STEPS, cli_env
+from testkit.runs import REF_STEPS, cli_env
 
 
 def _cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:

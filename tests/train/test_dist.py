@@ -16,8 +16,8 @@ import pytest
 from open1b_train import checkpoint, runlog
 from open1b_train.train import train
 from tests.train import distproc
-from tests.fixtures.runs import cli_env, micro_cfg
-from tests.fixtures.trainmix import train_mix
+from testkit.runs import cli_env, micro_cfg
+from testkit.trainmix import train_mix
 
 MESHES = [(1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (5, 1)]
 STEPS = 2

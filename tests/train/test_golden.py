@@ -49,8 +49,8 @@ def test_demo_preset_golden_hashes(tmp_path):
         got = compute(str(tmp_path))
     finally:
         torch.set_num_threads(n)
-    assert got["mix_fingerprint"] == want["mix_fingerprint"], \
-        "the demo mix changed: regenerate (see the module docstring) if that is intended"
+    assert got["mix_fingerprint"] == want["mix_fingerprint"], (
+        "the demo mix changed: regenerate (see the module docstring) if that is intended")
     assert got["genesis"] == want["genesis"]
     for g, w in zip(got["lines"], want["lines"]):
         assert g["components"] == w["components"], (g["step"], [

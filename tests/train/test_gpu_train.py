@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.fixtures.runs import cli_env
+from testkit.runs import cli_env
 
 
 @pytest.mark.slow

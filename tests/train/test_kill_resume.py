@@ -13,7 +13,7 @@ import time
 import pytest
 
 from open1b_train import checkpoint, runlog
-from tests.fixtures.runs import REF_STEPS, cli_env
+from testkit.runs import REF_STEPS, cli_env
 
 
 def _cmd(mix: str, run: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Memory plans (``open1b_train.memplan``): every plan forced gives the golden trajectories'
+"""Memory plans (``open1b_train.memory.memplan``): every plan forced gives the golden trajectories'
 bits, component by component, across resumes that switch plans - lean recomputing every
 layer (lean:0), keeping some layers' activations (lean:1) or as many as fit (lean); the lean
 plan's files stay in RUN/memplan and special files there are refused; auto's choice, and
@@ -15,8 +15,9 @@ from open1b_kernels.hashing.sha256 import streamed_root, tensor_root
 from open1b_kernels.ops.xent import xent_backward, xent_forward
 from open1b_audit.replay import replay
 from open1b_audit.selftest import trajectory as tj
-from open1b_train import checkpoint, memplan, runlog
-from open1b_train.diskflat import DiskFlat, scratch_dir
+from open1b_train import checkpoint, runlog
+from open1b_train.memory import memplan
+from open1b_train.memory.diskflat import DiskFlat, scratch_dir
 from open1b_train.errors import MemoryPlanError
 from open1b_train.train import train
 
@@ -183,7 +184,7 @@ def test_xent_backward_by_row_blocks_is_the_whole():
 
 _RSS_AFTER_FREE = """
 import sys, torch
-from open1b_train.allocator import keep_freed_memory
+from open1b_train.memory.allocator import keep_freed_memory
 def rss():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) * 1024
@@ -208,7 +209,7 @@ def test_lean_plan_returns_large_freed_memory(plan, mib):
     import subprocess
     import sys
 
-    from open1b_train.allocator import LEAN_KEEP
+    from open1b_train.memory.allocator import LEAN_KEEP
     assert 64 << 20 < LEAN_KEEP < 256 << 20
     out = subprocess.run([sys.executable, "-c", _RSS_AFTER_FREE, plan, str(mib)],
                          capture_output=True, text=True, check=True,

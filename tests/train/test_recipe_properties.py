@@ -4,7 +4,7 @@ implementation gives other bits:
 
 * the learning rate follows the consumed tokens across a batch-ramp phase change, not the
   step count (``open1b_data/stream/schedule.py``, docs/TRAINING.md);
-* ``reduce_step`` is Algorithm 1 (``open1b_train/step.py``) bit for bit on a mesh with
+* ``reduce_step`` is Algorithm 1 (``open1b_train/reduction/gradient.py``) bit for bit on a mesh with
   three replicas, three shards and three micro-batches per rank, where multiplying by
   fp32(1/3) and dividing by 3 round differently.
 """
@@ -20,12 +20,12 @@ import torch
 from open1b_data.stream.cospi import cos_pi
 from open1b_data.stream.schedule import Schedule
 from open1b_train import runlog
-from open1b_train import step as step_mod
+from open1b_train.reduction import gradient as gradient_mod
 from open1b_train.params import Layout, ParamSpec
-from open1b_train.step import MicroBatch
+from open1b_train.reduction.gradient import MicroBatch
 from open1b_train.train import train
-from tests.fixtures.runs import micro_cfg
-from tests.fixtures.trainmix import train_mix
+from testkit.runs import micro_cfg
+from testkit.trainmix import train_mix
 
 # ---------------------------------------------------------------- LR across a batch ramp
 
@@ -113,7 +113,7 @@ def _batches() -> list[list[MicroBatch]]:
 
 
 def _algorithm_1(x, mean) -> torch.Tensor:
-    """Algorithm 1 (step.py's docstring) on x(window): ``mean(t, n)`` is the average step."""
+    """Algorithm 1 (reduction/gradient.py's docstring) on x(window): ``mean(t, n)`` is the average step."""
     partials = []
     for rep in range(REPS):
         p = None
@@ -136,9 +136,9 @@ def _divided(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def test_reduce_step_is_algorithm_1_on_a_3x3_mesh(monkeypatch):
-    monkeypatch.setattr(step_mod, "forward_backward", _fake_forward_backward)
+    monkeypatch.setattr(gradient_mod, "forward_backward", _fake_forward_backward)
     layout = Layout(SPECS)
-    red = step_mod.reduce_step(micro_cfg(mesh=(REPS, SHARDS)), {}, layout, _batches())
+    red = gradient_mod.reduce_step(micro_cfg(mesh=(REPS, SHARDS)), {}, layout, _batches())
     got = layout.views(red.grad)
     gaps = torch.ones(layout.numel, dtype=torch.bool)
     for s in layout.slots:

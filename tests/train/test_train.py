@@ -14,8 +14,8 @@ from open1b_train.errors import CheckpointError, DivergenceError, ResumeError
 from open1b_train.show import f32_from_hex
 from open1b_train.train import train
 from tests.kernels.support import needs_interpreter
-from tests.fixtures.runs import REF_STEPS, micro_cfg
-from tests.fixtures.trainmix import SEQ, train_mix
+from testkit.runs import REF_STEPS, micro_cfg
+from testkit.trainmix import SEQ, train_mix
 
 
 def _lines(run: str) -> list[dict]:
@@ -124,9 +124,9 @@ def test_spike_skips_its_update_and_the_next_four(tmp_path, mix4, ref_run):
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(
         tmp_path, mix4, monkeypatch):
-    import open1b_train.step as step_mod
+    import open1b_train.reduction.gradient as gradient_mod
 
-    real = step_mod.forward_backward
+    real = gradient_mod.forward_backward
     calls = {"n": 0}
 
     def poisoned(cfg, p, ids, labels, trace=None, lean=False, grads=None, kept=frozenset()):
@@ -136,7 +136,7 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(
             loss = loss * float("nan")
         return loss, per, grads
 
-    monkeypatch.setattr(step_mod, "forward_backward", poisoned)
+    monkeypatch.setattr(gradient_mod, "forward_backward", poisoned)
     run = str(tmp_path / "nan")
     with pytest.raises(DivergenceError, match="step 4: non-finite loss"):
         train(micro_cfg(steps=6), mix4, run, progress=False)

@@ -39,8 +39,8 @@ def fingerprint(mix: str) -> str:
 
 
 def check(name: str, want: dict, mix: str, lines: list[dict]) -> None:
-    assert fingerprint(mix) == want["mix_fingerprint"], \
-        f"the {name} trajectory's mix changed: regenerate (module docstring) if intended"
+    assert fingerprint(mix) == want["mix_fingerprint"], (
+        f"the {name} trajectory's mix changed: regenerate (module docstring) if intended")
     assert tj.config(name).identity_sha256() == want["config_identity"]
     diff = tj.first_difference(want, lines)
     assert diff is None, f"{name} trajectory: step {diff['step']} {diff['component']} differs"

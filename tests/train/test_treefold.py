@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from open1b_train.treefold import TreeFold, blocks, butterfly_reference
+from open1b_train.reduction.treefold import TreeFold, blocks, butterfly_reference
 
 
 def _parts(r: int, n: int = 1001) -> list[torch.Tensor]:

@@ -14,9 +14,9 @@ from open1b_train import runlog
 from open1b_train.config import micro
 from open1b_train.errors import ConfigError
 from open1b_train.train import train
-from tests.fixtures.runs import micro_cfg
-from tests.fixtures.tamper import rehash_chain
-from tests.fixtures.trainmix import train_mix
+from testkit.runs import micro_cfg
+from testkit.tamper import rehash_chain
+from testkit.trainmix import train_mix
 
 
 @pytest.fixture(scope="module")

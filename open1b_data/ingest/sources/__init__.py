@@ -98,8 +98,8 @@ def read_input(spec: SourceSpec, inp: InputFile) -> Iterator[Document | Dropped]
                 next_row = rec.row + 1
             yield rec
     except storage.TruncatedInputError as e:
-        reason = "truncated_zstd" if storage.compression_of(inp.url) == "zstd" else \
-            "unreadable_file"
+        reason = ("truncated_zstd" if storage.compression_of(inp.url) == "zstd" else
+            "unreadable_file")
         yield Dropped(reason, inp.path, next_row, _portable(str(e), inp))
     except _input_errors() as e:
         # The backend's own exception where storage wrapped it: the detail goes into the

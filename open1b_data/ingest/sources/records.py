@@ -88,8 +88,8 @@ def _filter_detail(spec: FilterSpec, record: Mapping[str, Any], reason: str) -> 
     if reason == "edu_score_below_min":
         return f"{spec.score_field}={record[spec.score_field]!r} < {spec.min_score!r}"
     if reason == "license_not_allowed":
-        return f"{spec.license_field}={record[spec.license_field]!r} not in " \
-               f"{list(spec.license_allowed)}"
+        return (f"{spec.license_field}={record[spec.license_field]!r} not in "
+               f"{list(spec.license_allowed)}")
     if reason == "too_large":
         return f"{spec.size_field}={record[spec.size_field]!r} > {spec.max_bytes!r}"
     return ""

@@ -52,8 +52,8 @@ def _split_pattern(d: dict[str, Any]) -> str:
           and "Regex" in (parts[0].get("pattern") or {}) and parts[1].get("type") == "ByteLevel"
           and not parts[1].get("add_prefix_space") and not parts[1].get("use_regex"))
     model = d.get("model") or {}
-    if not ok or model.get("type") != "BPE" or not model.get("ignore_merges") \
-            or d.get("normalizer") is not None:
+    if (not ok or model.get("type") != "BPE" or not model.get("ignore_merges")
+            or d.get("normalizer") is not None):
         raise BuildError("FastEncoder needs a tokenizer made by train_tokenizer (BPE with "
                          "ignore_merges, Split(isolated) + ByteLevel(no prefix, no regex), no "
                          f"normalizer); got pre_tokenizer {pre!r}")
@@ -77,8 +77,8 @@ def delegated_pattern(pattern: str) -> str:
     """
     head = pattern[: -len(LOOKAHEAD_TAIL)]
     escaped_bar = (len(head) - len(head.rstrip("\\"))) % 2 == 1  # head ends in "\": "\|"
-    if not pattern.endswith(LOOKAHEAD_TAIL) or not head or escaped_bar \
-            or any(a in head for a in ("(?=", "(?!", "(?<")):
+    if (not pattern.endswith(LOOKAHEAD_TAIL) or not head or escaped_bar
+            or any(a in head for a in ("(?=", "(?!", "(?<"))):
         return pattern
     return f"(?:{head}){LOOKAHEAD_TAIL}"
 

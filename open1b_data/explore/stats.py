@@ -40,7 +40,7 @@ from open1b_data.stream.segments import Segments
 HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
 # The search's first length: text windows nearly always repeat 16 tokens somewhere (a
 # boilerplate line), so one pass over every window then prunes to the few that repeat
-# more, instead of three full passes at 1, 3 and 7 (measured in BENCHMARKS.md).
+# more, instead of three full passes at 1, 3 and 7 (measured in benchmarks/HISTORY.md).
 FIRST_PROBE = 16
 
 

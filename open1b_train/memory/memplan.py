@@ -11,15 +11,15 @@ its report.
   it, every layer's activations, the full logits and dlogits.
 * ``lean`` - for a machine smaller than the step: the Adam moments live in files under
   ``RUN/memplan/`` (``diskflat.py``) and the update streams them chunk by chunk through the
-  same per-element AdamW; gradients go straight into the flat reduced buffer as the
-  backward produces them (``step.GradSink``); the forward keeps only each layer's input
+  same per-element AdamW; gradients go straight into the flat reduced buffer as the backward
+  produces them (``reduction.gradient.GradSink``); the forward keeps only each layer's input
   and the backward recomputes the layer (``model.py``) - except as many layers as the free
-  memory allows, whose activations it keeps (each saves a layer's forward, ~20% of its
-  lean forward + backward at Open-1B's shapes; the fully causal layers first, their
-  forward costs the most), or exactly N of them with ``lean:N`` (``lean:0`` recomputes
-  every layer); the LM head and the loss run in token blocks with dlogits overwriting the
-  logits; dormant TreeFold partials are spilled to ``RUN/memplan/``; checkpoints are
-  written and read in chunks (``checkpoint.py``).
+  memory allows, whose activations it keeps (each saves a layer's forward, ~20% of its lean
+  forward + backward at Open-1B's shapes; the fully causal layers first, their forward costs
+  the most), or exactly N of them with ``lean:N`` (``lean:0`` recomputes every layer); the
+  LM head and the loss run in token blocks with dlogits overwriting the logits; dormant
+  TreeFold partials are spilled to ``RUN/memplan/``; checkpoints are written and read in
+  chunks (``checkpoint.py``).
 * ``auto`` - ``lean`` when the resident plan's estimated peak is above the memory the
   kernel reports available (``/proc/meminfo`` MemAvailable), else ``resident``; the
   estimate, the free memory and the choice are printed.
@@ -28,7 +28,7 @@ its report.
 auto takes resident and lean keeps no layer. The lean plan's kept layers stop where its
 estimated peak would pass ``LEAN_PEAK`` (16 GB) even where more memory is free: the point of
 lean is a step on a 16 GB machine, and at Open-1B's shapes one more kept layer saves a
-layer's forward (0.2-0.4 s of a window's ~50 s on the AMX Xeon, BENCHMARKS.md) for 0.39 GiB -
+layer's forward (0.6-0.7 s of a window's ~80 s on 2 cores of the AMX Xeon, BENCHMARKS.md) for 0.39 GiB -
 measured, the step kept 14 layers on a 24 GB VM and peaked at 18.8-19.3 GiB, while
 ``lean:0`` peaked at 14.1-14.2 GiB. ``lean:N`` keeps exactly N, whatever either says.
 
@@ -44,7 +44,7 @@ import torch
 from open1b_kernels.ops.lmhead import K_CHUNK
 from open1b_train import statehash
 from open1b_train.config import TrainConfig
-from open1b_train.diskflat import CHUNK, DiskFlat, clear_stale, scratch_dir
+from open1b_train.memory.diskflat import CHUNK, DiskFlat, clear_stale, scratch_dir
 from open1b_train.errors import MemoryPlanError
 from open1b_train.model import HEAD_ROWS
 from open1b_train.params import Layout, param_specs

@@ -1,7 +1,7 @@
 """Autograd wrappers of the kernels' explicit forward/backward pairs, for tests only: the
 model writes its backward out op by op (``open1b_train.model``), so production never goes
 through autograd. The tests use these to compare an op's gradients with a float64
-autograd reference, and ``tests/kernels/block.py`` to compose a block.
+autograd reference, and ``testkit/kernels/block.py`` to compose a block.
 """
 from __future__ import annotations
 

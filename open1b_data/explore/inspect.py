@@ -25,9 +25,9 @@ from open1b_data.errors import StreamError
 from open1b_data.stream.plan import StreamPlan
 from open1b_data.stream.schedule import Schedule
 
-REPLAY_BUDGET = 1 << 20      # draw-equivalents stream-at may replay: ~0.2 s (BENCHMARKS.md)
+REPLAY_BUDGET = 1 << 20      # draw-equivalents stream-at may replay: ~0.2 s (benchmarks/HISTORY.md)
 SHARD_VISIT_DRAWS = 4096     # one (source, epoch, shard) visit costs ~4,000 draws of work
-SECONDS_PER_DRAW = 0.2e-6    # CPU per draw on the 2-core reference machine (BENCHMARKS.md)
+SECONDS_PER_DRAW = 0.2e-6    # CPU per draw on the 2-core reference machine (benchmarks/HISTORY.md)
 MAX_STATS_STEPS = 64         # --steps A:B --stats: one call compares a step with neighbours
 
 
@@ -196,7 +196,7 @@ def stream_at(mix: str, window: int | None = None, step: int | None = None,
     check_reach(plan, sched, min(ms), max(ms))
     out = _header(plan, sched, R, rank, info)
     if stats:
-        from open1b_data.stream.stats import batch_stats
+        from open1b_data.explore.stats import batch_stats
 
         uniq, toks, segs = _content(plan, WindowReader(plan, whole_shards=False), ms)
         out["stats"] = batch_stats(uniq, toks, segs, plan.sources,
@@ -251,7 +251,7 @@ def steps_stats(mix: str, steps: tuple[int, int], world: int | None = None,
     """The batch statistics of every step A..B (at most ``MAX_STATS_STEPS``), one entry per
     step; ``on_step(header, entry)`` is called as each is done (so a long range prints as it
     goes; ``header`` is the result without ``per_step``)."""
-    from open1b_data.stream.stats import batch_stats
+    from open1b_data.explore.stats import batch_stats
     from open1b_data.stream.windows import WindowReader
 
     a, b = steps

@@ -1,5 +1,5 @@
 """Proved documents: the documents stream windows use, each with its Merkle inclusion proof
-against the root its shard's manifest entry records (``build/merkle.py``), and the windows
+against the root its shard's manifest entry records (``formats/merkle.py``), and the windows
 rebuilt from proved documents alone.
 
 Contract:

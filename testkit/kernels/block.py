@@ -27,7 +27,7 @@ import torch
 from open1b_kernels.ops.philox import truncated_normal
 from open1b_kernels.ops.rmsnorm import EPS
 from open1b_kernels.ops.rope import THETA
-from tests.kernels.autograd import attention, linear_int8, qk_norm, rmsnorm, rope, swiglu
+from testkit.kernels.autograd import attention, linear_int8, qk_norm, rmsnorm, rope, swiglu
 
 LINEARS = ("q", "k", "v", "o", "gate_up", "down")
 

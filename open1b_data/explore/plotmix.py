@@ -7,7 +7,7 @@ for each of ``bins`` equal bins of steps A..B it sums, per source, the document 
 the segments in that bin's windows (separators excluded; a document split across windows is
 counted where its tokens lie) and divides by the bin's document tokens. ``plot_mix`` writes
 the PNG atomically and returns the realized shares over the whole range beside the targets
-(the shares the mix weights are built from, ``mixview.py``). A local ``out`` that cannot be
+(the shares the mix weights are built from, ``stream/mixview.py``). A local ``out`` that cannot be
 written (a directory, a file in the way, no permission) fails before any planning.
 """
 from __future__ import annotations

@@ -11,15 +11,15 @@ as jemalloc and tcmalloc (which PyTorch's CPU tuning guide recommends) do. It ch
 memory comes from, never a value; resident memory stays near the peak instead of shrinking.
 ``OPEN1B_MALLOPT=0`` leaves malloc as it is; other C libraries are left alone.
 
-Under the lean memory plan (``open1b_train.memplan``), whose point is the smallest peak, only
-blocks below LEAN_KEEP are kept: a heap that keeps every freed block below 1 GiB fragments
-across the step's differently sized temporaries, and one full-size ``open1b`` step under
-lean grew its heap to 22.9 GB of resident memory within its first layers' forward
+Under the lean memory plan (``open1b_train.memory.memplan``), whose point is the smallest
+peak, only blocks below LEAN_KEEP are kept: a heap that keeps every freed block below 1 GiB
+fragments across the step's differently sized temporaries, and one full-size ``open1b`` step
+under lean grew its heap to 22.9 GB of resident memory within its first layers' forward
 (estimate 14.3 GiB; measured on the 24 GB VM, 2026-12-02). A layer's largest temporaries at
-Open-1B's 4,096 tokens are the gate|up projection's (4,096 x 11,264: 88 MiB in bf16, 176
-MiB in float32), below LEAN_KEEP, and every layer asks for the same sizes, so each layer
-reuses the blocks the one before it freed; the LM head's GB-sized blocks stay mapped and go back to the
-kernel when freed. Measured on the Zen 4 VM (2026-12-05): a window-512 layer's lean
+Open-1B's 4,096 tokens are the gate|up projection's (4,096 x 11,264: 88 MiB in bf16, 176 MiB
+in float32), below LEAN_KEEP, and every layer asks for the same sizes, so each layer reuses
+the blocks the one before it freed; the LM head's GB-sized blocks stay mapped and go back to
+the kernel when freed. Measured on the Zen 4 VM (2026-12-05): a window-512 layer's lean
 forward + forward + backward 4.5-4.8 s with malloc as it is, 3.6-3.8 s with LEAN_KEEP.
 """
 from __future__ import annotations

@@ -1,0 +1,2 @@
+"""The kernels' autograd wrappers (``autograd.py``) and one Open-1B block composed from them
+(``block.py``): the kernel tests' reference and the block benchmarks' subject."""
