@@ -17,8 +17,8 @@ def _inputs() -> torch.Tensor:
                              1.1754942e-38, 1.17549435e-38, 3.4028235e38, -3.4028235e38,
                              0.5, 1.0, 2.0, 0.6931472, -0.6931472])
     # every float32 exponent and sign, with random mantissas
-    bits = (torch.arange(512, dtype=torch.int64).repeat_interleave(2048) << 23) | \
-        torch.randint(0, 1 << 23, (512 * 2048,), generator=g)
+    bits = ((torch.arange(512, dtype=torch.int64).repeat_interleave(2048) << 23)
+            | torch.randint(0, 1 << 23, (512 * 2048,), generator=g))
     every = bits.to(torch.int32).view(torch.float32)          # (int64 -> int32 wraps the sign)
     random_bits = torch.randint(-2**31, 2**31, (1 << 20,), generator=g,
                                 dtype=torch.int64).to(torch.int32).view(torch.float32)
