@@ -78,6 +78,25 @@ def os_open(path: str, what: str = "file", error=Open1bError, follow: bool = Fal
         raise
 
 
+def refuse_linked_dirs(root: str, path: str, what: str = "file", error=Open1bError) -> None:
+    """Refuse ``path`` when a folder between ``root`` (the folder the user named: theirs,
+    link or not) and ``path``'s own folder is a symbolic link: names inside a run or a mix
+    are the owner's, and ``checkpoints -> /home/auditor`` would send every read below it
+    onto the auditor's machine. The last component is ``os_open``'s (``O_NOFOLLOW``).
+    A folder swapped for a link after this check is the time-of-check race every
+    path-based reader has; the hashes then refuse what was read."""
+    rel = os.path.relpath(os.path.dirname(path), root)
+    if rel == "." or rel.startswith(".."):
+        return
+    here = root
+    for part in rel.split(os.sep):
+        here = os.path.join(here, part)
+        if os.path.islink(here):
+            raise error(f"{here}: a folder inside {root} is a symbolic link; refusing to read "
+                        f"the {what} {path} through it (replace the link with the published "
+                        f"folder itself)")
+
+
 def regular_fd(fd: int, path: str, what: str = "file", error=Open1bError) -> int:
     """``fd`` once ``fstat`` says it is a regular file, in blocking mode; else it is closed
     and ``error`` names what it is."""

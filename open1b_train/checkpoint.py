@@ -51,7 +51,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from open1b_train.errors import CheckpointError
-from open1b.safeio import open_fd, read_json_object, read_regular
+from open1b.safeio import open_fd, read_json_object, read_regular, refuse_linked_dirs
 
 FORMAT = "open1b-checkpoint"
 VERSION = 1
@@ -165,6 +165,10 @@ def list_steps(run: str) -> list[int]:
 
 def read_record(path: str) -> dict[str, Any]:
     rpath = os.path.join(path, "record.json")
+    parent = os.path.dirname(os.path.normpath(path))
+    if os.path.basename(parent) == DIR:     # inside a run: its folders are the owner's
+        refuse_linked_dirs(os.path.dirname(parent), rpath, "checkpoint record",
+                           CheckpointError)
     if not os.path.lexists(rpath):
         raise CheckpointError(f"{path}: no record.json; it is not a checkpoint")
     rec = read_json_object(rpath, "checkpoint record", CheckpointError)

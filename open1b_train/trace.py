@@ -23,7 +23,7 @@ import torch
 
 from open1b_train import statehash
 from open1b_train.errors import Open1bTrainError
-from open1b.safeio import parse_json, read_regular, write_atomic
+from open1b.safeio import parse_json, read_regular, refuse_linked_dirs, write_atomic
 
 FORMAT = "open1b-trace"
 
@@ -52,6 +52,9 @@ class Tracer:
 def read(path: str) -> tuple[int, list[tuple[str, str]]]:
     """A trace file written by ``Tracer.write`` (another party's: a regular file only,
     every line checked); a malformed one is an ``Open1bTrainError`` naming the path."""
+    parent = os.path.dirname(os.path.normpath(path))
+    if os.path.basename(parent) == "traces":   # inside a run: its folders are the owner's
+        refuse_linked_dirs(os.path.dirname(parent), path, "trace", Open1bTrainError)
     lines = read_regular(path, "trace").split(b"\n")
     head = parse_json(lines[0], path)
     if (not isinstance(head, dict) or head.get("format") != FORMAT or

@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import fnmatch
+import glob
 import io
 import json
 import os
 import pstats
+import re
 import resource
 import shutil
 import subprocess
@@ -76,6 +79,39 @@ def _keep_only_tokenizer(out: str) -> None:
             path = os.path.join(out, name)
             shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
     shutil.rmtree(os.path.join(out, "_work", "inputs"), ignore_errors=True)
+
+
+def copied_corpus(mix_path: str, copies: int, tmp: str) -> str:
+    """A copy of the mix's definition and sources under ``tmp`` where every input file is
+    there ``copies`` times (copy k named with ``c<k>`` after the first digits of its name,
+    so the definition's globs take it): the same real text, ``copies`` times the work, for a
+    build large enough that per-build fixed costs (forks, pool start, merge) stop mattering
+    as they do on Mix 0626's inputs of hundreds of MB. Returns the copied definition's path."""
+    from open1b_data.formats.definition import load_mix
+
+    mix = load_mix(mix_path)
+    base = os.path.dirname(os.path.abspath(mix_path))
+    dest = os.path.join(tmp, "corpus")
+    os.makedirs(dest)
+    for spec in mix.sources:
+        rel = os.path.relpath(spec.root, base)
+        if rel.startswith(".."):
+            raise SystemExit(f"--copies: source {spec.name!r}'s root {spec.root} is not under "
+                             f"the definition's folder {base}; copy it by hand")
+        shutil.copytree(spec.root, os.path.join(dest, rel))
+        for pattern in spec.inputs:
+            for path in sorted(glob.glob(os.path.join(spec.root, pattern))):
+                name = os.path.relpath(path, spec.root)
+                head, tail = os.path.split(name)
+                for k in range(1, copies):
+                    new = os.path.join(head, re.sub(r"(\d+)", rf"\1c{k}", tail, count=1))
+                    if new == name or not fnmatch.fnmatch(new, pattern):
+                        raise SystemExit(f"--copies: no copy name for {name} that {pattern!r} "
+                                         f"matches (tried {new})")
+                    shutil.copyfile(path, os.path.join(dest, rel, new))
+    out = os.path.join(dest, os.path.basename(mix_path))
+    shutil.copyfile(mix_path, out)
+    return out
 
 
 def time_pipeline(mix, out: str, workers: int) -> tuple[float, float, object]:
@@ -211,15 +247,20 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--repeat", type=int, default=3, help="interleaved runs; best kept")
     ap.add_argument("--profile", action="store_true", help="append a cProfile of one build")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="every input file K times (the demo is 0.3 s of work: K = 10 shows "
+                         "how a build scales once fixed costs are small)")
     ap.add_argument("--results", default=str(RESULTS / "results-build.md"))
     args = ap.parse_args()
 
     from open1b_data.formats.definition import default_mix_path, load_mix
 
     mix_path = args.manifest or default_mix_path()
-    mix = load_mix(mix_path)
     w = args.workers
     tmp = tempfile.mkdtemp(prefix="open1b-bench-")
+    if args.copies > 1:
+        mix_path = copied_corpus(mix_path, args.copies, tmp)
+    mix = load_mix(mix_path)
     best: dict[str, tuple[float, float]] = {}
     load = LoadLog()
 
@@ -280,10 +321,12 @@ def main() -> None:
     text = [
         "# build-mix throughput (benchmarks/data/build_throughput.py)", "",
         f"- command: `.venv/bin/python -m benchmarks.data.build_throughput --workers {w} "
-        f"--repeat {args.repeat}{' --profile' if args.profile else ''}`",
+        f"--repeat {args.repeat}{' --profile' if args.profile else ''}"
+        f"{f' --copies {args.copies}' if args.copies > 1 else ''}`",
         f"- machine: {describe()}",
         f"- {load.summary()}",
-        f"- mix: {mix.name} ({len(texts):,} kept documents, {mb:.2f} MB of text, {tokens:,} "
+        f"- mix: {mix.name}{f' (every input {args.copies} times)' if args.copies > 1 else ''} "
+        f"({len(texts):,} kept documents, {mb:.2f} MB of text, {tokens:,} "
         f"tokens, vocab {mix.tokenizer.vocab_size:,}); best of {args.repeat} interleaved "
         f"runs per row",
         f"- tokenizer training (timed apart, not in the pipeline rows): {train_s:.2f} s", "",

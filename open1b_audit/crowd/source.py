@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
 import tempfile
 from collections import Counter
 
@@ -103,8 +102,11 @@ class RunSource:
             if self.scheme == "file":
                 from open1b.safeio import read_regular
 
+                from open1b.safeio import refuse_linked_dirs
+
                 if not os.path.lexists(self._path(rel)):
                     raise FileNotFoundError(self._path(rel))
+                refuse_linked_dirs(self.root, self._path(rel), "run file", SourceError)
                 return read_regular(self._path(rel), "run file", SourceError)
             with failures(self.join(rel), "read"):
                 return self.fs.cat_file(self._path(rel))
@@ -144,12 +146,19 @@ class RunSource:
         would block this process forever: refused, as ``safeio`` refuses one)."""
         if self.scheme != "file":
             return self.fs.open(self._path(rel), "rb")
-        fd = os.open(self._path(rel), os.O_RDONLY | os.O_NONBLOCK)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise SourceError(f"{self._path(rel)}: not a regular file; refusing to read it "
-                              f"(replace it with the published file)")
-        return os.fdopen(fd, "rb")
+        from open1b import safeio
+
+        path = self._path(rel)
+        safeio.refuse_linked_dirs(self.root, path, "run file", SourceError)
+        try:
+            fd = safeio.os_open(path, "run file", SourceError)
+        except SourceError:
+            raise
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise SourceError(f"{path}: cannot open the run file ({e.strerror})") from None
+        return os.fdopen(safeio.regular_fd(fd, path, "run file", SourceError), "rb")
 
     def count(self, what: str, nbytes: int, requests: int = 1) -> None:
         self.bytes[what] += nbytes

@@ -303,3 +303,57 @@ def test_serve_answers_loopback_names_only_and_never_serves_a_link(site_run, cro
     finally:
         p.terminate()
         p.wait(timeout=60)
+
+
+def test_a_folder_inside_a_run_that_is_a_link_is_refused_where_the_run_itself_may_be_one(
+        ref_run, tmp_path):
+    """The forgery: a run whose ``checkpoints/step-N`` (or ``checkpoints``, or ``traces``) is
+    a link out of the run - to the auditor's own files - read through as if published."""
+    from open1b_audit.crowd.source import RunSource, SourceError
+    from open1b_train import trace
+
+    run = tmp_path / "run"
+    shutil.copytree(ref_run, run, symlinks=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ck = checkpoint.step_dir(str(run), 6)
+    shutil.move(ck, elsewhere / "step-6")
+    os.symlink(elsewhere / "step-6", ck)
+    with pytest.raises(CheckpointError, match=r"step-00000006: a folder inside .* symbolic link"):
+        checkpoint.load(ck)
+    source = RunSource(str(run))
+    rel = "checkpoints/step-00000006/record.json"
+    with pytest.raises(SourceError, match="symbolic link"):
+        source.read(rel, "record")
+    with pytest.raises(SourceError, match="symbolic link"):
+        source.download(rel, str(tmp_path / "dl" / "record.json"), "record")
+    assert not (tmp_path / "dl" / "record.json").exists()
+    os.unlink(ck)                                      # the step back; `checkpoints` a link
+    shutil.move(elsewhere / "step-6", ck)
+    shutil.move(run / "checkpoints", elsewhere / "checkpoints")
+    os.symlink(elsewhere / "checkpoints", run / "checkpoints")
+    with pytest.raises(CheckpointError, match=r"checkpoints: a folder inside"):
+        checkpoint.load(ck)
+    with pytest.raises(SourceError, match="symbolic link"):
+        source.read(rel, "record")
+    os.unlink(run / "checkpoints")
+    shutil.move(elsewhere / "checkpoints", run / "checkpoints")
+    record = os.path.join(ck, "record.json")          # a link as the file itself, downloaded
+    os.rename(record, str(tmp_path / "record.json"))
+    os.symlink(tmp_path / "record.json", record)
+    with pytest.raises(SourceError, match="symbolic link"):
+        source.download(rel, str(tmp_path / "dl" / "record.json"), "record")
+    os.unlink(record)
+    os.rename(str(tmp_path / "record.json"), record)
+    linked_run = tmp_path / "linked-run"               # the folder the user named: theirs
+    os.symlink(run, linked_run)
+    assert checkpoint.load(checkpoint.step_dir(str(linked_run), 6), params_only=True).step == 6
+    assert RunSource(str(linked_run)).read(rel, "record") == open(record, "rb").read()
+    tracer = trace.Tracer(3)
+    tracer("embed", torch.zeros(2))
+    tracer.write(trace.path_of(str(run), 3))
+    assert trace.read(trace.path_of(str(run), 3))[0] == 3
+    shutil.move(run / "traces", elsewhere / "traces")
+    os.symlink(elsewhere / "traces", run / "traces")
+    with pytest.raises(Open1bTrainError, match="traces: a folder inside"):
+        trace.read(trace.path_of(str(run), 3))
