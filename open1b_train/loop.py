@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 
+from open1b.safeio import write_atomic
 from open1b_data import StreamLoader
 from open1b_train import runlog, statehash
 from open1b_train.errors import ReproducibilityError
@@ -137,10 +138,7 @@ def check_reproduced(step: int, line: dict, expected: dict[int, dict],
         if run_dir is not None:
             path = recomputed_path(run_dir, step)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp-{os.getpid()}"
-            with open(tmp, "w") as f:
-                f.write(json.dumps(line, sort_keys=True, indent=1))
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(line, sort_keys=True, indent=1).encode())
             where = (f"; the published line is kept as line {step + 1} of "
                      f"{runlog.path_of(run_dir)}, the recomputed one is in {path}")
         raise ReproducibilityError(

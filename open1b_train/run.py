@@ -41,7 +41,7 @@ from open1b_train.errors import CheckpointError, ConfigError, Open1bTrainError, 
 from open1b_train.memory.memplan import MemoryPlan
 from open1b_train.optimstate import OptimState
 from open1b_train.params import Layout, ParamSpec, init_params, param_specs
-from open1b.safeio import read_json_object
+from open1b.safeio import read_json_object, write_atomic
 
 CONFIG = "config.json"
 RUN_INFO = "run.json"      # where the run's mix lives (not part of its identity)
@@ -161,10 +161,7 @@ def _check_config(run_dir: str, cfg: TrainConfig) -> None:
                               f"config (`open1b-train resume {run_dir}`) or use another --out")
         return
     os.makedirs(run_dir, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(cfg.to_dict(), f, sort_keys=True, indent=1)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(cfg.to_dict(), sort_keys=True, indent=1).encode())
 
 
 class StateMismatch(ResumeError):

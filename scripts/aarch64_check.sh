@@ -14,9 +14,15 @@ TORCH=${TORCH:-2.13.0}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 DEPS="numpy pyarrow tokenizers tiktoken zstandard fsspec click safetensors tqdm cryptography setuptools wheel"
 
-mounts() {
+# arm64 binaries run through qemu: debootstrap checks this before it unpacks anything (on
+# a fresh host without it: "E: Unable to execute target architecture").
+binfmt() {
   mountpoint -q /proc/sys/fs/binfmt_misc || mount binfmt_misc -t binfmt_misc /proc/sys/fs/binfmt_misc
   update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
+}
+
+mounts() {
+  binfmt
   mountpoint -q "$ROOT/proc" || mount -t proc proc "$ROOT/proc"
   mountpoint -q "$ROOT/dev" || mount --bind /dev "$ROOT/dev"
   # No sysfs: with the host's x86 /sys mounted, a demo run segfaulted under qemu (torch's
@@ -32,6 +38,7 @@ mounts() {
 case ${1:-} in
   setup)
     DEBIAN_FRONTEND=noninteractive apt-get install -y qemu-user-static binfmt-support debootstrap
+    binfmt
     [ -x "$ROOT/usr/bin/apt-get" ] ||
       debootstrap --arch=arm64 --variant=minbase bookworm "$ROOT" http://deb.debian.org/debian
     mounts

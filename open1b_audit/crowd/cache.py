@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from open1b.safeio import write_atomic
 from open1b_audit.crowd.source import RunSource, SourceError, confined, is_url
 from open1b_train.recipe import Announcement
 
@@ -220,10 +221,7 @@ class RunCache:
     @staticmethod
     def _put(path: str, data: bytes) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        write_atomic(path, data, fsync=False)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -33,6 +33,8 @@ import tempfile
 import time
 from typing import Any
 
+from open1b.safeio import write_atomic
+
 MARGIN = 0.8                # a leg must fit in 80% of the lease
 SELFTEST_TTL = 24 * 3600
 
@@ -56,10 +58,8 @@ def _selftest(cache_root: str, refresh: bool = False) -> dict[str, Any]:
     result = {"ok": rep["ok"], "verdict": rep["verdict"], "seconds": rep["seconds"],
               "failed": [c["check"] for c in rep["checks"] if c["verdict"] != "MATCH"]}
     os.makedirs(cache_root, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump({"ident": ident, "time": time.time(), "result": result}, f)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"ident": ident, "time": time.time(), "result": result}
+                                  ).encode(), fsync=False)
     return {**result, "cached": False}
 
 

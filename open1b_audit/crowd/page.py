@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from open1b.safeio import write_atomic
+
 
 def crowd_html(rep: dict[str, Any]) -> str:
     from open1b_audit.site.render import e, page, table
@@ -44,8 +46,5 @@ def crowd_html(rep: dict[str, Any]) -> str:
 
 def write_crowd_page(rep: dict[str, Any], out: str) -> str:
     path = os.path.join(out, "crowd.html")
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(crowd_html(rep))
-    os.replace(tmp, path)
+    write_atomic(path, crowd_html(rep).encode("utf-8"), fsync=False)
     return path

@@ -25,6 +25,8 @@ import os
 import numpy as np
 import torch
 
+from open1b.safeio import write_atomic
+
 
 class ProvedWindows:
     """``replay``'s window source over a ``RunCache`` (module docstring)."""
@@ -62,10 +64,7 @@ class ProvedWindows:
         raw = buf.getvalue()
         os.makedirs(self.dir, exist_ok=True)
         for p, b in ((path, raw), (path + ".sha256", hashlib.sha256(raw).hexdigest().encode())):
-            tmp = f"{p}.tmp-{os.getpid()}"
-            with open(tmp, "wb") as f:
-                f.write(b)
-            os.replace(tmp, p)
+            write_atomic(p, b, fsync=False)
         return data.tokens
 
     def _check_ranges(self) -> None:

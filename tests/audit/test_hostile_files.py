@@ -357,3 +357,24 @@ def test_a_folder_inside_a_run_that_is_a_link_is_refused_where_the_run_itself_ma
     os.symlink(elsewhere / "traces", run / "traces")
     with pytest.raises(Open1bTrainError, match="traces: a folder inside"):
         trace.read(trace.path_of(str(run), 3))
+
+
+def test_a_link_planted_at_a_writers_temporary_name_is_never_written_through(tmp_path):
+    """The forgery: a run or cache folder shared with its owner, holding a link at the name a
+    writer used as its temporary (``<file>.tmp-<pid>``, predictable) that points at a file
+    of the auditor's. Writers create a fresh temporary exclusively (``write_atomic``)."""
+    from open1b_audit.crowd.cache import RunCache
+    from open1b_train.config import TrainConfig
+    from open1b_train.run import _check_config
+
+    mine = tmp_path / "mine.txt"
+    mine.write_bytes(b"mine")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("config.json", "steps.jsonl"):
+        os.symlink(mine, run_dir / f"{name}.tmp-{os.getpid()}")
+    _check_config(str(run_dir), TrainConfig())
+    RunCache._put(str(run_dir / "steps.jsonl"), b"{}\n")          # the crowd's cache
+    assert mine.read_bytes() == b"mine"
+    assert (run_dir / "steps.jsonl").read_bytes() == b"{}\n"
+    assert json.loads((run_dir / "config.json").read_bytes()) == TrainConfig().to_dict()
