@@ -22,6 +22,11 @@ that differs, named:
    export writes; every field of ``open1b_provenance.json`` is compared with the chain.
    A checkpoint directory's record must be the chain's (``checkpoint.record_difference``)
    and its moments are compared too.
+
+A folder in the Hugging Face cache (``huggingface_hub.snapshot_download`` without
+``local_dir``: ``<repo>/snapshots/<revision>/<name>`` are links to ``<repo>/blobs/<sha>``) is
+read through those links, and only those: a link whose target is not a file directly in its
+own repo's ``blobs`` folder is refused, named. Everywhere else a link is refused (``safeio``).
 """
 from __future__ import annotations
 
@@ -75,6 +80,34 @@ class Differs(Exception):
     def __init__(self, what: str, name: str, detail: str) -> None:
         super().__init__(detail)
         self.what, self.name, self.detail = what, name, detail
+
+
+def _hf_blobs(d: str) -> str | None:
+    """The ``blobs`` folder of the Hugging Face cache repo that holds snapshot ``d``, if
+    ``d`` is one (module docstring)."""
+    parent = os.path.dirname(os.path.abspath(d))
+    blobs = os.path.join(os.path.dirname(parent), "blobs")
+    if os.path.basename(parent) == "snapshots" and os.path.isdir(blobs):
+        return os.path.realpath(blobs)
+    return None
+
+
+def _file(d: str, name: str) -> str:
+    """The path to read DIR's file ``name`` from: itself, or in a Hugging Face cache snapshot
+    the blob its link names - a file directly in the repo's ``blobs`` (anything else is a
+    ``Differs`` naming the link)."""
+    p = os.path.join(d, name)
+    if not os.path.islink(p):
+        return p
+    blobs = _hf_blobs(d)
+    target = os.path.realpath(p)
+    if blobs is None or os.path.dirname(target) != blobs:
+        where = ("outside its Hugging Face cache repo's blobs folder" if blobs else
+                 "and the folder is not a Hugging Face cache snapshot")
+        raise Differs("file", name, f"{name} is a symbolic link to {target}, {where}; refusing "
+                                    f"to follow it (download with --local-dir, or replace the "
+                                    f"link with the file)")
+    return target
 
 
 def _tensors(path: str) -> dict[str, torch.Tensor]:
@@ -171,7 +204,7 @@ def _checkpoint(pub: PublishedRun, d: str, v: Verdict) -> None:
 
 
 def _json_file(d: str, name: str) -> dict[str, Any]:
-    obj = parse_json(read_regular(os.path.join(d, name), name, EvalError), name, EvalError)
+    obj = parse_json(read_regular(_file(d, name), name, EvalError), name, EvalError)
     if not isinstance(obj, dict):
         raise Differs("config", name, f"{name} does not hold a JSON object")
     return obj
@@ -212,7 +245,7 @@ def _export(pub: PublishedRun, d: str, v: Verdict) -> None:
         else None)
     claimed = prov.get("step") if prov is not None else None
     claimed = claimed if type(claimed) is int else None
-    sd = _tensors(os.path.join(d, "model.safetensors"))
+    sd = _tensors(_file(d, "model.safetensors"))
     specs = {s.name: tuple(s.shape) for s in param_specs(pub.model)}
     hf_names = {hf for _, hf in ex._names(pub.model)}
     scales = {k for k in sd if k.endswith(".weight_scale")}
@@ -249,11 +282,11 @@ def _export(pub: PublishedRun, d: str, v: Verdict) -> None:
     for name, data in sorted(toks.items()):
         if name not in present:
             raise Differs("tokenizer", name, f"the folder lacks tokenizer file {name}")
-        if read_regular(os.path.join(d, name), "tokenizer file", EvalError) != data:
+        if read_regular(_file(d, name), "tokenizer file", EvalError) != data:
             raise Differs("tokenizer", name, f"tokenizer file {name} differs from the run's "
                                              f"mix's (its manifest's sha256)")
     v.checked.append("tokenizer files: byte-identical to the mix's manifest")
-    readme = (read_regular(os.path.join(d, "README.md"), "README.md", EvalError)
+    readme = (read_regular(_file(d, "README.md"), "README.md", EvalError)
         if "README.md" in present else None)
     if readme is not None and readme != ex.readme(pub.run_hash, v.step).encode():
         raise Differs("file", "README.md", "README.md is not the one export writes for this "
@@ -263,7 +296,7 @@ def _export(pub: PublishedRun, d: str, v: Verdict) -> None:
         return
     files = {}
     for name in sorted(present - {ex.PROVENANCE}):
-        files[name] = hashlib.sha256(read_regular(os.path.join(d, name), name,
+        files[name] = hashlib.sha256(read_regular(_file(d, name), name,
                                                   EvalError)).hexdigest()
     want = ex.provenance(t, {})
     want["files"] = files

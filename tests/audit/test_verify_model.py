@@ -136,3 +136,42 @@ def test_not_a_model_folder_is_one_line(ref_run, tmp_path):
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert "neither a checkpoint directory" in p.stderr
     shutil.rmtree(tmp_path)
+
+
+def _hf_cache(exported: str, root) -> str:
+    """``exported`` laid out as huggingface_hub's cache keeps a download: the files in
+    ``blobs/<sha256>``, the snapshot's names links to them."""
+    import hashlib
+
+    repo = root / "models--someone--open1b"
+    snap = repo / "snapshots" / ("0" * 40)
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for name in sorted(os.listdir(exported)):
+        data = open(os.path.join(exported, name), "rb").read()
+        sha = hashlib.sha256(data).hexdigest()
+        (repo / "blobs" / sha).write_bytes(data)
+        os.symlink(os.path.join("..", "..", "blobs", sha), snap / name)
+    return str(snap)
+
+
+def test_a_download_in_the_hugging_face_cache_is_read_through_its_links_only(
+        exported, ref_run, tmp_path):
+    """The cache's links are followed into the repo's own blobs; the forgery - a snapshot
+    link to a file elsewhere (another repo's blob, a file of the auditor's) - is named."""
+    snap = _hf_cache(exported, tmp_path)
+    rc, rep = _verify(snap, ref_run, "--expect-run-hash", forge.last_hash(ref_run))
+    assert rc == 0 and rep["verdict"] == "match" and rep["step"] == REF_STEPS, rep
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copyfile(os.path.join(snap, "config.json"), elsewhere / "config.json")
+    os.unlink(os.path.join(snap, "config.json"))
+    os.symlink(elsewhere / "config.json", os.path.join(snap, "config.json"))
+    rep = _differs(snap, ref_run, "file", "config.json")
+    assert "outside its Hugging Face cache repo's blobs folder" in rep["difference"]["detail"]
+    plain = tmp_path / "plain"                   # a link in a folder that is not a snapshot
+    shutil.copytree(exported, plain)
+    os.unlink(plain / "README.md")
+    os.symlink(os.path.join(exported, "README.md"), plain / "README.md")
+    rep = _differs(str(plain), ref_run, "file", "README.md")
+    assert "not a Hugging Face cache snapshot" in rep["difference"]["detail"]
