@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from open1b.safeio import refuse_linked_dirs
 from open1b_data.errors import ManifestError
 from open1b_data.storage import join
 
@@ -46,8 +47,14 @@ def check_path(rel: Any, what: str = "path") -> str:
 
 
 def resolve(mix_url: str, rel_path: str) -> str:
-    """The URL (or local path) of ``rel_path`` inside the mix at ``mix_url``, confined."""
-    return join(mix_url, check_path(rel_path))
+    """The URL (or local path) of ``rel_path`` inside the mix at ``mix_url``, confined: on a
+    local mix no folder below its root may be a link (``safeio.refuse_linked_dirs``: a
+    ``shards -> /home/auditor`` link would send reads onto the auditor's machine; the last
+    component is refused by the readers' ``O_NOFOLLOW``)."""
+    url = join(mix_url, check_path(rel_path))
+    if "/" in rel_path and "://" not in mix_url:
+        refuse_linked_dirs(mix_url, url, "mix file", ManifestError)
+    return url
 
 
 def mix_root(mix_url: str) -> str:

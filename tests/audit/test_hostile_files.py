@@ -378,3 +378,24 @@ def test_a_link_planted_at_a_writers_temporary_name_is_never_written_through(tmp
     assert mine.read_bytes() == b"mine"
     assert (run_dir / "steps.jsonl").read_bytes() == b"{}\n"
     assert json.loads((run_dir / "config.json").read_bytes()) == TrainConfig().to_dict()
+
+
+def test_a_folder_inside_a_mix_that_is_a_link_is_refused(tmp_path):
+    """The forgery: a published mix whose source folder is a link out of the mix (to the
+    auditor's files); every path a manifest names goes through ``mixpath.resolve``."""
+    from open1b_data.errors import ManifestError
+    from open1b_data.formats.manifest import load_manifest
+    from open1b_data.formats.mixpath import resolve
+    from open1b_data.stream.loader import StreamLoader
+    from testkit.s2mix import text_mix
+
+    mix, _ = text_mix(str(tmp_path / "mix"))
+    shard = load_manifest(mix).sources[0].shards[0]
+    assert resolve(mix, shard.path) == f"{mix}/{shard.path}"
+    first = shard.path.split("/")[0]
+    shutil.move(os.path.join(mix, first), tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", os.path.join(mix, first))
+    with pytest.raises(ManifestError, match=rf"{first}: a folder inside .* symbolic link"):
+        resolve(mix, shard.path)
+    with pytest.raises(ManifestError, match="symbolic link"):
+        next(iter(StreamLoader(mix, rank=0, world=1)))
