@@ -110,14 +110,14 @@ def _file(d: str, name: str) -> str:
     return target
 
 
-def _tensors(path: str) -> dict[str, torch.Tensor]:
+def _tensors(path: str, name: str | None = None) -> dict[str, torch.Tensor]:
     """A safetensors file's tensors (``checkpoint.read_tensors``: a name given twice in its
     header is refused - a reader keeps one of the two, so the file does not say which
     tensor it holds)."""
     try:
         return checkpoint.read_tensors(path)
     except CheckpointError as e:
-        raise Differs("file", os.path.basename(path), str(e)) from None
+        raise Differs("file", name or os.path.basename(path), str(e)) from None
 
 
 def _steps_with(pub: PublishedRun, digest: str, first: int | None) -> int | None:
@@ -245,7 +245,7 @@ def _export(pub: PublishedRun, d: str, v: Verdict) -> None:
         else None)
     claimed = prov.get("step") if prov is not None else None
     claimed = claimed if type(claimed) is int else None
-    sd = _tensors(_file(d, "model.safetensors"))
+    sd = _tensors(_file(d, "model.safetensors"), "model.safetensors")
     specs = {s.name: tuple(s.shape) for s in param_specs(pub.model)}
     hf_names = {hf for _, hf in ex._names(pub.model)}
     scales = {k for k in sd if k.endswith(".weight_scale")}
