@@ -29,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from open1b_data.formats.definition import default_mix_path, load_mix
-    from open1b_data.ingest import pipeline, task
+    from open1b_data.ingest import pipeline, pool, task
     from open1b_data.ingest.tokenizer import stage
 
     mix = load_mix(default_mix_path())
@@ -54,9 +54,10 @@ def main() -> None:
     timed(stage, "ensure_tokenizer", "tokenizer stage")
     timed(pipeline, "run_jobs", "inputs (parallel)")
     timed(pipeline, "merge", "merge")
-    timed(task, "_encoders", "load encoders")
-    timed(task, "_warm_up", "imports")
-    build = task.build_input
+    # the pool calls the task's functions by the names it imported (ingest/pool.py)
+    timed(pool, "encoders", "load encoders")
+    timed(pool, "_warm_up", "imports")
+    build = pool.build_input
 
     def build_input(job, report=None):
         t, c = time.time(), time.process_time()
@@ -66,7 +67,7 @@ def main() -> None:
             with open(spans, "a") as f:
                 f.write(json.dumps([os.getpid(), t, time.time(), time.process_time() - c,
                                     job.source, job.index]) + "\n")
-    task.build_input = build_input
+    pool.build_input = build_input
 
     print(describe())
     for workers in sorted({1, args.workers}):
