@@ -239,6 +239,7 @@ static PyObject *py_amx_product(PyObject *self, PyObject *args) {
                           &by_cols, &u0, &u1, &pieces))
         return NULL;
     Py_ssize_t units = round_up(by_cols ? N : M, 32) / 32, KP = round_up(K, KCHUNK);
+    (void)KP;  /* used only where AMX_BUILD */
     /* in place: a (row-major, stride lda >= K, K a multiple of 64) holds every row, ap the
      * rows from M rounded down to 32 packed; else a is empty and ap holds every row */
     int direct = a.len > 0;

@@ -318,6 +318,7 @@ static PyObject *py_product64(PyObject *self, PyObject *args) {
     PyObject *seq;
     Py_buffer c, ab[MAX_TERMS], bb[MAX_TERMS];
     term_t terms[MAX_TERMS];
+    (void)terms;  /* filled and read only on x86-64 with AVX2 */
     Py_ssize_t M, N, K, u0, u1;
     PyObject *rnd = Py_None;
     Py_buffer rb[5];
