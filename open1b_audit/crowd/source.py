@@ -100,14 +100,8 @@ class RunSource:
 
         def once() -> bytes:
             if self.scheme == "file":
-                from open1b.safeio import read_regular
-
-                from open1b.safeio import refuse_linked_dirs
-
-                if not os.path.lexists(self._path(rel)):
-                    raise FileNotFoundError(self._path(rel))
-                refuse_linked_dirs(self.root, self._path(rel), "run file", SourceError)
-                return read_regular(self._path(rel), "run file", SourceError)
+                with self._open(rel) as f:
+                    return f.read()
             with failures(self.join(rel), "read"):
                 return self.fs.cat_file(self._path(rel))
         data = patiently(self.join(rel), once)
@@ -152,9 +146,7 @@ class RunSource:
         safeio.refuse_linked_dirs(self.root, path, "run file", SourceError)
         try:
             fd = safeio.os_open(path, "run file", SourceError)
-        except SourceError:
-            raise
-        except FileNotFoundError:
+        except (SourceError, FileNotFoundError):       # refused, or absent: the caller's
             raise
         except OSError as e:
             raise SourceError(f"{path}: cannot open the run file ({e.strerror})") from None
