@@ -140,9 +140,12 @@ def test_a_narrow_weight_gradient_runs_swapped_with_the_same_bits(route, monkeyp
 
 
 @needs_loops
-@pytest.mark.parametrize("n, with_base", [(n, b) for n in (0, 2, 3, 6) for b in (False, True)
-                                          if n or b])   # nothing at all: refused, tested below
-def test_compiled_lmhead_level_loop_equals_torch(n, with_base):
+@pytest.mark.parametrize("n, with_base, width",
+                         [(n, b, 70) for n in (0, 2, 3, 6) for b in (False, True) if n or b]
+                         # nothing at all: refused, tested below; 1,100 columns: rows
+                         # longer than a vector loop's unrolled body, both loops
+                         + [(6, False, 1100), (6, True, 1100), (3, False, 1100)])
+def test_compiled_lmhead_level_loop_equals_torch(n, with_base, width):
     """The level loop (``levels_round_weighted`` in ``_lmhead_sums.c``): the pass after the
     level GEMMs of one block (the weighted level sum
     T on an int64 base part - the row-sparse slices' - or on zero, its one rounding into the
@@ -151,7 +154,7 @@ def test_compiled_lmhead_level_loop_equals_torch(n, with_base):
     unrolled cases), S = 3 with two contraction chunks per level (six products: the general
     loop) and the base alone, rows split among threads, sums added to what is there."""
     g = torch.Generator().manual_seed(4)
-    accs = torch.randint(-2**31, 2**31 - 1, (n, 37, 70), generator=g,
+    accs = torch.randint(-2**31, 2**31 - 1, (n, 37, width), generator=g,
                          dtype=torch.int64).to(torch.int32)
     if n:
         accs[0, 0], accs[-1, 1] = 2**31 - 1, -2**31
@@ -159,23 +162,23 @@ def test_compiled_lmhead_level_loop_equals_torch(n, with_base):
                6: [float(1 << 14)] * 2 + [float(1 << 7)] * 2 + [1.0] * 2}[n]
     base = None
     if with_base:                      # |T| < 2^53 keeps float64 exact: the base below 2^51
-        base = torch.randint(-2**51, 2**51, (37, 70), generator=g, dtype=torch.int64)
+        base = torch.randint(-2**51, 2**51, (37, width), generator=g, dtype=torch.int64)
     rowf = torch.pow(2.0, torch.randint(-60, 60, (37,), generator=g).double())
-    colf = torch.pow(2.0, torch.randint(-200, -100, (70,), generator=g).double())
-    out = torch.zeros((37, 90))
+    colf = torch.pow(2.0, torch.randint(-200, -100, (width,), generator=g).double())
+    out = torch.zeros((37, width + 20))
     # sums near the int64 limits: T's row sums wrap modulo 2^64, as the check's do
     rows = torch.full((37,), 2**63 - 5, dtype=torch.int64)
-    cols = torch.full((70,), -2**63 + 3, dtype=torch.int64)
+    cols = torch.full((width,), -2**63 + 3, dtype=torch.int64)
     want_rows, want_cols = rows.clone(), cols.clone()
     assert li._levels_round_compiled(accs, weights, rowf, colf, out, 11, rows, cols, base)
-    t = base.double() if with_base else torch.zeros((37, 70), dtype=torch.float64)
-    u = base.clone() if with_base else torch.zeros((37, 70), dtype=torch.int64)
+    t = base.double() if with_base else torch.zeros((37, width), dtype=torch.float64)
+    u = base.clone() if with_base else torch.zeros((37, width), dtype=torch.int64)
     for a, w in zip(accs, weights):
         t = t + a.to(torch.float64) * w
         u = u + a.to(torch.int64) * int(w)
     ref = (t * rowf[:, None] * colf[None, :]).to(torch.float32)
-    assert torch.equal(out[:, 11:81].view(torch.int32), ref.view(torch.int32))
-    assert not out[:, :11].any() and not out[:, 81:].any()
+    assert torch.equal(out[:, 11:11 + width].view(torch.int32), ref.view(torch.int32))
+    assert not out[:, :11].any() and not out[:, 11 + width:].any()
     # the reference sums in Python integers, reduced modulo 2^64 to int64
     def wrap(x: int) -> int:
         return (x + 2**63) % 2**64 - 2**63
