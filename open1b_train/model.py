@@ -29,8 +29,9 @@ for dispute bisection.
 
 ``forward_backward(..., lean=True)`` is the memory plan ``lean`` of ``memory/memplan.py``: the same
 ops on the same values, so the same bits, holding less. The forward keeps only each
-layer's input (B, S, D) and the backward recomputes that layer's forward before its
-backward (one more forward pass of work) - except the layers in ``kept``, whose
+layer's input (B, S, D) and its attention's output and log-sum-exp (``lean_entry``), and
+the backward recomputes that layer's forward but the attention before its backward (one
+more forward pass of work less attention's) - except the layers in ``kept``, whose
 activations are held as the resident plan holds them (the plan keeps as many as the free
 memory allows: each kept layer saves one layer forward); the LM head and the loss run over
 blocks of HEAD_ROWS tokens into one (M, V) float32 buffer that the loss's backward then overwrites
@@ -87,7 +88,8 @@ class _Tracer:
         return t
 
 
-def _attn_fwd(cfg: ModelConfig, p: dict, i: int, xn: torch.Tensor, tr: _Tracer):
+def _attn_fwd(cfg: ModelConfig, p: dict, i: int, xn: torch.Tensor, tr: _Tracer,
+              core: tuple[torch.Tensor, torch.Tensor] | None = None):
     b, s, d = xn.shape
     hd, pre = cfg.head_dim, f"layers.{i}"
     x2 = xn.reshape(b * s, d)
@@ -104,7 +106,10 @@ def _attn_fwd(cfg: ModelConfig, p: dict, i: int, xn: torch.Tensor, tr: _Tracer):
         heads[name] = rotated.transpose(1, 2).contiguous()                   # (B, H, S, hd)
     vt = heads["v"].transpose(1, 2).contiguous()
     window = cfg.layer_window(i)
-    o, lse = attention_forward(heads["q"], heads["k"], vt, window)           # (B, H, S, hd)
+    # core: (o, lse) this layer's attention computed before on the same values (the lean
+    # plan's recompute): the same tensors, so the same bits, without the work
+    o, lse = core if core is not None else attention_forward(heads["q"], heads["k"], vt,
+                                                             window)     # (B, H, S, hd)
     tr(f"{pre}.fwd.attn.core", o)
     saved.update(qt=heads["q"], kt=heads["k"], vt=vt, o=o, lse=lse)
     o2 = o.transpose(1, 2).reshape(b * s, cfg.n_heads * hd)                   # (B*S, H*hd)
@@ -170,16 +175,31 @@ def _mlp_bwd(cfg: ModelConfig, p: dict, i: int, dout: torch.Tensor, sv: dict,
 
 
 def layer_forward(cfg: ModelConfig, p: dict[str, torch.Tensor], i: int, x: torch.Tensor,
-                  trace: Trace | _Tracer = None) -> tuple[torch.Tensor, tuple]:
+                  trace: Trace | _Tracer = None,
+                  core: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, tuple]:
     """Layer ``i``'s forward on x (B, S, D) bf16: (its output, what ``layer_backward``
-    needs). The ops ``forward_backward`` runs for that layer, in the same order."""
+    needs). The ops ``forward_backward`` runs for that layer, in the same order. ``core``:
+    the (o, lse) of this layer's attention from an earlier forward on the same ``x`` and
+    parameters (``lean_entry``), used instead of computing them again."""
     tr = trace if isinstance(trace, _Tracer) else _Tracer(trace)
     xn, r1 = rmsnorm_fwd(x, p[f"layers.{i}.attn_norm.gain"], cfg.eps)
-    a, sa = _attn_fwd(cfg, p, i, xn, tr)
+    a, sa = _attn_fwd(cfg, p, i, xn, tr, core)
     h = tr(f"layers.{i}.fwd.h", add_bf16(x, a))
     hn, r2 = rmsnorm_fwd(h, p[f"layers.{i}.mlp_norm.gain"], cfg.eps)
     m, sm = _mlp_fwd(cfg, p, i, hn, tr)
     return tr(f"layers.{i}.fwd.out", add_bf16(h, m)), (x, r1, sa, h, r2, sm)
+
+
+def lean_entry(x_in: torch.Tensor, saved: tuple) -> tuple:
+    """What the lean plan holds of a layer it recomputes: its input and its attention's
+    output and log-sum-exp (``layer_forward``'s ``core``). At Open-1B's 4,096-token window
+    the pair is 17 MB a layer against the layer's 0.4 GB of activations, and it spares the
+    recompute the attention forward - 0.2 s of a windowed layer's forward, 0.9 s of a fully
+    causal one's on 2 cores of a Zen 4 (BENCHMARKS.md), the layer's costliest op per byte
+    kept."""
+    sa = saved[2]
+    return x_in, sa["o"], sa["lse"]
 
 
 def layer_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], i: int, dx: torch.Tensor,
@@ -237,8 +257,8 @@ def _forward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tens
              kept: frozenset[int] = frozenset()):
     """The forward pass: (loss, per-sequence losses, what the backward needs - or None
     when not ``keep``: the activations are then freed layer by layer). ``lean``: the tape
-    holds each layer's input only (all activations for the layers in ``kept``), the LM
-    head runs in token blocks (module docstring)."""
+    holds each layer's input and attention output only (``lean_entry``; all activations
+    for the layers in ``kept``), the LM head runs in token blocks (module docstring)."""
     b, s = input_ids.shape
     d = cfg.d_model
     e = tr("embed.fwd", embedding_fwd(p["embed.weight"], input_ids))           # (B, S, D)
@@ -249,7 +269,7 @@ def _forward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: torch.Tens
         x_in = x
         x, saved = layer_forward(cfg, p, i, x, tr)
         if keep:
-            tape.append(x_in if lean and i not in kept else saved)
+            tape.append(lean_entry(x_in, saved) if lean and i not in kept else saved)
         del saved
     xf, rstd_f = rmsnorm_fwd(x, p["final_norm.gain"], cfg.eps)
     xf2 = xf.reshape(b * s, d)
@@ -335,8 +355,10 @@ def forward_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], input_ids: to
     tr("final_norm.bwd", dx)
     for i in reversed(range(cfg.n_layers)):
         saved = tape.pop()
-        if lean and i not in kept:                 # recompute the layer's forward, untraced
-            saved = layer_forward(cfg, p, i, saved, _Tracer(None))[1]
+        if lean and i not in kept:   # recompute the layer's forward, untraced, but attention
+            x_in, o, lse = saved
+            saved = layer_forward(cfg, p, i, x_in, _Tracer(None), core=(o, lse))[1]
+            del x_in, o, lse
         dx = layer_backward(cfg, p, i, dx, saved, grads, tr)
         del saved
     de, grads["embed_norm.gain"] = rmsnorm_bwd(dx, e, p["embed_norm.gain"], rstd_e)

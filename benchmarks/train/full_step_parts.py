@@ -5,10 +5,11 @@ so its wall time is projected from parts measured at Open-1B's shapes on the CPU
 reference (``force("cpu")``, the bits the trainer computes):
 
 * **a layer** (d_model 2,048, 16/4 heads of 128, SwiGLU 5,632; ``--windows``: window 512
-  and/or fully causal) on one 4,096-token sequence: ``layer_forward`` and
-  ``layer_backward`` timed apart (``benchmarks.kernels.layer.setup``, one run each). The
-  lean plan keeps only each layer's input and recomputes the layer before its backward, so
-  a lean layer costs 2 x forward + backward - except the layers whose activations it keeps
+  and/or fully causal) on one 4,096-token sequence: ``layer_forward``, its recompute
+  and ``layer_backward`` timed apart (``benchmarks.kernels.layer.setup``, one run each). The
+  lean plan keeps only each layer's input and attention output and recomputes the rest of
+  the layer before its backward (``model.lean_entry``), so a lean layer costs forward +
+  recompute + backward - except the layers whose activations it keeps
   as the free memory and the lean plan's peak allow (``memplan.fitting``: ``--free-gib``,
   default 22, what a 24 GB machine reports available, and ``memplan.LEAN_PEAK``, 16 GB),
   which cost forward + backward as under resident.
@@ -62,17 +63,23 @@ SEQ = 4096
 def time_layer(window: str) -> dict:
     from benchmarks.kernels.layer import setup
     from open1b_kernels.core.backend import force
-    from open1b_train.model import layer_backward, layer_forward
+    from open1b_train.model import layer_backward, layer_forward, lean_entry
 
     mc, p, x, dy, _, _ = setup(SEQ, window)
     with force("cpu"):
         t0 = time.perf_counter()
         _, saved = layer_forward(mc, p, 0, x, None)
         t1 = time.perf_counter()
-        layer_backward(mc, p, 0, dy, saved, {}, None)
+        x_in, o, lse = lean_entry(x, saved)
+        del saved
         t2 = time.perf_counter()
-    return {"forward": t1 - t0, "backward": t2 - t1, "lean": 2 * (t1 - t0) + (t2 - t1),
-            "resident": t2 - t0}
+        _, saved = layer_forward(mc, p, 0, x_in, None, core=(o, lse))
+        t3 = time.perf_counter()
+        layer_backward(mc, p, 0, dy, saved, {}, None)
+        t4 = time.perf_counter()
+    forward, recompute, backward = t1 - t0, t3 - t2, t4 - t3
+    return {"forward": forward, "recompute": recompute, "backward": backward,
+            "lean": forward + recompute + backward, "resident": forward + backward}
 
 
 def time_head(tokens: int) -> dict:
@@ -125,7 +132,7 @@ def main_batch_windows() -> int:
 
 def layers_seconds(layers: dict, m, kept: frozenset[int] | None) -> float:
     """One window's layers: resident (``kept`` None: forward + backward for every layer)
-    or lean (2 x forward + backward, forward + backward for the layers in ``kept``); a
+    or lean (forward + recompute + backward, forward + backward for the layers in ``kept``); a
     layer kind not measured counts as the other."""
     win = layers.get("512", layers.get("full"))
     full = layers.get("full", win)
@@ -153,7 +160,7 @@ def full_step_lines(parts: dict, m, cores: int, update: float | None,
     windows = main_batch_windows()
     out = [f"Full Open-1B step ({windows:,} windows of 4,096 tokens), per window: resident "
            f"plan (forward + backward) {per['resident']:,.0f} s, lean plan recomputing every "
-           f"layer (`lean:0`, 2 x forward + backward) {per['lean:0']:,.0f} s, lean keeping "
+           f"layer (`lean:0`, forward + recompute + backward) {per['lean:0']:,.0f} s, lean keeping "
            f"the {len(kept)} layers' activations {free_gib:g} GiB available and the plan's "
            f"{memplan.LEAN_PEAK / 1e9:g} GB peak hold (`memplan.fitting`) {per[keeps]:,.0f} s, "
            f"at {threads} threads"
@@ -279,18 +286,19 @@ def main() -> None:
         layers, head = r["layers"], r["head"]
         layer_s = layers_seconds(layers, m, frozenset())
         total = layer_s + head["at_4096"]
-        rows = [f"| layer, window {w}, {SEQ:,} tokens | {t['forward']:.1f} | "
-                f"{t['backward']:.1f} | {t['resident']:.1f} | {t['lean']:.1f} |"
-                for w, t in layers.items()]
-        rows.append(f"| LM head + loss, {head['tokens']} tokens | {head['forward']:.1f} | "
+        rows = [f"| layer, window {w}, {SEQ:,} tokens | {t['forward']:.2f} | "
+                f"{t['recompute']:.2f} | {t['backward']:.2f} | {t['resident']:.2f} | "
+                f"{t['lean']:.2f} |" for w, t in layers.items()]
+        rows.append(f"| LM head + loss, {head['tokens']} tokens | {head['forward']:.1f} | - | "
                     f"{head['backward']:.1f} | {head['at_4096']:.1f} (x "
                     f"{SEQ // head['tokens']}, at {SEQ:,} tokens) | the same |")
         runs = [f"{name}: {t['runs']}" for name, t in [*layers.items(), ("head", head)]
                 if "runs" in t]
         lines += [
             f"Allocator **{alloc}**: {ALLOCATORS[alloc]}. {r['load']}", "",
-            "| part (CPU reference, Open-1B shapes) | forward s | backward s | resident s "
-            "(fwd + bwd) | lean s (2 x fwd + bwd) |", "|---|---|---|---|---|", *rows, "",
+            "| part (CPU reference, Open-1B shapes) | forward s | lean recompute s (the "
+            "forward but attention) | backward s | resident s (fwd + bwd) | lean s (fwd + "
+            "recompute + bwd) |", "|---|---|---|---|---|---|", *rows, "",
             *([f"Median of {a.repeats} timed runs after a warm-up (totals, s: "
                + "; ".join(runs) + ")", ""] if runs else []),
             f"Per window recomputing every layer: {m.n_layers - n_full} windowed + {n_full} "

@@ -13,7 +13,8 @@ its report.
   ``RUN/memplan/`` (``diskflat.py``) and the update streams them chunk by chunk through the
   same per-element AdamW; gradients go straight into the flat reduced buffer as the backward
   produces them (``reduction.gradient.GradSink``); the forward keeps only each layer's input
-  and the backward recomputes the layer (``model.py``) - except as many layers as the free
+  and its attention's output and log-sum-exp (17 MB a layer at Open-1B's window) and the
+  backward recomputes the layer but its attention (``model.lean_entry``) - except as many layers as the free
   memory allows, whose activations it keeps (each saves a layer's forward, ~20% of its lean
   forward + backward at Open-1B's shapes; the fully causal layers first, their forward costs
   the most), or exactly N of them with ``lean:N`` (``lean:0`` recomputes every layer); the
@@ -28,9 +29,13 @@ its report.
 auto takes resident and lean keeps no layer. The lean plan's kept layers stop where its
 estimated peak would pass ``LEAN_PEAK`` (16 GB) even where more memory is free: the point of
 lean is a step on a 16 GB machine, and at Open-1B's shapes one more kept layer saves a
-layer's forward (0.6-0.7 s of a window's ~80 s on 2 cores of the AMX Xeon, BENCHMARKS.md) for 0.39 GiB -
-measured, the step kept 14 layers on a 24 GB VM and peaked at 18.8-19.3 GiB, while
-``lean:0`` peaked at 14.1-14.2 GiB. ``lean:N`` keeps exactly N, whatever either says.
+layer's forward less its attention (0.4-0.5 s of a window's ~80 s on 2 cores of the AMX
+Xeon, BENCHMARKS.md) for 0.39 GiB - measured, the step kept 14 layers on a 24 GB VM and
+peaked at 18.8-19.3 GiB, while ``lean:0`` peaked at 14.1-14.2 GiB. The attention outputs
+every recomputed layer holds take the 0.4 GB the cap left for one kept layer at Open-1B's
+window, and save 19 windowed and 5 causal attention forwards (~8.7 s a window on 2 cores
+of a Zen 4) where that layer saved one forward (~1.9 s). ``lean:N`` keeps exactly N,
+whatever either says.
 
 The estimates are arithmetic over the model's shapes and the step's tokens (the terms are
 listed in ``estimate``), not measurements; BENCHMARKS.md compares them with measured peaks.
@@ -122,7 +127,8 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str, kept: int = 0) -> int:
     logits and dlogits with the loss's full-size temporaries (about 5 x 4 bytes per token
     per vocabulary entry), the AdamW temporaries of the largest parameter, a checkpoint's
     bytes held in memory, attention's and the linears' working sets; TreeFold partials when
-    dp_replicate > 1 (log2 R + 1). lean adds every layer's input, the largest parameter's
+    dp_replicate > 1 (log2 R + 1). lean adds every layer's input with its attention's output
+    and log-sum-exp (``model.lean_entry``), the largest parameter's
     gradient in flight, and the largest of its three phases' working sets - they do not
     overlap, since the model frees the layers' reused scratch before the head and the head
     its own after each part (``open1b_kernels.core.workspace.release``): the layers (one layer's
@@ -171,7 +177,8 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str, kept: int = 0) -> int:
             + s_ * (d + rows) * K_CHUNK + 4 * s_ * chunks * rows * d)
     kept = min(kept, m.n_layers)
     phases = max(kept * layer + max(layer + attention + linears, head), 6 * 4 * CHUNK)
-    return (base + (m.n_layers - kept) * 2 * tokens * d + 4 * largest + phases
+    entry = tokens * (2 * d + 2 * hq + 4 * m.n_heads)   # input, attention's o (bf16), lse
+    return (base + (m.n_layers - kept) * entry + 4 * largest + phases
             + min(fold, 2 * flat) + RUNTIME)
 
 

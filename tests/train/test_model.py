@@ -130,3 +130,43 @@ def test_forward_agrees_with_a_float64_reference(preset):
     assert abs(float(loss) - float(ref_loss)) < 0.005 * float(ref_loss)
     # per-sequence losses are the same rows, summed per sequence
     assert abs(float(per_seq.double().mean()) - float(loss)) < 1e-5
+
+
+def test_lean_recompute_skips_attention_and_keeps_the_bits(monkeypatch):
+    """The lean plan recomputes a layer's forward before its backward but not its attention:
+    the forward holds each layer's (o, lse) (``model.lean_entry``). Attention's forward runs
+    once per layer, not twice, and the loss and every gradient are the resident plan's bits
+    (``lean:0`` and with one layer kept). The recompute uses the core as given: another
+    layer's changes the gradients."""
+    from open1b_train import model
+    cfg = dataclasses.replace(micro().model, vocab=300, n_layers=3)
+    params = init_params(cfg, 5)
+    ids = torch.randint(0, cfg.vocab, (2, 33), generator=torch.Generator().manual_seed(2))
+    calls = []
+    real = model.attention_forward
+    monkeypatch.setattr(model, "attention_forward",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def run(lean, kept=frozenset()):
+        calls.clear()
+        loss, _, grads = forward_backward(cfg, params, ids[:, :-1], ids[:, 1:], lean=lean,
+                                          kept=kept)
+        return loss, dict(grads), len(calls)
+
+    loss, grads, n = run(False)
+    assert n == cfg.n_layers
+    for kept in (frozenset(), frozenset({1})):
+        l2, g2, n2 = run(True, kept)
+        assert n2 == cfg.n_layers                       # no attention forward recomputed
+        assert torch.equal(l2, loss) and grads.keys() == g2.keys()
+        assert all(torch.equal(grads[k], g2[k]) for k in grads)
+    # the core really is what the backward uses: every layer handed layer 0's
+    entry, first = model.lean_entry, []
+
+    def stale(x_in, saved):
+        first.append(entry(x_in, saved))
+        return (x_in, *first[0][1:])
+
+    monkeypatch.setattr(model, "lean_entry", stale)
+    _, g3, _ = run(True)
+    assert not torch.equal(g3["layers.2.attn.q.weight"], grads["layers.2.attn.q.weight"])
