@@ -1,5 +1,6 @@
 """Options several ``open1b-audit`` commands share (the audit commands in ``cli.py`` and
-the explorer's in ``site/cli.py``): what an auditor obtains out of band and passes in."""
+``certify_cli.py``, the explorer's in ``site/cli.py``): what an auditor obtains out of band
+and passes in."""
 from __future__ import annotations
 
 import click

@@ -34,7 +34,7 @@ Xeon, BENCHMARKS.md) for 0.39 GiB - measured, the step kept 14 layers on a 24 GB
 peaked at 18.8-19.3 GiB, while ``lean:0`` peaked at 14.1-14.2 GiB. The attention outputs
 every recomputed layer holds take the 0.4 GB the cap left for one kept layer at Open-1B's
 window, and save 19 windowed and 5 causal attention forwards (~8.7 s a window on 2 cores
-of a Zen 4) where that layer saved one forward (~1.9 s). ``lean:N`` keeps exactly N,
+of a Zen 4) where that layer saved one causal forward (1.45 s). ``lean:N`` keeps exactly N,
 whatever either says.
 
 The estimates are arithmetic over the model's shapes and the step's tokens (the terms are
