@@ -33,7 +33,7 @@ layer's input (B, S, D) and its attention's output and log-sum-exp (``lean_entry
 the backward recomputes that layer's forward but the attention before its backward (one
 more forward pass of work less attention's) - except the layers in ``kept``, whose
 activations are held as the resident plan holds them (the plan keeps as many as the free
-memory allows: each kept layer saves one layer forward); the LM head and the loss run over
+memory allows: each kept layer saves its recompute); the LM head and the loss run over
 blocks of HEAD_ROWS tokens into one (M, V) float32 buffer that the loss's backward then overwrites
 with dlogits block by block (the logits, the loss rows and dlogits are row by row, so blocks
 cannot change a bit: ``open1b_kernels.ops.lmhead``'s rows are sliced per row, ``xent`` takes the

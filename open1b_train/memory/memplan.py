@@ -14,10 +14,10 @@ its report.
   same per-element AdamW; gradients go straight into the flat reduced buffer as the backward
   produces them (``reduction.gradient.GradSink``); the forward keeps only each layer's input
   and its attention's output and log-sum-exp (17 MB a layer at Open-1B's window) and the
-  backward recomputes the layer but its attention (``model.lean_entry``) - except as many layers as the free
-  memory allows, whose activations it keeps (each saves a layer's forward, ~20% of its lean
-  forward + backward at Open-1B's shapes; the fully causal layers first, their forward costs
-  the most), or exactly N of them with ``lean:N`` (``lean:0`` recomputes every layer); the
+  backward recomputes the layer but its attention (``model.lean_entry``) - except as many
+  layers as the free memory allows, whose activations it keeps (each saves the layer's
+  recompute, 10-20% of its lean forward + backward at Open-1B's shapes; the fully causal
+  layers first), or exactly N of them with ``lean:N`` (``lean:0`` recomputes every layer); the
   LM head and the loss run in token blocks with dlogits overwriting the logits; dormant
   TreeFold partials are spilled to ``RUN/memplan/``; checkpoints are written and read in
   chunks (``checkpoint.py``).
@@ -28,10 +28,10 @@ its report.
 "Fits" means the estimate times HEADROOM is at most MemAvailable; with MemAvailable unknown,
 auto takes resident and lean keeps no layer. The lean plan's kept layers stop where its
 estimated peak would pass ``LEAN_PEAK`` (16 GB) even where more memory is free: the point of
-lean is a step on a 16 GB machine, and at Open-1B's shapes one more kept layer saves a
-layer's forward less its attention (0.4-0.5 s of a window's ~80 s on 2 cores of the AMX
-Xeon, BENCHMARKS.md) for 0.39 GiB - measured, the step kept 14 layers on a 24 GB VM and
-peaked at 18.8-19.3 GiB, while ``lean:0`` peaked at 14.1-14.2 GiB. The attention outputs
+lean is a step on a 16 GB machine, and at Open-1B's shapes one more kept layer saves its
+recompute (0.50 s of a window's ~126 s on 2 cores of a Zen 4, BENCHMARKS.md) for 0.39 GiB -
+measured, the step kept 14 layers on a 24 GB VM and peaked at 18.8-19.3 GiB, while
+``lean:0`` peaked at 14.1-14.2 GiB (before the attention outputs). The attention outputs
 every recomputed layer holds take the 0.4 GB the cap left for one kept layer at Open-1B's
 window, and save 19 windowed and 5 causal attention forwards (~8.7 s a window on 2 cores
 of a Zen 4) where that layer saved one causal forward (1.45 s). ``lean:N`` keeps exactly N,
@@ -110,9 +110,10 @@ def parse(requested: str) -> tuple[str, int | None]:
 
 
 def keep_order(m) -> list[int]:
-    """The layers the lean plan keeps first: the fully causal ones (their forward costs
-    the most: attention over the whole sequence), then the windowed ones; the last first
-    within each (the backward frees them first)."""
+    """The layers the lean plan keeps first: the fully causal ones (their recompute cost the
+    most while it included attention over the whole sequence; without it, 0.51 s against a
+    windowed layer's 0.50 s on the Zen 4 - the order stays, the tests pin it), then the
+    windowed ones; the last first within each (the backward frees them first)."""
     full = set(m.full_layers)
     return sorted(range(m.n_layers), key=lambda i: (i not in full, -i))
 
