@@ -24,6 +24,16 @@ def other_run(mix4, tmp_path_factory) -> str:
     return tamper.rank_gradient(mix4, str(tmp_path_factory.mktemp("other")))[0]
 
 
+def test_every_case_has_one_maker_of_its_own():
+    # the makers were an if/elif chain on name prefixes whose last branch made an edited log
+    # line: a new case without its own branch would have tested another forgery than its
+    # name says; now a case without a maker fails here (and in make, by name)
+    assert set(tamper.MAKERS) | set(hostile.REPLAY_CASES) == set(tamper.CASES)
+    assert not set(tamper.MAKERS) & set(hostile.REPLAY_CASES)
+    with pytest.raises(KeyError):
+        tamper.make("a case nobody wrote", "run", "mix", "other", "work")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(tamper.CASES))
 def test_tampering_is_caught_naming_step_and_component(case, tmp_path, ref_run, mix4,
