@@ -52,8 +52,10 @@ def resolve(mix_url: str, rel_path: str) -> str:
     ``shards -> /home/auditor`` link would send reads onto the auditor's machine; the last
     component is refused by the readers' ``O_NOFOLLOW``)."""
     url = join(mix_url, check_path(rel_path))
-    if "/" in rel_path and "://" not in mix_url:
-        refuse_linked_dirs(mix_url, url, "mix file", ManifestError)
+    # a local mix, named as a path or a file:// URL (whose readers open the same files)
+    root = mix_url[len("file://"):] if mix_url.startswith("file://") else mix_url
+    if "/" in rel_path and "://" not in root:
+        refuse_linked_dirs(root, join(root, rel_path), "mix file", ManifestError)
     return url
 
 

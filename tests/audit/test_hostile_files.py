@@ -397,5 +397,7 @@ def test_a_folder_inside_a_mix_that_is_a_link_is_refused(tmp_path):
     os.symlink(tmp_path / "elsewhere", os.path.join(mix, first))
     with pytest.raises(ManifestError, match=rf"{first}: a folder inside .* symbolic link"):
         resolve(mix, shard.path)
+    with pytest.raises(ManifestError, match="symbolic link"):      # the same mix as a URL
+        resolve(f"file://{mix}", shard.path)
     with pytest.raises(ManifestError, match="symbolic link"):
         next(iter(StreamLoader(mix, rank=0, world=1)))
