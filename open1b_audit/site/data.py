@@ -41,7 +41,6 @@ OVERVIEW_BUCKETS = 1000     # the overview keeps each bucket's min and max: <= 2
 PAGE_WINDOWS = 32           # windows on one page: 32 x 4,096 tokens, ~0.5 MB (benchmarks/HISTORY.md)
 TEXT_BUDGET = 1_000_000     # decoded characters on one page of windows
 DOC_TEXT_CHARS = 1_000_000  # a document page shows at most this much of one document
-PHRASE_STEPS = 256          # a served phrase search decodes at most this many steps' documents
 SERIES = ("loss", "lr", "grad_norm", "tokens_per_s", "val_loss")
 
 
@@ -314,7 +313,7 @@ class Explorer:
 
         rep = inspect.stream_at(self.mix, step=s, world=self.world, plan_only=True,
                                 build_index=self.build_index, seed=self.plan.seed)
-        return [_doc_key(self.plan, g["source"], g["shard"], g["doc"])
+        return [doc_key(self.plan, g["source"], g["shard"], g["doc"])
                 for w in rep["windows"] for g in w["segments"]]
 
     def _stats(self, s: int) -> dict[str, Any]:
@@ -342,7 +341,7 @@ class Explorer:
                 if text is not None and used + len(text) > text_budget:
                     text = None
                 used += len(text or "")
-                key = _doc_key(self.plan, g["source"], g["shard"], g["doc"])
+                key = doc_key(self.plan, g["source"], g["shard"], g["doc"])
                 segs.append({"source": g["source"], "shard": g["shard"],
                              "shard_path": g["shard_path"], "row": g["doc"],
                              "doc_id": g["doc_id"], "doc_key": key, "epoch": g["epoch"],
@@ -391,7 +390,7 @@ class Explorer:
         from open1b_data.explore import provenance
         from open1b_data.stream.windows import WindowReader, load_mix_tokenizer
 
-        s, h, d = _parse_key(self.plan, key)
+        s, h, d = parse_key(self.plan, key)
         reader = WindowReader(self.plan, whole_shards=False)
         lo, hi = self._windows_span()
         doc = provenance.document(self.plan, reader, self.sched, self.world, s, h, d, lo, hi)
@@ -443,63 +442,12 @@ class Explorer:
                              "dropped": dict(e.counts.get("dropped") or {})}
                             for e in m.sources]}
 
-    # ------------------------------------------------------------------ search
 
-    def search(self, q: str, steps: tuple[int, int] | None = None) -> dict[str, Any]:
-        """A step or window number, a document id, or a phrase (served search)."""
-        from open1b_data.errors import StreamError
-        from open1b_data.explore import provenance
-
-        q = q.strip()
-        out: dict[str, Any] = {"query": q, "step": None, "window": None, "documents": [],
-                               "steps": None}
-        if not q:
-            return out
-        if q.isdigit():
-            n = int(q)
-            out["step"] = n if self.has_step(n) else None
-            if n < self.sched.total_windows:
-                out["window"] = {"window": n, "step": self.sched.step_of_window(n)}
-            return out
-        a, b = steps or (1, self.last)
-        try:
-            rep = provenance.report(self.mix, doc_id=q, steps=(a, b), world=self.world,
-                                    seed=self.plan.seed)
-            out["steps"] = [a, b]
-        except StreamError:
-            if steps is None:
-                a, b = max(1, self.last - PHRASE_STEPS + 1), self.last
-            if b - a + 1 > PHRASE_STEPS:
-                raise SiteError(f"a phrase search decodes every document of its steps; "
-                                f"give at most {PHRASE_STEPS} steps, got {a}:{b}") from None
-            rep = provenance.report(self.mix, phrase=q, steps=(a, b), world=self.world,
-                                    seed=self.plan.seed)
-            out["steps"] = [a, b]
-        out["documents"] = [{**d, "doc_key": f"{self.plan.sources.index(d['source'])}-"
-                                             f"{d['shard']}-{d['doc']}"}
-                            for d in rep["documents"]]
-        return out
-
-    def search_index(self, docs: list[dict[str, Any]], written: list[int]
-                     ) -> tuple[dict[str, Any], list[str]]:
-        """What the static search page searches: the written steps, the schedule's runs
-        (window -> step) and the documents of the written steps; and, apart (the static
-        site writes them in chunks), those documents' texts in the same order."""
-        return ({"last_step": self.last, "written": written,
-                 "seq_tokens": self.sched.spec.seq_tokens,
-                 "total_windows": self.sched.total_windows,
-                 "runs": [[r.first_step, r.steps, r.batch, r.tokens_before]
-                          for r in self.sched.runs],
-                 "docs": [{"key": d["key"], "id": d["doc_id"], "source": d["source"],
-                           "steps": d["steps"]} for d in docs]},
-                [d["text"] for d in docs])
-
-
-def _doc_key(plan, source: str, shard: int, row: int) -> str:
+def doc_key(plan, source: str, shard: int, row: int) -> str:
     return f"{plan.sources.index(source)}-{shard}-{row}"
 
 
-def _parse_key(plan, key: str) -> tuple[int, int, int]:
+def parse_key(plan, key: str) -> tuple[int, int, int]:
     try:
         s, h, d = (int(x) for x in key.split("-"))
     except ValueError:

@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from open1b_audit.site import render, static
 from open1b_audit.site.data import Explorer
+from open1b_audit.site.search import search
 
 HOST = "127.0.0.1"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -85,7 +86,7 @@ class Site:
                 rng = (query.get("steps") or [""])[0]
                 if (m := STEPS_RANGE.match(rng)):
                     steps = (int(m.group(1)), int(m.group(2)))
-                res = ex.search(q, steps)
+                res = search(ex, q, steps)
                 return 200, kind, render.search_page(res, has_step, has_doc, q).encode()
             if name.startswith("certs/") and name[6:] in self.certs:
                 return 200, kind, static.cert_json(self.certs[name[6:]])

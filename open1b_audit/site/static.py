@@ -29,6 +29,7 @@ from typing import Any
 from open1b.safeio import write_atomic
 from open1b_audit.site import render
 from open1b_audit.site.data import Explorer, SiteError
+from open1b_audit.site.search import search_index
 
 DEFAULT_STEPS = 64
 MAX_DOCS = 5000
@@ -144,7 +145,7 @@ def write_site(ex: Explorer, out: str, steps: list[int] | None = None, progress=
         if progress:
             progress(f"step {s}")
     w("search.html", render.search_page(None, has_step, has_doc))
-    meta, texts = ex.search_index(docs, steps)
+    meta, texts = search_index(ex, docs, steps)
     chunks = search_chunks(texts, search_chunk_bytes)
     meta["text_chunks"] = [first for first, _ in chunks]
     w("data/search.js", render.data_script("OPEN1B_SEARCH", meta))
