@@ -43,9 +43,9 @@ that whole row/column of the output (never a partial, backend-dependent value).
 The CPU path in files beside this one: ``lmhead_slices`` (step 1's slicer and the slices'
 store), ``lmhead_plan`` (one plan of the products for every route), ``lmhead_int``,
 ``lmhead_pairs`` and ``lmhead_float`` (one route per CPU class: ``open1b_kernels.int8.route``),
-``lmhead_rowsparse`` (a sparse slice's products row by row), ``lmhead_check`` (what catches a
-wrong T), and their C loops ``_lmhead_slices.c``, ``_lmhead_sums.c``,
-``_lmhead_rowsparse.c``.
+``lmhead_rowsparse`` (a sparse slice's products row by row), ``lmhead_sparse`` (one pair with
+a sparse slice, by VNNI), ``lmhead_check`` (what catches a wrong T), and their C loops
+``_lmhead_slices.c``, ``_lmhead_sums.c``, ``_lmhead_rowsparse.c``, ``_lmhead_sparse.c``.
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ Behind the plan (``open1b_kernels.ops.lmhead_plan``), the dense pairs run groupe
 (``level_products``): per level L its pairs side by side along K, one GEMM in contraction
 chunks of K_CHUNK (p * K_CHUNK * 127^2 < 2^31 for a level's p <= 3 pairs: int32 never
 overflows); a compacted slice's pairs run over its gathered columns, a row-sparse slice's
-row by row into an int64 part of T (``lmhead_rowsparse``). One compiled pass per block
+row by row into an int64 part of T (``lmhead_rowsparse``), a sparse dense-planned slice's
+pairs one by one onto their level's int32 sums (``lmhead_sparse``, VNNI CPUs). One compiled pass per block
 (``_lmhead_sums.c``, ``levels_round_weighted``) adds the int32 products with their
 power-of-two weights into T - exact in float64 below 2^53 - rounds T once into the output
 and takes T's row and column sums, which ``lmhead_check.check_sums`` compares with the
@@ -21,9 +22,9 @@ from open1b_kernels.core.pieces import row_pieces
 from open1b_kernels.core.workspace import scratch
 from open1b_kernels.int8 import amxmm
 from open1b_kernels.int8.route import int_gemm_route, int_mm_unchecked
-from open1b_kernels.ops import lmhead_plan, lmhead_rowsparse
+from open1b_kernels.ops import lmhead_plan, lmhead_rowsparse, lmhead_sparse
 from open1b_kernels.ops.lmhead_check import check_sums
-from open1b_kernels.ops.lmhead_plan import Product, level_products, plan
+from open1b_kernels.ops.lmhead_plan import Product, level_products, plan, sparse_slices
 from open1b_kernels.ops.lmhead_slices import LevelSlices, level_copy
 
 LOOPS = Loops("open1b_kernels.ops._opsc")    # the level sums compiled: _lmhead_sums.c
@@ -74,6 +75,11 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
     row_block, col_block = SHORT_BLOCKS if k < SHORT_K else (INT_ROW_BLOCK, INT_COL_BLOCK)
     once = r <= row_block
     tiles = int_gemm_route() == "amx"
+    # sparse pairs on the VNNI route only: the tiles' GEMM is ~4x VNNI's rate, where a 3%
+    # slice would pay about what its GEMM costs (unmeasured there: the tiles keep theirs)
+    sparse = not tiles
+    sparse_b = (sparse_slices(sb, slice(0, c), range(1, slices + 1), k) if sparse
+                else frozenset())
     plans: dict[int, tuple] = {}         # per row block: (its plan, its products)
     for c0 in range(0, c, col_block):
         cs = slice(c0, c0 + col_block)
@@ -85,12 +91,18 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
             rs = slice(r0, r0 + row_block)
             nr, nc = min(r, r0 + row_block) - r0, min(c, c0 + col_block) - c0
             if r0 not in plans:
-                p = plan(sa, sb, rs, slices)
-                plans[r0] = (p, level_products(p, k))
+                p = plan(sa, sb, rs, slices, sparse=sparse)
+                plans[r0] = (p, level_products(p, k, sparse_b))
             p, products = plans[r0]
-            accs = scratch("lmhead.accs", (len(products), nr, nc), torch.int32)
+            slots = [q for q in products if not q.add]     # one int32 product each
+            accs = scratch("lmhead.accs", (len(slots), nr, nc), torch.int32)
             gathered = None
-            for n, q in enumerate(products):
+            n = -1
+            for q in products:
+                n += not q.add
+                if q.sparse:
+                    sparse_product(sa, sb, q, rs, cs, accs[n])
+                    continue
                 if q.cols is not None:
                     if gathered is None or gathered[0] is not q.cols:   # one per slice chunk
                         gathered = (q.cols, operand(sa, q.a, rs, q, whole, "lmhead.gather_a"))
@@ -115,7 +127,7 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
             if p.by_rows:
                 base = scratch("lmhead.rows_t", (nr, nc), torch.int64).zero_()
                 lmhead_rowsparse.add_planned(sa, sb, p, cs, base)
-            weights = [q.weight for q in products]
+            weights = [q.weight for q in slots]
             if _levels_round_compiled(accs, weights, rowf[rs], colf[cs], out[rs], c0,
                                       rows_got[rs], cols_got[cs], base):
                 continue
@@ -129,6 +141,19 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
             cols_got[cs] += u.sum(0)
             out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
     return check_sums(sa, sb, rows_got, cols_got, slices, "slice products")
+
+
+def sparse_product(sa: LevelSlices, sb: LevelSlices, q: Product, rs: slice, cs: slice,
+                   acc: torch.Tensor) -> None:
+    """``acc`` (int32 (rows, cols)) = (``q.add``: +=) a_i b_j^T of the rows ``rs`` and
+    columns ``cs`` for the one pair of ``q`` (``lmhead_sparse``: the zeros of its sparse side
+    skipped), each slice read in place from its store - as the product itself or, with b's
+    slice sparse, its transpose."""
+    a, b = sa[q.a[0] - 1][rs], sb[q.b[0] - 1][cs]
+    if q.sparse == "a":
+        lmhead_sparse.sparse_mm(a, b.t(), acc, add=q.add)
+    else:
+        lmhead_sparse.sparse_mm(b, a.t(), acc.t(), add=q.add)
 
 
 def _levels_round_compiled(accs: torch.Tensor, weights: list[float], rowf: torch.Tensor,

@@ -27,7 +27,13 @@ Per row block, each slice i of ``a`` runs its pairs one of three ways (``plan``)
   its largest magnitude: ~420 of 128,256 a row at initialization, more than half the
   vocabulary over 1,024 rows - runs its pairs row by row (``lmhead_rowsparse``: each
   nonzero times the weighted sum of b's slices at its k, into an int64 part of T).
-- **Dense**: every other slice, over the whole contraction.
+- **Dense**: every other slice, over the whole contraction - except, on the "int" route
+  where the VNNI loop runs, a dense slice of ``a`` (``Plan.sparse``) or ``b`` (``sparse_b``
+  of ``level_products``) with few nonzeros: its pairs run one by one (``lmhead_sparse``,
+  each nonzero against the other slice's row) and add onto their level's int32 sums. The
+  case: slice S of a Gaussian operand (the forward's h and w, the weight gradient's h^T)
+  holds only the elements more than 2^-7 below their row's largest - 2-4% - so the lowest
+  level's a_1 b_S and a_S b_1 cost a few percent of their GEMMs.
 
 What runs behind the plan is the route's, one per CPU class (``open1b_kernels.int8.route``):
 the library's int8 GEMM (``lmhead_int``) and the float route (``lmhead_float``) group the
@@ -43,7 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
-from open1b_kernels.ops import lmhead_rowsparse
+from open1b_kernels.ops import lmhead_rowsparse, lmhead_sparse
 from open1b_kernels.ops.lmhead_slices import LevelSlices
 
 K_CHUNK = 32_768  # int32 level accumulators flushed into int64 this often
@@ -65,6 +71,16 @@ ROW_SPARSE_MAX = 1 / 64
 # the demo's logits gradient (a strided view of the slice store) took 3-6 ms, twice a demo
 # step - every 16th row costs a sixteenth of that
 ROW_SPARSE_SAMPLE = 16
+# A dense-planned slice with at most this share of nonzeros (sampled as above) runs each of
+# its pairs as one sparse product (``lmhead_sparse``) instead of in its level's GEMM - on
+# the "int" route only, where the VNNI loop runs. Measured on the Zen 4 (2 cores,
+# ``benchmarks.kernels.lmhead_sparse``): a 1,024 x 4,096 block at K = 2,048 costs ~1.8 ms
+# with no nonzeros and ~0.8 ms more per 1% of them, the int8 GEMM of one pair ~20 ms, so
+# they meet near 1/4; 1/8 leaves room for a slower memory. The slice it is for: a_S of a
+# Gaussian operand (the head's input, its weight) holds only the elements more than 2^-7
+# below their row's largest, 2-4% of them, so a_1 b_S and a_S b_1 (two of the lowest
+# level's three pairs) cost a few percent of a GEMM each
+SPARSE_MAX = 1 / 8
 
 
 def weight_shift(slices: int, i: int, j: int) -> int:
@@ -110,6 +126,20 @@ def compacted(sa: LevelSlices, rows: slice, slices: int) -> dict[int, torch.Tens
     return out
 
 
+def sparse_share(x: LevelSlices, i: int, rows: slice) -> float:
+    """The share of nonzeros in slice ``i`` of ``rows`` (every ROW_SPARSE_SAMPLE-th row)."""
+    plane = x[i - 1][rows][::ROW_SPARSE_SAMPLE]
+    return float(torch.count_nonzero(plane)) / max(1, plane.numel())
+
+
+def sparse_slices(x: LevelSlices, rows: slice, candidates, k: int) -> frozenset[int]:
+    """Of the slices ``candidates``, those of ``rows`` with at most SPARSE_MAX nonzeros, where
+    ``lmhead_sparse`` runs its VNNI loop and takes a contraction of ``k``; else none."""
+    if not (lmhead_sparse.available() and k <= lmhead_sparse.MAX_K):
+        return frozenset()
+    return frozenset(i for i in candidates if sparse_share(x, i, rows) <= SPARSE_MAX)
+
+
 def row_sparse(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
                skip: set[int] | frozenset[int]) -> list[int]:
     """The slices of ``a`` after the compacted ones (``skip``), in order while they last,
@@ -141,6 +171,7 @@ class Plan:
     slices: int
     parts: tuple[tuple[slice, dict[int, torch.Tensor]], ...]
     by_rows: tuple[int, ...] = ()
+    sparse: frozenset[int] = frozenset()    # dense slices whose pairs run by lmhead_sparse
 
     @property
     def compact(self) -> frozenset[int]:
@@ -165,10 +196,10 @@ class Plan:
 
 
 def plan(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
-         part_rows: int | None = None, by_rows: bool = True) -> Plan:
+         part_rows: int | None = None, by_rows: bool = True, sparse: bool = False) -> Plan:
     """The plan of the rows ``rows`` of ``a`` against ``b``: compacted slices per part of
     ``part_rows`` rows (None: the block is one part), then - with ``by_rows`` - the
-    row-sparse ones."""
+    row-sparse ones, then - with ``sparse`` - the sparse slices among the dense ones."""
     r0, r1 = rows.start, min(rows.stop, sa.shape[1])
     step = part_rows or max(1, r1 - r0)
     parts = tuple((part, compacted(sa, part, slices))
@@ -178,33 +209,50 @@ def plan(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
     p = Plan(rows, slices, parts)
     if by_rows:
         p = Plan(rows, slices, parts, tuple(row_sparse(sa, sb, rows, slices, p.compact)))
+    if sparse:
+        p = Plan(rows, slices, parts, p.by_rows,
+                 sparse_slices(sa, slice(r0, r1), p.dense, sa.shape[2]))
     return p
 
 
 @dataclass(frozen=True, eq=False)
 class Product:
     """One GEMM of a block by level: ``a``'s slices side by side along K against ``b``'s
-    paired ones, over the contraction range [k0, k1) or (compacted) the columns ``cols``."""
+    paired ones, over the contraction range [k0, k1) or (compacted) the columns ``cols``;
+    or (``sparse`` "a" or "b": the side whose slice is sparse) one pair by ``lmhead_sparse``
+    over the whole contraction. ``add``: its int32 sums go onto the previous product's - a
+    pair of the same level, whose GEMM spanned the whole contraction, so the slot holds no
+    more pairs than the level has."""
     a: tuple[int, ...]
     b: tuple[int, ...]
     weight: float
     k0: int = 0
     k1: int = 0
     cols: torch.Tensor | None = None
+    sparse: str = ""
+    add: bool = False
 
 
-def level_products(p: Plan, k: int) -> list[Product]:
+def level_products(p: Plan, k: int, sparse_b: frozenset[int] = frozenset()) -> list[Product]:
     """The GEMMs of a one-part plan, grouped by level: every level's pairs whose a slice is
-    dense, per contraction chunk, then each compacted slice's pairs over its columns (in
-    chunks of at most K_CHUNK: one pair per GEMM, so int32 holds them)."""
+    dense, per contraction chunk - less the pairs of a sparse slice of a (``p.sparse``) or
+    of b (``sparse_b``), one sparse product each (int32 holds one pair over K <=
+    ``lmhead_sparse.MAX_K``) - then each compacted slice's pairs over its columns (in chunks
+    of at most K_CHUNK: one pair per GEMM, so int32 holds them)."""
     s, dense = p.slices, set(p.dense)
     out = []
     for lvl, pairs in levels(s):
-        run = [(i, j) for i, j in pairs if i in dense]
+        weight = float(1 << (7 * (s + 1 - lvl)))
+        run = [(i, j) for i, j in pairs
+               if i in dense and i not in p.sparse and j not in sparse_b]
         if run:
-            weight = float(1 << (7 * (s + 1 - lvl)))
             out += [Product(tuple(i for i, _ in run), tuple(j for _, j in run), weight, k0, k1)
                     for k0, k1 in chunks(k)]
+        whole = bool(run) and len(chunks(k)) == 1
+        for i, j in pairs:
+            side = "a" if i in p.sparse else "b" if j in sparse_b else ""
+            if i in dense and side:
+                out.append(Product((i,), (j,), weight, 0, k, sparse=side, add=whole))
     for i, cols in p.columns().items():
         for c0, c1 in chunks(cols.numel()):
             part = cols[c0:c1]

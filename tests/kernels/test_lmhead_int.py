@@ -70,6 +70,9 @@ def test_int_route_gives_the_float_paths_bits(route, monkeypatch, slices, loops,
         monkeypatch.setattr(li, "INT_COL_BLOCK", 32)
     if chunked:
         monkeypatch.setattr(lp, "K_CHUNK", 64)
+    # the dense plan: every level's pairs in its GEMM (the sparse pairs of a VNNI CPU's plan:
+    # tests/kernels/test_lmhead_sparse.py)
+    monkeypatch.setattr(lp, "SPARSE_MAX", -1.0)
     h, w, dl = _case()
     dl[5, 7] = float("nan")                         # a non-finite row and column of dlogits
     route("float")

@@ -223,8 +223,8 @@ def test_a_product_with_the_wrong_weight_or_dropped_or_doubled_is_caught(route, 
     want = _run(h, w, dl)
     real = lp.level_products
 
-    def forged(plan, k):
-        got = real(plan, k)
+    def forged(plan, k, *sparse_b):
+        got = real(plan, k, *sparse_b)
         p = got[0]
         if kind == "weight":
             return [lp.Product(p.a, p.b, p.weight * 2, p.k0, p.k1, p.cols), *got[1:]]

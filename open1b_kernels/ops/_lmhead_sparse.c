@@ -1,0 +1,406 @@
+/* One slice pair of the LM head whose one slice is sparse, as an int32 product:
+ *
+ *   out[s * os + d * od] = sum over the k with S[s, k] != 0 of S[s, k] * D[k, d]
+ *
+ * Why: at the head's lowest level (L = S + 1) the pairs a_1 b_S and a_S b_1 multiply a
+ * dense slice with the slice that holds only the elements more than 2^-7 below their row's
+ * largest (a_S of an element is nonzero only then, and its a_1 is zero then): 2-4% of a
+ * Gaussian operand - the head's input and weight at initialization, measured. The dense
+ * plan runs each such pair as a whole int8 GEMM; here it costs its nonzeros' columns, at
+ * a rate a few times below the GEMM's (open1b_kernels.ops.lmhead_sparse says where it pays).
+ *
+ * S: int8 (n_s, K), the sparse slice; D: int8 (K, n_d), the dense one; out: int32 (n_s, n_d)
+ * or its transpose; each given by its element strides, one of them 1 (the slices' stores
+ * hold an operand either way: rows or a transposed view). Exact:
+ * |S|, |D| <= 128 and K <= MAX_K keep every partial sum below 2^31 (the caller's level slot
+ * adds it with its weight, as it adds a GEMM's int32 product); integer sums, so neither the
+ * order, the cut between threads, nor the path (VNNI or the plain loop) changes a bit.
+ *
+ * The VNNI path (AVX-512 VNNI + BW): a row's nonzeros in quads of one sign, their |S| as the
+ * unsigned bytes of vpdpbusd against four D rows interleaved byte by byte (unpacks), 256
+ * columns in 16 accumulators; the positive quads first, then the accumulators negated, the
+ * negative ones added, negated again: P - N. Quads are padded with zeros.
+ * (open1b_kernels.ops.lmhead_sparse is its Python side.)
+ */
+#include "../core/_ext.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_K 65536     /* K * 128 * 128 <= 2^30: the positive and the negative sums fit */
+#define GROUP 16        /* sparse rows per tile: the output stored 16 rows at a time */
+#define WIDTH 256       /* dense columns per tile: 16 int32 accumulators of 16 lanes */
+
+/* The nonzeros of S: per row r, quads of (k, |S|) - the positive ones first, pos[r] of
+ * them, then the negative ones - at quads [start[r], start[r + 1]). Made in two passes over
+ * the rows (counts, then a prefix sum and the fill), each cut into pieces. */
+typedef struct {
+    int32_t *k;        /* 4 per quad */
+    uint8_t *v;        /* 4 per quad */
+    Py_ssize_t *start; /* rows + 1 */
+    Py_ssize_t *pos;   /* rows */
+} Quads;
+
+static void quads_free(Quads *q) {
+    free(q->k);
+    free(q->v);
+    free(q->start);
+    free(q->pos);
+}
+
+/* rows [r0, r1): pos[r] = its positive quads, start[r + 1] = all its quads. S's element
+ * (r, k) at S[r * ss + k * sk], one of the strides 1: a row at a time, or (ss == 1) the
+ * rows side by side, one k at a time */
+CLONES static void quads_count(Quads *q, const int8_t *S, Py_ssize_t ss, Py_ssize_t sk,
+                               Py_ssize_t K, Py_ssize_t r0, Py_ssize_t r1) {
+    if (sk == 1) {
+        for (Py_ssize_t r = r0; r < r1; r++) {
+            const int8_t *row = S + r * ss;
+            Py_ssize_t p = 0, m = 0;
+            for (Py_ssize_t k = 0; k < K; k++) {   /* branch-free: vectorized */
+                p += row[k] > 0;
+                m += row[k] < 0;
+            }
+            q->pos[r] = p;
+            q->start[r + 1] = m;
+        }
+    } else {
+        for (Py_ssize_t r = r0; r < r1; r++) q->pos[r] = q->start[r + 1] = 0;
+        for (Py_ssize_t k = 0; k < K; k++) {
+            const int8_t *line = S + k * sk;
+            for (Py_ssize_t r = r0; r < r1; r++) {
+                q->pos[r] += line[r] > 0;
+                q->start[r + 1] += line[r] < 0;
+            }
+        }
+    }
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        q->pos[r] = (q->pos[r] + 3) / 4;
+        q->start[r + 1] = q->pos[r] + (q->start[r + 1] + 3) / 4;
+    }
+}
+
+static inline void quads_put(Quads *q, Py_ssize_t *at, int8_t v, Py_ssize_t k) {
+    int neg = v < 0;
+    q->k[at[neg]] = (int32_t)k;
+    q->v[at[neg]++] = (uint8_t)(neg ? -v : v);
+}
+
+/* pad each sign's last quad of row r with zeros at column 0 */
+static inline void quads_pad(Quads *q, const Py_ssize_t *at, Py_ssize_t r) {
+    Py_ssize_t end[2] = {(q->start[r] + q->pos[r]) * 4, q->start[r + 1] * 4};
+    for (int s = 0; s < 2; s++)
+        for (Py_ssize_t i = at[s]; i < end[s]; i++) {
+            q->k[i] = 0;
+            q->v[i] = 0;
+        }
+}
+
+/* rows [r0, r1)'s quads, start[] summed; 0 when memory could not be had */
+static int quads_fill(Quads *q, const int8_t *S, Py_ssize_t ss, Py_ssize_t sk, Py_ssize_t K,
+                      Py_ssize_t r0, Py_ssize_t r1) {
+    const uint64_t low7 = 0x7F7F7F7F7F7F7F7FULL, high = 0x8080808080808080ULL;
+    if (sk == 1) {
+        for (Py_ssize_t r = r0; r < r1; r++) {
+            const int8_t *row = S + r * ss;
+            Py_ssize_t at[2] = {q->start[r] * 4, (q->start[r] + q->pos[r]) * 4};
+            for (Py_ssize_t k0 = 0; k0 < K; k0 += 8) {
+                uint64_t word = 0;                    /* eight bytes at once: most are zero */
+                memcpy(&word, row + k0, (size_t)(K - k0 < 8 ? K - k0 : 8));
+                uint64_t nz = (((word & low7) + low7) | word) & high;   /* top bit: != 0 */
+                while (nz) {
+                    Py_ssize_t k = k0 + (__builtin_ctzll(nz) >> 3);
+                    nz &= nz - 1;
+                    quads_put(q, at, row[k], k);
+                }
+            }
+            quads_pad(q, at, r);
+        }
+        return 1;
+    }
+    Py_ssize_t n = r1 - r0, *at = malloc((size_t)(2 * n) * sizeof(Py_ssize_t));
+    if (!at) return 0;
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        at[2 * (r - r0)] = q->start[r] * 4;
+        at[2 * (r - r0) + 1] = (q->start[r] + q->pos[r]) * 4;
+    }
+    for (Py_ssize_t k = 0; k < K; k++) {
+        const int8_t *line = S + k * sk;
+        for (Py_ssize_t r0w = r0; r0w < r1; r0w += 8) {
+            uint64_t word = 0;
+            memcpy(&word, line + r0w, (size_t)(r1 - r0w < 8 ? r1 - r0w : 8));
+            uint64_t nz = (((word & low7) + low7) | word) & high;
+            while (nz) {
+                Py_ssize_t r = r0w + (__builtin_ctzll(nz) >> 3);
+                nz &= nz - 1;
+                quads_put(q, at + 2 * (r - r0), line[r], k);
+            }
+        }
+    }
+    for (Py_ssize_t r = r0; r < r1; r++) quads_pad(q, at + 2 * (r - r0), r);
+    free(at);
+    return 1;
+}
+
+/* the quads of S's n rows, the passes cut into `pieces`; 0 when memory could not be had */
+static int quads_make(Quads *q, const int8_t *S, Py_ssize_t ss, Py_ssize_t sk, Py_ssize_t K,
+                      Py_ssize_t n, int pieces) {
+    q->start = malloc((size_t)(n + 1) * sizeof(Py_ssize_t));
+    q->pos = malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    if (!q->start || !q->pos) return 0;
+    FOR_PIECES(0, n, pieces, quads_count(q, S, ss, sk, K, p_lo, p_hi));
+    q->start[0] = 0;
+    for (Py_ssize_t r = 0; r < n; r++) q->start[r + 1] += q->start[r];
+    Py_ssize_t total = q->start[n];
+    q->k = malloc((size_t)(total ? total : 1) * 4 * sizeof(int32_t));
+    q->v = malloc((size_t)(total ? total : 1) * 4);
+    if (!q->k || !q->v) return 0;
+    int good[PIECES_MAX];
+    for (int i = 0; i < pieces && i < PIECES_MAX; i++) good[i] = 1;
+    FOR_PIECES(0, n, pieces, good[piece] = quads_fill(q, S, ss, sk, K, p_lo, p_hi));
+    for (int i = 0; i < pieces && i < PIECES_MAX; i++)
+        if (!good[i]) return 0;
+    return 1;
+}
+
+/* the plain loop: tile[g][j] = sum of row g's terms at dense columns d0 + j, j < w */
+static void tile_plain(const Quads *q, Py_ssize_t row0, int rows, const int8_t *D, Py_ssize_t ldd,
+                       Py_ssize_t d0, int w, int32_t tile[GROUP][WIDTH]) {
+    for (int g = 0; g < rows; g++) {
+        int32_t *t = tile[g];
+        memset(t, 0, sizeof(int32_t) * WIDTH);
+        Py_ssize_t r = row0 + g;
+        for (Py_ssize_t i = q->start[r] * 4; i < q->start[r + 1] * 4; i++) {
+            int32_t x = q->v[i];
+            if (i >= (q->start[r] + q->pos[r]) * 4) x = -x;
+            const int8_t *dr = D + (Py_ssize_t)q->k[i] * ldd + d0;
+            for (int j = 0; j < w; j++) t[j] += x * dr[j];
+        }
+    }
+}
+
+#if HAVE_V4
+#include <immintrin.h>
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+
+static int cpu_vnni(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+}
+
+/* acc[4p .. 4p + 3] += the quad (x: four |S| bytes, rows k) against D's 64-column panel p:
+ * acc[4p + q] lane (L, i) holds column 64p + 16L + 4q + i (the unpacks' order) */
+VNNI __attribute__((always_inline)) static inline void quad_panels(__m512i *acc, const int8_t *D, Py_ssize_t ldd,
+                                    const int32_t *k, const uint8_t *v, Py_ssize_t d0, int np,
+                                    __mmask64 last) {
+    int32_t xs;
+    memcpy(&xs, v, 4);
+    const __m512i x = _mm512_set1_epi32(xs);
+    const int8_t *r0 = D + (Py_ssize_t)k[0] * ldd + d0, *r1 = D + (Py_ssize_t)k[1] * ldd + d0;
+    const int8_t *r2 = D + (Py_ssize_t)k[2] * ldd + d0, *r3 = D + (Py_ssize_t)k[3] * ldd + d0;
+    for (int p = 0; p < np; p++) {
+        __mmask64 m = p == np - 1 ? last : ~(__mmask64)0;
+        __m512i a = _mm512_maskz_loadu_epi8(m, r0 + 64 * p), b = _mm512_maskz_loadu_epi8(m, r1 + 64 * p);
+        __m512i c = _mm512_maskz_loadu_epi8(m, r2 + 64 * p), d = _mm512_maskz_loadu_epi8(m, r3 + 64 * p);
+        __m512i ab_lo = _mm512_unpacklo_epi8(a, b), ab_hi = _mm512_unpackhi_epi8(a, b);
+        __m512i cd_lo = _mm512_unpacklo_epi8(c, d), cd_hi = _mm512_unpackhi_epi8(c, d);
+        acc[4 * p] = _mm512_dpbusd_epi32(acc[4 * p], x, _mm512_unpacklo_epi16(ab_lo, cd_lo));
+        acc[4 * p + 1] = _mm512_dpbusd_epi32(acc[4 * p + 1], x, _mm512_unpackhi_epi16(ab_lo, cd_lo));
+        acc[4 * p + 2] = _mm512_dpbusd_epi32(acc[4 * p + 2], x, _mm512_unpacklo_epi16(ab_hi, cd_hi));
+        acc[4 * p + 3] = _mm512_dpbusd_epi32(acc[4 * p + 3], x, _mm512_unpackhi_epi16(ab_hi, cd_hi));
+    }
+}
+
+/* one row's terms over np panels (np a constant where inlined), into t in column order */
+VNNI __attribute__((always_inline)) static inline void row_vnni(const Quads *q, Py_ssize_t r, const int8_t *D, Py_ssize_t ldd,
+                                 Py_ssize_t d0, int np, __mmask64 last, int32_t *t) {
+    __m512i acc[16];
+    for (int i = 0; i < 4 * np; i++) acc[i] = _mm512_setzero_si512();
+    Py_ssize_t i = q->start[r], mid = q->start[r] + q->pos[r], end = q->start[r + 1];
+    for (; i < mid; i++) quad_panels(acc, D, ldd, q->k + 4 * i, q->v + 4 * i, d0, np, last);
+    for (int j = 0; j < 4 * np; j++) acc[j] = _mm512_sub_epi32(_mm512_setzero_si512(), acc[j]);
+    for (; i < end; i++) quad_panels(acc, D, ldd, q->k + 4 * i, q->v + 4 * i, d0, np, last);
+    for (int p = 0; p < np; p++) {
+        /* 128-bit lane L of acc[4p + q] is columns 16L + 4q .. + 3: a 4 x 4 transpose of lanes */
+        __m512i a0 = acc[4 * p], a1 = acc[4 * p + 1], a2 = acc[4 * p + 2], a3 = acc[4 * p + 3];
+        __m512i t0 = _mm512_shuffle_i32x4(a0, a1, 0x44), t1 = _mm512_shuffle_i32x4(a0, a1, 0xEE);
+        __m512i t2 = _mm512_shuffle_i32x4(a2, a3, 0x44), t3 = _mm512_shuffle_i32x4(a2, a3, 0xEE);
+        /* t0 = a0.L0 a0.L1 a1.L0 a1.L1; t2 = a2.L0 a2.L1 a3.L0 a3.L1 (t1, t3: lanes 2, 3) */
+        __m512i c0 = _mm512_shuffle_i32x4(t0, t2, 0x88), c1 = _mm512_shuffle_i32x4(t0, t2, 0xDD);
+        __m512i c2 = _mm512_shuffle_i32x4(t1, t3, 0x88), c3 = _mm512_shuffle_i32x4(t1, t3, 0xDD);
+        /* c0 = a0.L0 a1.L0 a2.L0 a3.L0: columns 0..15 of the panel; c1: 16..31; ... */
+        _mm512_storeu_si512(t + 64 * p, _mm512_sub_epi32(_mm512_setzero_si512(), c0));
+        _mm512_storeu_si512(t + 64 * p + 16, _mm512_sub_epi32(_mm512_setzero_si512(), c1));
+        _mm512_storeu_si512(t + 64 * p + 32, _mm512_sub_epi32(_mm512_setzero_si512(), c2));
+        _mm512_storeu_si512(t + 64 * p + 48, _mm512_sub_epi32(_mm512_setzero_si512(), c3));
+    }
+}
+
+VNNI static void tile_vnni(const Quads *q, Py_ssize_t row0, int rows, const int8_t *D,
+                           Py_ssize_t ldd, Py_ssize_t d0, int w, int32_t tile[GROUP][WIDTH]) {
+    int np = (w + 63) / 64;
+    __mmask64 last = w % 64 ? (((__mmask64)1 << (w % 64)) - 1) : ~(__mmask64)0;
+    for (int g = 0; g < rows; g++) {
+        switch (np) {   /* a constant panel count per copy: the accumulators stay in registers */
+        case 4: row_vnni(q, row0 + g, D, ldd, d0, 4, last, tile[g]); break;
+        case 3: row_vnni(q, row0 + g, D, ldd, d0, 3, last, tile[g]); break;
+        case 2: row_vnni(q, row0 + g, D, ldd, d0, 2, last, tile[g]); break;
+        default: row_vnni(q, row0 + g, D, ldd, d0, 1, last, tile[g]); break;
+        }
+    }
+}
+#else
+static int cpu_vnni(void) { return 0; }
+#endif
+
+/* panel[k][j] = D's element (k, d0 + j) for j < w - D's element (k, d) at D[k dk + d dd],
+ * one of the strides 1 (dk == 1: D's columns are its storage's rows, copied transposed in
+ * 64 x 64 blocks) */
+CLONES static void pack(int8_t *restrict panel, const int8_t *restrict D, Py_ssize_t dk,
+                        Py_ssize_t dd, Py_ssize_t K, Py_ssize_t d0, int w) {
+    if (dd == 1) {
+        for (Py_ssize_t k = 0; k < K; k++) memcpy(panel + k * WIDTH, D + k * dk + d0, (size_t)w);
+        return;
+    }
+    for (Py_ssize_t k0 = 0; k0 < K; k0 += 64)
+        for (int j0 = 0; j0 < w; j0 += 64) {
+            Py_ssize_t k1 = k0 + 64 < K ? k0 + 64 : K;
+            int j1 = j0 + 64 < w ? j0 + 64 : w;
+            for (int j = j0; j < j1; j++) {
+                const int8_t *src = D + (d0 + j) * dd;
+                for (Py_ssize_t k = k0; k < k1; k++) panel[k * WIDTH + j] = src[k];
+            }
+        }
+}
+
+/* out[j * od + g] (+)= tile[g][j] for g < rows, j < w: the tile turned in L1 (`flip`, GROUP
+ * x WIDTH), then each output line's GROUP sums stored or added as one vector */
+CLONES static void store_columns(int32_t tile[GROUP][WIDTH], int rows, int w, int32_t *out,
+                                 Py_ssize_t od, int add, int32_t flip[WIDTH][GROUP]) {
+    for (int g = 0; g < GROUP; g++)
+        for (int j = 0; j < w; j++) flip[j][g] = g < rows ? tile[g][j] : 0;
+    for (int j = 0; j < w; j++) {
+        int32_t *o = out + j * od;
+        if (rows == GROUP && add)
+            for (int g = 0; g < GROUP; g++) o[g] += flip[j][g];
+        else if (rows == GROUP)
+            memcpy(o, flip[j], sizeof(int32_t) * GROUP);
+        else
+            for (int g = 0; g < rows; g++) o[g] = add ? o[g] + flip[j][g] : flip[j][g];
+    }
+}
+
+/* the dense columns of the WIDTH-wide blocks [b0, b1) for every sparse row (quads `q`),
+ * stored into out or (add) added to it; 0 when memory could not be had */
+static int blocks_run(const Quads *q, Py_ssize_t n_s, Py_ssize_t K, const int8_t *D,
+                      Py_ssize_t dk, Py_ssize_t dd, Py_ssize_t n_d, int32_t *out, Py_ssize_t os,
+                      Py_ssize_t od, Py_ssize_t b0, Py_ssize_t b1, int add, int vnni) {
+    int32_t(*tile)[WIDTH] = malloc(sizeof(int32_t) * GROUP * WIDTH);
+    int32_t(*flip)[GROUP] = malloc(sizeof(int32_t) * GROUP * WIDTH);
+    int8_t *panel = tile && flip ? malloc((size_t)K * WIDTH) : NULL;
+    if (!panel) {
+        free(tile);
+        free(flip);
+        return 0;
+    }
+    for (Py_ssize_t d0 = b0 * WIDTH; d0 < n_d && d0 < b1 * WIDTH; d0 += WIDTH) {
+        int w = (int)(n_d - d0 < WIDTH ? n_d - d0 : WIDTH);
+        /* D's columns [d0, d0 + w) copied into rows of WIDTH bytes: read in place, rows a
+         * power of two of bytes apart (the head's 1,024 or 4,096 columns) fell into a few
+         * cache sets, and the loads went to memory (measured: ~2x slower) */
+        pack(panel, D, dk, dd, K, d0, w);
+        for (Py_ssize_t g0 = 0; g0 < n_s; g0 += GROUP) {
+            int rows = (int)(n_s - g0 < GROUP ? n_s - g0 : GROUP);
+#if HAVE_V4
+            if (vnni)
+                tile_vnni(q, g0, rows, panel, WIDTH, 0, w, tile);
+            else
+#endif
+                tile_plain(q, g0, rows, panel, WIDTH, 0, w, tile);
+            if (od == 1) {
+                for (int g = 0; g < rows; g++) {
+                    int32_t *o = out + (g0 + g) * os + d0;
+                    if (add)
+                        for (int j = 0; j < w; j++) o[j] += tile[g][j];
+                    else
+                        memcpy(o, tile[g], sizeof(int32_t) * (size_t)w);
+                }
+            } else {     /* the sparse side is the output's columns: 16 of them side by side */
+                store_columns(tile, rows, w, out + d0 * od + g0, od, add, flip);
+            }
+        }
+    }
+    (void)vnni;
+    free(panel);
+    free(flip);
+    free(tile);
+    return 1;
+}
+
+static PyObject *py_sparse_mm(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer s, d, o;
+    Py_ssize_t n_s, K, ss, sk, n_d, dk, dd, os, od, b_lo, b_hi;
+    int pieces = 1, add = 0, plain = 0;
+    if (!PyArg_ParseTuple(args, "y*nnnny*nnnw*nnnn|iii", &s, &n_s, &K, &ss, &sk, &d, &n_d, &dk,
+                          &dd, &o, &os, &od, &b_lo, &b_hi, &pieces, &add, &plain))
+        return NULL;
+    Py_ssize_t blocks = (n_d + WIDTH - 1) / WIDTH;
+    /* each operand read along one unit stride; its lines at least a line's length apart */
+    int ok = n_s >= 0 && K >= 1 && K <= MAX_K && n_d >= 0 && PIECES_OK(pieces) &&
+             ((sk == 1 && ss >= K) || (ss == 1 && sk >= n_s)) &&
+             ((dd == 1 && dk >= n_d) || (dk == 1 && dd >= K)) &&
+             ((od == 1 && os >= n_d) || (os == 1 && od >= n_s)) && 0 <= b_lo && b_lo <= b_hi &&
+             b_hi <= blocks;
+    if (!ok) {
+        PyBuffer_Release(&s);
+        PyBuffer_Release(&d);
+        PyBuffer_Release(&o);
+        PyErr_Format(PyExc_ValueError, "sparse_mm: inconsistent shapes, strides or block range "
+                     "(K %zd, at most %d; each operand needs a unit stride)", K, MAX_K);
+        return NULL;
+    }
+    Py_ssize_t span_o = n_s && n_d ? (n_s - 1) * os + (n_d - 1) * od + 1 : 0;
+    ok = holds(&s, n_s ? (n_s - 1) * ss + (K - 1) * sk + 1 : 0, "sparse_mm: S") &&
+         holds(&d, n_d ? (K - 1) * dk + (n_d - 1) * dd + 1 : 0, "sparse_mm: D") &&
+         holds(&o, span_o * 4, "sparse_mm: out");
+    int vnni = !plain && cpu_vnni();
+    int good[PIECES_MAX];
+    for (int i = 0; ok && i < pieces; i++) good[i] = 1;
+    Quads q = {0};
+    if (ok && n_s && n_d && b_lo < b_hi) {
+        Py_BEGIN_ALLOW_THREADS
+        good[0] = quads_make(&q, s.buf, ss, sk, K, n_s, pieces);
+        /* pieces of whole column blocks: each packs and writes its own */
+        if (good[0])
+            FOR_PIECES(b_lo, b_hi, pieces,
+                       good[piece] = blocks_run(&q, n_s, K, d.buf, dk, dd, n_d, o.buf, os, od,
+                                                p_lo, p_hi, add, vnni));
+        Py_END_ALLOW_THREADS
+        quads_free(&q);
+    }
+    for (int i = 0; ok && i < pieces; i++)
+        if (!good[i]) {
+            PyErr_NoMemory();
+            ok = 0;
+        }
+    return FINISH(ok, "sparse_mm failed", &s, &d, &o);
+}
+
+static PyObject *py_sparse_vnni(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyBool_FromLong(cpu_vnni());
+}
+
+EXT_METHODS(lmhead_sparse) = {
+    {"sparse_mm", py_sparse_mm, METH_VARARGS,
+     "sparse_mm(S, n_s, K, ss, sk, D, n_d, dk, dd, out, os, od, b_lo, b_hi[, pieces, add, plain]): "
+     "for the columns d of D in the 256-wide blocks [b_lo, b_hi), out[s os + d od] = (add: +=) "
+     "the sum over S[s ss + k sk] != 0 of that times D[k dk + d dd] (int8 S (n_s, K) and D (K, "
+     "n_d), int32 out; each with one unit stride; K <= 65,536); plain: the portable loop even "
+     "where VNNI runs."},
+    {"sparse_vnni", py_sparse_vnni, METH_NOARGS,
+     "sparse_vnni(): whether sparse_mm runs its AVX-512 VNNI loop on this CPU."},
+    {NULL, NULL, 0, NULL},
+};

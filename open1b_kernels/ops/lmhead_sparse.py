@@ -1,0 +1,73 @@
+"""One LM-head slice pair with a sparse slice, as an int32 product
+(``open1b_kernels/ops/_lmhead_sparse.c``, which says why it is exact):
+
+    out = s @ d        s: int8 (n_s, K) mostly zeros, d: int8 (K, n_d), out: int32
+
+each operand row-major or a transposed view, as the slices' stores hold them. For the integer
+route's lowest level (``open1b_kernels.ops.lmhead_plan``): a_1 b_S and a_S b_1, where a_S or
+b_S holds only the elements more than 2^-7 below their row's largest. Measured on the Zen 4
+(2 cores, ``python -m benchmarks.kernels.lmhead_sparse``): the VNNI loop runs a nonzero's
+columns at ~1/4 of the int8 GEMM's multiply-add rate, so a pair pays below SPARSE_MAX of its
+sparse slice nonzero; the plain loop (no VNNI) runs far slower and is never planned - it is
+the reference the tests hold the VNNI loop to, and what runs if asked.
+"""
+from __future__ import annotations
+
+import torch
+
+from open1b_kernels.core.mathc import Loops, flat
+from open1b_kernels.core.pieces import parallel
+
+LOOPS = Loops("open1b_kernels.ops._opsc")    # the sparse products: _lmhead_sparse.c
+
+MAX_K = 65_536      # the C file's bound: K * 127^2 < 2^31
+WIDTH = 256         # the C loop's dense columns per block (the pieces' unit)
+
+
+def available() -> bool:
+    """True where the compiled loop runs its VNNI path (the one worth planning)."""
+    return LOOPS.available() and bool(LOOPS.sparse_vnni())
+
+
+def _one_unit(x: torch.Tensor) -> bool:
+    """2-D with a unit stride on one side and its lines apart by at least their length."""
+    return x.dim() == 2 and ((x.stride(1) == 1 and x.stride(0) >= x.shape[1])
+                             or (x.stride(0) == 1 and x.stride(1) >= x.shape[0]))
+
+
+def sparse_mm(s: torch.Tensor, d: torch.Tensor, out: torch.Tensor, add: bool = False,
+              plain: bool = False) -> torch.Tensor:
+    """``out`` (int32 (n_s, n_d)) = ``s @ d`` (``add``: added to ``out``, int32 wrapping),
+    skipping the zeros of ``s``: int8 ``s`` (n_s, K) and ``d`` (K, n_d), each read in place
+    along whichever of its strides is 1 (a row-major matrix or a transposed view), as is
+    ``out`` - a transposed view of an (n_d, n_s) buffer stores the product transposed;
+    1 <= K <= MAX_K. ``plain``: the portable loop even where VNNI runs (the same integers).
+    Returns ``out``. Needs ``LOOPS.available()``."""
+    n_s, k = s.shape
+    n_d = d.shape[1] if d.dim() == 2 else -1
+    if not (s.dtype == d.dtype == torch.int8 and out.dtype == torch.int32 and _one_unit(s)
+            and _one_unit(d) and _one_unit(out) and d.shape[0] == k and 1 <= k <= MAX_K
+            and tuple(out.shape) == (n_s, n_d)):
+        raise ValueError(f"sparse_mm needs int8 s (n_s, K) and d (K, n_d) and an int32 out "
+                         f"(n_s, n_d), each with a unit stride on one side, 1 <= K <= {MAX_K}; "
+                         f"got s {s.dtype} {tuple(s.shape)} {s.stride()}, d {d.dtype} "
+                         f"{tuple(d.shape)} {d.stride()}, out {out.dtype} {tuple(out.shape)} "
+                         f"{out.stride()}")
+    if not (n_s and n_d):
+        return out
+    sn, dn, on = flat(_span(s)), flat(_span(d)), flat(_span(out))
+
+    def run(lo: int, hi: int, pieces: int) -> None:
+        LOOPS.sparse_mm(sn, n_s, k, *s.stride(), dn, n_d, *d.stride(), on, *out.stride(), lo,
+                        hi, pieces, int(add), int(plain))
+
+    parallel(run, -(-n_d // WIDTH), grain=1)
+    return out
+
+
+def _span(x: torch.Tensor) -> torch.Tensor:
+    """A 1-D view of ``x``'s storage from its first element to its last (``x`` 2-D with
+    non-negative strides): what the loop indexes with the strides it is given."""
+    span = (x.shape[0] - 1) * x.stride(0) + (x.shape[1] - 1) * x.stride(1) + 1
+    return torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), x.storage_offset(), (span,),
+                                              (1,))
