@@ -5,10 +5,10 @@
 Ours (CPU reference, ``force("cpu")``): ``lmhead_forward`` (the exact 3-slice bf16 GEMM,
 h (T, 2,048) bf16 x w (128,256, 2,048) bf16 -> fp32 logits), ``xent_forward`` /
 ``xent_backward`` (cross-entropy + z-loss), ``lmhead_backward`` (dh and dw, both exact
-slice GEMMs), once with the S = 3 two-GEMM form (``CPU_S3_TWO_GEMMS``, now) and once with
-the six slice products (before; the same bits, checked here) - a choice of the float
-route: on the integer routes both sides run the same products (the library's level
-products on "int", the pair GEMM's wide terms on "pairs"). Anchor: torch float32
+slice GEMMs), once as now and once as before (the same bits, checked here): on the
+float route the S = 3 two-GEMM form (``CPU_S3_TWO_GEMMS``) against the six slice
+products, on the integer routes the plan with its sparse pairs (``lmhead_plan.SPARSE_MAX``,
+where the VNNI loop runs) against the dense plan. Anchor: torch float32
 ``F.linear`` + ``F.cross_entropy`` forward and backward (to h and w) of the same shape.
 Alternating, median of ``--repeats`` after one warm-up; ratio = torch time / ours.
 Freed memory is kept for reuse as the trainer's process keeps it (``keep_freed_memory``,
@@ -27,7 +27,9 @@ import torch.nn.functional as F
 from benchmarks.machine import LoadLog, describe
 from open1b_train.memory.allocator import keep_freed_memory
 from open1b_kernels.core.backend import force
+from open1b_kernels.int8 import route
 from open1b_kernels.ops import lmhead as lm
+from open1b_kernels.ops import lmhead_plan
 from open1b_kernels.ops.xent import xent_backward, xent_forward
 
 V, D = 128_256, 2_048
@@ -46,9 +48,10 @@ def main(tokens, repeats, out, fresh_pages):
     labels = torch.randint(0, V, (tokens,), generator=g)
     h32, w32 = h.float(), w.float()
 
-    def ours(two: bool):
+    def ours(now: bool):
         def run():
-            lm.CPU_S3_TWO_GEMMS = two
+            lm.CPU_S3_TWO_GEMMS = now
+            lmhead_plan.SPARSE_MAX = sparse_max if now else -1.0
             with force("cpu"):
                 logits = lm.lmhead_forward(h, w, 3)
                 loss, lse = xent_forward(logits, labels)
@@ -63,11 +66,13 @@ def main(tokens, repeats, out, fresh_pages):
         F.cross_entropy(F.linear(hh, ww), labels).backward()
 
     load = LoadLog()
-    sides = {"ours (two GEMMs)": ours(True), "ours before (six slice products)": ours(False),
-             "torch fp32 F.linear + cross_entropy": anchor}
+    sparse_max = lmhead_plan.SPARSE_MAX
+    before = ("ours before (six slice products)" if route.int_gemm_route() == "float"
+              else "ours before (no sparse pairs: the dense plan)")
+    sides = {"ours": ours(True), before: ours(False), "torch fp32 F.linear + cross_entropy": anchor}
     res = {k: f() for k, f in sides.items()}
     same = all(torch.equal(a.view(torch.int32), b.view(torch.int32))
-               for a, b in zip(res["ours (two GEMMs)"], res["ours before (six slice products)"]))
+               for a, b in zip(res["ours"], res[before]))
     times = {k: [] for k in sides}
     for i in range(repeats):
         for k, f in sides.items():
@@ -76,7 +81,7 @@ def main(tokens, repeats, out, fresh_pages):
             times[k].append(time.perf_counter() - t0)
             print(f"run {i} {k}: {times[k][-1]:.2f} s", flush=True)
         load.sample(f"run {i}")
-    lm.CPU_S3_TWO_GEMMS = True
+    lm.CPU_S3_TWO_GEMMS, lmhead_plan.SPARSE_MAX = True, sparse_max
     med = {k: statistics.median(v) for k, v in times.items()}
     t_anchor = med["torch fp32 F.linear + cross_entropy"]
     lines = [f"\n## {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC - "
@@ -84,7 +89,7 @@ def main(tokens, repeats, out, fresh_pages):
              f"\nMachine: {describe()}. {tokens} tokens x {D} -> {V:,} columns, forward + "
              f"backward (dh, dw); median of {repeats} alternating runs; freed memory "
              f"{'kept for reuse (as the trainer keeps it)' if kept else 'returned (fresh pages)'}"
-             f". Two-GEMM form and six products give the same bits: {same}.\n",
+             f". Ours and ours before give the same bits: {same}.\n",
              "| side | median s | runs | ratio torch / side |", "|---|---|---|---|"]
     for k, v in med.items():
         lines.append(f"| {k} | {v:.2f} | {', '.join(f'{x:.2f}' for x in times[k])} | "
