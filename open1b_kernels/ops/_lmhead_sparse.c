@@ -249,6 +249,44 @@ VNNI static void tile_vnni(const Quads *q, Py_ssize_t row0, int rows, const int8
         }
     }
 }
+/* store_columns for a whole tile of 16 rows: each 16 x 16 block of int32 turned in
+ * registers (unpacks within 128-bit lanes, then a 4 x 4 transpose of the lanes) - the
+ * byte-by-byte turn cost more than the products at 3% nonzeros */
+VNNI static void store_columns_16(int32_t tile[GROUP][WIDTH], int w, int32_t *out,
+                                  Py_ssize_t od, int add) {
+    int j0 = 0;
+    for (; j0 + 16 <= w; j0 += 16) {
+        __m512i r[16], t[16], u[16];
+        for (int g = 0; g < 16; g++) r[g] = _mm512_loadu_si512(tile[g] + j0);
+        for (int i = 0; i < 8; i++) {      /* rows 2i, 2i + 1: columns (4L, 4L+1), (4L+2, 4L+3) */
+            t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        for (int i = 0; i < 4; i++) {      /* u[4i + q] lane L: column 4L + q, rows 4i .. 4i + 3 */
+            u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+            u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+        }
+        for (int q = 0; q < 4; q++) {      /* lane L of u[q], u[4 + q], u[8 + q], u[12 + q] */
+            __m512i t0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x44);
+            __m512i t1 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xEE);
+            __m512i t2 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x44);
+            __m512i t3 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xEE);
+            __m512i c[4] = {_mm512_shuffle_i32x4(t0, t2, 0x88), _mm512_shuffle_i32x4(t0, t2, 0xDD),
+                            _mm512_shuffle_i32x4(t1, t3, 0x88), _mm512_shuffle_i32x4(t1, t3, 0xDD)};
+            for (int L = 0; L < 4; L++) {  /* c[L]: column 4L + q, all 16 rows */
+                int32_t *o = out + (j0 + 4 * L + q) * od;
+                __m512i v = add ? _mm512_add_epi32(_mm512_loadu_si512(o), c[L]) : c[L];
+                _mm512_storeu_si512(o, v);
+            }
+        }
+    }
+    for (int j = j0; j < w; j++) {         /* the last columns, one at a time */
+        int32_t *o = out + j * od;
+        for (int g = 0; g < GROUP; g++) o[g] = add ? o[g] + tile[g][j] : tile[g][j];
+    }
+}
 #else
 static int cpu_vnni(void) { return 0; }
 #endif
@@ -365,7 +403,12 @@ static int blocks_run(const Quads *q, Py_ssize_t n_s, Py_ssize_t K, const int8_t
                         memcpy(o, tile[g], sizeof(int32_t) * (size_t)w);
                 }
             } else {     /* the sparse side is the output's columns: 16 of them side by side */
-                store_columns(tile, rows, w, out + d0 * od + g0, od, add, flip);
+#if HAVE_V4
+                if (vnni && rows == GROUP)
+                    store_columns_16(tile, w, out + d0 * od + g0, od, add);
+                else
+#endif
+                    store_columns(tile, rows, w, out + d0 * od + g0, od, add, flip);
             }
         }
     }
@@ -376,23 +419,85 @@ static int blocks_run(const Quads *q, Py_ssize_t n_s, Py_ssize_t K, const int8_t
     return 1;
 }
 
+/* A Quads as one bytes object - start (n + 1) and pos (n) as int64, then k (4 per quad)
+ * as int32 and v (4 per quad) as bytes - made once and used by several products */
+static PyObject *quads_bytes(const Quads *q, Py_ssize_t n) {
+    Py_ssize_t total = q->start[n], size = 8 * (2 * n + 1) + 20 * total;
+    PyObject *b = PyBytes_FromStringAndSize(NULL, size);
+    if (!b) return NULL;
+    char *p = PyBytes_AS_STRING(b);
+    memcpy(p, q->start, (size_t)(n + 1) * 8);
+    memcpy(p + 8 * (n + 1), q->pos, (size_t)n * 8);
+    memcpy(p + 8 * (2 * n + 1), q->k, (size_t)total * 16);
+    memcpy(p + 8 * (2 * n + 1) + 16 * total, q->v, (size_t)total * 4);
+    return b;
+}
+
+/* q's arrays pointing into `buf` (quads_bytes' layout) for n rows of K: 1, or 0 with a
+ * ValueError when the bytes are not such quads (any k outside [0, K) or |S| above 128) */
+static int quads_view(Quads *q, const Py_buffer *buf, Py_ssize_t n, Py_ssize_t K) {
+    const char *p = buf->buf;
+    Py_ssize_t head = 8 * (2 * n + 1);
+    Py_ssize_t total = buf->len >= head ? ((const int64_t *)p)[n] : -1;
+    int ok = n >= 0 && total >= 0 && buf->len == head + 20 * total;
+    q->start = (Py_ssize_t *)p;
+    q->pos = (Py_ssize_t *)(p + 8 * (n + 1));
+    q->k = (int32_t *)(p + head);
+    q->v = (uint8_t *)(p + head + 16 * total);
+    for (Py_ssize_t r = 0; ok && r < n; r++)
+        ok = q->start[r] <= q->start[r + 1] && q->pos[r] >= 0 &&
+             q->pos[r] <= q->start[r + 1] - q->start[r];
+    ok = ok && q->start[0] == 0;
+    for (Py_ssize_t i = 0; ok && i < 4 * total; i++) ok = q->k[i] >= 0 && q->k[i] < K && q->v[i] <= 128;
+    if (!ok) PyErr_SetString(PyExc_ValueError, "sparse_mm: the quads do not fit the rows and K given");
+    return ok;
+}
+
+static PyObject *py_sparse_quads(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer s;
+    Py_ssize_t n_s, K, ss, sk;
+    int pieces = 1;
+    if (!PyArg_ParseTuple(args, "y*nnnn|i", &s, &n_s, &K, &ss, &sk, &pieces)) return NULL;
+    int ok = n_s >= 0 && K >= 1 && K <= MAX_K && PIECES_OK(pieces) &&
+             ((sk == 1 && ss >= K) || (ss == 1 && sk >= n_s));
+    if (!ok) {
+        PyBuffer_Release(&s);
+        PyErr_Format(PyExc_ValueError, "sparse_quads: inconsistent shape or strides (K %zd, at "
+                     "most %d; S needs a unit stride)", K, MAX_K);
+        return NULL;
+    }
+    ok = holds(&s, n_s ? (n_s - 1) * ss + (K - 1) * sk + 1 : 0, "sparse_quads: S");
+    Quads q = {0};
+    int made = 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        made = quads_make(&q, s.buf, ss, sk, K, n_s, pieces);
+        Py_END_ALLOW_THREADS
+    }
+    PyObject *got = ok && made ? quads_bytes(&q, n_s) : NULL;
+    if (ok && !made) PyErr_NoMemory();
+    quads_free(&q);
+    PyBuffer_Release(&s);
+    return got;
+}
+
 static PyObject *py_sparse_mm(PyObject *self, PyObject *args) {
     (void)self;
-    Py_buffer s, d, o;
-    Py_ssize_t n_s, K, ss, sk, n_d, dk, dd, os, od, b_lo, b_hi;
+    Py_buffer qb, d, o;
+    Py_ssize_t n_s, K, n_d, dk, dd, os, od, b_lo, b_hi;
     int pieces = 1, add = 0, plain = 0;
-    if (!PyArg_ParseTuple(args, "y*nnnny*nnnw*nnnn|iii", &s, &n_s, &K, &ss, &sk, &d, &n_d, &dk,
-                          &dd, &o, &os, &od, &b_lo, &b_hi, &pieces, &add, &plain))
+    if (!PyArg_ParseTuple(args, "y*nny*nnnw*nnnn|iii", &qb, &n_s, &K, &d, &n_d, &dk, &dd, &o,
+                          &os, &od, &b_lo, &b_hi, &pieces, &add, &plain))
         return NULL;
     Py_ssize_t blocks = (n_d + WIDTH - 1) / WIDTH;
     /* each operand read along one unit stride; its lines at least a line's length apart */
     int ok = n_s >= 0 && K >= 1 && K <= MAX_K && n_d >= 0 && PIECES_OK(pieces) &&
-             ((sk == 1 && ss >= K) || (ss == 1 && sk >= n_s)) &&
              ((dd == 1 && dk >= n_d) || (dk == 1 && dd >= K)) &&
              ((od == 1 && os >= n_d) || (os == 1 && od >= n_s)) && 0 <= b_lo && b_lo <= b_hi &&
              b_hi <= blocks;
     if (!ok) {
-        PyBuffer_Release(&s);
+        PyBuffer_Release(&qb);
         PyBuffer_Release(&d);
         PyBuffer_Release(&o);
         PyErr_Format(PyExc_ValueError, "sparse_mm: inconsistent shapes, strides or block range "
@@ -400,30 +505,27 @@ static PyObject *py_sparse_mm(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_ssize_t span_o = n_s && n_d ? (n_s - 1) * os + (n_d - 1) * od + 1 : 0;
-    ok = holds(&s, n_s ? (n_s - 1) * ss + (K - 1) * sk + 1 : 0, "sparse_mm: S") &&
+    Quads q;
+    ok = quads_view(&q, &qb, n_s, K) &&
          holds(&d, n_d ? (K - 1) * dk + (n_d - 1) * dd + 1 : 0, "sparse_mm: D") &&
          holds(&o, span_o * 4, "sparse_mm: out");
     int vnni = !plain && cpu_vnni();
     int good[PIECES_MAX];
     for (int i = 0; ok && i < pieces; i++) good[i] = 1;
-    Quads q = {0};
     if (ok && n_s && n_d && b_lo < b_hi) {
-        Py_BEGIN_ALLOW_THREADS
-        good[0] = quads_make(&q, s.buf, ss, sk, K, n_s, pieces);
         /* pieces of whole column blocks: each packs and writes its own */
-        if (good[0])
-            FOR_PIECES(b_lo, b_hi, pieces,
-                       good[piece] = blocks_run(&q, n_s, K, d.buf, dk, dd, n_d, o.buf, os, od,
-                                                p_lo, p_hi, add, vnni));
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(b_lo, b_hi, pieces,
+                   good[piece] = blocks_run(&q, n_s, K, d.buf, dk, dd, n_d, o.buf, os, od, p_lo,
+                                            p_hi, add, vnni));
         Py_END_ALLOW_THREADS
-        quads_free(&q);
     }
     for (int i = 0; ok && i < pieces; i++)
         if (!good[i]) {
             PyErr_NoMemory();
             ok = 0;
         }
-    return FINISH(ok, "sparse_mm failed", &s, &d, &o);
+    return FINISH(ok, "sparse_mm failed", &qb, &d, &o);
 }
 
 static PyObject *py_sparse_vnni(PyObject *self, PyObject *args) {
@@ -433,12 +535,15 @@ static PyObject *py_sparse_vnni(PyObject *self, PyObject *args) {
 }
 
 EXT_METHODS(lmhead_sparse) = {
+    {"sparse_quads", py_sparse_quads, METH_VARARGS,
+     "sparse_quads(S, n_s, K, ss, sk[, pieces]) -> bytes: the nonzeros of int8 S (n_s, K), its "
+     "element (s, k) at S[s ss + k sk] with one stride 1, as quads of one sign per row (K <= "
+     "65,536) - sparse_mm's sparse operand."},
     {"sparse_mm", py_sparse_mm, METH_VARARGS,
-     "sparse_mm(S, n_s, K, ss, sk, D, n_d, dk, dd, out, os, od, b_lo, b_hi[, pieces, add, plain]): "
-     "for the columns d of D in the 256-wide blocks [b_lo, b_hi), out[s os + d od] = (add: +=) "
-     "the sum over S[s ss + k sk] != 0 of that times D[k dk + d dd] (int8 S (n_s, K) and D (K, "
-     "n_d), int32 out; each with one unit stride; K <= 65,536); plain: the portable loop even "
-     "where VNNI runs."},
+     "sparse_mm(quads, n_s, K, D, n_d, dk, dd, out, os, od, b_lo, b_hi[, pieces, add, plain]): for "
+     "the columns d of D in the 256-wide blocks [b_lo, b_hi), out[s os + d od] = (add: +=) the "
+     "sum over the nonzeros S[s, k] of S (sparse_quads) times D[k dk + d dd] (int8 D (K, n_d), "
+     "int32 out, each with one unit stride); plain: the portable loop even where VNNI runs."},
     {"sparse_vnni", py_sparse_vnni, METH_NOARGS,
      "sparse_vnni(): whether sparse_mm runs its AVX-512 VNNI loop on this CPU."},
     {NULL, NULL, 0, NULL},

@@ -81,12 +81,14 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
     sparse_b = (sparse_slices(sb, slice(0, c), range(1, slices + 1), k) if sparse
                 else frozenset())
     plans: dict[int, tuple] = {}         # per row block: (its plan, its products)
+    made: dict[tuple, object] = {}       # the sparse slices' nonzeros (``sparse_product``)
     for c0 in range(0, c, col_block):
         cs = slice(c0, c0 + col_block)
         # with one row block each b operand is used once: built when used, into one buffer
         # (all of them at once are twice the slices: 1.6 GB for the head weight's
         # transpose); with several, a level's chunk operand is kept for the column block
         kept: dict[tuple, torch.Tensor] = {}
+        made = {key: got for key, got in made.items() if key[0] == "a"}  # b's: this block's
         for r0 in range(0, r, row_block):
             rs = slice(r0, r0 + row_block)
             nr, nc = min(r, r0 + row_block) - r0, min(c, c0 + col_block) - c0
@@ -101,7 +103,7 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
             for q in products:
                 n += not q.add
                 if q.sparse:
-                    sparse_product(sa, sb, q, rs, cs, accs[n])
+                    sparse_product(sa, sb, q, rs, cs, accs[n], made)
                     continue
                 if q.cols is not None:
                     if gathered is None or gathered[0] is not q.cols:   # one per slice chunk
@@ -144,16 +146,20 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
 
 
 def sparse_product(sa: LevelSlices, sb: LevelSlices, q: Product, rs: slice, cs: slice,
-                   acc: torch.Tensor) -> None:
+                   acc: torch.Tensor, made: dict) -> None:
     """``acc`` (int32 (rows, cols)) = (``q.add``: +=) a_i b_j^T of the rows ``rs`` and
     columns ``cs`` for the one pair of ``q`` (``lmhead_sparse``: the zeros of its sparse side
     skipped), each slice read in place from its store - as the product itself or, with b's
-    slice sparse, its transpose."""
+    slice sparse, its transpose. The sparse side's nonzeros are gathered once per block of
+    it and kept in ``made`` (a row block of a meets every column block, and back)."""
     a, b = sa[q.a[0] - 1][rs], sb[q.b[0] - 1][cs]
+    key = (q.sparse, q.a[0], rs.start) if q.sparse == "a" else (q.sparse, q.b[0], cs.start)
+    if key not in made:
+        made[key] = lmhead_sparse.sparse_rows(a if q.sparse == "a" else b)
     if q.sparse == "a":
-        lmhead_sparse.sparse_mm(a, b.t(), acc, add=q.add)
+        lmhead_sparse.sparse_mm(made[key], b.t(), acc, add=q.add)
     else:
-        lmhead_sparse.sparse_mm(b, a.t(), acc.t(), add=q.add)
+        lmhead_sparse.sparse_mm(made[key], a.t(), acc.t(), add=q.add)
 
 
 def _levels_round_compiled(accs: torch.Tensor, weights: list[float], rowf: torch.Tensor,

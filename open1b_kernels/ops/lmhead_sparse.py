@@ -13,6 +13,8 @@ the reference the tests hold the VNNI loop to, and what runs if asked.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from open1b_kernels.core.mathc import Loops, flat
@@ -35,31 +37,51 @@ def _one_unit(x: torch.Tensor) -> bool:
                              or (x.stride(0) == 1 and x.stride(1) >= x.shape[0]))
 
 
-def sparse_mm(s: torch.Tensor, d: torch.Tensor, out: torch.Tensor, add: bool = False,
-              plain: bool = False) -> torch.Tensor:
-    """``out`` (int32 (n_s, n_d)) = ``s @ d`` (``add``: added to ``out``, int32 wrapping),
-    skipping the zeros of ``s``: int8 ``s`` (n_s, K) and ``d`` (K, n_d), each read in place
-    along whichever of its strides is 1 (a row-major matrix or a transposed view), as is
-    ``out`` - a transposed view of an (n_d, n_s) buffer stores the product transposed;
-    1 <= K <= MAX_K. ``plain``: the portable loop even where VNNI runs (the same integers).
-    Returns ``out``. Needs ``LOOPS.available()``."""
+@dataclass(frozen=True, eq=False)
+class SparseRows:
+    """The nonzeros of an int8 (rows, K) slice in the loop's form (``sparse_rows``): made
+    once, multiplied against several dense blocks."""
+    quads: bytes
+    rows: int
+    k: int
+
+
+def sparse_rows(s: torch.Tensor) -> SparseRows:
+    """The nonzeros of int8 ``s`` (n_s, K), read in place along whichever of its strides is
+    1; 1 <= K <= MAX_K. Needs ``LOOPS.available()``."""
     n_s, k = s.shape
+    if not (s.dtype == torch.int8 and _one_unit(s) and 1 <= k <= MAX_K):
+        raise ValueError(f"sparse_mm needs int8 s (n_s, K) with a unit stride on one side, "
+                         f"1 <= K <= {MAX_K}; got s {s.dtype} {tuple(s.shape)} {s.stride()}")
+    pieces = max(1, min(torch.get_num_threads(), n_s // 64))
+    return SparseRows(LOOPS.sparse_quads(flat(_span(s)), n_s, k, *s.stride(), pieces), n_s, k)
+
+
+def sparse_mm(s: torch.Tensor | SparseRows, d: torch.Tensor, out: torch.Tensor,
+              add: bool = False, plain: bool = False) -> torch.Tensor:
+    """``out`` (int32 (n_s, n_d)) = ``s @ d`` (``add``: added to ``out``, int32 wrapping),
+    skipping the zeros of ``s``: int8 ``s`` (n_s, K) - or its ``sparse_rows``, made once for
+    several products - and ``d`` (K, n_d), each read in place along whichever of its strides
+    is 1 (a row-major matrix or a transposed view), as is ``out`` - a transposed view of an
+    (n_d, n_s) buffer stores the product transposed; 1 <= K <= MAX_K. ``plain``: the
+    portable loop even where VNNI runs (the same integers). Returns ``out``. Needs
+    ``LOOPS.available()``."""
+    rows = s if isinstance(s, SparseRows) else sparse_rows(s)
+    n_s, k = rows.rows, rows.k
     n_d = d.shape[1] if d.dim() == 2 else -1
-    if not (s.dtype == d.dtype == torch.int8 and out.dtype == torch.int32 and _one_unit(s)
-            and _one_unit(d) and _one_unit(out) and d.shape[0] == k and 1 <= k <= MAX_K
-            and tuple(out.shape) == (n_s, n_d)):
-        raise ValueError(f"sparse_mm needs int8 s (n_s, K) and d (K, n_d) and an int32 out "
-                         f"(n_s, n_d), each with a unit stride on one side, 1 <= K <= {MAX_K}; "
-                         f"got s {s.dtype} {tuple(s.shape)} {s.stride()}, d {d.dtype} "
+    if not (d.dtype == torch.int8 and out.dtype == torch.int32 and _one_unit(d)
+            and _one_unit(out) and d.shape[0] == k and tuple(out.shape) == (n_s, n_d)):
+        raise ValueError(f"sparse_mm needs int8 d (K, n_d) and an int32 out (n_s, n_d), each "
+                         f"with a unit stride on one side, for s ({n_s}, {k}); got d {d.dtype} "
                          f"{tuple(d.shape)} {d.stride()}, out {out.dtype} {tuple(out.shape)} "
                          f"{out.stride()}")
     if not (n_s and n_d):
         return out
-    sn, dn, on = flat(_span(s)), flat(_span(d)), flat(_span(out))
+    dn, on = flat(_span(d)), flat(_span(out))
 
     def run(lo: int, hi: int, pieces: int) -> None:
-        LOOPS.sparse_mm(sn, n_s, k, *s.stride(), dn, n_d, *d.stride(), on, *out.stride(), lo,
-                        hi, pieces, int(add), int(plain))
+        LOOPS.sparse_mm(rows.quads, n_s, k, dn, n_d, *d.stride(), on, *out.stride(), lo, hi,
+                        pieces, int(add), int(plain))
 
     parallel(run, -(-n_d // WIDTH), grain=1)
     return out

@@ -91,9 +91,43 @@ def test_sparse_mm_refuses_bad_arguments():
                      torch.zeros((1, 1), dtype=torch.int32))
     with pytest.raises(ValueError, match="unit stride"):
         ls.sparse_mm(s, torch.zeros((8, 10), dtype=torch.int8)[:, ::2], out)
+    rows = ls.sparse_rows(s)
+    args = (d.numpy().reshape(-1), 5, 5, 1, out.numpy().reshape(-1), 5, 1)
     with pytest.raises(ValueError, match="block range"):       # the C wrapper's own check
-        ls.LOOPS.sparse_mm(s.numpy().reshape(-1), 4, 8, 8, 1, d.numpy().reshape(-1), 5, 5, 1,
-                           out.numpy().reshape(-1), 5, 1, 0, 2)
+        ls.LOOPS.sparse_mm(rows.quads, 4, 8, *args, 0, 2)
+    with pytest.raises(ValueError, match="for s \\(4, 8\\)"):
+        ls.sparse_mm(rows, torch.zeros((9, 5), dtype=torch.int8), out)
+
+
+@needs_loops
+def test_sparse_mm_refuses_quads_that_do_not_fit():
+    # the forgery: quads made for other rows, or edited to point past the dense operand (a
+    # k of K or more would read beyond D's rows) or to carry |S| above 128 - refused before
+    # any product, by name
+    g = torch.Generator().manual_seed(5)
+    s = _sparse(6, 40, 0.3, g)
+    d = torch.randint(-127, 128, (40, 20), generator=g, dtype=torch.int8)
+    out = torch.zeros((6, 20), dtype=torch.int32)
+    good = ls.sparse_rows(s)
+    assert torch.equal(ls.sparse_mm(good, d, out), (s.long() @ d.long()).int())
+    head = 8 * (2 * 6 + 1)
+    total = (len(good.quads) - head) // 20
+    k_at = head                                  # the first quad's first column
+    v_at = head + 16 * total                     # and its first |S|
+    forged = {
+        "other rows": ls.SparseRows(good.quads, 5, 40),
+        "other K": ls.SparseRows(good.quads, 6, 30) if int(s[:, 30:].ne(0).sum()) else None,
+        "k past D": ls.SparseRows(good.quads[:k_at] + (40).to_bytes(4, "little")
+                                  + good.quads[k_at + 4:], 6, 40),
+        "|S| above 128": ls.SparseRows(good.quads[:v_at] + bytes([129]) + good.quads[v_at + 1:],
+                                       6, 40),
+        "cut short": ls.SparseRows(good.quads[:-1], 6, 40),
+    }
+    for name, rows in forged.items():
+        if rows is None:
+            continue
+        with pytest.raises(ValueError, match="the quads do not fit"):
+            ls.sparse_mm(rows, d[: rows.k], torch.zeros((rows.rows, 20), dtype=torch.int32))
 
 
 def test_level_products_fold_the_sparse_pairs_into_their_level():
