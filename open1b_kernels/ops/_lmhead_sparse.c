@@ -27,141 +27,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_lmhead_quads.h"
+
 #define MAX_K 65536     /* K * 128 * 128 <= 2^30: the positive and the negative sums fit */
 #define GROUP 16        /* sparse rows per tile: the output stored 16 rows at a time */
 #define WIDTH 256       /* dense columns per tile: 16 int32 accumulators of 16 lanes */
-
-/* The nonzeros of S: per row r, quads of (k, |S|) - the positive ones first, pos[r] of
- * them, then the negative ones - at quads [start[r], start[r + 1]). Made in two passes over
- * the rows (counts, then a prefix sum and the fill), each cut into pieces. */
-typedef struct {
-    int32_t *k;        /* 4 per quad */
-    uint8_t *v;        /* 4 per quad */
-    Py_ssize_t *start; /* rows + 1 */
-    Py_ssize_t *pos;   /* rows */
-} Quads;
-
-static void quads_free(Quads *q) {
-    free(q->k);
-    free(q->v);
-    free(q->start);
-    free(q->pos);
-}
-
-/* rows [r0, r1): pos[r] = its positive quads, start[r + 1] = all its quads. S's element
- * (r, k) at S[r * ss + k * sk], one of the strides 1: a row at a time, or (ss == 1) the
- * rows side by side, one k at a time */
-CLONES static void quads_count(Quads *q, const int8_t *S, Py_ssize_t ss, Py_ssize_t sk,
-                               Py_ssize_t K, Py_ssize_t r0, Py_ssize_t r1) {
-    if (sk == 1) {
-        for (Py_ssize_t r = r0; r < r1; r++) {
-            const int8_t *row = S + r * ss;
-            Py_ssize_t p = 0, m = 0;
-            for (Py_ssize_t k = 0; k < K; k++) {   /* branch-free: vectorized */
-                p += row[k] > 0;
-                m += row[k] < 0;
-            }
-            q->pos[r] = p;
-            q->start[r + 1] = m;
-        }
-    } else {
-        for (Py_ssize_t r = r0; r < r1; r++) q->pos[r] = q->start[r + 1] = 0;
-        for (Py_ssize_t k = 0; k < K; k++) {
-            const int8_t *line = S + k * sk;
-            for (Py_ssize_t r = r0; r < r1; r++) {
-                q->pos[r] += line[r] > 0;
-                q->start[r + 1] += line[r] < 0;
-            }
-        }
-    }
-    for (Py_ssize_t r = r0; r < r1; r++) {
-        q->pos[r] = (q->pos[r] + 3) / 4;
-        q->start[r + 1] = q->pos[r] + (q->start[r + 1] + 3) / 4;
-    }
-}
-
-static inline void quads_put(Quads *q, Py_ssize_t *at, int8_t v, Py_ssize_t k) {
-    int neg = v < 0;
-    q->k[at[neg]] = (int32_t)k;
-    q->v[at[neg]++] = (uint8_t)(neg ? -v : v);
-}
-
-/* pad each sign's last quad of row r with zeros at column 0 */
-static inline void quads_pad(Quads *q, const Py_ssize_t *at, Py_ssize_t r) {
-    Py_ssize_t end[2] = {(q->start[r] + q->pos[r]) * 4, q->start[r + 1] * 4};
-    for (int s = 0; s < 2; s++)
-        for (Py_ssize_t i = at[s]; i < end[s]; i++) {
-            q->k[i] = 0;
-            q->v[i] = 0;
-        }
-}
-
-/* rows [r0, r1)'s quads, start[] summed; 0 when memory could not be had */
-static int quads_fill(Quads *q, const int8_t *S, Py_ssize_t ss, Py_ssize_t sk, Py_ssize_t K,
-                      Py_ssize_t r0, Py_ssize_t r1) {
-    const uint64_t low7 = 0x7F7F7F7F7F7F7F7FULL, high = 0x8080808080808080ULL;
-    if (sk == 1) {
-        for (Py_ssize_t r = r0; r < r1; r++) {
-            const int8_t *row = S + r * ss;
-            Py_ssize_t at[2] = {q->start[r] * 4, (q->start[r] + q->pos[r]) * 4};
-            for (Py_ssize_t k0 = 0; k0 < K; k0 += 8) {
-                uint64_t word = 0;                    /* eight bytes at once: most are zero */
-                memcpy(&word, row + k0, (size_t)(K - k0 < 8 ? K - k0 : 8));
-                uint64_t nz = (((word & low7) + low7) | word) & high;   /* top bit: != 0 */
-                while (nz) {
-                    Py_ssize_t k = k0 + (__builtin_ctzll(nz) >> 3);
-                    nz &= nz - 1;
-                    quads_put(q, at, row[k], k);
-                }
-            }
-            quads_pad(q, at, r);
-        }
-        return 1;
-    }
-    Py_ssize_t n = r1 - r0, *at = malloc((size_t)(2 * n) * sizeof(Py_ssize_t));
-    if (!at) return 0;
-    for (Py_ssize_t r = r0; r < r1; r++) {
-        at[2 * (r - r0)] = q->start[r] * 4;
-        at[2 * (r - r0) + 1] = (q->start[r] + q->pos[r]) * 4;
-    }
-    for (Py_ssize_t k = 0; k < K; k++) {
-        const int8_t *line = S + k * sk;
-        for (Py_ssize_t r0w = r0; r0w < r1; r0w += 8) {
-            uint64_t word = 0;
-            memcpy(&word, line + r0w, (size_t)(r1 - r0w < 8 ? r1 - r0w : 8));
-            uint64_t nz = (((word & low7) + low7) | word) & high;
-            while (nz) {
-                Py_ssize_t r = r0w + (__builtin_ctzll(nz) >> 3);
-                nz &= nz - 1;
-                quads_put(q, at + 2 * (r - r0), line[r], k);
-            }
-        }
-    }
-    for (Py_ssize_t r = r0; r < r1; r++) quads_pad(q, at + 2 * (r - r0), r);
-    free(at);
-    return 1;
-}
-
-/* the quads of S's n rows, the passes cut into `pieces`; 0 when memory could not be had */
-static int quads_make(Quads *q, const int8_t *S, Py_ssize_t ss, Py_ssize_t sk, Py_ssize_t K,
-                      Py_ssize_t n, int pieces) {
-    q->start = malloc((size_t)(n + 1) * sizeof(Py_ssize_t));
-    q->pos = malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
-    if (!q->start || !q->pos) return 0;
-    FOR_PIECES(0, n, pieces, quads_count(q, S, ss, sk, K, p_lo, p_hi));
-    q->start[0] = 0;
-    for (Py_ssize_t r = 0; r < n; r++) q->start[r + 1] += q->start[r];
-    Py_ssize_t total = q->start[n];
-    q->k = malloc((size_t)(total ? total : 1) * 4 * sizeof(int32_t));
-    q->v = malloc((size_t)(total ? total : 1) * 4);
-    if (!q->k || !q->v) return 0;
-    int good[PIECES_MAX];
-    for (int i = 0; i < pieces && i < PIECES_MAX; i++) good[i] = 1;
-    FOR_PIECES(0, n, pieces, good[piece] = quads_fill(q, S, ss, sk, K, p_lo, p_hi));
-    for (int i = 0; i < pieces && i < PIECES_MAX; i++)
-        if (!good[i]) return 0;
-    return 1;
-}
 
 /* the plain loop: tile[g][j] = sum of row g's terms at dense columns d0 + j, j < w */
 static void tile_plain(const Quads *q, Py_ssize_t row0, int rows, const int8_t *D, Py_ssize_t ldd,
@@ -182,6 +52,7 @@ static void tile_plain(const Quads *q, Py_ssize_t row0, int rows, const int8_t *
 #if HAVE_V4
 #include <immintrin.h>
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define VNNI_INLINE VNNI __attribute__((always_inline)) static inline
 
 static int cpu_vnni(void) {
     __builtin_cpu_init();
@@ -190,9 +61,8 @@ static int cpu_vnni(void) {
 
 /* acc[4p .. 4p + 3] += the quad (x: four |S| bytes, rows k) against D's 64-column panel p:
  * acc[4p + q] lane (L, i) holds column 64p + 16L + 4q + i (the unpacks' order) */
-VNNI __attribute__((always_inline)) static inline void quad_panels(__m512i *acc, const int8_t *D, Py_ssize_t ldd,
-                                    const int32_t *k, const uint8_t *v, Py_ssize_t d0, int np,
-                                    __mmask64 last) {
+VNNI_INLINE void quad_panels(__m512i *acc, const int8_t *D, Py_ssize_t ldd, const int32_t *k,
+                             const uint8_t *v, Py_ssize_t d0, int np, __mmask64 last) {
     int32_t xs;
     memcpy(&xs, v, 4);
     const __m512i x = _mm512_set1_epi32(xs);
@@ -200,20 +70,36 @@ VNNI __attribute__((always_inline)) static inline void quad_panels(__m512i *acc,
     const int8_t *r2 = D + (Py_ssize_t)k[2] * ldd + d0, *r3 = D + (Py_ssize_t)k[3] * ldd + d0;
     for (int p = 0; p < np; p++) {
         __mmask64 m = p == np - 1 ? last : ~(__mmask64)0;
-        __m512i a = _mm512_maskz_loadu_epi8(m, r0 + 64 * p), b = _mm512_maskz_loadu_epi8(m, r1 + 64 * p);
-        __m512i c = _mm512_maskz_loadu_epi8(m, r2 + 64 * p), d = _mm512_maskz_loadu_epi8(m, r3 + 64 * p);
+        __m512i a = _mm512_maskz_loadu_epi8(m, r0 + 64 * p);
+        __m512i b = _mm512_maskz_loadu_epi8(m, r1 + 64 * p);
+        __m512i c = _mm512_maskz_loadu_epi8(m, r2 + 64 * p);
+        __m512i d = _mm512_maskz_loadu_epi8(m, r3 + 64 * p);
         __m512i ab_lo = _mm512_unpacklo_epi8(a, b), ab_hi = _mm512_unpackhi_epi8(a, b);
         __m512i cd_lo = _mm512_unpacklo_epi8(c, d), cd_hi = _mm512_unpackhi_epi8(c, d);
-        acc[4 * p] = _mm512_dpbusd_epi32(acc[4 * p], x, _mm512_unpacklo_epi16(ab_lo, cd_lo));
-        acc[4 * p + 1] = _mm512_dpbusd_epi32(acc[4 * p + 1], x, _mm512_unpackhi_epi16(ab_lo, cd_lo));
-        acc[4 * p + 2] = _mm512_dpbusd_epi32(acc[4 * p + 2], x, _mm512_unpacklo_epi16(ab_hi, cd_hi));
-        acc[4 * p + 3] = _mm512_dpbusd_epi32(acc[4 * p + 3], x, _mm512_unpackhi_epi16(ab_hi, cd_hi));
+        __m512i *at = acc + 4 * p;
+        at[0] = _mm512_dpbusd_epi32(at[0], x, _mm512_unpacklo_epi16(ab_lo, cd_lo));
+        at[1] = _mm512_dpbusd_epi32(at[1], x, _mm512_unpackhi_epi16(ab_lo, cd_lo));
+        at[2] = _mm512_dpbusd_epi32(at[2], x, _mm512_unpacklo_epi16(ab_hi, cd_hi));
+        at[3] = _mm512_dpbusd_epi32(at[3], x, _mm512_unpackhi_epi16(ab_hi, cd_hi));
     }
 }
 
+/* c[L] = lane L (128 bits) of a[0], a[1], a[2], a[3] side by side: a 4 x 4 transpose of
+ * lanes (t0 = a0.L0 a0.L1 a1.L0 a1.L1, t2 = a2.L0 a2.L1 a3.L0 a3.L1; t1, t3 lanes 2, 3) */
+VNNI_INLINE void lanes4(const __m512i a[4], __m512i c[4]) {
+    __m512i t0 = _mm512_shuffle_i32x4(a[0], a[1], 0x44);
+    __m512i t1 = _mm512_shuffle_i32x4(a[0], a[1], 0xEE);
+    __m512i t2 = _mm512_shuffle_i32x4(a[2], a[3], 0x44);
+    __m512i t3 = _mm512_shuffle_i32x4(a[2], a[3], 0xEE);
+    c[0] = _mm512_shuffle_i32x4(t0, t2, 0x88);
+    c[1] = _mm512_shuffle_i32x4(t0, t2, 0xDD);
+    c[2] = _mm512_shuffle_i32x4(t1, t3, 0x88);
+    c[3] = _mm512_shuffle_i32x4(t1, t3, 0xDD);
+}
+
 /* one row's terms over np panels (np a constant where inlined), into t in column order */
-VNNI __attribute__((always_inline)) static inline void row_vnni(const Quads *q, Py_ssize_t r, const int8_t *D, Py_ssize_t ldd,
-                                 Py_ssize_t d0, int np, __mmask64 last, int32_t *t) {
+VNNI_INLINE void row_vnni(const Quads *q, Py_ssize_t r, const int8_t *D, Py_ssize_t ldd,
+                          Py_ssize_t d0, int np, __mmask64 last, int32_t *t) {
     __m512i acc[16];
     for (int i = 0; i < 4 * np; i++) acc[i] = _mm512_setzero_si512();
     Py_ssize_t i = q->start[r], mid = q->start[r] + q->pos[r], end = q->start[r + 1];
@@ -221,18 +107,12 @@ VNNI __attribute__((always_inline)) static inline void row_vnni(const Quads *q, 
     for (int j = 0; j < 4 * np; j++) acc[j] = _mm512_sub_epi32(_mm512_setzero_si512(), acc[j]);
     for (; i < end; i++) quad_panels(acc, D, ldd, q->k + 4 * i, q->v + 4 * i, d0, np, last);
     for (int p = 0; p < np; p++) {
-        /* 128-bit lane L of acc[4p + q] is columns 16L + 4q .. + 3: a 4 x 4 transpose of lanes */
-        __m512i a0 = acc[4 * p], a1 = acc[4 * p + 1], a2 = acc[4 * p + 2], a3 = acc[4 * p + 3];
-        __m512i t0 = _mm512_shuffle_i32x4(a0, a1, 0x44), t1 = _mm512_shuffle_i32x4(a0, a1, 0xEE);
-        __m512i t2 = _mm512_shuffle_i32x4(a2, a3, 0x44), t3 = _mm512_shuffle_i32x4(a2, a3, 0xEE);
-        /* t0 = a0.L0 a0.L1 a1.L0 a1.L1; t2 = a2.L0 a2.L1 a3.L0 a3.L1 (t1, t3: lanes 2, 3) */
-        __m512i c0 = _mm512_shuffle_i32x4(t0, t2, 0x88), c1 = _mm512_shuffle_i32x4(t0, t2, 0xDD);
-        __m512i c2 = _mm512_shuffle_i32x4(t1, t3, 0x88), c3 = _mm512_shuffle_i32x4(t1, t3, 0xDD);
-        /* c0 = a0.L0 a1.L0 a2.L0 a3.L0: columns 0..15 of the panel; c1: 16..31; ... */
-        _mm512_storeu_si512(t + 64 * p, _mm512_sub_epi32(_mm512_setzero_si512(), c0));
-        _mm512_storeu_si512(t + 64 * p + 16, _mm512_sub_epi32(_mm512_setzero_si512(), c1));
-        _mm512_storeu_si512(t + 64 * p + 32, _mm512_sub_epi32(_mm512_setzero_si512(), c2));
-        _mm512_storeu_si512(t + 64 * p + 48, _mm512_sub_epi32(_mm512_setzero_si512(), c3));
+        /* lane L of acc[4p + q] is columns 16L + 4q .. + 3: c[L] is columns 16L .. 16L + 15 */
+        __m512i c[4];
+        lanes4(acc + 4 * p, c);
+        for (int L = 0; L < 4; L++)
+            _mm512_storeu_si512(t + 64 * p + 16 * L,
+                                _mm512_sub_epi32(_mm512_setzero_si512(), c[L]));
     }
 }
 
@@ -249,6 +129,7 @@ VNNI static void tile_vnni(const Quads *q, Py_ssize_t row0, int rows, const int8
         }
     }
 }
+
 /* store_columns for a whole tile of 16 rows: each 16 x 16 block of int32 turned in
  * registers (unpacks within 128-bit lanes, then a 4 x 4 transpose of the lanes) - the
  * byte-by-byte turn cost more than the products at 3% nonzeros */
@@ -269,12 +150,8 @@ VNNI static void store_columns_16(int32_t tile[GROUP][WIDTH], int w, int32_t *ou
             u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
         }
         for (int q = 0; q < 4; q++) {      /* lane L of u[q], u[4 + q], u[8 + q], u[12 + q] */
-            __m512i t0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x44);
-            __m512i t1 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xEE);
-            __m512i t2 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x44);
-            __m512i t3 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xEE);
-            __m512i c[4] = {_mm512_shuffle_i32x4(t0, t2, 0x88), _mm512_shuffle_i32x4(t0, t2, 0xDD),
-                            _mm512_shuffle_i32x4(t1, t3, 0x88), _mm512_shuffle_i32x4(t1, t3, 0xDD)};
+            __m512i a[4] = {u[q], u[4 + q], u[8 + q], u[12 + q]}, c[4];
+            lanes4(a, c);
             for (int L = 0; L < 4; L++) {  /* c[L]: column 4L + q, all 16 rows */
                 int32_t *o = out + (j0 + 4 * L + q) * od;
                 __m512i v = add ? _mm512_add_epi32(_mm512_loadu_si512(o), c[L]) : c[L];
@@ -417,40 +294,6 @@ static int blocks_run(const Quads *q, Py_ssize_t n_s, Py_ssize_t K, const int8_t
     free(flip);
     free(tile);
     return 1;
-}
-
-/* A Quads as one bytes object - start (n + 1) and pos (n) as int64, then k (4 per quad)
- * as int32 and v (4 per quad) as bytes - made once and used by several products */
-static PyObject *quads_bytes(const Quads *q, Py_ssize_t n) {
-    Py_ssize_t total = q->start[n], size = 8 * (2 * n + 1) + 20 * total;
-    PyObject *b = PyBytes_FromStringAndSize(NULL, size);
-    if (!b) return NULL;
-    char *p = PyBytes_AS_STRING(b);
-    memcpy(p, q->start, (size_t)(n + 1) * 8);
-    memcpy(p + 8 * (n + 1), q->pos, (size_t)n * 8);
-    memcpy(p + 8 * (2 * n + 1), q->k, (size_t)total * 16);
-    memcpy(p + 8 * (2 * n + 1) + 16 * total, q->v, (size_t)total * 4);
-    return b;
-}
-
-/* q's arrays pointing into `buf` (quads_bytes' layout) for n rows of K: 1, or 0 with a
- * ValueError when the bytes are not such quads (any k outside [0, K) or |S| above 128) */
-static int quads_view(Quads *q, const Py_buffer *buf, Py_ssize_t n, Py_ssize_t K) {
-    const char *p = buf->buf;
-    Py_ssize_t head = 8 * (2 * n + 1);
-    Py_ssize_t total = buf->len >= head ? ((const int64_t *)p)[n] : -1;
-    int ok = n >= 0 && total >= 0 && buf->len == head + 20 * total;
-    q->start = (Py_ssize_t *)p;
-    q->pos = (Py_ssize_t *)(p + 8 * (n + 1));
-    q->k = (int32_t *)(p + head);
-    q->v = (uint8_t *)(p + head + 16 * total);
-    for (Py_ssize_t r = 0; ok && r < n; r++)
-        ok = q->start[r] <= q->start[r + 1] && q->pos[r] >= 0 &&
-             q->pos[r] <= q->start[r + 1] - q->start[r];
-    ok = ok && q->start[0] == 0;
-    for (Py_ssize_t i = 0; ok && i < 4 * total; i++) ok = q->k[i] >= 0 && q->k[i] < K && q->v[i] <= 128;
-    if (!ok) PyErr_SetString(PyExc_ValueError, "sparse_mm: the quads do not fit the rows and K given");
-    return ok;
 }
 
 static PyObject *py_sparse_quads(PyObject *self, PyObject *args) {

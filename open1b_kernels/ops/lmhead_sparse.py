@@ -22,7 +22,7 @@ from open1b_kernels.core.pieces import parallel
 
 LOOPS = Loops("open1b_kernels.ops._opsc")    # the sparse products: _lmhead_sparse.c
 
-MAX_K = 65_536      # the C file's bound: K * 127^2 < 2^31
+MAX_K = 65_536      # the C file's bound: K * 128^2 <= 2^30, each sign's sums in int32
 WIDTH = 256         # the C loop's dense columns per block (the pieces' unit)
 
 
@@ -90,6 +90,8 @@ def sparse_mm(s: torch.Tensor | SparseRows, d: torch.Tensor, out: torch.Tensor,
 def _span(x: torch.Tensor) -> torch.Tensor:
     """A 1-D view of ``x``'s storage from its first element to its last (``x`` 2-D with
     non-negative strides): what the loop indexes with the strides it is given."""
+    if not x.numel():
+        return torch.empty(0, dtype=x.dtype)
     span = (x.shape[0] - 1) * x.stride(0) + (x.shape[1] - 1) * x.stride(1) + 1
     return torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), x.storage_offset(), (span,),
                                               (1,))

@@ -91,6 +91,8 @@ def test_sparse_mm_refuses_bad_arguments():
                      torch.zeros((1, 1), dtype=torch.int32))
     with pytest.raises(ValueError, match="unit stride"):
         ls.sparse_mm(s, torch.zeros((8, 10), dtype=torch.int8)[:, ::2], out)
+    empty = ls.sparse_rows(torch.zeros((0, 8), dtype=torch.int8))     # no rows: nothing to do
+    assert ls.sparse_mm(empty, d, torch.zeros((0, 5), dtype=torch.int32)).shape == (0, 5)
     rows = ls.sparse_rows(s)
     args = (d.numpy().reshape(-1), 5, 5, 1, out.numpy().reshape(-1), 5, 1)
     with pytest.raises(ValueError, match="block range"):       # the C wrapper's own check
