@@ -7,8 +7,8 @@ Behind the plan (``open1b_kernels.ops.lmhead_plan``), the dense pairs run groupe
 chunks of K_CHUNK (p * K_CHUNK * 127^2 < 2^31 for a level's p <= 3 pairs: int32 never
 overflows); a compacted slice's pairs run over its gathered columns, a row-sparse slice's
 row by row into an int64 part of T (``lmhead_rowsparse``), a sparse dense-planned slice's
-pairs one by one onto their level's int32 sums (``lmhead_sparse``, VNNI CPUs). One compiled pass per block
-(``_lmhead_sums.c``, ``levels_round_weighted``) adds the int32 products with their
+pairs one by one onto their level's int32 sums (``lmhead_sparse``, VNNI CPUs). One
+compiled pass per block (``_lmhead_sums.c``, ``levels_round_weighted``) adds the int32 products with their
 power-of-two weights into T - exact in float64 below 2^53 - rounds T once into the output
 and takes T's row and column sums, which ``lmhead_check.check_sums`` compares with the
 definition's once per call.

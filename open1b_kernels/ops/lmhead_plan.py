@@ -75,9 +75,9 @@ ROW_SPARSE_SAMPLE = 16
 # its pairs as one sparse product (``lmhead_sparse``) instead of in its level's GEMM - on
 # the "int" route only, where the VNNI loop runs. Measured on the Zen 4 (2 cores,
 # ``benchmarks.kernels.lmhead_sparse``) at the head's blocks, one pair's GEMM ~20 ms: the
-# sparse pair with its slice as the rows 2.5 ms + ~0.85 ms per 1% of nonzeros, as the
-# columns (stored transposed) 4.1-4.3 ms + ~1.0 ms per 1%: even near 1/8 and 1/7; 1/16
-# keeps 1.7x or more. The slice it is for: a_S of a Gaussian operand (the head's input, its
+# sparse pair with its slice as the rows 2.5-2.9 ms + ~0.85 ms per 1% of nonzeros, as the
+# columns (stored transposed) 3.6-4.3 ms + ~1.0-1.2 ms per 1%: even near 1/8 and 1/7;
+# 1/16 keeps 1.5x or more. The slice it is for: a_S of a Gaussian operand (the head's input, its
 # weight) holds only the elements more than 2^-7 below their row's largest, 2-4% of them,
 # so a_1 b_S and a_S b_1 (two of the lowest level's three pairs) run 2.5-4x faster
 SPARSE_MAX = 1 / 16
