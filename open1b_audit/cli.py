@@ -14,7 +14,7 @@ import click
 from open1b.cli import ERRORS, Cli, emit, fail
 from open1b_audit import __version__
 from open1b_audit.options import announcement, expect_recipe, expect_run_hash, recipe_lines
-from open1b_audit.pinned import cut_note, log_of, steps_of
+from open1b_audit.pinned import chained, cut_note, log_of
 from open1b_train.cli import check_memory_plan
 
 
@@ -364,7 +364,6 @@ def fetch_step_cmd(mix_url, step, out, run, expect, as_json) -> None:
     each against its shard's Merkle root, and rebuild the step's windows and data digest;
     exits 1 naming a document that fails its proof, with nothing reported as verified.
     With --run, exits 1 when the digest is not the one RUN logged for STEP."""
-    from open1b_train import chain
     from open1b_audit.fetch import fetch_step, run_step, write_step
 
     if expect and not run:
@@ -372,11 +371,7 @@ def fetch_step_cmd(mix_url, step, out, run, expect, as_json) -> None:
     try:
         against = None
         if run:
-            lines = steps_of(run, expect)
-            f = chain.check(lines)
-            if f is not None:
-                raise click.ClickException(f"{run}: the log is not one chain ({f}); its data "
-                                           f"digests cannot be trusted")
+            lines = chained(run, expect, "its data digests cannot be trusted")
             against = run_step(run, lines, step)
         data = fetch_step(mix_url, step, against)
         written = write_step(data, out) if out else []

@@ -25,16 +25,12 @@ def log_of(run: str, expect: str | None = None):
     return log
 
 
-def steps_of(run: str, expect: str | None = None) -> list[dict]:
-    return log_of(run, expect).lines
-
-
 def chained(run: str, expect: str | None, why: str) -> list[dict]:
     """RUN's lines, refused (one line) unless they are one chain (and end in ``expect``):
     ``why`` says what a broken chain cannot be used for."""
     from open1b_train import chain
 
-    lines = steps_of(run, expect)
+    lines = log_of(run, expect).lines
     f = chain.check(lines)
     if f is not None:
         raise click.ClickException(f"{run}: the log is not one chain ({f}); {why}")
