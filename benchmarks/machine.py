@@ -89,6 +89,19 @@ def median_s(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def alternating_medians(sides: dict, repeats: int) -> dict:
+    """{name: median wall seconds} of ``repeats`` rounds calling every side once in turn
+    (side by side: a drift of the machine falls on all sides alike); the callers warm the
+    sides up first (usually by the call that checks their results)."""
+    times = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, fn in sides.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 class LoadLog:
     """Load-average samples over one benchmark run."""
 

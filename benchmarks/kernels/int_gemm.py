@@ -16,14 +16,13 @@ time (> 1: faster than float32).
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 
 import click
 import torch
 
-from benchmarks.machine import LoadLog, describe
+from benchmarks.machine import LoadLog, alternating_medians, describe
 from open1b_kernels.int8 import amxmm, pairmm, route
 
 SHAPES = ((4096, 2048, 2048), (4096, 2048, 512), (4096, 5632, 2048))
@@ -59,13 +58,7 @@ def main(repeats, out):
             if not torch.equal(sides["amx"](), sides["float"]()):
                 raise SystemExit(f"the tile route differs from the float route at {m}x{k}x{n}")
         exact = torch.equal(sides["int"](), sides["float"]())
-        t = {s: [] for s in sides}
-        for _ in range(repeats):
-            for s, f in sides.items():
-                t0 = time.perf_counter()
-                f()
-                t[s].append(time.perf_counter() - t0)
-        md = {s: statistics.median(v) for s, v in t.items()}
+        md = alternating_medians(sides, repeats)
         def side(name):
             return ((f"{md[name]:.3f}", f"{md['f32'] / md[name]:.2f}") if name in md
                     else ("-", "-"))

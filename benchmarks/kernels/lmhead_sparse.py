@@ -13,13 +13,11 @@ the sides alternating; ratio = GEMM time / sparse time (> 1: the sparse pair is 
 """
 from __future__ import annotations
 
-import statistics
-import time
 
 import click
 import torch
 
-from benchmarks.machine import report_end, report_head
+from benchmarks.machine import alternating_medians, report_end, report_head
 from open1b_kernels.ops import lmhead_sparse as ls
 
 SHAPES = (("forward a_3 b_1", 1024, 2048, 4096, False),
@@ -56,13 +54,7 @@ def main(repeats, out):
             sides = {"gemm": lambda: torch._int_mm(a, b.t()), "sparse": run_sparse}
             if not torch.equal(sides["gemm"](), sides["sparse"]().clone()):
                 raise SystemExit(f"the sparse pair differs from the GEMM at {name}, {share}")
-            t = {s: [] for s in sides}
-            for _ in range(repeats):
-                for s, f in sides.items():
-                    t0 = time.perf_counter()
-                    f()
-                    t[s].append(time.perf_counter() - t0)
-            md = {s: statistics.median(v) for s, v in t.items()}
+            md = alternating_medians(sides, repeats)
             lines.append(f"| {r} x {k} x {c} ({name}) | {'columns' if b_side else 'rows'} | "
                          f"{share:.1%} | {md['gemm'] * 1e3:.2f} | {md['sparse'] * 1e3:.2f} | "
                          f"{md['gemm'] / md['sparse']:.2f} |")
