@@ -15,6 +15,7 @@ from open1b_kernels.ops import lmhead_plan as lp
 from open1b_kernels.ops import lmhead_sparse as ls
 from tests.kernels.support import needs_loops
 from tests.kernels.test_lmhead_int import _case, _run, _same, exact_mm
+from tests.kernels.test_lmhead_plan import _caught_and_recomputed
 
 PATHS = [False, True] if ls.available() else [True]     # plain; the VNNI loop where it runs
 
@@ -205,9 +206,4 @@ def test_a_wrong_sparse_product_is_caught_and_recomputed(route, monkeypatch, spa
         return out
 
     monkeypatch.setattr(ls, "sparse_mm", wrong)
-    route("int", exact_mm)
-    with pytest.warns(RuntimeWarning, match="checksum failed on the LM head.s slice products"):
-        got = _run(h, w, dl, 3)
-    assert _same(want, got)
-    st = gemm_route.int_gemm_status()
-    assert st["route"] == "float" and st["failures"] == 1
+    _caught_and_recomputed(route, h, w, dl, want)
