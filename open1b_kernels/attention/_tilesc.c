@@ -571,6 +571,7 @@ static PyMethodDef methods[] = {
 };
 
 EXT_TABLE(tileamx);
+EXT_TABLE(tilevnni);
 
 EXT_MODULE(_tilesc, "Compiled tile loops of attention's CPU reference (same bits).",
-           {methods, open1b_tileamx_methods})
+           {methods, open1b_tileamx_methods, open1b_tilevnni_methods})

@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from open1b_kernels.attention import amx
+from open1b_kernels.attention import amx, vnni
 from open1b_kernels.attention.tiles import (BLOCK_M, BLOCK_N, block_band, pad_rows, quantize_v,
                                      row_delta, softmax_scale)
 from open1b_kernels.core import mathc, pieces
@@ -162,8 +162,13 @@ def _fixed(x: torch.Tensor, block: int, columns: bool, hkv: int = 0) -> torch.Te
 
 
 def _scores(q, k, hkv: int):
-    """The exact scores Q K^T as float64 BLAS products: (qb, first, nk, out) -> out (see
-    ``amx.scores``, the same values from int8 tiles)."""
+    """The exact scores Q K^T as float64 products: (qb, first, nk, out) -> out - VNNI row
+    products where they run and pay (``_vnni_rows``), else the BLAS's (see ``amx.scores``:
+    the same values from int8 tiles)."""
+    rows = _vnni_rows(q, k)
+    if rows is not None:
+        g = q.shape[1] // hkv
+        return lambda qb, first, nk, out: vnni.products(*rows, g, -1, qb, first, nk, out)
     b, hq, s, d = q.shape
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
     # (n_qb, B * Hkv, G * BLOCK_M, D): one step's queries are one contiguous batch
@@ -174,6 +179,56 @@ def _scores(q, k, hkv: int):
         keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
         return torch.matmul(q64[qb], k64[:, keys].transpose(1, 2), out=out)
     return fill
+
+
+def _vnni_rows(a: torch.Tensor, b: torch.Tensor) -> tuple[vnni.Rows, vnni.Rows] | None:
+    """The VNNI operands of the row product A B^T (A: Q or dO, B: K or V) where the VNNI
+    products run (``vnni_in_use``) and L is sparse enough in both to pay
+    (``vnni.sparse_enough``); else None, for the float64 products."""
+    if not vnni_in_use():
+        return None
+    rows = vnni.Rows(a, False), vnni.Rows(b, True)
+    return rows if vnni.sparse_enough(*rows) else None
+
+
+def vnni_in_use() -> bool:
+    """Whether the row products may run on VNNI: ``vnni.available``, no AMX tiles (they run
+    every product where they agree, and their probe's float64 side must stay float64) and
+    the VNNI products agreed with the float64 ones on the probe (``rows_agree``, once per
+    process)."""
+    return vnni.available() and not amx.available() and rows_agree()
+
+
+@functools.lru_cache(maxsize=1)
+def rows_agree() -> bool:
+    """Run once: ``_PROBE_CASES``' Q K^T and dO V^T (worst-case operands: every digit at
+    its extremes, subnormals, zeros, whole rows of both) as VNNI row products and as float64
+    products, every query block against every key block; False, with a warning naming the
+    platform, where any bit differs - the process then keeps the float64 products. Exact
+    by construction (open1b_kernels/attention/_tilevnni.c); this guards the platform it runs
+    on, as the int8 GEMM's and the tiles' probes do."""
+    for case in _PROBE_CASES:
+        q, k, v, do, _ = _probe_inputs(*case)
+        hkv, d = k.shape[1], q.shape[3]
+        g, bk, n = q.shape[1] // hkv, q.shape[0] * hkv, -(-q.shape[2] // BLOCK_M)
+        for a, b in ((q, k), (do, v)):
+            ra, rb = vnni.Rows(a, False), vnni.Rows(b, True)
+            a64 = _fixed(a, BLOCK_M, False, hkv).movedim(0, 2).reshape(n, bk, -1, d)
+            b64 = _fixed(b, BLOCK_N, False).reshape(bk, n * BLOCK_N, d)
+            for qb in range(n):
+                got = vnni.products(ra, rb, g, -1, qb, 0, n, torch.empty(
+                    (bk, g * BLOCK_M, n * BLOCK_N), dtype=torch.float64))
+                want = torch.matmul(a64[qb], b64.transpose(1, 2))
+                if not torch.equal(got.view(torch.int64), want.view(torch.int64)):
+                    import warnings
+
+                    from open1b_kernels.int8.route import platform_name
+                    warnings.warn(f"attention's VNNI row products differ from the float64 "
+                                  f"products on {platform_name()} (probe case {case}, query "
+                                  f"block {qb}); using the float64 products", RuntimeWarning,
+                                  stacklevel=3)
+                    return False
+    return True
 
 
 def forward(q, k, v, window: int | None):
@@ -248,11 +303,15 @@ def _backward(q, k, v, o, lse, do, window: int | None):
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
     drow = _group_rows(pad_rows(row_delta(o, do), BLOCK_M, 0.0), hkv)  # (G, n_qb, bk, BM)
     lse_b = _group_rows(pad_rows(lse, BLOCK_M, 0.0), hkv)
-    q64, do64 = (_fixed(x, BLOCK_M, False, hkv) for x in (q, do))
     qc64, doc64 = (_fixed(x, BLOCK_M, True, hkv) for x in (q, do))
-    k64 = _fixed(k, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
-    v64 = _fixed(v, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
     kc64 = _fixed(k, BLOCK_N, True).reshape(bk, n_kb, BLOCK_N, d)
+    s_rows, dp_rows = _vnni_rows(q, k), _vnni_rows(do, v)  # None: the float64 products
+    if s_rows is None:
+        q64 = _fixed(q, BLOCK_M, False, hkv)
+        k64 = _fixed(k, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
+    if dp_rows is None:
+        do64 = _fixed(do, BLOCK_M, False, hkv)
+        v64 = _fixed(v, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
     lo, hi = block_band(torch.arange(n_qb), window, n_kb)
     acc_dq = torch.empty((g, n_qb, bk, BLOCK_M, d))
     # dK and dV transposed, (BK, D, keys): their tile products run as (D, 64) x (64, band),
@@ -267,8 +326,14 @@ def _backward(q, k, v, o, lse, do, window: int | None):
             keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
             s64, dp64 = (scratch(f"attn.{name}", (bk, BLOCK_M, nk * BLOCK_N), torch.float64)
                          for name in ("s64", "dp64"))
-            torch.matmul(q64[h, qb], k64[:, keys].transpose(1, 2), out=s64)
-            torch.matmul(do64[h, qb], v64[:, keys].transpose(1, 2), out=dp64)
+            if s_rows is None:
+                torch.matmul(q64[h, qb], k64[:, keys].transpose(1, 2), out=s64)
+            else:
+                vnni.products(*s_rows, g, h, qb, first, nk, s64)
+            if dp_rows is None:
+                torch.matmul(do64[h, qb], v64[:, keys].transpose(1, 2), out=dp64)
+            else:
+                vnni.products(*dp_rows, g, h, qb, first, nk, dp64)
             # ds16's tiles grouped by rows (dQ) and ds16's and p16's grouped by columns
             # (dK, dV), all three laid out by query rows
             dsr = scratch("attn.dsr", (bk, nk, BLOCK_M, BLOCK_N), torch.float64)

@@ -65,7 +65,9 @@ LOOPS = {
                                          "fwd_rows32", "digit_planes",
                                          # the AMX tile products (attention/_tileamx.c)
                                          "amx_bwd_tiles", "amx_dq", "amx_kv", "amx_pv",
-                                         "amx_scores", "amx_tiles", "amx_value_tiles"},
+                                         "amx_scores", "amx_tiles", "amx_value_tiles",
+                                         # the VNNI row products (attention/_tilevnni.c)
+                                         "vnni_rows", "vnni_products", "vnni_tiles"},
 }
 
 

@@ -1,0 +1,189 @@
+"""Attention's row products on AVX-512 VNNI (open1b_kernels/attention/vnni.py, _tilevnni.c): the
+float64 products' values on every value class (so the forward and backward keep the
+definition's bits, whichever operands run on VNNI), the share that keeps the float64
+products, the once-per-process probe that catches a forged product, and the switch."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from open1b_kernels.attention import amx, compiled, vnni
+from open1b_kernels.attention.backward import backward_reference
+from open1b_kernels.attention.forward import forward_reference
+from open1b_kernels.attention.tiles import BLOCK_M
+from tests.kernels.support import bits
+from tests.kernels.test_attention import _inputs
+from tests.kernels.test_attention_amx import _extreme
+
+needs_vnni = pytest.mark.skipif(not vnni.available(), reason="this CPU does not run AVX-512 VNNI")
+
+
+@pytest.fixture(autouse=True)
+def _no_tiles(monkeypatch):
+    """AMX tiles off: where they run they take every product (compiled.vnni_in_use), so an
+    AMX CPU tests the VNNI products here too."""
+    monkeypatch.setenv(amx.SWITCH, "0")
+
+
+def _float64_products(a, b, hkv, h, qb, first, nk):
+    """compiled.py's float64 BLAS product of the same operands: the values to match."""
+    bk, d, n = b.shape[0] * hkv, a.shape[3], -(-a.shape[2] // BLOCK_M)
+    a64 = compiled._fixed(a, BLOCK_M, False, hkv)                    # (G, n, bk, 64, D)
+    b64 = compiled._fixed(b, BLOCK_M, False).reshape(bk, n * BLOCK_M, d)
+    lhs = a64[:, qb].movedim(0, 1).reshape(bk, -1, d) if h < 0 else a64[h, qb]
+    return torch.matmul(lhs, b64[:, first * BLOCK_M:(first + nk) * BLOCK_M].transpose(1, 2))
+
+
+@needs_vnni
+@pytest.mark.parametrize("kind", ["normal", "outlier", "extreme", "tiny"])
+@pytest.mark.parametrize("shape", [(1, 4, 2, 200, 128), (2, 2, 1, 130, 64), (1, 2, 2, 64, 16),
+                                   (1, 2, 1, 100, 256)])
+def test_products_are_the_float64_products(shape, kind):
+    b, hq, hkv, s, d = shape
+    g = torch.Generator().manual_seed(hash((shape, kind)) % 2**31)
+    q, k = torch.randn(b, hq, s, d, generator=g), torch.randn(b, hkv, s, d, generator=g)
+    if kind == "outlier":    # one huge column: most of every row 7+ binades below it (dense L)
+        q[..., 3] *= 4096.0
+        k[..., 5, :] *= 2.0 ** -100
+    elif kind == "tiny":
+        q, k = q * 2.0 ** -120, k * 2.0 ** -126
+    q, k = q.bfloat16(), k.bfloat16()
+    if kind == "extreme":    # every digit at -128 / 127, subnormals, zeros, zero rows
+        q, k = _extreme((b, hq, s, d), 1), _extreme((b, hkv, s, d), 2)
+    a, bb = vnni.Rows(q, False), vnni.Rows(k, True)
+    n, gq = -(-s // BLOCK_M), hq // hkv
+    for qb in range(n):
+        for first, nk in ((0, n), (qb, 1), (max(0, qb - 1), min(2, n - max(0, qb - 1)))):
+            for h in (-1, gq - 1):
+                out = torch.empty((b * hkv, (gq if h < 0 else 1) * BLOCK_M, nk * BLOCK_M),
+                                  dtype=torch.float64)
+                vnni.products(a, bb, gq, h, qb, first, nk, out)
+                want = _float64_products(q, k, hkv, h, qb, first, nk)
+                assert torch.equal(bits(out), bits(want)), (qb, first, nk, h)
+
+
+@needs_vnni
+def test_share_counts_the_low_digits():
+    # L (N's low 7 bits) is nonzero only for a value 7+ binades below its row's largest, and
+    # there where its significand reaches below bit 7: here every other value of every row is
+    # 255/128 * 2^-9 (N = 255 * 2^4, L = 112), and 2^-9 (N = 2^11, L = 0) in a second tensor
+    x = torch.ones(1, 1, 64, 128)
+    x[..., ::2] = 2.0 ** -9 * 255 / 128
+    r = vnni.Rows(x.bfloat16(), False)
+    assert r.share == 0.5
+    x[..., ::2] = 2.0 ** -9
+    assert vnni.Rows(x.bfloat16(), True).share == 0.0
+
+
+@needs_vnni
+@pytest.mark.parametrize("case", [(1, 4, 2, 150, 128, None), (2, 2, 1, 100, 64, 70),
+                                  (1, 2, 2, 64, 256, 30), (1, 4, 1, 80, 16, None)])
+@pytest.mark.parametrize("kind", ["normal", "extreme"])
+def test_forward_and_backward_keep_the_definitions_bits(monkeypatch, case, kind):
+    # every row product on VNNI however dense L is (SPARSE_MAX 1: the share never falls
+    # back), against the definition
+    monkeypatch.setattr(vnni, "SPARSE_MAX", 1.0)
+    b, hq, hkv, s, d, window = case
+    if kind == "extreme":
+        q = (_extreme((b, hq, s, d), 1).float() * 2.0 ** -40).to(torch.bfloat16)
+        k, v, do = (_extreme((b, hkv, s, d), 2), _extreme((b, hkv, s, d), 3),
+                    _extreme((b, hq, s, d), 4))
+    else:
+        q, k, v, do, _ = _inputs(case, seed=5)
+    assert compiled.rows_agree()                         # the probe's products run first
+    calls = []
+    real = vnni.products
+    monkeypatch.setattr(vnni, "products", lambda *a: calls.append(1) or real(*a))
+    out, lse = forward_reference(q, k, v, window)
+    for x, y in zip(compiled.forward(q, k, v, window), (out, lse)):
+        assert torch.equal(bits(x), bits(y))
+    for x, y in zip(compiled.backward(q, k, v, out, lse, do, window),
+                    backward_reference(q, k, v, out, lse, do, window)):
+        assert torch.equal(bits(x), bits(y))
+    n_qb = -(-s // BLOCK_M)
+    assert len(calls) == n_qb * (1 + 2 * (hq // hkv))   # the forward's, the backward's two
+
+
+@needs_vnni
+def test_a_dense_low_digit_keeps_the_float64_products(monkeypatch):
+    # an operand whose L is dense (a row with one huge value: the rest 7+ binades below)
+    # would run slower on VNNI than in float64: the share sends it to the BLAS
+    q, k, v, do, window = _inputs((1, 2, 1, 70, 64, None), seed=3)
+    q = (q.float() * torch.where(torch.arange(64) == 0, 2.0 ** 12, 1.0)).bfloat16()
+    assert compiled.rows_agree()
+    calls = []
+    monkeypatch.setattr(vnni, "products", lambda *a: calls.append(a))
+    assert vnni.Rows(q, False).share > vnni.SPARSE_MAX
+    assert compiled._vnni_rows(q, k) is None
+    out, lse = compiled.forward(q, k, v, window)
+    dq, dk, dv = compiled.backward(q, k, v, out, lse, do, window)
+    assert len(calls) == 2 * 2        # dO V^T only (2 query blocks x 2 heads): Q's L is dense
+    out_ref, _ = forward_reference(q, k, v, window)
+    assert torch.equal(bits(out), bits(out_ref))
+
+
+@needs_vnni
+def test_the_probe_passes_here_and_catches_a_forged_product(monkeypatch):
+    # a row product wrong in one element (a platform miscomputing VPDPBUSD would look like
+    # this) is seen by the probe, which keeps the float64 products - the definition's bits
+    assert compiled.rows_agree() and compiled.vnni_in_use()
+    real = vnni.products
+
+    def forged(a, b, g, h, qb, first, nk, out):
+        real(a, b, g, h, qb, first, nk, out)
+        out[0, 1, 2] = out[0, 1, 2] * (1 + 2.0 ** -40)
+        return out
+
+    monkeypatch.setattr(vnni, "products", forged)
+    compiled.rows_agree.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="VNNI row products differ"):
+            assert not compiled.rows_agree()
+        assert not compiled.vnni_in_use()
+        q, k, v, do, window = _inputs((1, 4, 2, 90, 32, 50), seed=8)
+        out, lse = forward_reference(q, k, v, window)
+        got = compiled.backward(q, k, v, out, lse, do, window)        # float64 products now
+        for x, y in zip(got, backward_reference(q, k, v, out, lse, do, window)):
+            assert torch.equal(bits(x), bits(y))
+    finally:
+        compiled.rows_agree.cache_clear()
+
+
+def test_switch_off_keeps_the_float64_products(monkeypatch):
+    monkeypatch.setenv(vnni.SWITCH, "0")
+    assert not vnni.available() and not compiled.vnni_in_use()
+    calls = []
+    monkeypatch.setattr(vnni, "products", lambda *a: calls.append(1))
+    q, k, v, do, window = _inputs((1, 2, 1, 70, 16, None), seed=2)
+    out, lse = compiled.forward(q, k, v, window)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compiled.backward(q, k, v, out, lse, do, window)
+    assert not calls
+    for x, y in zip(got, backward_reference(q, k, v, out, lse, do, window)):
+        assert torch.equal(bits(x), bits(y))
+
+
+@needs_vnni
+def test_loops_reject_inconsistent_buffers():
+    t = vnni._tilesc
+    x = torch.zeros(64 * 16, dtype=torch.int16).numpy()
+    i8, i32 = torch.zeros(2 * 64 * 16, dtype=torch.int8), torch.zeros(64 * 16, dtype=torch.int32)
+    one, rows = torch.zeros(1, dtype=torch.int32), torch.zeros(64, dtype=torch.int32)
+    f64 = torch.zeros(64, dtype=torch.float64)
+    ok = [y.numpy() for y in (i8, i32, i32.clone(), one, rows, f64)]
+    t.vnni_rows(x, *ok, 1, 64, 64, 16, False, 0, 1)                 # consistent: runs
+    with pytest.raises(ValueError, match="expected"):               # S_pad past the buffers
+        t.vnni_rows(x, *ok, 1, 64, 128, 16, False, 0, 1)
+    with pytest.raises(ValueError, match="inconsistent"):           # S_pad not whole blocks
+        t.vnni_rows(x, *ok, 1, 60, 60, 16, False, 0, 1)
+    a = ok[:5]
+    out = torch.zeros(64 * 64, dtype=torch.float64).numpy()
+    t.vnni_products(*a, *ok, out, 1, 1, -1, 0, 0, 1, 1, 1, 16, 0, 1)  # consistent: runs
+    with pytest.raises(ValueError, match="consistent shapes"):      # first + nk past the blocks
+        t.vnni_products(*a, *ok, out, 1, 1, -1, 0, 1, 1, 1, 1, 16, 0, 1)
+    with pytest.raises(ValueError, match="expected"):               # out too short for nk = 2
+        t.vnni_products(*a, *ok, out, 1, 1, -1, 0, 0, 2, 1, 2, 16, 0, 2)
