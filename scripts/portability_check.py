@@ -64,6 +64,9 @@ ROWS: dict[str, tuple[dict[str, str], list[str], str | None]] = {
     # every AMX loop off (attention's tile products back to float64 BLAS products, the int8
     # GEMM to the next route auto takes): on a CPU without AMX the same as baseline
     "amx-off": ({"OPEN1B_AMX": "0"}, [], None),
+    # attention's Q K^T and dO V^T back to float64 BLAS products where AVX-512 VNNI ran them
+    # (open1b_kernels/attention/vnni.py; on a CPU without VNNI, or with AMX, as baseline)
+    "vnni-off": ({"OPEN1B_VNNI": "0"}, [], None),
     "flush-denormal": ({}, ["--flush-denormal"], None),
     "matmul-medium": ({}, ["--matmul-precision", "medium"], None),
     "fma-control": ({}, ["--fma-control"], None),
