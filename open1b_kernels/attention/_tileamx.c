@@ -30,32 +30,12 @@
 
 #include "../core/_amx.h"
 #include "../core/_mathfn.h"
+#include "_fixed.h"
 
 #define BLK 64                   /* BLOCK_M = BLOCK_N (checked by the caller) */
 #define DIG 3072                 /* one chunk's three digit blocks */
 #define EXP_OFFSET 147           /* x = N * 2^(E - 147), open1b_kernels/attention/fixed.py */
 
-
-static inline int32_t bexpo(uint16_t bits) {    /* max(biased exponent, 1): fixed.py's e_eff */
-    int32_t e = (bits >> 7) & 0xFF;
-    return e > 1 ? e : 1;
-}
-
-/* fixed.py's integer N of a bf16 value in a group of exponent E (_magnitudes). */
-static inline int32_t fixed_int(uint16_t bits, int32_t E) {
-    int32_t ex = (bits >> 7) & 0xFF;
-    int32_t m = ex > 0 ? ((bits & 0x7F) | 0x80) : (bits & 0x7F);
-    int32_t shift = bexpo(bits) - E + 13;
-    int32_t mag = shift >= 0 ? m << shift : m >> (-shift > 15 ? 15 : -shift);
-    return (bits >> 15) ? -mag : mag;
-}
-
-static inline double pow2d_a(int32_t e) {  /* 2^e, e in [-1022, 1023], exact */
-    uint64_t u = (uint64_t)(e + 1023) << 52;
-    double d;
-    memcpy(&d, &u, 8);
-    return d;
-}
 
 #if AMX_BUILD
 #define TILE_TARGET __attribute__((target("arch=x86-64-v4,amx-tile,amx-int8")))
@@ -117,7 +97,7 @@ TILE_TARGET static void digit_planes(const uint16_t *x, int8_t *out, int32_t *ex
                 int32_t em = 1;
                 if (r < S)
                     for (Py_ssize_t d = 0; d < D; d++) {
-                        int32_t ex = bexpo(xp[r * D + d]);
+                        int32_t ex = bf16_expo(xp[r * D + d]);
                         em = ex > em ? ex : em;
                     }
                 exps[p * S_pad + r] = em;
@@ -146,7 +126,7 @@ TILE_TARGET static void digit_planes(const uint16_t *x, int8_t *out, int32_t *ex
             for (Py_ssize_t d = 0; d < D; d++) e[d] = 1;
             for (Py_ssize_t r = r0; r < r1; r++)
                 for (Py_ssize_t d = 0; d < D; d++) {
-                    int32_t ex = bexpo(xp[r * D + d]);
+                    int32_t ex = bf16_expo(xp[r * D + d]);
                     e[d] = ex > e[d] ? ex : e[d];
                 }
             for (Py_ssize_t d = 0; d < D; d++) exps[(p * nblk + b) * D + d] = e[d];
@@ -285,7 +265,7 @@ TILE_TARGET static inline void drain(pipeline *pl) {
 }
 
 static inline void scales(double *dst, const int32_t *e) {
-    for (int i = 0; i < 16; i++) dst[i] = pow2d_a(e[i] - EXP_OFFSET);
+    for (int i = 0; i < 16; i++) dst[i] = pow2d(e[i] - EXP_OFFSET);
 }
 
 /* ---------------------------------------------------------------- the forward's scores */
@@ -443,7 +423,7 @@ TILE_TARGET static void bwd_tiles_amx(const int8_t *qd, const int32_t *eq, const
                 ds16[i * BLK + c] = bf16_rne1(dsv);
             }
             for (int c = 0; c < BLK; c++) {
-                int32_t ep = bexpo(p16[i * BLK + c]), ed = bexpo(ds16[i * BLK + c]);
+                int32_t ep = bf16_expo(p16[i * BLK + c]), ed = bf16_expo(ds16[i * BLK + c]);
                 ecol_p[c] = ep > ecol_p[c] ? ep : ecol_p[c];
                 ecol_ds[c] = ed > ecol_ds[c] ? ed : ecol_ds[c];
             }
@@ -452,7 +432,7 @@ TILE_TARGET static void bwd_tiles_amx(const int8_t *qd, const int32_t *eq, const
         for (int i = 0; i < BLK; i++) {
             int32_t er = 1;
             for (int c = 0; c < BLK; c++) {
-                int32_t ed = bexpo(ds16[i * BLK + c]);
+                int32_t ed = bf16_expo(ds16[i * BLK + c]);
                 er = ed > er ? ed : er;
             }
             erow[(bk * nk + j) * BLK + i] = er;

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "../core/_mathfn.h"
+#include "_fixed.h"
 
 #define BLK 64  /* BLOCK_M = BLOCK_N of open1b_kernels.attention.tiles (checked by the caller) */
 
@@ -40,13 +41,6 @@ static inline int32_t visible(int32_t row, int32_t col, int32_t seq, int32_t low
 
 static inline int32_t expo_f32(float x) { return (int32_t)((to_bits(x) >> 23) & 0xFF); }
 
-static inline double pow2d(int32_t e) {  /* 2^e, e in [-1022, 1023], exact */
-    uint64_t u = (uint64_t)(e + 1023) << 52;
-    double d;
-    memcpy(&d, &u, 8);
-    return d;
-}
-
 /* The pairwise tree of open1b_kernels.core.reduce over 64 values (s[i] = s[2i] + s[2i+1]). */
 static inline float tree64(const float *x) {
     float s[BLK];
@@ -57,11 +51,6 @@ static inline float tree64(const float *x) {
 }
 
 static inline float bf16_value(uint16_t bits) { return from_bits((uint32_t)bits << 16); }
-
-static inline int32_t bf16_expo(uint16_t bits) {  /* max(biased exponent, 1): fixed.py's e_eff */
-    int32_t e = (bits >> 7) & 0xFF;
-    return e > 1 ? e : 1;
-}
 
 /* fixed_values of open1b_kernels.attention.fixed for a value x (bf16) of a group whose largest
  * effective exponent is e: trunc(x * 2^(147 - e)) * 2^(e - 147), exact in float64. */

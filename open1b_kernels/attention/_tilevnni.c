@@ -31,29 +31,10 @@
 
 #include <string.h>
 
+#include "_fixed.h"
+
 #define BLK 64             /* BLOCK_M = BLOCK_N (checked by the caller) */
 #define EXP_OFFSET 147     /* x = N * 2^(E - 147), open1b_kernels/attention/fixed.py */
-
-static inline int32_t v_bexpo(uint16_t bits) {  /* max(biased exponent, 1): fixed.py's e_eff */
-    int32_t e = (bits >> 7) & 0xFF;
-    return e > 1 ? e : 1;
-}
-
-/* fixed.py's integer N of a bf16 value in a group of exponent E (_magnitudes). */
-static inline int32_t v_fixed_int(uint16_t bits, int32_t E) {
-    int32_t ex = (bits >> 7) & 0xFF;
-    int32_t m = ex > 0 ? ((bits & 0x7F) | 0x80) : (bits & 0x7F);
-    int32_t shift = (ex > 1 ? ex : 1) - E + 13;
-    int32_t mag = shift >= 0 ? m << shift : m >> (-shift > 15 ? 15 : -shift);
-    return (bits >> 15) ? -mag : mag;
-}
-
-static inline double v_pow2(int32_t e) {  /* 2^e, e in [-1022, 1023], exact */
-    uint64_t u = (uint64_t)(e + 1023) << 52;
-    double d;
-    memcpy(&d, &u, 8);
-    return d;
-}
 
 /* ------------------------------------------------------------------ the operands' digits */
 
@@ -75,10 +56,10 @@ static void vnni_rows(const uint16_t *x, int8_t *dig, int32_t *tr, int32_t *sp, 
                 int32_t E = 1, s0 = 0, s1 = 0;
                 if (r < S) {
                     for (Py_ssize_t k = 0; k < D; k++) {
-                        int32_t e = v_bexpo(xr[k]);
+                        int32_t e = bf16_expo(xr[k]);
                         E = e > E ? e : E;
                     }
-                    for (Py_ssize_t k = 0; k < D; k++) n[k] = v_fixed_int(xr[k], E);
+                    for (Py_ssize_t k = 0; k < D; k++) n[k] = fixed_int(xr[k], E);
                 } else {
                     memset(n, 0, sizeof(int32_t) * D);
                 }
@@ -249,8 +230,8 @@ VNNI static void tile(const int8_t *ad, const int32_t *atr, const int32_t *asp, 
     }
     double sa[BLK], sb[BLK];
     for (int i = 0; i < BLK; i++) {
-        sa[i] = v_pow2(ae[i] - EXP_OFFSET);
-        sb[i] = v_pow2(be[i] - EXP_OFFSET);
+        sa[i] = pow2d(ae[i] - EXP_OFFSET);
+        sb[i] = pow2d(be[i] - EXP_OFFSET);
     }
     write_out(out, ldo, acc, acc_t, bn > 0, sa, sb);
 }
