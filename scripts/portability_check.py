@@ -168,8 +168,13 @@ def inside(args) -> dict:
         b = bisect(args.bisect, args.bisect_until)
         res["bisect"] = {"step": b["step"], "finding": b["finding"], "operator": b["operator"],
                          "vouched": b["vouched"]}
+    from open1b_kernels.attention import compiled
     from open1b_kernels.int8.route import int_gemm_status
     res["machine"]["int_gemm"] = int_gemm_status()   # after the work: route and failures
+    # attention's exact products: every one on AMX tiles, Q K^T and dO V^T on VNNI (where
+    # their low digits are sparse enough, per call), or all float64 BLAS products
+    res["machine"]["attention"] = ("AMX tiles" if compiled.tiles_in_use() else "VNNI rows"
+                                   if compiled.vnni_in_use() else "float64")
     res["seconds"] = round(time.perf_counter() - t0, 1)
     return res
 
@@ -268,7 +273,8 @@ def describe_row(r: dict) -> str:
     return (f"py {m['python']}, torch {m['torch']} ({m['torch_cpu_capability']}), numpy "
             f"{m['numpy']}, {m['torch_threads']} thr, mathc {'on' if m['mathc'] else 'off'}"
             f", FTZ {'on' if m['flush']['ftz'] else 'off'}"
-            + (f", int GEMM {m['int_gemm']['route']}" if m.get("int_gemm") else ""))
+            + (f", int GEMM {m['int_gemm']['route']}" if m.get("int_gemm") else "")
+            + (f", attention {m['attention']}" if m.get("attention") else ""))
 
 
 def markdown(results: list[dict], machine: dict) -> str:
