@@ -97,9 +97,9 @@ static int cpu_vnni(void) {
     return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
 }
 
-/* acc += the four-byte dot products of u8 x and s8 y, in place: GCC 12 copies the
- * accumulator of _mm512_dpbusd_epi32 around each use (measured: a third of the loop's
- * instructions were register moves), the asm keeps it where it is. */
+/* acc += the four-byte dot products of u8 x and s8 y, in place. With _mm512_dpbusd_epi32
+ * GCC 12 copied the accumulators between registers and spilled them (the product ran at
+ * 0.76x the float64 one); the asm pins each to its register. */
 #define DPBUSD(ACC, X, Y) __asm__("vpdpbusd %2, %1, %0" : "+v"(ACC) : "v"(X), "v"(Y))
 
 /* Rows i0 .. i0 + 3 of the A block against the 16-row group g of the B block: their dense
@@ -193,8 +193,8 @@ VNNI static inline void write_out(double *out, Py_ssize_t ldo, const double *acc
 }
 
 /* acc[row] += unit L tr[k] over a list of L's nonzeros (row-major order: a row's run summed in
- * registers, then added once). Each product below 2^35 and every sum an integer below 2^53:
- * the fused multiply-adds are exact. */
+ * registers, then added once). Each product below 2^28 (L < 2^7 times N < 2^21, or 2^7 L
+ * times |H| <= 2^14) and every sum an integer below 2^53: the fused multiply-adds are exact. */
 VNNI static inline void add_sparse(const int32_t *list, int32_t n, const int32_t *tr, double unit,
                                    double *acc) {
     for (int32_t e = 0; e < n;) {

@@ -55,7 +55,7 @@ class Rows:
 
     def __init__(self, x: torch.Tensor, b_side: bool) -> None:
         b, h, s, d = x.shape
-        self.planes, self.n_blk, self.d = b * h, -(-s // BLOCK_M), d
+        self.planes, self.n_blk, self.d, self.b_side = b * h, -(-s // BLOCK_M), d, b_side
         rows = self.n_blk * BLOCK_M
         self.dig = torch.empty(self.planes * rows * d * 2, dtype=torch.int8)
         self.tr, self.sp = (torch.empty(self.planes * rows * d, dtype=torch.int32)
@@ -70,9 +70,10 @@ class Rows:
             src, *bufs, self.planes, s, rows, d, b_side, lo, hi, p), self.planes, grain=1)
         self.share = int(self.spn.sum()) / max(1, self.sp.numel())
 
-    def args(self, b_side: bool) -> tuple:
+    def args(self) -> tuple:
+        """The loop's arguments for this side: the right one adds its column sums."""
         own = (self.dig, self.tr, self.sp, self.spn, self.exps)
-        return tuple(_np(t) for t in (*own, self.corr) if b_side or t is not self.corr)
+        return tuple(_np(t) for t in (*own, self.corr) if self.b_side or t is not self.corr)
 
 
 def sparse_enough(*operands: Rows) -> bool:
@@ -86,9 +87,11 @@ def products(a: Rows, b: Rows, g: int, h: int, qb: int, first: int, nk: int,
     query block ``qb`` of ``a``'s planes (grouped G to a KV plane: head ``h``, or every head
     of the group for ``h`` < 0) and the band of ``nk`` key blocks of ``b`` from ``first``:
     compiled.py's float64 products, the same values."""
+    if a.b_side or not b.b_side:
+        raise ValueError("products(a, b): a must be a left side (Rows(x, False)), b a right "
+                         "side (Rows(x, True))")
     heads = g if h < 0 else 1
-    args = (*a.args(False), *b.args(True), _np(out), b.planes, g, h, qb, first, nk, a.n_blk,
-            b.n_blk, a.d)
+    args = (*a.args(), *b.args(), _np(out), b.planes, g, h, qb, first, nk, a.n_blk, b.n_blk, a.d)
     pieces.parallel(lambda lo, hi, p: _tilesc.vnni_products(*args, lo, hi, p),
                     b.planes * heads * nk, grain=1)
     return out

@@ -168,6 +168,15 @@ def test_switch_off_keeps_the_float64_products(monkeypatch):
 
 
 @needs_vnni
+def test_sides_swapped_are_refused():
+    q = torch.randn(1, 2, 64, 16).bfloat16()
+    a, b = vnni.Rows(q, False), vnni.Rows(q, True)
+    out = torch.empty((2, 64, 64), dtype=torch.float64)
+    with pytest.raises(ValueError, match="left side"):
+        vnni.products(b, a, 1, -1, 0, 0, 1, out)
+
+
+@needs_vnni
 def test_loops_reject_inconsistent_buffers():
     t = vnni._tilesc
     x = torch.zeros(64 * 16, dtype=torch.int16).numpy()
