@@ -161,23 +161,25 @@ def _fixed(x: torch.Tensor, block: int, columns: bool, hkv: int = 0) -> torch.Te
     return out
 
 
-def _scores(q, k, hkv: int):
-    """The exact scores Q K^T as float64 products: (qb, first, nk, out) -> out - VNNI row
-    products where they run and pay (``_vnni_rows``), else the BLAS's (see ``amx.scores``:
-    the same values from int8 tiles)."""
-    rows = _vnni_rows(q, k)
+def _row_products(a: torch.Tensor, b: torch.Tensor, hkv: int):
+    """The exact products A B^T (A: Q or dO, B: K or V, both grouped by rows) as a function
+    (h, qb, first, nk, out) -> out: float64 (B * Hkv, rows, nk * 64) for query block qb of
+    head h of every KV group (h < 0: every head of the group, stacked) against the band of nk
+    key blocks from ``first`` - VNNI row products where they run and pay (``_vnni_rows``),
+    else the BLAS's float64 products of the fixed-point values (``amx.scores``: the same
+    values from int8 tiles)."""
+    g = a.shape[1] // hkv
+    rows = _vnni_rows(a, b)
     if rows is not None:
-        g = q.shape[1] // hkv
-        return lambda qb, first, nk, out: vnni.products(*rows, g, -1, qb, first, nk, out)
-    b, hq, s, d = q.shape
-    n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
-    # (n_qb, B * Hkv, G * BLOCK_M, D): one step's queries are one contiguous batch
-    q64 = _fixed(q, BLOCK_M, False, hkv).movedim(0, 2).reshape(n_qb, b * hkv, -1, d)
-    k64 = _fixed(k, BLOCK_N, False).reshape(b * hkv, n_kb * BLOCK_N, d)
+        return lambda h, qb, first, nk, out: vnni.products(*rows, g, h, qb, first, nk, out)
+    bk, d, n_kb = b.shape[0] * hkv, a.shape[3], -(-b.shape[2] // BLOCK_N)
+    a64 = _fixed(a, BLOCK_M, False, hkv)                             # (G, n_qb, bk, 64, D)
+    b64 = _fixed(b, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
 
-    def fill(qb: int, first: int, nk: int, out: torch.Tensor) -> torch.Tensor:
+    def fill(h: int, qb: int, first: int, nk: int, out: torch.Tensor) -> torch.Tensor:
+        lhs = a64[h, qb] if h >= 0 else a64[:, qb].movedim(0, 1).reshape(bk, -1, d)
         keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
-        return torch.matmul(q64[qb], k64[:, keys].transpose(1, 2), out=out)
+        return torch.matmul(lhs, b64[:, keys].transpose(1, 2), out=out)
     return fill
 
 
@@ -245,7 +247,8 @@ def _forward(q, k, v, window: int | None, tiles: bool):
     rows = g * BLOCK_M  # one query block of the group's heads, stacked
     scale = softmax_scale(d)
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
-    product = amx.scores(q, k) if tiles else _scores(q, k, hkv)
+    # (qb, first, nk, out) -> out: every head of the group at once
+    product = amx.scores(q, k) if tiles else functools.partial(_row_products(q, k, hkv), -1)
     v8, u = quantize_v(v)
     v8 = v8.reshape(bk, n_kb * BLOCK_N, d)
     pv = amx.values(v8) if tiles else None
@@ -305,13 +308,7 @@ def _backward(q, k, v, o, lse, do, window: int | None):
     lse_b = _group_rows(pad_rows(lse, BLOCK_M, 0.0), hkv)
     qc64, doc64 = (_fixed(x, BLOCK_M, True, hkv) for x in (q, do))
     kc64 = _fixed(k, BLOCK_N, True).reshape(bk, n_kb, BLOCK_N, d)
-    s_rows, dp_rows = _vnni_rows(q, k), _vnni_rows(do, v)  # None: the float64 products
-    if s_rows is None:
-        q64 = _fixed(q, BLOCK_M, False, hkv)
-        k64 = _fixed(k, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
-    if dp_rows is None:
-        do64 = _fixed(do, BLOCK_M, False, hkv)
-        v64 = _fixed(v, BLOCK_N, False).reshape(bk, n_kb * BLOCK_N, d)
+    s_rows, dp_rows = _row_products(q, k, hkv), _row_products(do, v, hkv)
     lo, hi = block_band(torch.arange(n_qb), window, n_kb)
     acc_dq = torch.empty((g, n_qb, bk, BLOCK_M, d))
     # dK and dV transposed, (BK, D, keys): their tile products run as (D, 64) x (64, band),
@@ -323,17 +320,10 @@ def _backward(q, k, v, o, lse, do, window: int | None):
     for h in range(g):
         for qb in range(n_qb):
             first, nk = int(lo[qb]), int(hi[qb] - lo[qb]) + 1
-            keys = slice(first * BLOCK_N, (first + nk) * BLOCK_N)
             s64, dp64 = (scratch(f"attn.{name}", (bk, BLOCK_M, nk * BLOCK_N), torch.float64)
                          for name in ("s64", "dp64"))
-            if s_rows is None:
-                torch.matmul(q64[h, qb], k64[:, keys].transpose(1, 2), out=s64)
-            else:
-                vnni.products(*s_rows, g, h, qb, first, nk, s64)
-            if dp_rows is None:
-                torch.matmul(do64[h, qb], v64[:, keys].transpose(1, 2), out=dp64)
-            else:
-                vnni.products(*dp_rows, g, h, qb, first, nk, dp64)
+            s_rows(h, qb, first, nk, s64)
+            dp_rows(h, qb, first, nk, dp64)
             # ds16's tiles grouped by rows (dQ) and ds16's and p16's grouped by columns
             # (dK, dV), all three laid out by query rows
             dsr = scratch("attn.dsr", (bk, nk, BLOCK_M, BLOCK_N), torch.float64)
