@@ -92,10 +92,6 @@ static void vnni_rows(const uint16_t *x, int8_t *dig, int32_t *tr, int32_t *sp, 
 #include <immintrin.h>
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
-static int cpu_vnni(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
-}
 
 /* acc += the four-byte dot products of u8 x and s8 y, in place. With _mm512_dpbusd_epi32
  * GCC 12 copied the accumulators between registers and spilled them (the product ran at
@@ -257,8 +253,6 @@ VNNI static void products(const int8_t *ad, const int32_t *atr, const int32_t *a
              out + (bk * heads + hh) * BLK * ldo + j * BLK, ldo, acc, acc + BLK * BLK);
     }
 }
-#else
-static int cpu_vnni(void) { return 0; }
 #endif
 
 /* ------------------------------------------------------------------------------ wrappers */
@@ -304,8 +298,8 @@ static PyObject *py_vnni_products(PyObject *self, PyObject *args) {
                           &G, &h, &qb, &first, &nk, &na, &nb, &D, &u0, &u1, &pieces))
         return NULL;
     Py_ssize_t heads = h < 0 ? G : 1, pa = BK * G, ea = pa * na * BLK * D, eb = BK * nb * BLK * D;
-    int ok = cpu_vnni() && BK > 0 && G > 0 && h >= -1 && h < G && qb >= 0 && qb < na && first >= 0 &&
-             nk > 0 && first + nk <= nb && D >= 16 && D <= 256 && D % 16 == 0 &&
+    int ok = cpu_vnni() && BK > 0 && G > 0 && h >= -1 && h < G && qb >= 0 && qb < na &&
+             first >= 0 && nk > 0 && first + nk <= nb && D >= 16 && D <= 256 && D % 16 == 0 &&
              sized(&b[0], 2 * ea, 1, "a digits") && sized(&b[1], ea, 4, "a tr") &&
              sized(&b[2], ea, 4, "a sp") && sized(&b[3], pa * na, 4, "a spn") &&
              sized(&b[4], pa * na * BLK, 4, "a exps") && sized(&b[5], 2 * eb, 1, "b digits") &&

@@ -12,7 +12,7 @@
  *   target() copy, for loops GCC cannot clone well (it lowers comparisons of whole vectors
  *   of its vector extension before target_clones copies a function, so a clone compares
  *   lane by lane), picked at run time by the caller from cpu_level().
- * - cpu_level() and cpu_avx2(): the run-time CPU probes.
+ * - cpu_level(), cpu_avx2() and cpu_vnni(): the run-time CPU probes.
  * - The wrappers' argument checks (holds, sized, units_ok) and ends (finish, FINISH).
  * - EXT_MODULE: a folder's module init - its files' method tables, plus openmp().
  * - GCC vector-extension types (v16f ...) and FOR_PIECES (_pieces.h).
@@ -42,6 +42,17 @@ static inline int cpu_level(void) {
 #if HAVE_V4
     __builtin_cpu_init();
     return __builtin_cpu_supports("x86-64-v4") ? 2 : __builtin_cpu_supports("x86-64-v3") ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
+/* Whether the CPU runs AVX-512 VNNI with BW (VPDPBUSD on zmm: the LM head's sparse pairs,
+ * attention's row products), in a build that has those loops (HAVE_V4). */
+static inline int cpu_vnni(void) {
+#if HAVE_V4
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
 #else
     return 0;
 #endif

@@ -54,10 +54,6 @@ static void tile_plain(const Quads *q, Py_ssize_t row0, int rows, const int8_t *
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #define VNNI_INLINE VNNI __attribute__((always_inline)) static inline
 
-static int cpu_vnni(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
-}
 
 /* acc[4p .. 4p + 3] += the quad (x: four |S| bytes, rows k) against D's 64-column panel p:
  * acc[4p + q] lane (L, i) holds column 64p + 16L + 4q + i (the unpacks' order) */
@@ -164,8 +160,6 @@ VNNI static void store_columns_16(int32_t tile[GROUP][WIDTH], int w, int32_t *ou
         for (int g = 0; g < GROUP; g++) o[g] = add ? o[g] + tile[g][j] : tile[g][j];
     }
 }
-#else
-static int cpu_vnni(void) { return 0; }
 #endif
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
