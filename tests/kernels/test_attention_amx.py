@@ -98,6 +98,19 @@ def test_tiles_give_the_definitions_bits_on_extreme_operands(case):
         assert torch.equal(bits(x), bits(y))
 
 
+def backward_keeps_the_definitions_bits(case, seed, forward=forward_reference):
+    """compiled.backward on ``_inputs(case, seed)`` (its out and lse from ``forward``), any
+    warning an error, against backward_reference bit for bit: what a product path switched
+    off or refused by its probe must still give."""
+    q, k, v, do, window = _inputs(case, seed=seed)
+    out, lse = forward(q, k, v, window)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compiled.backward(q, k, v, out, lse, do, window)
+    for x, y in zip(got, backward_reference(q, k, v, out, lse, do, window)):
+        assert torch.equal(bits(x), bits(y))
+
+
 @needs_tiles
 def test_the_probe_passes_here_and_catches_a_forged_product(monkeypatch):
     # a tile product wrong in one element (lost tile state would look like this) is seen by
@@ -114,11 +127,7 @@ def test_the_probe_passes_here_and_catches_a_forged_product(monkeypatch):
     try:
         with pytest.warns(RuntimeWarning, match="AMX tile products differ .*dv of the probe"):
             assert not compiled.tiles_agree()
-        q, k, v, do, window = _inputs((1, 4, 2, 90, 32, 50), seed=8)
-        out, lse = forward_reference(q, k, v, window)
-        got = compiled.backward(q, k, v, out, lse, do, window)        # float64 products now
-        for x, y in zip(got, backward_reference(q, k, v, out, lse, do, window)):
-            assert torch.equal(bits(x), bits(y))
+        backward_keeps_the_definitions_bits((1, 4, 2, 90, 32, 50), 8)  # float64 products now
     finally:
         compiled.tiles_agree.cache_clear()
 
@@ -150,14 +159,8 @@ def test_switch_off_keeps_the_float64_products(monkeypatch):
     assert not amx.available() and not compiled.tiles_in_use()
     calls = []
     monkeypatch.setattr(amx, "backward_step", lambda *a: calls.append(1))
-    q, k, v, do, window = _inputs((1, 2, 1, 70, 16, None), seed=2)
-    out, lse = compiled.forward(q, k, v, window)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        got = compiled.backward(q, k, v, out, lse, do, window)
+    backward_keeps_the_definitions_bits((1, 2, 1, 70, 16, None), 2, compiled.forward)
     assert not calls
-    for x, y in zip(got, backward_reference(q, k, v, out, lse, do, window)):
-        assert torch.equal(bits(x), bits(y))
 
 
 @needs_tiles

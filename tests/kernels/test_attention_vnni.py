@@ -5,7 +5,6 @@ products, the once-per-process probe that catches a forged product, and the swit
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from open1b_kernels.attention.forward import forward_reference
 from open1b_kernels.attention.tiles import BLOCK_M
 from tests.kernels.support import bits
 from tests.kernels.test_attention import _inputs
-from tests.kernels.test_attention_amx import _extreme
+from tests.kernels.test_attention_amx import _extreme, backward_keeps_the_definitions_bits
 
 needs_vnni = pytest.mark.skipif(not vnni.available(), reason="this CPU does not run AVX-512 VNNI")
 
@@ -143,11 +142,7 @@ def test_the_probe_passes_here_and_catches_a_forged_product(monkeypatch):
         with pytest.warns(RuntimeWarning, match="VNNI row products differ"):
             assert not compiled.rows_agree()
         assert not compiled.vnni_in_use()
-        q, k, v, do, window = _inputs((1, 4, 2, 90, 32, 50), seed=8)
-        out, lse = forward_reference(q, k, v, window)
-        got = compiled.backward(q, k, v, out, lse, do, window)        # float64 products now
-        for x, y in zip(got, backward_reference(q, k, v, out, lse, do, window)):
-            assert torch.equal(bits(x), bits(y))
+        backward_keeps_the_definitions_bits((1, 4, 2, 90, 32, 50), 8)  # float64 products now
     finally:
         compiled.rows_agree.cache_clear()
 
@@ -157,14 +152,8 @@ def test_switch_off_keeps_the_float64_products(monkeypatch):
     assert not vnni.available() and not compiled.vnni_in_use()
     calls = []
     monkeypatch.setattr(vnni, "products", lambda *a: calls.append(1))
-    q, k, v, do, window = _inputs((1, 2, 1, 70, 16, None), seed=2)
-    out, lse = compiled.forward(q, k, v, window)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        got = compiled.backward(q, k, v, out, lse, do, window)
+    backward_keeps_the_definitions_bits((1, 2, 1, 70, 16, None), 2, compiled.forward)
     assert not calls
-    for x, y in zip(got, backward_reference(q, k, v, out, lse, do, window)):
-        assert torch.equal(bits(x), bits(y))
 
 
 @needs_vnni
