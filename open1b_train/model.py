@@ -64,6 +64,8 @@ from open1b_kernels.ops.swiglu import swiglu_bwd, swiglu_fwd
 from open1b_kernels.ops.xent import Z_LOSS, xent_backward, xent_forward
 from open1b_train.config import ModelConfig
 
+# called with each op's output as it is made; a later op may reuse that buffer (dlogits
+# overwrite the logits), so a callback that keeps a tensor keeps a copy of it
 Trace = Callable[[str, torch.Tensor], None] | None
 BF16 = torch.bfloat16
 F32 = torch.float32
@@ -336,13 +338,15 @@ def _head_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], xf2: torch.Tens
     one = torch.ones((), dtype=F32, device=logits.device)
     w = p["lm_head.weight"]
     if not lean:
-        dlogits = xent_backward(one, logits, labels, lse)
+        dlogits = xent_backward(one, logits, labels, lse, overwrite=True)   # the logits' buffer
         del logits
         return lmhead_backward(dlogits, xf2, w, cfg.lmhead_slices)
     m = logits.shape[0]
     for r0 in range(0, m, HEAD_ROWS):
         rows = slice(r0, r0 + HEAD_ROWS)
-        logits[rows] = xent_backward(one, logits[rows], labels[rows], lse[rows], rows=m)
+        # in place (the assignment then copies nothing: the same view of the same data)
+        logits[rows] = xent_backward(one, logits[rows], labels[rows], lse[rows], rows=m,
+                                     overwrite=True)
     dlogits = logits                                                          # (M, V)
     dxf = torch.cat([ozaki_mm(dlogits[r0:r0 + HEAD_ROWS], w.t(), cfg.lmhead_slices)
                      for r0 in range(0, m, HEAD_ROWS)])

@@ -14,7 +14,8 @@
 /* open1b_kernels.ops.xent's backward for float32 logits, rows [r0, r1) of (R, V): the torch
  * code's float32 operations in its order - coef = 1 + TWO_Z * lse, d = exp(x - lse) * coef,
  * d - 1 at the target column, then d * g. A target outside [0, V) hits no column, as the
- * torch code's comparison. */
+ * torch code's comparison. `out` may be `x` itself (the caller's logits overwritten): the
+ * target's logit is read before its row is written. */
 static const float XENT_TWO_Z = 0.00019999999494757503f;
 
 CLONES static void xent_grad_loop(const float *x, const int64_t *t, const float *lse, float g,
@@ -24,9 +25,11 @@ CLONES static void xent_grad_loop(const float *x, const int64_t *t, const float 
         float *o = out + r * V;
         float l = lse[r];
         float coef = 1.0f + XENT_TWO_Z * l;
-        for (Py_ssize_t c = 0; c < V; c++) o[c] = (exp1(xr[c] - l) * coef) * g;
         int64_t tc = t[r];
-        if (tc >= 0 && tc < V) o[tc] = ((exp1(xr[tc] - l) * coef) - 1.0f) * g;
+        int hit = tc >= 0 && tc < V;
+        float xt = hit ? xr[tc] : 0.0f;
+        for (Py_ssize_t c = 0; c < V; c++) o[c] = (exp1(xr[c] - l) * coef) * g;
+        if (hit) o[tc] = ((exp1(xt - l) * coef) - 1.0f) * g;
     }
 }
 

@@ -110,18 +110,25 @@ def xent_forward_cpu(x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, to
     return tree_sum_cpu(row, 0) * _inv(x.shape[0]), lse
 
 
+def _overwritable(x: torch.Tensor) -> bool:
+    """Whether dlogits can be written over the logits ``x`` themselves: float32, contiguous."""
+    return x.dtype == torch.float32 and x.is_contiguous()
+
+
 def xent_backward_cpu(dloss: torch.Tensor, x: torch.Tensor, t: torch.Tensor,
-                      lse: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+                      lse: torch.Tensor, rows: int | None = None,
+                      overwrite: bool = False) -> torch.Tensor:
     """CPU reference of ``xent_backward``."""
     g = dloss.reshape(()).to(torch.float32) * _inv(rows or x.shape[0])
-    fast = _grad_compiled(x, t, lse, float(g))         # the same operations, compiled
+    out = x if overwrite and _overwritable(x) else None
+    fast = _grad_compiled(x, t, lse, float(g), out)    # the same operations, compiled
     if fast is not None:
         return fast
     coef = 1.0 + TWO_Z * lse
     d = exp(x.to(torch.float32) - lse[:, None]) * coef[:, None]
     hit = torch.arange(x.shape[1])[None, :] == t[:, None]
     d = torch.where(hit, d - 1.0, d)
-    return d * g
+    return d * g if out is None else torch.mul(d, g, out=out)
 
 
 def _lse_compiled(x: torch.Tensor, chunk: int) -> torch.Tensor | None:
@@ -138,17 +145,19 @@ def _lse_compiled(x: torch.Tensor, chunk: int) -> torch.Tensor | None:
     return lse
 
 
-def _grad_compiled(x: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, g: float):
+def _grad_compiled(x: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, g: float,
+                   out: torch.Tensor | None = None):
     """``xent_backward_cpu``'s dlogits for float32 logits by the compiled loop (the same
-    float32 operations in the same order: the same bits), or None when the loop is
-    unavailable or the inputs are not contiguous CPU float32/int64."""
+    float32 operations in the same order: the same bits) into ``out`` (new when None; ``x``
+    itself may be given: the loop reads each row's target logit before writing the row), or
+    None when the loop is unavailable or the inputs are not contiguous CPU float32/int64."""
     if (not LOOPS.available() or x.device.type != "cpu"
             or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous()):
         return None
     r, v = x.shape
     t64 = t.to(torch.int64).contiguous()
     lse32 = lse.to(torch.float32).contiguous()
-    out = torch.empty_like(x)
+    out = torch.empty_like(x) if out is None else out
     args = (x.reshape(-1).numpy(), t64.numpy(), lse32.numpy(), g, out.reshape(-1).numpy(), r, v)
     parallel(lambda lo, hi, p: LOOPS.xent_grad(*args, lo, hi, p), r, grain=1)
     return out
@@ -218,20 +227,26 @@ def xent_forward(x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 def xent_backward(dloss: torch.Tensor, x: torch.Tensor, t: torch.Tensor,
-                  lse: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+                  lse: torch.Tensor, rows: int | None = None,
+                  overwrite: bool = False) -> torch.Tensor:
     """dlogits (M, V) float32 for the scalar upstream gradient ``dloss``. ``rows`` (default
     M): the rows the loss is the mean over, when ``x`` is a block of them - every row's
     dlogits depends on its own logits, lse and target and on INV_rows alone, so blocks of
-    rows give the bits of the whole."""
+    rows give the bits of the whole. ``overwrite``: the caller is done with the logits, so
+    float32 contiguous ``x`` receives dlogits and is returned (no second (M, V) buffer: 2 GB
+    at Open-1B's 4,096 tokens, and on the CPU its fresh pages' faults); other ``x`` are left
+    alone. The same bits either way."""
     if not use_triton(x):
-        return xent_backward_cpu(dloss, x, t, lse, rows)
+        return xent_backward_cpu(dloss, x, t, lse, rows, overwrite)
     _check(x, t)
     m, v = x.shape
     if x.stride(1) != 1:
         x = x.contiguous()
     t = t.contiguous()
     g = (dloss.reshape(1).to(torch.float32) * _inv(rows or m)).contiguous()
-    d = torch.empty((m, v), dtype=torch.float32, device=x.device)
+    # in place, each program writes the block it read (the target's column among them)
+    d = x if overwrite and _overwritable(x) else torch.empty((m, v), dtype=torch.float32,
+                                                              device=x.device)
     xk, is_bf16 = bf16_operand(x)
     _xent_bwd_kernel[(m, triton.cdiv(v, BWD_BLOCK))](xk, t, lse, g, d, m, v, x.stride(0),
                                                      IS_BF16=is_bf16, BLOCK=BWD_BLOCK,

@@ -148,3 +148,42 @@ def test_compiled_row_logsumexp_equals_torch(monkeypatch):
     assert bool(nan[1]) and torch.equal(got.isnan(), nan)
     assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
     assert torch.equal(loss.view(torch.int32), xent_forward_cpu(x[5:], t[5:])[0].view(torch.int32))
+
+
+@pytest.mark.parametrize("path", ["cpu", "cpu-torch", "triton"])
+@pytest.mark.parametrize("kind", ["normal", "extreme", "bf16"])
+def test_overwrite_gives_the_same_bits_in_the_logits_buffer(path, kind, monkeypatch):
+    """dlogits written over the logits (the trainer's head, done with them) equal a fresh
+    buffer's bit for bit - every target column too, whose logit an in-place loop that read
+    it after writing its row would get wrong - on the compiled loop, the torch code and the
+    Triton kernel; bf16 logits cannot hold them and are left alone."""
+    if path == "triton" and not backend.HAVE_TRITON:
+        pytest.skip("triton not installed")
+    if path == "cpu-torch":
+        monkeypatch.setenv("OPEN1B_MATHC", "0")
+    x, t = _case(9, CHUNK + 300, 11, kind)
+    t[3] = 0                                  # targets at both ends of a row
+    t[4] = x.shape[1] - 1
+    with backend.force("triton" if path == "triton" else "cpu"):
+        _, lse = xent_forward(x, t)
+        want = xent_backward(torch.tensor(0.75), x, t, lse)
+        logits = x.clone()
+        got = xent_backward(torch.tensor(0.75), logits, t, lse, overwrite=True)
+    assert torch.equal(bits(got), bits(want))
+    if kind == "bf16":
+        assert torch.equal(bits(logits), bits(x))                     # untouched
+    else:
+        assert got.data_ptr() == logits.data_ptr()                     # no second buffer
+
+
+def test_overwrite_in_row_blocks_gives_the_whole_bits():
+    """The lean head's way: each block of rows overwritten in place, ``rows`` the whole's M."""
+    x, t = _case(10, 700, 12, "normal")
+    _, lse = xent_forward(x, t)
+    whole = xent_backward(torch.tensor(1.0), x, t, lse)
+    logits = x.clone()
+    for r0 in range(0, 10, 4):
+        rows = slice(r0, r0 + 4)
+        logits[rows] = xent_backward(torch.tensor(1.0), logits[rows], t[rows], lse[rows],
+                                     rows=10, overwrite=True)
+    assert torch.equal(bits(logits), bits(whole))

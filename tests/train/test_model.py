@@ -90,7 +90,7 @@ def test_forward_agrees_with_a_float64_reference(preset):
     ids = torch.randint(0, cfg.vocab, (b, s + 1), generator=torch.Generator().manual_seed(1))
     got = {}
     loss, per_seq, _ = forward_backward(cfg, params, ids[:, :-1], ids[:, 1:],
-                                        trace=lambda n, t: got.__setitem__(n, t))
+                                        trace=lambda n, t: got.__setitem__(n, t.clone()))
     tr = {k: t.double() for k, t in got.items()}
 
     def lin(x, name):
