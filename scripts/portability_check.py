@@ -171,10 +171,11 @@ def inside(args) -> dict:
     from open1b_kernels.attention import compiled
     from open1b_kernels.int8.route import int_gemm_status
     res["machine"]["int_gemm"] = int_gemm_status()   # after the work: route and failures
-    # attention's exact products: every one on AMX tiles, Q K^T and dO V^T on VNNI (where
-    # their low digits are sparse enough, per call), or all float64 BLAS products
-    res["machine"]["attention"] = ("AMX tiles" if compiled.tiles_in_use() else "VNNI rows"
-                                   if compiled.vnni_in_use() else "float64")
+    # attention's exact products: every one on AMX tiles, Q K^T and dO V^T (where their low
+    # digits are sparse enough, per call) and the forward's P V on VNNI, or all float BLAS
+    # products
+    res["machine"]["attention"] = ("AMX tiles" if compiled.tiles_in_use() else
+                                   "VNNI rows and P V" if compiled.vnni_in_use() else "float64")
     res["seconds"] = round(time.perf_counter() - t0, 1)
     return res
 

@@ -1,6 +1,6 @@
-"""Attention's row products Q K^T and dO V^T on AVX-512 VNNI (``open1b_kernels.attention.vnni``)
-against the float64 BLAS products they replace, and the whole attention with and without
-them - where ``vnni.SPARSE_MAX`` stands.
+"""Attention's row products Q K^T and dO V^T and the forward's P V on AVX-512 VNNI
+(``open1b_kernels.attention.vnni``) against the float64 / float32 BLAS products they replace,
+and the whole attention with and without them - where ``vnni.SPARSE_MAX`` stands.
 
     python -m benchmarks.kernels.attention_rows [--repeats 5] [--out FILE]
 
@@ -9,7 +9,9 @@ Shapes: Open-1B's (B 1, 16 query / 4 KV heads, S 4,096, D 128). One product: the
 of 9 key blocks (window 512) and of 64 (the last query block, fully causal); then by share
 of L's nonzeros (a share of values scaled 2^-9: the rest of their row 9 binades above). Anchor:
 ``torch.matmul`` of the float64 fixed-point values (compiled.py's product); both results
-checked equal first. Then attention forward + backward (``forward_cpu`` / ``backward_cpu``)
+checked equal first. P V (every head of a KV group, 256 rows, P's integers 0..127 at
+random, V's int8 codes of a Gaussian V) against compiled.py's float32 product of the same
+integers (``_band_products``). Then attention forward + backward (``forward_cpu`` / ``backward_cpu``)
 with ``OPEN1B_VNNI`` unset and 0, outputs checked bit-equal. Median of ``--repeats``, the sides
 alternating; ratio = float64 time / VNNI time (> 1: VNNI is faster).
 """
@@ -24,7 +26,7 @@ import open1b_kernels.attention.backward as AB
 import open1b_kernels.attention.forward as AF
 from benchmarks.machine import alternating_medians, report_end, report_head
 from open1b_kernels.attention import compiled, vnni
-from open1b_kernels.attention.tiles import BLOCK_M
+from open1b_kernels.attention.tiles import BLOCK_M, quantize_v
 
 B, HQ, HKV, S, D = 1, 16, 4, 4096, 128
 SHARES = (0.0, 0.02, 0.04, 0.06, 0.08, 0.12)
@@ -55,6 +57,25 @@ def _product_row(q, k, heads: str, nk: int, repeats: int, label: str) -> tuple[s
     ratio = md["float64"] / md["vnni"]
     return (f"| {label} | {bk} x {rows} x {nk * BLOCK_M} x {D} | {qa.share:.1%} / {kb.share:.1%} "
             f"| {md['float64'] * 1e3:.2f} | {md['vnni'] * 1e3:.2f} | {ratio:.2f} |"), ratio
+
+
+def _pv_row(nk: int, repeats: int, g: torch.Generator) -> str:
+    bk, rows = B * HKV, (HQ // HKV) * BLOCK_M
+    v8, _ = quantize_v(torch.randn(B, HKV, S, D, generator=g).bfloat16())
+    v8 = v8.reshape(bk, S, D)
+    p8 = torch.randint(0, 128, (bk, nk, rows, BLOCK_M), generator=g, dtype=torch.int8)
+    p8f, v8f = p8.float(), v8.float().reshape(bk, S // BLOCK_M, BLOCK_M, D)[:, :nk]
+    vq = vnni.Values(v8)
+    ref, out = (torch.empty((bk, nk, rows, D)) for _ in range(2))
+    sides = {"float32": lambda: compiled._band_products(p8f, v8f, ref),
+             "vnni": lambda: vnni.values(p8, vq, 0, out)}
+    sides["float32"]()
+    if not torch.equal(ref, sides["vnni"]()):
+        raise SystemExit(f"the VNNI P V differs from the float32 one at {nk} key blocks")
+    md = alternating_medians(sides, repeats)
+    return (f"| forward P V, {nk} key blocks | {bk} x {rows} x {nk * BLOCK_M} x {D} | - | "
+            f"{md['float32'] * 1e3:.2f} (float32) | {md['vnni'] * 1e3:.2f} | "
+            f"{md['float32'] / md['vnni']:.2f} |")
 
 
 def _attention(window, repeats: int, g: torch.Generator) -> str:
@@ -96,6 +117,9 @@ def main(repeats, out):
         for nk in (9, 64):
             lines.append(_product_row(q, k, heads, nk, repeats, f"{who}, {nk} key blocks")[0])
             print(lines[-1], flush=True)
+    for nk in (9, 64):
+        lines.append(_pv_row(nk, repeats, g))
+        print(lines[-1], flush=True)
     for share in SHARES:
         q, k = _operands(g, share)
         lines.append(_product_row(q, k, "all", 16, repeats, f"forward, share {share:.0%}")[0])

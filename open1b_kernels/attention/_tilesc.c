@@ -136,6 +136,15 @@ CLONES static void fwd_rows(const double *s64, const int32_t *u, float *p8, floa
                   window, scale, u0, u1);
 }
 
+CLONES static void fwd_rows_i8(const double *s64, const int32_t *u, int8_t *p8, float *alpha,
+                               int32_t *t, float *m_out, float *l_out, Py_ssize_t R,
+                               Py_ssize_t nk, Py_ssize_t ustride, Py_ssize_t col0,
+                               Py_ssize_t row0, int32_t seq, int32_t window, float scale,
+                               Py_ssize_t u0, Py_ssize_t u1) {
+    fwd_rows_body(s64, 0, u, p8, 1, alpha, t, m_out, l_out, R, nk, ustride, col0, row0, seq,
+                  window, scale, u0, u1);
+}
+
 CLONES static void fwd_rows32(const float *s32, const int32_t *u, int8_t *p8, float *alpha,
                               int32_t *t, float *m_out, float *l_out, Py_ssize_t R, Py_ssize_t nk,
                               Py_ssize_t ustride, Py_ssize_t col0, Py_ssize_t row0, int32_t seq,
@@ -360,8 +369,9 @@ static int positions_ok(Py_ssize_t seq, Py_ssize_t window, Py_ssize_t rows, Py_s
     return 0;
 }
 
-/* fwd_rows (narrow 0: s float64, p8 float32) or fwd_rows32 (1: s float32, p8 int8). */
-static PyObject *fwd_rows_call(PyObject *args, int narrow) {
+/* fwd_rows (s float64, p8 float32), fwd_rows_i8 (s float64, p8 int8: the VNNI P V,
+ * _tilevnni.c) or fwd_rows32 (s float32, p8 int8: the AMX tiles). */
+static PyObject *fwd_rows_call(PyObject *args, int s_f32, int p_i8) {
     int pieces = 1;
     Py_buffer b[7];
     Py_ssize_t BK, R, nk, ustride, col0, row0, seq, window, u0, u1;
@@ -372,17 +382,22 @@ static PyObject *fwd_rows_call(PyObject *args, int narrow) {
         return NULL;
     Py_ssize_t rows = BK * R, L = nk * BLK;
     int ok = positions_ok(seq, window, row0 + R, col0 + L) && BK > 0 && R > 0 && nk > 0 && col0 >= 0 && col0 + L <= ustride &&
-             sized(&b[0], rows * L, narrow ? 4 : 8, "s") && sized(&b[1], BK * ustride, 4, "u") &&
-             sized(&b[2], rows * L, narrow ? 1 : 4, "p8") && sized(&b[3], rows * nk, 4, "alpha") &&
+             sized(&b[0], rows * L, s_f32 ? 4 : 8, "s") && sized(&b[1], BK * ustride, 4, "u") &&
+             sized(&b[2], rows * L, p_i8 ? 1 : 4, "p8") && sized(&b[3], rows * nk, 4, "alpha") &&
              sized(&b[4], rows * nk, 4, "t") && sized(&b[5], rows, 4, "m") &&
              sized(&b[6], rows, 4, "l") && units_ok(u0, u1, rows);
     ok = ok && PIECES_OK(pieces);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        if (narrow)
+        if (s_f32)
             FOR_PIECES(u0, u1, pieces, fwd_rows32(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf,
                                                   b[5].buf, b[6].buf, R, nk, ustride, col0, row0,
                                                   seq, window, (float)scale, p_lo, p_hi));
+        else if (p_i8)
+            FOR_PIECES(u0, u1, pieces, fwd_rows_i8(b[0].buf, b[1].buf, b[2].buf, b[3].buf,
+                                                   b[4].buf, b[5].buf, b[6].buf, R, nk, ustride,
+                                                   col0, row0, seq, window, (float)scale, p_lo,
+                                                   p_hi));
         else
             FOR_PIECES(u0, u1, pieces, fwd_rows(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf,
                                                 b[5].buf, b[6].buf, R, nk, ustride, col0, row0, seq,
@@ -394,12 +409,17 @@ static PyObject *fwd_rows_call(PyObject *args, int narrow) {
 
 static PyObject *py_fwd_rows(PyObject *self, PyObject *args) {
     (void)self;
-    return fwd_rows_call(args, 0);
+    return fwd_rows_call(args, 0, 0);
+}
+
+static PyObject *py_fwd_rows_i8(PyObject *self, PyObject *args) {
+    (void)self;
+    return fwd_rows_call(args, 0, 1);
 }
 
 static PyObject *py_fwd_rows32(PyObject *self, PyObject *args) {
     (void)self;
-    return fwd_rows_call(args, 1);
+    return fwd_rows_call(args, 1, 1);
 }
 
 static PyObject *py_fwd_acc(PyObject *self, PyObject *args) {
@@ -539,6 +559,8 @@ static PyMethodDef methods[] = {
     {"fwd_rows", py_fwd_rows, METH_VARARGS,
      "fwd_rows(s64, u, p8, alpha, t, m, l, BK, R, nk, ustride, col0, row0, seq, window, scale,"
      " u0, u1): the forward's online softmax over one query block's band."},
+    {"fwd_rows_i8", py_fwd_rows_i8, METH_VARARGS,
+     "fwd_rows_i8(s64, u, p8, ...): fwd_rows with P as int8 (the VNNI P V's operand)."},
     {"fwd_rows32", py_fwd_rows32, METH_VARARGS,
      "fwd_rows32(s32, u, p8, ...): fwd_rows from the scores' float32 roundings, P as int8 "
      "(the AMX path's operands)."},

@@ -21,6 +21,11 @@
  * multiplies are exact (no under- or overflow for biased exponents in [1, 255]). Out: the
  * float64 value compiled.py's BLAS product gives (tests/kernels/test_attention_vnni.py).
  *
+ * The forward's P V (vnni_values, vnni_pv) is one int8 product: P's integers 0..127 (u8)
+ * times V's int8 codes (s8) summed over a key block's 64 keys in int32, below 64 * 127^2 <
+ * 2^24, so its float32 conversion is exact - the value compiled.py's float32 product of the
+ * same integers gives (every partial sum an integer below 2^24).
+ *
  * Layouts (per plane, per 64-row block): dig - two digit planes of 64 x D bytes: the left
  * side (A) row-major [digit][row][k] (d0 + 128, d1), the right side (B) in VPDPBUSD's order
  * [digit][16-row group][k / 4][16 rows][4 k] (d0, d1); tr - int32 [k][row]: H (A) or N (B);
@@ -86,6 +91,19 @@ static void vnni_rows(const uint16_t *x, int8_t *dig, int32_t *tr, int32_t *sp, 
         }
 }
 
+/* Planes x key blocks [u0, u1) of int8 V (P, n_kb * 64, D) in VPDPBUSD's order for P V:
+ * [unit][16-column group][k / 4][16 columns][4 k]. */
+static void vnni_values(const int8_t *v, int8_t *vq, Py_ssize_t D, Py_ssize_t u0,
+                        Py_ssize_t u1) {
+    for (Py_ssize_t u = u0; u < u1; u++) {
+        const int8_t *src = v + u * BLK * D;
+        int8_t *dst = vq + u * BLK * D;
+        for (Py_ssize_t k = 0; k < BLK; k++)
+            for (Py_ssize_t c = 0; c < D; c++)
+                dst[((c / 16) * (BLK / 4) + k / 4) * 64 + (c % 16) * 4 + k % 4] = src[k * D + c];
+    }
+}
+
 /* --------------------------------------------------------------------------- the products */
 
 #if HAVE_V4
@@ -97,6 +115,54 @@ static void vnni_rows(const uint16_t *x, int8_t *dig, int32_t *tr, int32_t *sp, 
  * GCC 12 copied the accumulators between registers and spilled them (the product ran at
  * 0.76x the float64 one); the asm pins each to its register. */
 #define DPBUSD(ACC, X, Y) __asm__("vpdpbusd %2, %1, %0" : "+v"(ACC) : "v"(X), "v"(Y))
+
+/* P V: rows [0, 4) of p (64 bytes a row, 0..127) times the V block's column groups [cg,
+ * cg + NC) into o (float32, rows D apart); 4 x NC accumulators, NC loaded and one broadcast
+ * register. */
+#define PV_BLOCK(NC)                                                                         \
+    VNNI static inline void pv4x##NC(const uint8_t *p, const int8_t *vq, Py_ssize_t D,      \
+                                     Py_ssize_t cg, float *o) {                             \
+        __m512i acc[4][NC];                                                                  \
+        for (int r = 0; r < 4; r++)                                                          \
+            for (int c = 0; c < NC; c++) acc[r][c] = _mm512_setzero_si512();                 \
+        for (int q = 0; q < BLK / 4; q++) {                                                  \
+            __m512i y[NC];                                                                   \
+            for (int c = 0; c < NC; c++)                                                     \
+                y[c] = _mm512_loadu_si512(vq + ((cg + c) * (BLK / 4) + q) * 64);             \
+            for (int r = 0; r < 4; r++) {                                                    \
+                int32_t w;                                                                   \
+                memcpy(&w, p + r * BLK + 4 * q, 4);                                          \
+                const __m512i x = _mm512_set1_epi32(w);                                      \
+                for (int c = 0; c < NC; c++) DPBUSD(acc[r][c], x, y[c]);                     \
+            }                                                                                \
+        }                                                                                    \
+        for (int r = 0; r < 4; r++)                                                          \
+            for (int c = 0; c < NC; c++)                                                     \
+                _mm512_storeu_ps(o + r * D + (cg + c) * 16, _mm512_cvtepi32_ps(acc[r][c]));  \
+    }
+PV_BLOCK(4)
+PV_BLOCK(1)
+#undef PV_BLOCK
+
+/* Units [u0, u1) of (BK, nk, R / 16): ii[bk, j, rows] (float32, R x D per key block) = p8[bk,
+ * j, rows] (R x 64) @ V's key block first + j, 16 rows a unit. */
+VNNI static void pv(const uint8_t *p8, const int8_t *vq, float *ii, Py_ssize_t R, Py_ssize_t nk,
+                    Py_ssize_t first, Py_ssize_t n_kb, Py_ssize_t D, Py_ssize_t u0,
+                    Py_ssize_t u1) {
+    const Py_ssize_t chunks = R / 16, groups = D / 16;
+    for (Py_ssize_t u = u0; u < u1; u++) {
+        Py_ssize_t bk = u / (nk * chunks), j = (u / chunks) % nk, ch = u % chunks;
+        Py_ssize_t row = (bk * nk + j) * R + ch * 16;
+        const int8_t *v = vq + (bk * n_kb + first + j) * BLK * D;
+        for (int r0 = 0; r0 < 16; r0 += 4) {
+            const uint8_t *p = p8 + (row + r0) * BLK;
+            float *o = ii + (row + r0) * D;
+            Py_ssize_t cg = 0;
+            for (; cg + 4 <= groups; cg += 4) pv4x4(p, v, D, cg, o);
+            for (; cg < groups; cg++) pv4x1(p, v, D, cg, o);
+        }
+    }
+}
 
 /* Rows i0 .. i0 + 3 of the A block against the 16-row group g of the B block: their dense
  * part 2^14 sum Ha Hb into acc (64 x 64). Twelve accumulators, two loaded and two broadcast
@@ -321,6 +387,48 @@ static PyObject *py_vnni_products(PyObject *self, PyObject *args) {
     return finish(b, 12, ok, "vnni_products: needs AVX-512 VNNI and consistent shapes");
 }
 
+static PyObject *py_vnni_values(PyObject *self, PyObject *args) {
+    (void)self;
+    int pieces = 1;
+    Py_buffer b[2];
+    Py_ssize_t units, D, u0, u1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnn|i", &b[0], &b[1], &units, &D, &u0, &u1, &pieces))
+        return NULL;
+    int ok = units > 0 && D >= 16 && D <= 256 && D % 16 == 0 &&
+             sized(&b[0], units * BLK * D, 1, "v") && sized(&b[1], units * BLK * D, 1, "vq") &&
+             units_ok(u0, u1, units) && PIECES_OK(pieces);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, vnni_values(b[0].buf, b[1].buf, D, p_lo, p_hi));
+        Py_END_ALLOW_THREADS
+    }
+    return finish(b, 2, ok, "vnni_values: inconsistent shapes");
+}
+
+static PyObject *py_vnni_pv(PyObject *self, PyObject *args) {
+    (void)self;
+    int pieces = 1;
+    Py_buffer b[3];
+    Py_ssize_t BK, R, nk, first, n_kb, D, u0, u1;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnnnnnnn|i", &b[0], &b[1], &b[2], &BK, &R, &nk, &first,
+                          &n_kb, &D, &u0, &u1, &pieces))
+        return NULL;
+    int ok = cpu_vnni() && BK > 0 && R > 0 && R % 16 == 0 && nk > 0 && first >= 0 &&
+             first + nk <= n_kb && D >= 16 && D <= 256 && D % 16 == 0 &&
+             sized(&b[0], BK * nk * R * BLK, 1, "p8") && sized(&b[1], BK * n_kb * BLK * D, 1, "vq") &&
+             sized(&b[2], BK * nk * R * D, 4, "ii") && units_ok(u0, u1, BK * nk * (R / 16)) &&
+             PIECES_OK(pieces);
+#if HAVE_V4
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, pv(b[0].buf, b[1].buf, b[2].buf, R, nk, first, n_kb, D, p_lo,
+                                      p_hi));
+        Py_END_ALLOW_THREADS
+    }
+#endif
+    return finish(b, 3, ok, "vnni_pv: needs AVX-512 VNNI and consistent shapes");
+}
+
 EXT_METHODS(tilevnni) = {
     {"vnni_tiles", py_vnni_tiles, METH_NOARGS,
      "vnni_tiles(): whether vnni_products runs on this CPU (AVX-512 VNNI)."},
@@ -331,5 +439,12 @@ EXT_METHODS(tilevnni) = {
      "vnni_products(a..., b..., out, BK, G, h, qb, first, nk, na, nb, D, u0, u1[, pieces]): "
      "the exact float64 row products of query block qb (head h, or every head of a group "
      "for h < 0) against the band of nk key blocks from first, 64 x 64 tile units."},
+    {"vnni_values", py_vnni_values, METH_VARARGS,
+     "vnni_values(v, vq, units, D, u0, u1[, pieces]): int8 V's key blocks [u0, u1) of "
+     "(units, 64, D) in the order vnni_pv reads."},
+    {"vnni_pv", py_vnni_pv, METH_VARARGS,
+     "vnni_pv(p8, vq, ii, BK, R, nk, first, n_kb, D, u0, u1[, pieces]): the forward's P V "
+     "(P's integers 0..127 times V's codes) of the band of nk key blocks from first into "
+     "float32 ii (BK, nk, R, D), exact; units of 16 rows of (BK, nk, R / 16)."},
     {NULL, NULL, 0, NULL},
 };

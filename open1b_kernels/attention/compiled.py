@@ -205,14 +205,17 @@ def vnni_in_use() -> bool:
 def rows_agree() -> bool:
     """Run once: ``_PROBE_CASES``' Q K^T and dO V^T (worst-case operands: every digit at
     its extremes, subnormals, zeros, whole rows of both) as VNNI row products and as float64
-    products, every query block against every key block; False, with a warning naming the
-    platform, where any bit differs - the process then keeps the float64 products. Exact
-    by construction (open1b_kernels/attention/_tilevnni.c); this guards the platform it runs
-    on, as the int8 GEMM's and the tiles' probes do."""
+    products, every query block against every key block, and P V (P's integers at 0 and 127
+    beside random ones, V's codes of those operands) against the float32 product; False,
+    with a warning naming the platform, where any bit differs - the process then keeps the
+    float products. Exact by construction (open1b_kernels/attention/_tilevnni.c); this
+    guards the platform it runs on, as the int8 GEMM's and the tiles' probes do."""
     for case in _PROBE_CASES:
         q, k, v, do, _ = _probe_inputs(*case)
         hkv, d = k.shape[1], q.shape[3]
         g, bk, n = q.shape[1] // hkv, q.shape[0] * hkv, -(-q.shape[2] // BLOCK_M)
+        if not _pv_agrees(v, bk, g, n):
+            return _disagree(case, "P V")
         for a, b in ((q, k), (do, v)):
             ra, rb = vnni.Rows(a, False), vnni.Rows(b, True)
             a64 = _fixed(a, BLOCK_M, False, hkv).movedim(0, 2).reshape(n, bk, -1, d)
@@ -222,15 +225,32 @@ def rows_agree() -> bool:
                     (bk, g * BLOCK_M, n * BLOCK_N), dtype=torch.float64))
                 want = torch.matmul(a64[qb], b64.transpose(1, 2))
                 if not torch.equal(got.view(torch.int64), want.view(torch.int64)):
-                    import warnings
-
-                    from open1b_kernels.int8.route import platform_name
-                    warnings.warn(f"attention's VNNI row products differ from the float64 "
-                                  f"products on {platform_name()} (probe case {case}, query "
-                                  f"block {qb}); using the float64 products", RuntimeWarning,
-                                  stacklevel=3)
-                    return False
+                    return _disagree(case, f"query block {qb}")
     return True
+
+
+def _pv_agrees(v: torch.Tensor, bk: int, g: int, n: int) -> bool:
+    """``rows_agree``'s P V: every key block of the probe's V codes against P's integers -
+    0 and 127 in whole rows and columns, random between. Compared as values: the sign of
+    a zero sum is the BLAS's (-0 where every product is -0) and adds nothing to the
+    forward's accumulator, which starts at +0 (fwd_acc)."""
+    v8 = quantize_v(v)[0].reshape(bk, n * BLOCK_N, v.shape[3])
+    gen = torch.Generator().manual_seed(0x9F)
+    p8 = torch.randint(0, 128, (bk, n, g * BLOCK_M, BLOCK_N), generator=gen, dtype=torch.int8)
+    p8[..., 0, :], p8[..., 1, :], p8[..., :, 5] = 127, 0, 127
+    want = torch.empty((bk, n, g * BLOCK_M, v8.shape[2]))
+    _band_products(p8.float(), v8.float().reshape(bk, n, BLOCK_N, -1), want)
+    return torch.equal(vnni.values(p8, vnni.Values(v8), 0, torch.empty_like(want)), want)
+
+
+def _disagree(case, where: str) -> bool:
+    import warnings
+
+    from open1b_kernels.int8.route import platform_name
+    warnings.warn(f"attention's VNNI products differ from the float products on "
+                  f"{platform_name()} (probe case {case}, {where}); using the float products",
+                  RuntimeWarning, stacklevel=3)
+    return False
 
 
 def forward(q, k, v, window: int | None):
@@ -251,20 +271,25 @@ def _forward(q, k, v, window: int | None, tiles: bool):
     product = amx.scores(q, k) if tiles else functools.partial(_row_products(q, k, hkv), -1)
     v8, u = quantize_v(v)
     v8 = v8.reshape(bk, n_kb * BLOCK_N, d)
+    # P V: int8 tile products (AMX), int8 products on VNNI, or float32 products of the
+    # same integers - the same values
     pv = amx.values(v8) if tiles else None
-    v8f = None if tiles else v8.to(torch.float32).reshape(bk, n_kb, BLOCK_N, d)
+    vq = vnni.Values(v8) if not tiles and vnni_in_use() else None
+    v8f = None if tiles or vq else v8.to(torch.float32).reshape(bk, n_kb, BLOCK_N, d)
     u = u.reshape(bk, n_kb * BLOCK_N).contiguous()
     lo, hi = block_band(torch.arange(n_qb), window, n_kb)
     out = torch.empty((n_qb, bk, rows, d))
     lse = torch.empty((n_qb, bk, rows))
     win = window or 0
-    rows_loop = _tilesc.fwd_rows32 if tiles else _tilesc.fwd_rows
+    rows_loop = (_tilesc.fwd_rows32 if tiles else _tilesc.fwd_rows_i8 if vq
+                 else _tilesc.fwd_rows)
     for qb in range(n_qb):
         first, nk = int(lo[qb]), int(hi[qb] - lo[qb]) + 1
         sc = product(qb, first, nk, scratch("attn.s32" if tiles else "attn.s64",
                                             (bk, rows, nk * BLOCK_N),
                                             torch.float32 if tiles else torch.float64))
-        p8 = scratch("attn.p8", (bk, nk, rows, BLOCK_N), torch.int8 if tiles else torch.float32)
+        p8 = scratch("attn.p8", (bk, nk, rows, BLOCK_N),
+                     torch.int8 if tiles or vq else torch.float32)
         alpha = scratch("attn.alpha", (bk, rows, nk), torch.float32)
         t = scratch("attn.t", (bk, rows, nk), torch.int32)
         m, l = scratch("attn.m", (bk, rows), torch.float32), scratch("attn.l", (bk, rows),
@@ -275,6 +300,8 @@ def _forward(q, k, v, window: int | None, tiles: bool):
         ii = scratch("attn.pv", (bk, nk, rows, d), torch.float32)  # (bk, nk, rows, D), exact
         if tiles:
             pv(p8, first, ii)
+        elif vq is not None:
+            vnni.values(p8, vq, first, ii)
         else:
             _band_products(p8, v8f[:, first:first + nk], ii)
         acc_args = (_np(ii), _np(alpha), _np(t), _np(m), _np(l), _np(out[qb]), _np(lse[qb]),

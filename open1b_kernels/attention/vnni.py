@@ -10,6 +10,10 @@ row; every value of a row with one large outlier is not - so ``Rows.share`` (L's
 over all elements) decides per call: above ``SPARSE_MAX`` compiled.py keeps the float64
 product. Either way the values are the same. ``OPEN1B_VNNI=0`` keeps the float64 products.
 
+The forward's P V is one int8 product (``Values``, ``values``): P's integers 0..127 times V's
+int8 codes, summed in int32 below 2^24 - the value compiled.py's float32 product of the same
+integers gives, at VPDPBUSD's rate instead of a float32 GEMM's.
+
 The products P^T dO, dS^T Q and dS K multiply probabilities and their gradients, whose small
 values fill L, and stay float64 (compiled.py's ``_tilesc`` loops).
 """
@@ -94,4 +98,31 @@ def products(a: Rows, b: Rows, g: int, h: int, qb: int, first: int, nk: int,
     args = (*a.args(), *b.args(), _np(out), b.planes, g, h, qb, first, nk, a.n_blk, b.n_blk, a.d)
     pieces.parallel(lambda lo, hi, p: _tilesc.vnni_products(*args, lo, hi, p),
                     b.planes * heads * nk, grain=1)
+    return out
+
+
+class Values:
+    """int8 V codes (B * Hkv, n_kb * 64, D) (``tiles.quantize_v``) in the order the forward's
+    P V reads them (``values``)."""
+
+    def __init__(self, v8: torch.Tensor) -> None:
+        self.planes, keys, self.d = v8.shape
+        self.n_kb = keys // BLOCK_M
+        if keys % BLOCK_M or v8.dtype != torch.int8:
+            raise ValueError(f"Values needs int8 V codes in whole key blocks, got {v8.dtype} "
+                             f"{tuple(v8.shape)}")
+        self.vq = torch.empty(v8.numel(), dtype=torch.int8)
+        src, dst, units = _np(v8.contiguous()), _np(self.vq), self.planes * self.n_kb
+        pieces.parallel(lambda lo, hi, p: _tilesc.vnni_values(src, dst, units, self.d, lo, hi,
+                                                              p), units, grain=1)
+
+
+def values(p8: torch.Tensor, v: Values, first: int, out: torch.Tensor) -> torch.Tensor:
+    """Fill float32 ``out`` (B * Hkv, nk, R, D) with P V of the band of nk key blocks from
+    ``first``: ``p8`` int8 (B * Hkv, nk, R, 64), P's integers 0..127 (``fwd_rows_i8``) -
+    compiled.py's float32 product of the same integers, the same values."""
+    bk, nk, r, _ = p8.shape
+    args = (_np(p8), _np(v.vq), _np(out), bk, r, nk, first, v.n_kb, v.d)
+    pieces.parallel(lambda lo, hi, p: _tilesc.vnni_pv(*args, lo, hi, p), bk * nk * (r // 16),
+                    grain=1)
     return out

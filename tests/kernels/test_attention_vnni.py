@@ -1,7 +1,7 @@
-"""Attention's row products on AVX-512 VNNI (open1b_kernels/attention/vnni.py, _tilevnni.c): the
-float64 products' values on every value class (so the forward and backward keep the
-definition's bits, whichever operands run on VNNI), the share that keeps the float64
-products, the once-per-process probe that catches a forged product, and the switch."""
+"""Attention's row products and the forward's P V on AVX-512 VNNI (open1b_kernels/attention/
+vnni.py, _tilevnni.c): the float products' values on every value class (so the forward and
+backward keep the definition's bits, whichever operands run on VNNI), the share that keeps the
+float64 products, the once-per-process probe that catches a forged product, and the switch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from open1b_kernels.attention import amx, compiled, vnni
 from open1b_kernels.attention.backward import backward_reference
 from open1b_kernels.attention.forward import forward_reference
-from open1b_kernels.attention.tiles import BLOCK_M
+from open1b_kernels.attention.tiles import BLOCK_M, quantize_v
 from tests.kernels.support import bits
 from tests.kernels.test_attention import _inputs
 from tests.kernels.test_attention_amx import _extreme, backward_keeps_the_definitions_bits
@@ -139,7 +139,7 @@ def test_the_probe_passes_here_and_catches_a_forged_product(monkeypatch):
     monkeypatch.setattr(vnni, "products", forged)
     compiled.rows_agree.cache_clear()
     try:
-        with pytest.warns(RuntimeWarning, match="VNNI row products differ"):
+        with pytest.warns(RuntimeWarning, match="VNNI products differ"):
             assert not compiled.rows_agree()
         assert not compiled.vnni_in_use()
         backward_keeps_the_definitions_bits((1, 4, 2, 90, 32, 50), 8)  # float64 products now
@@ -147,11 +147,72 @@ def test_the_probe_passes_here_and_catches_a_forged_product(monkeypatch):
         compiled.rows_agree.cache_clear()
 
 
+@needs_vnni
+@pytest.mark.parametrize("d", [16, 48, 128, 256])
+def test_pv_is_the_float32_product(d):
+    """P V on VNNI equals the float32 product of the same integers for every band, P at its
+    extremes (0 and 127 in whole rows and columns) and V's codes at theirs (+-127, 0)."""
+    g = torch.Generator().manual_seed(d)
+    bk, n, rows = 3, 5, 128
+    v8, _ = quantize_v(torch.randn(1, bk, n * BLOCK_M, d, generator=g).bfloat16())
+    v8 = v8.reshape(bk, n * BLOCK_M, d)
+    v8[:, 7], v8[:, 9], v8[1, :, 3] = 127, -127, -127
+    v8[2, 64:128] = 0                                            # a zero key block
+    p8 = torch.randint(0, 128, (bk, n, rows, BLOCK_M), generator=g, dtype=torch.int8)
+    p8[:, :, 0], p8[:, :, 1], p8[..., 63] = 127, 0, 127
+    vals = vnni.Values(v8)
+    for first, nk in ((0, n), (2, 1), (1, 3)):
+        want = torch.empty((bk, nk, rows, d))
+        compiled._band_products(p8[:, :nk].float(),
+                                v8.float().reshape(bk, n, BLOCK_M, d)[:, first:first + nk], want)
+        got = vnni.values(p8[:, :nk].contiguous(), vals, first, torch.empty_like(want))
+        assert torch.equal(got, want)
+
+
+@needs_vnni
+def test_the_probe_catches_a_forged_pv(monkeypatch):
+    # P V wrong in one element: the probe keeps the float products, and the forward the
+    # definition's bits
+    assert compiled.rows_agree()
+    real = vnni.values
+
+    def forged(p8, v, first, out):
+        real(p8, v, first, out)
+        out[0, 0, 2, 3] += 1.0
+        return out
+
+    monkeypatch.setattr(vnni, "values", forged)
+    compiled.rows_agree.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="P V"):
+            assert not compiled.rows_agree()
+        q, k, v, _, window = _inputs((1, 4, 2, 90, 32, 50), seed=8)
+        for x, y in zip(compiled.forward(q, k, v, window), forward_reference(q, k, v, window)):
+            assert torch.equal(bits(x), bits(y))
+    finally:
+        compiled.rows_agree.cache_clear()
+
+
+@needs_vnni
+def test_the_forward_runs_pv_on_vnni(monkeypatch):
+    """Where the VNNI products run, every query block's P V is one (the definition's bits
+    checked by the forward tests above and in test_attention_compiled.py)."""
+    assert compiled.vnni_in_use()
+    calls = []
+    real = vnni.values
+    monkeypatch.setattr(vnni, "values", lambda *a: calls.append(1) or real(*a))
+    q, k, v, _, window = _inputs((1, 4, 2, 200, 64, None), seed=9)
+    for x, y in zip(compiled.forward(q, k, v, window), forward_reference(q, k, v, window)):
+        assert torch.equal(bits(x), bits(y))
+    assert len(calls) == -(-200 // BLOCK_M)
+
+
 def test_switch_off_keeps_the_float64_products(monkeypatch):
     monkeypatch.setenv(vnni.SWITCH, "0")
     assert not vnni.available() and not compiled.vnni_in_use()
     calls = []
     monkeypatch.setattr(vnni, "products", lambda *a: calls.append(1))
+    monkeypatch.setattr(vnni, "values", lambda *a: calls.append(1))
     backward_keeps_the_definitions_bits((1, 2, 1, 70, 16, None), 2, compiled.forward)
     assert not calls
 
@@ -185,3 +246,13 @@ def test_loops_reject_inconsistent_buffers():
         t.vnni_products(*a, *ok, out, 1, 1, -1, 0, 1, 1, 1, 1, 16, 0, 1)
     with pytest.raises(ValueError, match="expected"):               # out too short for nk = 2
         t.vnni_products(*a, *ok, out, 1, 1, -1, 0, 0, 2, 1, 2, 16, 0, 2)
+    p8, vq = torch.zeros(2 * 64 * 64, dtype=torch.int8), torch.zeros(2 * 64 * 16, dtype=torch.int8)
+    ii = torch.zeros(2 * 64 * 16, dtype=torch.float32)
+    t.vnni_pv(p8.numpy(), vq.numpy(), ii.numpy(), 1, 64, 2, 0, 2, 16, 0, 8)  # consistent: runs
+    with pytest.raises(ValueError, match="consistent shapes"):      # first + nk past the blocks
+        t.vnni_pv(p8.numpy(), vq.numpy(), ii.numpy(), 1, 64, 2, 1, 2, 16, 0, 8)
+    with pytest.raises(ValueError, match="consistent shapes"):      # rows not a multiple of 16
+        t.vnni_pv(p8.numpy(), vq.numpy(), ii.numpy(), 1, 40, 2, 0, 2, 16, 0, 4)
+    with pytest.raises(ValueError, match="expected"):               # ii too short for D = 32
+        t.vnni_pv(p8.numpy(), torch.zeros(2 * 64 * 32, dtype=torch.int8).numpy(), ii.numpy(),
+                  1, 64, 2, 0, 2, 32, 0, 8)

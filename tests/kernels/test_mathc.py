@@ -62,12 +62,14 @@ LOOPS = {
                                    "amx_cpu", "amx_pack", "amx_packed_bytes", "amx_product"},
     "open1b_kernels.attention._tilesc": {"fwd_rows", "fwd_acc", "bwd_tiles", "dq_tiles",
                                          "kv_tiles", "fixed_planes", "tile_level",
-                                         "fwd_rows32", "digit_planes",
+                                         "fwd_rows32", "fwd_rows_i8", "digit_planes",
                                          # the AMX tile products (attention/_tileamx.c)
                                          "amx_bwd_tiles", "amx_dq", "amx_kv", "amx_pv",
                                          "amx_scores", "amx_tiles", "amx_value_tiles",
-                                         # the VNNI row products (attention/_tilevnni.c)
-                                         "vnni_rows", "vnni_products", "vnni_tiles"},
+                                         # the VNNI row products and P V
+                                         # (attention/_tilevnni.c)
+                                         "vnni_rows", "vnni_products", "vnni_tiles",
+                                         "vnni_values", "vnni_pv"},
 }
 
 
