@@ -222,12 +222,17 @@ static PyObject *py_amx_pack(PyObject *self, PyObject *args) {
     int ok = lines >= 1 && K >= 1 && sl >= 1 && sk >= 1 && (sl == 1 || sk == 1) &&
              holds(&x, span, "x") && sized(&out, packed_bytes(lines, K), 1, "out") &&
              units_ok(u0, u1, round_up(lines, 2 * LINES) / LINES) && PIECES_OK(pieces);
+#if AMX_BUILD
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
         FOR_PIECES(u0, u1, pieces, pack(x.buf, sl, sk, lines, K, b_side, out.buf, p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
-    return FINISH(ok, "amx_pack: inconsistent shapes", &x, &out);
+#else
+    ok = 0;     /* no packing without the tile loops (a build for another architecture) */
+#endif
+    return FINISH(ok, "amx_pack: needs the x86-64 build with the AMX loops and consistent "
+                      "shapes", &x, &out);
 }
 
 static PyObject *py_amx_product(PyObject *self, PyObject *args) {
