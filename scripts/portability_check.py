@@ -273,7 +273,8 @@ def describe_row(r: dict) -> str:
         return ""
     return (f"py {m['python']}, torch {m['torch']} ({m['torch_cpu_capability']}), numpy "
             f"{m['numpy']}, {m['torch_threads']} thr, mathc {'on' if m['mathc'] else 'off'}"
-            f", FTZ {'on' if m['flush']['ftz'] else 'off'}"
+            + "".join(f" ({mod}: {why})" for mod, why in (m.get("mathc_errors") or {}).items())
+            + f", FTZ {'on' if m['flush']['ftz'] else 'off'}"
             + (f", int GEMM {m['int_gemm']['route']}" if m.get("int_gemm") else "")
             + (f", attention {m['attention']}" if m.get("attention") else ""))
 

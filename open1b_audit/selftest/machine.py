@@ -52,6 +52,8 @@ def describe() -> dict[str, Any]:
             "torch_cpu_capability": cap() if cap else None,
             "torch_threads": torch.get_num_threads(),
             "mathc": mathc.available(), "attention_loops": attention_loops.available(),
+            # an extension that is missing or failed to load, with the reason
+            "mathc_errors": mathc.import_errors(),
             # attention's exact tile products on AMX tiles, or as float64 BLAS products
             "attention_tiles": attention_loops.available() and attention_loops.tiles_in_use(),
             "flush": ieee.flush_state(),

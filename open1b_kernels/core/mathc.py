@@ -34,11 +34,12 @@ class Loops:
     where it was not compiled."""
 
     def __init__(self, module: str) -> None:
-        self.module = module
+        self.module, self.error = module, None
         try:
             self.lib = importlib.import_module(module)
-        except ImportError:        # the extension is optional
-            self.lib = None
+        except ImportError as e:   # the extension is optional: kept, not raised, but named
+            self.lib = None        # (a built one that fails to load says why: import_errors)
+            self.error = str(e)
 
     def available(self) -> bool:
         """True when the extension is built and the loops are not switched off."""
@@ -54,6 +55,14 @@ def available() -> bool:
     """True when every folder's extension is built and the loops are not switched off (what
     the audit's machine record reports as ``mathc``)."""
     return all(Loops(name).available() for name in EXTENSIONS)
+
+
+def import_errors() -> dict[str, str]:
+    """Why each folder's extension is missing, by module: not built (no C compiler at
+    install), or built and unloadable (an undefined symbol in a build for another
+    architecture) - empty where every one loaded. The machine record reports it beside
+    ``mathc``, so "off" never hides a broken build."""
+    return {name: lib.error for name in EXTENSIONS if (lib := Loops(name)).error}
 
 
 def flat(x: torch.Tensor):

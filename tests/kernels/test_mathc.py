@@ -89,8 +89,27 @@ def test_every_folder_has_one_extension_with_its_ops_loops():
 
 def test_a_missing_extension_is_unavailable_and_names_itself(monkeypatch):
     lib = mathc.Loops("open1b_kernels.core._no_such_loops")
-    assert not lib.available()
+    assert not lib.available() and "_no_such_loops" in lib.error
+    assert mathc.import_errors() == {} or not mathc.available()   # all loaded here, or named
     with pytest.raises(AttributeError, match="_no_such_loops was not compiled: no loop 'exp'"):
         lib.exp
     monkeypatch.setattr(mathc, "EXTENSIONS", (*mathc.EXTENSIONS, lib.module))
     assert not mathc.available()             # one folder's missing loops: not "all built"
+    assert "_no_such_loops" in mathc.import_errors()[lib.module]     # and why, by name
+
+
+def test_the_portability_row_names_an_extension_that_failed_to_load():
+    """A build whose extension does not load (aarch64 once: an undefined symbol) shows as
+    "mathc off (module: reason)" in the portability matrix, not as a plain "off"."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "portability_check.py")
+    spec = importlib.util.spec_from_file_location("portability_check", path)
+    port = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(port)
+    m = {"python": "3.11", "torch": "2.13", "torch_cpu_capability": "DEFAULT", "numpy": "2",
+         "torch_threads": 1, "mathc": False, "flush": {"ftz": False},
+         "mathc_errors": {"open1b_kernels.int8._int8c": "undefined symbol: pack"}}
+    row = port.describe_row({"result": {"machine": m}})
+    assert "mathc off (open1b_kernels.int8._int8c: undefined symbol: pack)" in row
