@@ -11,7 +11,9 @@ of L's nonzeros (a share of values scaled 2^-9: the rest of their row 9 binades 
 ``torch.matmul`` of the float64 fixed-point values (compiled.py's product); both results
 checked equal first. P V (every head of a KV group, 256 rows, P's integers 0..127 at
 random, V's int8 codes of a Gaussian V) against compiled.py's float32 product of the same
-integers (``_band_products``). Then attention forward + backward (``forward_cpu`` / ``backward_cpu``)
+integers (``_band_products``), and the attention forward with P V on VNNI against the same
+forward with P V as that float32 product (the row products on VNNI in both). Then attention
+forward + backward (``forward_cpu`` / ``backward_cpu``)
 with ``OPEN1B_VNNI`` unset and 0, outputs checked bit-equal. Median of ``--repeats``, the sides
 alternating; ratio = float64 time / VNNI time (> 1: VNNI is faster).
 """
@@ -78,6 +80,26 @@ def _pv_row(nk: int, repeats: int, g: torch.Generator) -> str:
             f"{md['float32'] / md['vnni']:.2f} |")
 
 
+def _forward_pv(window, repeats: int, g: torch.Generator) -> str:
+    q, k = _operands(g, 0.0)
+    v = torch.randn(B, HKV, S, D, generator=g).bfloat16()
+    real = vnni.Values
+
+    def run(on: bool):
+        vnni.Values = real if on else (lambda v8: None)   # None: compiled.py's float32 P V
+        try:
+            return compiled.forward(q, k, v, window)
+        finally:
+            vnni.Values = real
+    for x, y in zip(run(True), run(False)):
+        if not torch.equal(x.view(torch.int16 if x.element_size() == 2 else torch.int32),
+                           y.view(torch.int16 if y.element_size() == 2 else torch.int32)):
+            raise SystemExit(f"the forward differs with P V on VNNI (window {window})")
+    md = alternating_medians({"float32": lambda: run(False), "vnni": lambda: run(True)}, repeats)
+    return (f"| attention forward, window {window or 'full'}: P V float32 / VNNI | "
+            f"{md['float32']:.3f} | {md['vnni']:.3f} | {md['float32'] / md['vnni']:.2f} |")
+
+
 def _attention(window, repeats: int, g: torch.Generator) -> str:
     q, k = _operands(g, 0.0)
     v = torch.randn(B, HKV, S, D, generator=g).bfloat16()
@@ -125,6 +147,9 @@ def main(repeats, out):
         lines.append(_product_row(q, k, "all", 16, repeats, f"forward, share {share:.0%}")[0])
         print(lines[-1], flush=True)
     lines += ["", "| whole | float64 s | VNNI s | float64 / VNNI |", "|---|---|---|---|"]
+    for window in (512, None):
+        lines.append(_forward_pv(window, repeats, g))
+        print(lines[-1], flush=True)
     for window in (512, None):
         lines.append(_attention(window, max(2, repeats // 2), g))
         print(lines[-1], flush=True)
