@@ -230,17 +230,19 @@ def rows_agree() -> bool:
 
 
 def _pv_agrees(v: torch.Tensor, bk: int, g: int, n: int) -> bool:
-    """``rows_agree``'s P V: every key block of the probe's V codes against P's integers -
-    0 and 127 in whole rows and columns, random between. Compared as values: the sign of
-    a zero sum is the BLAS's (-0 where every product is -0) and adds nothing to the
-    forward's accumulator, which starts at +0 (fwd_acc)."""
+    """``rows_agree``'s P V: every key block of the probe's V codes (one column of them
+    all negative) against P's integers - 0 and 127 in whole rows and columns, random
+    between - compared bit for bit: a zero sum is +0 on both sides (the BLAS's sums start
+    at +0, so even a row of zeros against negative codes, every product -0, gives +0)."""
     v8 = quantize_v(v)[0].reshape(bk, n * BLOCK_N, v.shape[3])
+    v8[..., 3] = -127
     gen = torch.Generator().manual_seed(0x9F)
     p8 = torch.randint(0, 128, (bk, n, g * BLOCK_M, BLOCK_N), generator=gen, dtype=torch.int8)
     p8[..., 0, :], p8[..., 1, :], p8[..., :, 5] = 127, 0, 127
     want = torch.empty((bk, n, g * BLOCK_M, v8.shape[2]))
     _band_products(p8.float(), v8.float().reshape(bk, n, BLOCK_N, -1), want)
-    return torch.equal(vnni.values(p8, vnni.Values(v8), 0, torch.empty_like(want)), want)
+    got = vnni.values(p8, vnni.Values(v8), 0, torch.empty_like(want))
+    return torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
 def _disagree(case, where: str) -> bool:
