@@ -55,15 +55,20 @@ def selftest_cmd(steps, interpreter, work, as_json) -> None:
     def human(r):
         m = r["machine"]
         cpu = m["cpu"]
+        products = ("on AMX tiles" if m.get("attention_tiles") else
+                    "partly on VNNI" if m.get("attention_vnni") else "float")
         click.echo(f"machine: {cpu['arch']} {cpu['model']} ({cpu['cores']} cores), torch "
                    f"{m['torch']} (CPU capability {m['torch_cpu_capability']}), numpy "
                    f"{m['numpy']}, python {m['python']}, C math extension "
                    f"{'on' if m['mathc'] else 'off'}, attention loops "
                    f"{'on' if m.get('attention_loops') else 'off'} (products "
-                   f"{'on AMX tiles' if m.get('attention_tiles') else 'float64'}), "
+                   f"{products}), "
                    f"FTZ {'ON' if m['flush']['ftz'] else 'off'}"
                    f", DAZ {'ON' if m['flush']['daz'] else 'off'}"
                    + (f", GPU {m['cuda']}" if m["cuda"] else ""))
+        for module, why in (m.get("mathc_errors") or {}).items():
+            click.echo(f"C math extension {module} missing: {why} - the torch definitions run "
+                       "instead (the same bits, slower); reinstall where a C compiler builds it")
         g = m["int_gemm"]
         click.echo(f"integer GEMM: {g['route']} route ({g['reason']}; "
                    f"{g['failures']} failed checksum(s))")

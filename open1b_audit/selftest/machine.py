@@ -56,6 +56,8 @@ def describe() -> dict[str, Any]:
             "mathc_errors": mathc.import_errors(),
             # attention's exact tile products on AMX tiles, or as float64 BLAS products
             "attention_tiles": attention_loops.available() and attention_loops.tiles_in_use(),
+            # or Q K^T, dO V^T and the forward's P V as int8 products on AVX-512 VNNI
+            "attention_vnni": attention_loops.available() and attention_loops.vnni_in_use(),
             "flush": ieee.flush_state(),
             # which exact integer GEMM ran (the library's, checked, or float32 chunks) and
             # how many results failed their checksum: a reader sees the path, not just "CPU"

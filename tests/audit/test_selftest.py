@@ -29,6 +29,8 @@ def test_selftest_matches_and_describes_the_machine(tmp_path):
     # the exact integer GEMM route that ran is named, with its checksum failures counted
     assert m["int_gemm"]["route"] in ("amx", "int", "pairs", "float")
     assert m["int_gemm"]["failures"] == 0 and isinstance(m["attention_tiles"], bool)
+    # the loops on, or the extension that is missing named with its reason
+    assert isinstance(m["attention_vnni"], bool) and (m["mathc"] or m["mathc_errors"])
 
 
 def test_selftest_names_the_first_differing_step_component_and_operator(tmp_path,
@@ -69,3 +71,16 @@ def test_selftest_refuses_a_process_that_flushes_subnormals(tmp_path):
         torch.set_flush_denormal(False)
     assert r.exit_code == 1
     assert "flushes subnormal floats to zero" in r.output and "FTZ" in r.output
+
+
+def test_selftest_names_a_missing_extension(tmp_path, monkeypatch):
+    """An extension that failed to load is said in the human report, with what runs instead:
+    a broken build must not pass for a plain "off"."""
+    from open1b_kernels.core import mathc
+
+    monkeypatch.setattr(mathc, "import_errors",
+                        lambda: {"open1b_kernels.int8._int8c": "undefined symbol: pack"})
+    r = CliRunner().invoke(main, ["selftest", "--steps", "1", "--work", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert ("C math extension open1b_kernels.int8._int8c missing: undefined symbol: pack - "
+            "the torch definitions run instead") in r.output
