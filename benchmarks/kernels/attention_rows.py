@@ -9,9 +9,10 @@ Shapes: Open-1B's (B 1, 16 query / 4 KV heads, S 4,096, D 128). One product: the
 of 9 key blocks (window 512) and of 64 (the last query block, fully causal); then by share
 of L's nonzeros (a share of values scaled 2^-9: the rest of their row 9 binades above). Anchor:
 ``torch.matmul`` of the float64 fixed-point values (compiled.py's product); both results
-checked equal first. P V (every head of a KV group, 256 rows, P's integers 0..127 at
-random, V's int8 codes of a Gaussian V) against compiled.py's float32 product of the same
-integers (``_band_products``), and the attention forward with P V on VNNI against the same
+checked equal first. P V and its ordered sum into the output (every head of a KV group, 256
+rows, P's integers 0..127 at random, V's int8 codes of a Gaussian V; ``vnni.accumulate``)
+against compiled.py's float32 product of the same integers and ``fwd_acc``, and the attention
+forward with P V on VNNI against the same
 forward with P V as that float32 product (the row products on VNNI in both). Then attention
 forward + backward (``forward_cpu`` / ``backward_cpu``)
 with ``OPEN1B_VNNI`` unset and 0, outputs checked bit-equal. Median of ``--repeats``, the sides
@@ -66,18 +67,29 @@ def _pv_row(nk: int, repeats: int, g: torch.Generator) -> str:
     v8, _ = quantize_v(torch.randn(B, HKV, S, D, generator=g).bfloat16())
     v8 = v8.reshape(bk, S, D)
     p8 = torch.randint(0, 128, (bk, nk, rows, BLOCK_M), generator=g, dtype=torch.int8)
+    alpha, t = torch.rand((bk, rows, nk), generator=g), torch.randint(0, 20, (bk, rows, nk),
+                                                                       generator=g,
+                                                                       dtype=torch.int32)
+    m, l = torch.randn((bk, rows), generator=g), torch.rand((bk, rows), generator=g) + 1
     p8f, v8f = p8.float(), v8.float().reshape(bk, S // BLOCK_M, BLOCK_M, D)[:, :nk]
-    vq = vnni.Values(v8)
-    ref, out = (torch.empty((bk, nk, rows, D)) for _ in range(2))
-    sides = {"float32": lambda: compiled._band_products(p8f, v8f, ref),
-             "vnni": lambda: vnni.values(p8, vq, 0, out)}
-    sides["float32"]()
-    if not torch.equal(ref, sides["vnni"]()):
+    vq, ii = vnni.Values(v8), torch.empty((bk, nk, rows, D))
+    outs = {side: (torch.empty((bk, rows, D)), torch.empty((bk, rows)))
+            for side in ("float32", "vnni")}
+
+    def float_side():
+        compiled._band_products(p8f, v8f, ii)
+        compiled._accumulate(ii, alpha, t, m, l, *outs["float32"])
+    sides = {"float32": float_side,
+             "vnni": lambda: vnni.accumulate(p8, vq, 0, alpha, t, m, l, *outs["vnni"])}
+    for run in sides.values():
+        run()
+    if not all(torch.equal(x.view(torch.int32), y.view(torch.int32))
+               for x, y in zip(outs["float32"], outs["vnni"])):
         raise SystemExit(f"the VNNI P V differs from the float32 one at {nk} key blocks")
     md = alternating_medians(sides, repeats)
-    return (f"| forward P V, {nk} key blocks | {bk} x {rows} x {nk * BLOCK_M} x {D} | - | "
-            f"{md['float32'] * 1e3:.2f} (float32) | {md['vnni'] * 1e3:.2f} | "
-            f"{md['float32'] / md['vnni']:.2f} |")
+    return (f"| forward P V and its ordered sum, {nk} key blocks | {bk} x {rows} x "
+            f"{nk * BLOCK_M} x {D} | - | {md['float32'] * 1e3:.2f} (float32 + fwd_acc) | "
+            f"{md['vnni'] * 1e3:.2f} | {md['float32'] / md['vnni']:.2f} |")
 
 
 def _forward_pv(window, repeats: int, g: torch.Generator) -> str:

@@ -21,10 +21,12 @@
  * multiplies are exact (no under- or overflow for biased exponents in [1, 255]). Out: the
  * float64 value compiled.py's BLAS product gives (tests/kernels/test_attention_vnni.py).
  *
- * The forward's P V (vnni_values, vnni_pv) is one int8 product: P's integers 0..127 (u8)
- * times V's int8 codes (s8) summed over a key block's 64 keys in int32, below 64 * 127^2 <
- * 2^24, so its float32 conversion is exact - the value compiled.py's float32 product of the
- * same integers gives (every partial sum an integer below 2^24).
+ * The forward's P V (vnni_values, vnni_pv_acc) is one int8 product a key block: P's
+ * integers 0..127 (u8) times V's int8 codes (s8) summed over the block's 64 keys in int32,
+ * below 64 * 127^2 < 2^24, so its float32 conversion is exact - the value compiled.py's
+ * float32 product of the same integers gives (every partial sum an integer below 2^24) -
+ * added into the output as it is made, in _tilesc.c's fwd_acc's float32 operations and order,
+ * so no block's product reaches memory.
  *
  * Layouts (per plane, per 64-row block): dig - two digit planes of 64 x D bytes: the left
  * side (A) row-major [digit][row][k] (d0 + 128, d1), the right side (B) in VPDPBUSD's order
@@ -36,6 +38,7 @@
 
 #include <string.h>
 
+#include "../core/_mathfn.h"
 #include "_fixed.h"
 
 #define BLK 64             /* BLOCK_M = BLOCK_N (checked by the caller) */
@@ -144,22 +147,39 @@ PV_BLOCK(4)
 PV_BLOCK(1)
 #undef PV_BLOCK
 
-/* Units [u0, u1) of (BK, nk, R / 16): ii[bk, j, rows] (float32, R x D per key block) = p8[bk,
- * j, rows] (R x 64) @ V's key block first + j, 16 rows a unit. */
-VNNI static void pv(const uint8_t *p8, const int8_t *vq, float *ii, Py_ssize_t R, Py_ssize_t nk,
-                    Py_ssize_t first, Py_ssize_t n_kb, Py_ssize_t D, Py_ssize_t u0,
-                    Py_ssize_t u1) {
-    const Py_ssize_t chunks = R / 16, groups = D / 16;
+/* Units [u0, u1) of (BK, R / 4), four rows each: out (BK, R, D) and lse (BK, R) from the band
+ * of nk key blocks from first - each key block's P V (p8 (BK, nk, R, 64)) made and added at
+ * once as _tilesc.c's fwd_acc adds its float32 I: acc = acc * alpha + I * 2^-t over the key
+ * blocks ascending (two roundings and an add, no fused multiply-add: the file is built with
+ * -ffp-contract=off), then out = acc / l and lse = m + log(l). The same operations on the
+ * same values: the same bits. */
+VNNI static void pv_acc(const uint8_t *p8, const int8_t *vq, const float *alpha, const int32_t *t,
+                        const float *m, const float *l, float *out, float *lse, Py_ssize_t R,
+                        Py_ssize_t nk, Py_ssize_t first, Py_ssize_t n_kb, Py_ssize_t D,
+                        Py_ssize_t u0, Py_ssize_t u1) {
+    float ib[4 * 256] __attribute__((aligned(64)));     /* one key block's I of four rows */
+    const Py_ssize_t groups = D / 16, quads = R / 4;
     for (Py_ssize_t u = u0; u < u1; u++) {
-        Py_ssize_t bk = u / (nk * chunks), j = (u / chunks) % nk, ch = u % chunks;
-        Py_ssize_t row = (bk * nk + j) * R + ch * 16;
-        const int8_t *v = vq + (bk * n_kb + first + j) * BLK * D;
-        for (int r0 = 0; r0 < 16; r0 += 4) {
-            const uint8_t *p = p8 + (row + r0) * BLK;
-            float *o = ii + (row + r0) * D;
+        Py_ssize_t bk = u / quads, row = bk * R + (u % quads) * 4;
+        float *acc = out + row * D;
+        for (Py_ssize_t i = 0; i < 4 * D; i++) acc[i] = 0.0f;
+        for (Py_ssize_t j = 0; j < nk; j++) {
+            const uint8_t *p = p8 + ((bk * nk + j) * R + (row - bk * R)) * BLK;
+            const int8_t *v = vq + (bk * n_kb + first + j) * BLK * D;
             Py_ssize_t cg = 0;
-            for (; cg + 4 <= groups; cg += 4) pv4x4(p, v, D, cg, o);
-            for (; cg < groups; cg++) pv4x1(p, v, D, cg, o);
+            for (; cg + 4 <= groups; cg += 4) pv4x4(p, v, D, cg, ib);
+            for (; cg < groups; cg++) pv4x1(p, v, D, cg, ib);
+            for (int r = 0; r < 4; r++) {
+                float a = alpha[(row + r) * nk + j], down = pow2i(-t[(row + r) * nk + j]);
+                float *ar = acc + r * D;
+                const float *c = ib + r * D;
+                for (Py_ssize_t d = 0; d < D; d++) ar[d] = ar[d] * a + c[d] * down;
+            }
+        }
+        for (int r = 0; r < 4; r++) {
+            float lv = l[row + r], *ar = acc + r * D;
+            for (Py_ssize_t d = 0; d < D; d++) ar[d] = ar[d] / lv;
+            lse[row + r] = m[row + r] + log1(lv);
         }
     }
 }
@@ -405,28 +425,33 @@ static PyObject *py_vnni_values(PyObject *self, PyObject *args) {
     return finish(b, 2, ok, "vnni_values: inconsistent shapes");
 }
 
-static PyObject *py_vnni_pv(PyObject *self, PyObject *args) {
+static PyObject *py_vnni_pv_acc(PyObject *self, PyObject *args) {
     (void)self;
     int pieces = 1;
-    Py_buffer b[3];
+    Py_buffer b[8];
     Py_ssize_t BK, R, nk, first, n_kb, D, u0, u1;
-    if (!PyArg_ParseTuple(args, "y*y*w*nnnnnnnn|i", &b[0], &b[1], &b[2], &BK, &R, &nk, &first,
-                          &n_kb, &D, &u0, &u1, &pieces))
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*w*w*nnnnnnnn|i", &b[0], &b[1], &b[2], &b[3], &b[4],
+                          &b[5], &b[6], &b[7], &BK, &R, &nk, &first, &n_kb, &D, &u0, &u1,
+                          &pieces))
         return NULL;
-    int ok = cpu_vnni() && BK > 0 && R > 0 && R % 16 == 0 && nk > 0 && first >= 0 &&
+    Py_ssize_t rows = BK * R;
+    int ok = cpu_vnni() && BK > 0 && R > 0 && R % 4 == 0 && nk > 0 && first >= 0 &&
              first + nk <= n_kb && D >= 16 && D <= 256 && D % 16 == 0 &&
-             sized(&b[0], BK * nk * R * BLK, 1, "p8") && sized(&b[1], BK * n_kb * BLK * D, 1, "vq") &&
-             sized(&b[2], BK * nk * R * D, 4, "ii") && units_ok(u0, u1, BK * nk * (R / 16)) &&
-             PIECES_OK(pieces);
+             sized(&b[0], rows * nk * BLK, 1, "p8") && sized(&b[1], BK * n_kb * BLK * D, 1, "vq") &&
+             sized(&b[2], rows * nk, 4, "alpha") && sized(&b[3], rows * nk, 4, "t") &&
+             sized(&b[4], rows, 4, "m") && sized(&b[5], rows, 4, "l") &&
+             sized(&b[6], rows * D, 4, "out") && sized(&b[7], rows, 4, "lse") &&
+             units_ok(u0, u1, BK * (R / 4)) && PIECES_OK(pieces);
 #if HAVE_V4
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        FOR_PIECES(u0, u1, pieces, pv(b[0].buf, b[1].buf, b[2].buf, R, nk, first, n_kb, D, p_lo,
-                                      p_hi));
+        FOR_PIECES(u0, u1, pieces, pv_acc(b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf,
+                                          b[5].buf, b[6].buf, b[7].buf, R, nk, first, n_kb, D,
+                                          p_lo, p_hi));
         Py_END_ALLOW_THREADS
     }
 #endif
-    return finish(b, 3, ok, "vnni_pv: needs AVX-512 VNNI and consistent shapes");
+    return finish(b, 8, ok, "vnni_pv_acc: needs AVX-512 VNNI and consistent shapes");
 }
 
 EXT_METHODS(tilevnni) = {
@@ -441,10 +466,11 @@ EXT_METHODS(tilevnni) = {
      "for h < 0) against the band of nk key blocks from first, 64 x 64 tile units."},
     {"vnni_values", py_vnni_values, METH_VARARGS,
      "vnni_values(v, vq, units, D, u0, u1[, pieces]): int8 V's key blocks [u0, u1) of "
-     "(units, 64, D) in the order vnni_pv reads."},
-    {"vnni_pv", py_vnni_pv, METH_VARARGS,
-     "vnni_pv(p8, vq, ii, BK, R, nk, first, n_kb, D, u0, u1[, pieces]): the forward's P V "
-     "(P's integers 0..127 times V's codes) of the band of nk key blocks from first into "
-     "float32 ii (BK, nk, R, D), exact; units of 16 rows of (BK, nk, R / 16)."},
+     "(units, 64, D) in the order vnni_pv_acc reads."},
+    {"vnni_pv_acc", py_vnni_pv_acc, METH_VARARGS,
+     "vnni_pv_acc(p8, vq, alpha, t, m, l, out, lse, BK, R, nk, first, n_kb, D, u0, u1"
+     "[, pieces]): the forward's P V (P's integers 0..127 times V's codes) of the band of nk "
+     "key blocks from first, each block's added into out as fwd_acc adds it, then out / l "
+     "and lse = m + log(l); units of 4 rows of (BK, R / 4)."},
     {NULL, NULL, 0, NULL},
 };

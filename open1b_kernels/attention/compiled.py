@@ -230,19 +230,39 @@ def rows_agree() -> bool:
 
 
 def _pv_agrees(v: torch.Tensor, bk: int, g: int, n: int) -> bool:
-    """``rows_agree``'s P V: every key block of the probe's V codes (one column of them
-    all negative) against P's integers - 0 and 127 in whole rows and columns, random
-    between - compared bit for bit: a zero sum is +0 on both sides (the BLAS's sums start
-    at +0, so even a row of zeros against negative codes, every product -0, gives +0)."""
-    v8 = quantize_v(v)[0].reshape(bk, n * BLOCK_N, v.shape[3])
+    """``rows_agree``'s P V: the forward's output of every key block of the probe's V codes
+    (one column of them all negative) against P's integers - 0 and 127 in whole rows and
+    columns, random between - with its softmax weights (alpha 0, 1 and between, shifts t,
+    sums l), by ``vnni.accumulate`` and by the float32 products and ``fwd_acc``, compared bit
+    for bit (a zero sum is +0 both ways: the BLAS's sums start at +0)."""
+    return all(torch.equal(x.view(torch.int32), y.view(torch.int32))
+               for x, y in zip(*_pv_outputs(quantize_v(v)[0].reshape(bk, n * BLOCK_N, -1), g)))
+
+
+def _pv_outputs(v8: torch.Tensor, g: int, first: int = 0, nk: int | None = None, seed: int = 0x9F):
+    """(VNNI, float) (out, lse) of one query block's P V over nk key blocks from ``first`` of
+    int8 codes v8 (B * Hkv, keys, D), P's integers and the softmax's weights drawn from
+    ``seed`` with their extremes: ``_pv_agrees``' operands, and the tests'."""
+    bk, keys, d = v8.shape
+    nk = keys // BLOCK_N - first if nk is None else nk
+    rows, gen = g * BLOCK_M, torch.Generator().manual_seed(seed)
+    v8 = v8.clone()
     v8[..., 3] = -127
-    gen = torch.Generator().manual_seed(0x9F)
-    p8 = torch.randint(0, 128, (bk, n, g * BLOCK_M, BLOCK_N), generator=gen, dtype=torch.int8)
+    p8 = torch.randint(0, 128, (bk, nk, rows, BLOCK_N), generator=gen, dtype=torch.int8)
     p8[..., 0, :], p8[..., 1, :], p8[..., :, 5] = 127, 0, 127
-    want = torch.empty((bk, n, g * BLOCK_M, v8.shape[2]))
-    _band_products(p8.float(), v8.float().reshape(bk, n, BLOCK_N, -1), want)
-    got = vnni.values(p8, vnni.Values(v8), 0, torch.empty_like(want))
-    return torch.equal(got.view(torch.int32), want.view(torch.int32))
+    alpha = torch.rand((bk, rows, nk), generator=gen)
+    alpha[:, :, 0], alpha[:, 0] = 0.0, 1.0                  # the first block's 0, a row of 1
+    t = torch.randint(0, 127, (bk, rows, nk), generator=gen, dtype=torch.int32)
+    m = torch.randn((bk, rows), generator=gen)
+    l = torch.rand((bk, rows), generator=gen) * 64 + 1
+    band = v8.float().reshape(bk, keys // BLOCK_N, BLOCK_N, d)[:, first:first + nk]
+    ii = torch.empty((bk, nk, rows, d))
+    _band_products(p8.float(), band, ii)
+    want = torch.empty((bk, rows, d)), torch.empty((bk, rows))
+    _accumulate(ii, alpha, t, m, l, *want)
+    got = vnni.accumulate(p8, vnni.Values(v8), first, alpha, t, m, l, torch.empty((bk, rows, d)),
+                          torch.empty((bk, rows)))
+    return got, want
 
 
 def _disagree(case, where: str) -> bool:
@@ -299,20 +319,27 @@ def _forward(q, k, v, window: int | None, tiles: bool):
         args = (_np(sc), _np(u), _np(p8), _np(alpha), _np(t), _np(m), _np(l), bk, rows, nk,
                 n_kb * BLOCK_N, first * BLOCK_N, qb * BLOCK_M, s, win, scale)
         pieces.parallel(lambda a, z, p: rows_loop(*args, a, z, p), bk * rows, grain=8)
+        if vq is not None:      # P V made and added in one pass: fwd_acc's operations
+            vnni.accumulate(p8, vq, first, alpha, t, m, l, out[qb], lse[qb])
+            continue
         ii = scratch("attn.pv", (bk, nk, rows, d), torch.float32)  # (bk, nk, rows, D), exact
         if tiles:
             pv(p8, first, ii)
-        elif vq is not None:
-            vnni.values(p8, vq, first, ii)
         else:
             _band_products(p8, v8f[:, first:first + nk], ii)
-        acc_args = (_np(ii), _np(alpha), _np(t), _np(m), _np(l), _np(out[qb]), _np(lse[qb]),
-                    bk, rows, nk, d)
-        pieces.parallel(lambda a, z, p: _tilesc.fwd_acc(*acc_args, a, z, p), bk * rows, grain=8)
+        _accumulate(ii, alpha, t, m, l, out[qb], lse[qb])
     out = out.reshape(n_qb, bk, g, BLOCK_M, d).movedim(2, 0)  # (G, n_qb, bk, BM, D)
     lse = lse.reshape(n_qb, bk, g, BLOCK_M, 1).movedim(2, 0)
     out = _ungroup_rows(out.to(torch.bfloat16), b, hkv, s)
     return out, _ungroup_rows(lse, b, hkv, s).squeeze(-1)
+
+
+def _accumulate(ii, alpha, t, m, l, out, lse) -> None:
+    """One query block's output from its key blocks' P V products ii (B * Hkv, nk, R, D):
+    ``fwd_acc``'s ordered float32 sum into out (B * Hkv, R, D), then out / l and lse."""
+    bk, nk, rows, d = ii.shape
+    args = tuple(_np(x) for x in (ii, alpha, t, m, l, out, lse)) + (bk, rows, nk, d)
+    pieces.parallel(lambda a, z, p: _tilesc.fwd_acc(*args, a, z, p), bk * rows, grain=8)
 
 
 def backward(q, k, v, o, lse, do, window: int | None):

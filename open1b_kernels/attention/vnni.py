@@ -10,9 +10,10 @@ row; every value of a row with one large outlier is not - so ``Rows.share`` (L's
 over all elements) decides per call: above ``SPARSE_MAX`` compiled.py keeps the float64
 product. Either way the values are the same. ``OPEN1B_VNNI=0`` keeps the float64 products.
 
-The forward's P V is one int8 product (``Values``, ``values``): P's integers 0..127 times V's
-int8 codes, summed in int32 below 2^24 - the value compiled.py's float32 product of the same
-integers gives, at VPDPBUSD's rate instead of a float32 GEMM's.
+The forward's P V is one int8 product a key block (``Values``, ``accumulate``): P's integers
+0..127 times V's int8 codes, summed in int32 below 2^24 - the value compiled.py's float32
+product of the same integers gives, at VPDPBUSD's rate instead of a float32 GEMM's - and added
+into the forward's output as it is made (fwd_acc's operations), so none reaches memory.
 
 The products P^T dO, dS^T Q and dS K multiply probabilities and their gradients, whose small
 values fill L, and stay float64 (compiled.py's ``_tilesc`` loops).
@@ -103,7 +104,7 @@ def products(a: Rows, b: Rows, g: int, h: int, qb: int, first: int, nk: int,
 
 class Values:
     """int8 V codes (B * Hkv, n_kb * 64, D) (``tiles.quantize_v``) in the order the forward's
-    P V reads them (``values``)."""
+    P V reads them (``accumulate``)."""
 
     def __init__(self, v8: torch.Tensor) -> None:
         self.planes, keys, self.d = v8.shape
@@ -117,12 +118,17 @@ class Values:
                                                               p), units, grain=1)
 
 
-def values(p8: torch.Tensor, v: Values, first: int, out: torch.Tensor) -> torch.Tensor:
-    """Fill float32 ``out`` (B * Hkv, nk, R, D) with P V of the band of nk key blocks from
-    ``first``: ``p8`` int8 (B * Hkv, nk, R, 64), P's integers 0..127 (``fwd_rows_i8``) -
-    compiled.py's float32 product of the same integers, the same values."""
+def accumulate(p8: torch.Tensor, v: Values, first: int, alpha: torch.Tensor, t: torch.Tensor,
+               m: torch.Tensor, l: torch.Tensor, out: torch.Tensor,
+               lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's output of one query block: P V of each key block of the band
+    added into float32 ``out`` (B * Hkv, R, D) as compiled.py's ``fwd_acc`` adds it (``alpha``,
+    ``t`` (B * Hkv, R, nk), ``m``, ``l`` (B * Hkv, R) from ``fwd_rows_i8``), then out / l and
+    ``lse`` = m + log(l) - the same operations on the same values, none of the products in
+    memory."""
     bk, nk, r, _ = p8.shape
-    args = (_np(p8), _np(v.vq), _np(out), bk, r, nk, first, v.n_kb, v.d)
-    pieces.parallel(lambda lo, hi, p: _tilesc.vnni_pv(*args, lo, hi, p), bk * nk * (r // 16),
+    args = (*(_np(x) for x in (p8, v.vq, alpha, t, m, l, out, lse)), bk, r, nk, first, v.n_kb,
+            v.d)
+    pieces.parallel(lambda lo, hi, p: _tilesc.vnni_pv_acc(*args, lo, hi, p), bk * (r // 4),
                     grain=1)
-    return out
+    return out, lse

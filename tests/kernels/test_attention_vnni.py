@@ -149,25 +149,22 @@ def test_the_probe_passes_here_and_catches_a_forged_product(monkeypatch):
 
 @needs_vnni
 @pytest.mark.parametrize("d", [16, 48, 128, 256])
-def test_pv_is_the_float32_product(d):
-    """P V on VNNI equals the float32 product of the same integers bit for bit for every
-    band, P at its extremes (0 and 127 in whole rows and columns) and V's codes at theirs
-    (+-127, 0; a zero row of P against a negative column: +0 on both sides)."""
+def test_pv_and_its_sum_are_the_float_paths(d):
+    """P V on VNNI added into the output (``vnni.accumulate``) equals the float32 products of
+    the same integers summed by fwd_acc, bit for bit, for every band, P at its extremes (0
+    and 127 in whole rows and columns), V's codes at theirs (+-127, 0; a zero row of P against
+    a negative column: +0 both ways) and the softmax's weights at theirs (alpha 0 and 1)."""
     g = torch.Generator().manual_seed(d)
-    bk, n, rows = 3, 5, 128
+    bk, n = 3, 5
     v8, _ = quantize_v(torch.randn(1, bk, n * BLOCK_M, d, generator=g).bfloat16())
     v8 = v8.reshape(bk, n * BLOCK_M, d)
-    v8[:, 7], v8[:, 9], v8[1, :, 3] = 127, -127, -127
+    v8[:, 7], v8[:, 9], v8[1, :, 5] = 127, -127, -127
     v8[2, 64:128] = 0                                            # a zero key block
-    p8 = torch.randint(0, 128, (bk, n, rows, BLOCK_M), generator=g, dtype=torch.int8)
-    p8[:, :, 0], p8[:, :, 1], p8[..., 63] = 127, 0, 127
-    vals = vnni.Values(v8)
     for first, nk in ((0, n), (2, 1), (1, 3)):
-        want = torch.empty((bk, nk, rows, d))
-        compiled._band_products(p8[:, :nk].float(),
-                                v8.float().reshape(bk, n, BLOCK_M, d)[:, first:first + nk], want)
-        got = vnni.values(p8[:, :nk].contiguous(), vals, first, torch.empty_like(want))
-        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+        for heads in (1, 2):
+            got, want = compiled._pv_outputs(v8, heads, first, nk, seed=d + first)
+            for x, y in zip(got, want):
+                assert torch.equal(x.view(torch.int32), y.view(torch.int32))
 
 
 @needs_vnni
@@ -175,14 +172,14 @@ def test_the_probe_catches_a_forged_pv(monkeypatch):
     # P V wrong in one element: the probe keeps the float products, and the forward the
     # definition's bits
     assert compiled.rows_agree()
-    real = vnni.values
+    real = vnni.accumulate
 
-    def forged(p8, v, first, out):
-        real(p8, v, first, out)
-        out[0, 0, 2, 3] += 1.0
-        return out
+    def forged(*a):
+        out, lse = real(*a)
+        out[0, 2, 3] = torch.nextafter(out[0, 2, 3], torch.tensor(1e30))
+        return out, lse
 
-    monkeypatch.setattr(vnni, "values", forged)
+    monkeypatch.setattr(vnni, "accumulate", forged)
     compiled.rows_agree.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="P V"):
@@ -200,8 +197,8 @@ def test_the_forward_runs_pv_on_vnni(monkeypatch):
     checked by the forward tests above and in test_attention_compiled.py)."""
     assert compiled.vnni_in_use()
     calls = []
-    real = vnni.values
-    monkeypatch.setattr(vnni, "values", lambda *a: calls.append(1) or real(*a))
+    real = vnni.accumulate
+    monkeypatch.setattr(vnni, "accumulate", lambda *a: calls.append(1) or real(*a))
     q, k, v, _, window = _inputs((1, 4, 2, 200, 64, None), seed=9)
     for x, y in zip(compiled.forward(q, k, v, window), forward_reference(q, k, v, window)):
         assert torch.equal(bits(x), bits(y))
@@ -213,7 +210,7 @@ def test_switch_off_keeps_the_float64_products(monkeypatch):
     assert not vnni.available() and not compiled.vnni_in_use()
     calls = []
     monkeypatch.setattr(vnni, "products", lambda *a: calls.append(1))
-    monkeypatch.setattr(vnni, "values", lambda *a: calls.append(1))
+    monkeypatch.setattr(vnni, "accumulate", lambda *a: calls.append(1))
     backward_keeps_the_definitions_bits((1, 2, 1, 70, 16, None), 2, compiled.forward)
     assert not calls
 
@@ -248,12 +245,15 @@ def test_loops_reject_inconsistent_buffers():
     with pytest.raises(ValueError, match="expected"):               # out too short for nk = 2
         t.vnni_products(*a, *ok, out, 1, 1, -1, 0, 0, 2, 1, 2, 16, 0, 2)
     p8, vq = torch.zeros(2 * 64 * 64, dtype=torch.int8), torch.zeros(2 * 64 * 16, dtype=torch.int8)
-    ii = torch.zeros(2 * 64 * 16, dtype=torch.float32)
-    t.vnni_pv(p8.numpy(), vq.numpy(), ii.numpy(), 1, 64, 2, 0, 2, 16, 0, 8)  # consistent: runs
+    ws = [torch.zeros(64 * 2).numpy(), torch.zeros(64 * 2, dtype=torch.int32).numpy(),
+          torch.zeros(64).numpy(), torch.ones(64).numpy()]          # alpha, t, m, l
+    out, lse = torch.zeros(64 * 16).numpy(), torch.zeros(64).numpy()
+    pv = (p8.numpy(), vq.numpy(), *ws)
+    t.vnni_pv_acc(*pv, out, lse, 1, 64, 2, 0, 2, 16, 0, 16)          # consistent: runs
     with pytest.raises(ValueError, match="consistent shapes"):      # first + nk past the blocks
-        t.vnni_pv(p8.numpy(), vq.numpy(), ii.numpy(), 1, 64, 2, 1, 2, 16, 0, 8)
-    with pytest.raises(ValueError, match="consistent shapes"):      # rows not a multiple of 16
-        t.vnni_pv(p8.numpy(), vq.numpy(), ii.numpy(), 1, 40, 2, 0, 2, 16, 0, 4)
-    with pytest.raises(ValueError, match="expected"):               # ii too short for D = 32
-        t.vnni_pv(p8.numpy(), torch.zeros(2 * 64 * 32, dtype=torch.int8).numpy(), ii.numpy(),
-                  1, 64, 2, 0, 2, 32, 0, 8)
+        t.vnni_pv_acc(*pv, out, lse, 1, 64, 2, 1, 2, 16, 0, 16)
+    with pytest.raises(ValueError, match="consistent shapes"):      # rows not a multiple of 4
+        t.vnni_pv_acc(*pv, out, lse, 1, 62, 2, 0, 2, 16, 0, 15)
+    with pytest.raises(ValueError, match="expected"):               # out too short for D = 32
+        t.vnni_pv_acc(p8.numpy(), torch.zeros(2 * 64 * 32, dtype=torch.int8).numpy(), *ws, out,
+                      lse, 1, 64, 2, 0, 2, 32, 0, 16)

@@ -69,7 +69,7 @@ LOOPS = {
                                          # the VNNI row products and P V
                                          # (attention/_tilevnni.c)
                                          "vnni_rows", "vnni_products", "vnni_tiles",
-                                         "vnni_values", "vnni_pv"},
+                                         "vnni_values", "vnni_pv_acc"},
 }
 
 
