@@ -22,6 +22,7 @@
 
 #include "../core/_mathfn.h"
 #include "_fixed.h"
+#include "_online.h"
 
 #define BLK 64  /* BLOCK_M = BLOCK_N of open1b_kernels.attention.tiles (checked by the caller) */
 
@@ -162,14 +163,10 @@ CLONES static void fwd_acc(const float *ii, const float *alpha, const int32_t *t
         Py_ssize_t bk = unit / R, r = unit % R;
         float *acc = out + unit * D;
         for (Py_ssize_t d = 0; d < D; d++) acc[d] = 0.0f;
-        for (Py_ssize_t j = 0; j < nk; j++) {
-            const float *c = ii + ((bk * nk + j) * R + r) * D;
-            float a = alpha[unit * nk + j], down = pow2i(-t[unit * nk + j]);
-            for (Py_ssize_t d = 0; d < D; d++) acc[d] = acc[d] * a + c[d] * down;
-        }
-        float lv = l[unit];
-        for (Py_ssize_t d = 0; d < D; d++) acc[d] = acc[d] / lv;
-        lse[unit] = m[unit] + log1(lv);
+        for (Py_ssize_t j = 0; j < nk; j++)
+            online_add(acc, ii + ((bk * nk + j) * R + r) * D, alpha[unit * nk + j],
+                       t[unit * nk + j], D);
+        lse[unit] = online_finish(acc, l[unit], m[unit], D);
     }
 }
 

@@ -38,8 +38,8 @@
 
 #include <string.h>
 
-#include "../core/_mathfn.h"
 #include "_fixed.h"
+#include "_online.h"
 
 #define BLK 64             /* BLOCK_M = BLOCK_N (checked by the caller) */
 #define EXP_OFFSET 147     /* x = N * 2^(E - 147), open1b_kernels/attention/fixed.py */
@@ -149,10 +149,8 @@ PV_BLOCK(1)
 
 /* Units [u0, u1) of (BK, R / 4), four rows each: out (BK, R, D) and lse (BK, R) from the band
  * of nk key blocks from first - each key block's P V (p8 (BK, nk, R, 64)) made and added at
- * once as _tilesc.c's fwd_acc adds its float32 I: acc = acc * alpha + I * 2^-t over the key
- * blocks ascending (two roundings and an add, no fused multiply-add: the file is built with
- * -ffp-contract=off), then out = acc / l and lse = m + log(l). The same operations on the
- * same values: the same bits. */
+ * once by _online.h, as _tilesc.c's fwd_acc adds its float32 I: the same operations on the
+ * same values, the same bits. */
 VNNI static void pv_acc(const uint8_t *p8, const int8_t *vq, const float *alpha, const int32_t *t,
                         const float *m, const float *l, float *out, float *lse, Py_ssize_t R,
                         Py_ssize_t nk, Py_ssize_t first, Py_ssize_t n_kb, Py_ssize_t D,
@@ -160,27 +158,21 @@ VNNI static void pv_acc(const uint8_t *p8, const int8_t *vq, const float *alpha,
     float ib[4 * 256] __attribute__((aligned(64)));     /* one key block's I of four rows */
     const Py_ssize_t groups = D / 16, quads = R / 4;
     for (Py_ssize_t u = u0; u < u1; u++) {
-        Py_ssize_t bk = u / quads, row = bk * R + (u % quads) * 4;
+        Py_ssize_t bk = u / quads, r0 = (u % quads) * 4, row = bk * R + r0;
         float *acc = out + row * D;
         for (Py_ssize_t i = 0; i < 4 * D; i++) acc[i] = 0.0f;
         for (Py_ssize_t j = 0; j < nk; j++) {
-            const uint8_t *p = p8 + ((bk * nk + j) * R + (row - bk * R)) * BLK;
+            const uint8_t *p = p8 + ((bk * nk + j) * R + r0) * BLK;
             const int8_t *v = vq + (bk * n_kb + first + j) * BLK * D;
             Py_ssize_t cg = 0;
             for (; cg + 4 <= groups; cg += 4) pv4x4(p, v, D, cg, ib);
             for (; cg < groups; cg++) pv4x1(p, v, D, cg, ib);
-            for (int r = 0; r < 4; r++) {
-                float a = alpha[(row + r) * nk + j], down = pow2i(-t[(row + r) * nk + j]);
-                float *ar = acc + r * D;
-                const float *c = ib + r * D;
-                for (Py_ssize_t d = 0; d < D; d++) ar[d] = ar[d] * a + c[d] * down;
-            }
+            for (int r = 0; r < 4; r++)
+                online_add(acc + r * D, ib + r * D, alpha[(row + r) * nk + j],
+                           t[(row + r) * nk + j], D);
         }
-        for (int r = 0; r < 4; r++) {
-            float lv = l[row + r], *ar = acc + r * D;
-            for (Py_ssize_t d = 0; d < D; d++) ar[d] = ar[d] / lv;
-            lse[row + r] = m[row + r] + log1(lv);
-        }
+        for (int r = 0; r < 4; r++)
+            lse[row + r] = online_finish(acc + r * D, l[row + r], m[row + r], D);
     }
 }
 
