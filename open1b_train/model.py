@@ -348,8 +348,8 @@ def _head_backward(cfg: ModelConfig, p: dict[str, torch.Tensor], xf2: torch.Tens
         logits[rows] = xent_backward(one, logits[rows], labels[rows], lse[rows], rows=m,
                                      overwrite=True)
     dlogits = logits                                                          # (M, V)
-    dxf = torch.cat([ozaki_mm(dlogits[r0:r0 + HEAD_ROWS], w.t(), cfg.lmhead_slices)
-                     for r0 in range(0, m, HEAD_ROWS)])
+    dxf = torch.cat([ozaki_mm(dlogits[r0:r0 + HEAD_ROWS], w.t(), cfg.lmhead_slices,
+                              sparse_a=True) for r0 in range(0, m, HEAD_ROWS)])
     # the CPU path's scratch only grows: the weight's slices (~0.8 GB at Open-1B) would
     # otherwise stay through the weight gradient's blocks and the layers' backward
     release("lmhead.")

@@ -39,7 +39,7 @@ FIRST_OP = "attention.fwd_bwd_causal"
 GOAL_OPS = ("rmsnorm.fwd_bwd", "gradnorm.clip",
             "embedding.fwd_bwd", "attention.fwd_bwd_w512", "linear_int8.gate_up_fwd_bwd",
             "linear_int8.down_fwd_bwd", "linear_int8.attn_qo_fwd_bwd",
-            "linear_int8.attn_kv_fwd_bwd", "lmhead.fwd", "lmhead.bwd")
+            "linear_int8.attn_kv_fwd_bwd", "lmhead.fwd", "lmhead.bwd", "lmhead.bwd_dense")
 TRAIN_LAST = ("parity", "collectives")
 
 # Guesses where the H200 run measured nothing (seconds, first-use compilation included):

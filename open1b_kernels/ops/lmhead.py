@@ -37,34 +37,33 @@ S = 2: 5e-4, about what rounding the logits to bf16 costs. Speed trade: S = 3 co
 int8 tensor-core products per output tile, S = 2 three (about 2x faster); the default is
 the accurate one.
 
+The Triton path's dh (``sparse_a``) runs the top slice's products only on the tiles where
+dlogits' top slice has a nonzero (the slicer's tile map): the same products minus zero ones.
+
 Zero results are +0.0. Non-finite inputs: a row or column holding inf/NaN yields NaN for
 that whole row/column of the output (never a partial, backend-dependent value).
 
-The CPU path in files beside this one: ``lmhead_slices`` (step 1's slicer and the slices'
-store), ``lmhead_plan`` (one plan of the products for every route), ``lmhead_int``,
-``lmhead_pairs`` and ``lmhead_float`` (one route per CPU class: ``open1b_kernels.int8.route``),
-``lmhead_rowsparse`` (a sparse slice's products row by row), ``lmhead_sparse`` (one pair with
-a sparse slice, by VNNI), ``lmhead_check`` (what catches a wrong T), and their C loops
-``_lmhead_slices.c``, ``_lmhead_sums.c``, ``_lmhead_rowsparse.c``, ``_lmhead_sparse.c``.
+The Triton path: ``lmhead_triton``. The CPU path in files beside this one:
+``lmhead_slices`` (step 1's slicer and the slices' store), ``lmhead_plan`` (one plan of the
+products for every route), ``lmhead_int``, ``lmhead_pairs`` and ``lmhead_float`` (one route
+per CPU class: ``open1b_kernels.int8.route``), ``lmhead_rowsparse`` (a sparse slice's
+products row by row), ``lmhead_sparse`` (one pair with a sparse slice, by VNNI),
+``lmhead_check`` (what catches a wrong T), and their C loops ``_lmhead_slices.c``,
+``_lmhead_sums.c``, ``_lmhead_rowsparse.c``, ``_lmhead_sparse.c``.
 """
 from __future__ import annotations
 
 import torch
 
-from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
-from open1b_kernels.int8.gemm import bf16_operand
+from open1b_kernels.core.backend import HAVE_TRITON, use_triton
 from open1b_kernels.int8.route import CHECKED, int_gemm_route
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from open1b_kernels.core.workspace import release, scratch
 from open1b_kernels.ops import lmhead_float, lmhead_int, lmhead_pairs
-from open1b_kernels.ops.lmhead_plan import K_CHUNK
 from open1b_kernels.ops.lmhead_slices import LevelSlices, slice_rows
 
 if HAVE_TRITON:
-    import triton
-    import triton.language as tl
-
-    from open1b_kernels.int8.gemm import grouped_tile
+    from open1b_kernels.ops.lmhead_triton import ozaki_mm_triton
 
 SLICES = 3  # default int8 slices per operand (2 is the faster, less accurate option)
 MAX_K = 11_000_000  # K * 3 * 127^2 * (2^14 + 2^7 + 1) < 2^53: T exact in float64
@@ -83,20 +82,6 @@ CPU_S3_TWO_GEMMS = True
 # against 2^Eb * 2^(Ea - bias) are exact float64 multiplies before the one rounding.
 NARROW_C = 512
 
-# Three int32 level accumulators live in registers: a 128 x 64 tile over 8 warps fits
-# them in 255 registers with no stack when the contraction is one K_CHUNK (Triton 3.6,
-# compiled offline for sm_90; 128 x 128 spills 800 bytes). On the first GPU run (H200,
-# 2026-12-04) the head's forward and backward ran at 0.21-0.39x of torch's bf16 mm with
-# an int64 total live through the loop and spilled, bit-identical to the CPU
-# (benchmarks/HISTORY.md, "On an NVIDIA H200").
-GPU_BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8,
-              "num_warps": 8, "num_stages": 3}
-# A contraction longer than K_CHUNK (dh = dlogits @ w contracts over the vocabulary) keeps
-# an int64 total through the loop: at 128 x 64 Triton 3.6 spilled it (184-byte stack);
-# 64 x 64 over 8 warps holds it in 168 registers (compiled offline for sm_90).
-GPU_BLOCKS_LONG_K = {**GPU_BLOCKS, "BLOCK_M": 64}
-INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 4}
-SLICE_BR, SLICE_BK = 32, 128
 
 
 # ------------------------------------------------------------------- CPU references
@@ -242,152 +227,13 @@ def _check(a: torch.Tensor, b: torch.Tensor, slices: int) -> None:
                          "2^53; split K")
 
 
-# ------------------------------------------------------------------- Triton kernels
-if HAVE_TRITON:
-
-    @triton.jit
-    def _f32_bits(ptrs, mask, IS_BF16: tl.constexpr):
-        """The float32 bit pattern of each element (bf16 widened exactly from its bits)."""
-        if IS_BF16:
-            return tl.load(ptrs, mask=mask, other=0).to(tl.int32) << 16
-        else:
-            return tl.load(ptrs, mask=mask, other=0.0).to(tl.int32, bitcast=True)
-
-    @triton.jit
-    def _row_exp_kernel(x_ptr, e_ptr, R, K, stride_r, stride_k, IS_BF16: tl.constexpr,
-                        BR: tl.constexpr, BK: tl.constexpr):
-        rows = tl.program_id(0) * BR + tl.arange(0, BR)
-        big = tl.full((BR,), 1, dtype=tl.int32)
-        for k0 in range(0, K, BK):
-            cols = k0 + tl.arange(0, BK)
-            b = _f32_bits(x_ptr + rows[:, None].to(tl.int64) * stride_r + cols[None, :] * stride_k,
-                          (rows[:, None] < R) & (cols[None, :] < K), IS_BF16)
-            e = (b >> 23) & 0xFF
-            big = tl.maximum(big, tl.max(e, axis=1))  # integer max: any order is exact
-        tl.store(e_ptr + rows, big, mask=rows < R)
-
-    @triton.jit
-    def _slice_kernel(x_ptr, e_ptr, s_ptr, R, K, stride_r, stride_k, IS_BF16: tl.constexpr,
-                      SL: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
-        rows = tl.program_id(0) * BR + tl.arange(0, BR)
-        cols = tl.program_id(1) * BK + tl.arange(0, BK)
-        mask = (rows[:, None] < R) & (cols[None, :] < K)
-        b = _f32_bits(x_ptr + rows[:, None].to(tl.int64) * stride_r + cols[None, :] * stride_k,
-                      mask, IS_BF16)
-        ef = (b >> 23) & 0xFF
-        man = tl.where(ef == 0, b & 0x7FFFFF, (b & 0x7FFFFF) | 0x800000)
-        e = tl.maximum(ef, 1)
-        big = tl.load(e_ptr + rows, mask=rows < R, other=1)
-        mag = man >> tl.minimum(big[:, None] - e + (24 - 7 * SL), 31)
-        neg = b >> 31  # -1 for negative elements, else 0: (p ^ neg) - neg == sign * p
-        off = rows[:, None].to(tl.int64) * K + cols[None, :]
-        plane = R.to(tl.int64) * K
-        for i in tl.static_range(SL):
-            part = (mag >> (7 * (SL - 1 - i))) & 127
-            tl.store(s_ptr + i * plane + off, ((part ^ neg) - neg).to(tl.int8), mask=mask)
-
-    @triton.jit
-    def _level_sums(a_rows, b_cols, pa, pb, rm, rn, rk, M, N, K, c0, c1, SL: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """T's part over contraction steps [c0, c1) as int64: the level accumulators in
-        int32 (no overflow within K_CHUNK), shifted together once at the end."""
-        acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-        acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-        acc4 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-        for k0 in range(c0, c1, BLOCK_K):
-            kk = k0 + rk
-            am = (rm[:, None] < M) & (kk[None, :] < K)
-            bm = (rn[None, :] < N) & (kk[:, None] < K)
-            a1 = tl.load(a_rows + kk[None, :], mask=am, other=0)
-            a2 = tl.load(a_rows + pa + kk[None, :], mask=am, other=0)
-            b1 = tl.load(b_cols + kk[:, None], mask=bm, other=0)
-            b2 = tl.load(b_cols + pb + kk[:, None], mask=bm, other=0)
-            acc2 += tl.dot(a1, b1, out_dtype=tl.int32)
-            acc3 += tl.dot(a1, b2, out_dtype=tl.int32)
-            acc3 += tl.dot(a2, b1, out_dtype=tl.int32)
-            if SL == 3:
-                a3 = tl.load(a_rows + 2 * pa + kk[None, :], mask=am, other=0)
-                b3 = tl.load(b_cols + 2 * pb + kk[:, None], mask=bm, other=0)
-                acc4 += tl.dot(a1, b3, out_dtype=tl.int32)
-                acc4 += tl.dot(a2, b2, out_dtype=tl.int32)
-                acc4 += tl.dot(a3, b1, out_dtype=tl.int32)
-        if SL == 3:
-            return (acc2.to(tl.int64) << 14) + (acc3.to(tl.int64) << 7) + acc4.to(tl.int64)
-        else:
-            return (acc2.to(tl.int64) << 7) + acc3.to(tl.int64)
-
-    @triton.jit
-    def _ozaki_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, c_ptr, M, N, K, SL: tl.constexpr,
-                      K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ONE_CHUNK: tl.constexpr):
-        pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        pa = M.to(tl.int64) * K  # slice plane strides
-        pb = N.to(tl.int64) * K
-        a_rows = a_ptr + rm[:, None].to(tl.int64) * K
-        b_cols = b_ptr + rn[None, :].to(tl.int64) * K
-        if ONE_CHUNK:   # K <= K_CHUNK (the head's 2,048; a vocabulary of tokens is not):
-            # no int64 total live through the main loop (it spilled registers at S = 3)
-            t = _level_sums(a_rows, b_cols, pa, pb, rm, rn, rk, M, N, K, 0, K, SL,
-                            BLOCK_M, BLOCK_N, BLOCK_K)
-        else:
-            t = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int64)
-            for c0 in range(0, K, K_CHUNK):
-                t += _level_sums(a_rows, b_cols, pa, pb, rm, rn, rk, M, N, K, c0,
-                                 tl.minimum(c0 + K_CHUNK, K), SL, BLOCK_M, BLOCK_N, BLOCK_K)
-        ea = tl.load(ea_ptr + rm, mask=rm < M, other=1)
-        eb = tl.load(eb_ptr + rn, mask=rn < N, other=1)
-        p = (ea[:, None] + eb[None, :] - (259 + 7 * SL)).to(tl.int64)  # exp_bias(SL)
-        scale = ((p + 1023) << 52).to(tl.float64, bitcast=True)
-        y = (t.to(tl.float64) * scale).to(tl.float32)
-        y = tl.where((ea[:, None] == 255) | (eb[None, :] == 255), float("nan"), y)
-        tl.store(c_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], y,
-                 mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-
-def slice_rows_triton(x: torch.Tensor, slices: int = SLICES) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton path of ``slice_rows_cpu`` (any input strides)."""
-    r, k = x.shape
-    e = torch.empty((r,), dtype=torch.int32, device=x.device)
-    s = torch.empty((slices, r, k), dtype=torch.int8, device=x.device)
-    if r == 0:
-        return s, e
-    bk = 64 if interpreting() else 256
-    xk, is_bf16 = bf16_operand(x)
-    _row_exp_kernel[(triton.cdiv(r, SLICE_BR),)](xk, e, r, k, x.stride(0), x.stride(1),
-                                                 IS_BF16=is_bf16, BR=SLICE_BR, BK=bk,
-                                                 **LAUNCH_OPTIONS)
-    if k:
-        grid = (triton.cdiv(r, SLICE_BR), triton.cdiv(k, SLICE_BK))
-        _slice_kernel[grid](xk, e, s, r, k, x.stride(0), x.stride(1), IS_BF16=is_bf16,
-                            SL=slices, BR=SLICE_BR, BK=SLICE_BK, **LAUNCH_OPTIONS)
-    return s, e
-
-
-def ozaki_mm_triton(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torch.Tensor:
-    """Triton path of ``ozaki_mm``."""
+def ozaki_mm(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES,
+             sparse_a: bool = False) -> torch.Tensor:
+    """``a @ b.T`` for bf16/fp32 (R, K) and (C, K), fp32 out, same bits on every backend.
+    ``sparse_a``: a hint for the Triton path (``ozaki_mm_triton``); the bits do not change."""
     _check(a, b, slices)
-    sa, ea = slice_rows_triton(a, slices)
-    sb, eb = slice_rows_triton(b, slices)
-    m, k = a.shape
-    n = b.shape[0]
-    c = torch.empty((m, n), dtype=torch.float32, device=a.device)
-    if m == 0 or n == 0:
-        return c
-    cfg = dict(INTERPRET_BLOCKS if interpreting() else
-               GPU_BLOCKS if k <= K_CHUNK else GPU_BLOCKS_LONG_K)
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
-    _ozaki_kernel[grid](sa, sb, ea, eb, c, m, n, k, SL=slices, K_CHUNK=K_CHUNK,
-                        ONE_CHUNK=k <= K_CHUNK, **cfg, **LAUNCH_OPTIONS)
-    return c
-
-
-def ozaki_mm(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torch.Tensor:
-    """``a @ b.T`` for bf16/fp32 (R, K) and (C, K), fp32 out, same bits on every backend."""
     if use_triton(a):
-        return ozaki_mm_triton(a, b, slices)
+        return ozaki_mm_triton(a, b, slices, sparse_a)
     return ozaki_mm_cpu(a, b, slices)
 
 
@@ -400,9 +246,14 @@ def lmhead_forward(h: torch.Tensor, w: torch.Tensor, slices: int = SLICES) -> to
 
 
 def lmhead_backward(dlogits: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
-                    slices: int = SLICES):
-    """(dh (M, K) fp32, dw (V, K) fp32) for upstream dlogits (M, V) fp32 or bf16."""
-    grads = ozaki_mm(dlogits, w.t(), slices), ozaki_mm(dlogits.t(), h.t(), slices)
+                    slices: int = SLICES, sparse_dlogits: bool = True):
+    """(dh (M, K) fp32, dw (V, K) fp32) for upstream dlogits (M, V) fp32 or bf16.
+    ``sparse_dlogits``: dh's product lists dlogits' nonzero top-slice tiles (``ozaki_mm``'s
+    ``sparse_a``; the same bits either way)."""
+    # dlogits' rows have a mostly zero top slice (probabilities far below the row's largest
+    # entry); its columns, which dw slices, do not (benchmarks.kernels.lmhead_tiles)
+    grads = (ozaki_mm(dlogits, w.t(), slices, sparse_a=sparse_dlogits),
+             ozaki_mm(dlogits.t(), h.t(), slices))
     release("lmhead.")  # the CPU path's slice buffers (GBs at a full vocabulary): a step's
     return grads        # last use of them - the optimizer and the layers need the memory
 
@@ -414,8 +265,12 @@ def _make(scale: float, device):
     v = scaled(128_256, scale, 16)
     h = torch.randn(m, 2_048, generator=g).to(torch.bfloat16)
     w = (torch.randn(v, 2_048, generator=g) * 0.02).to(torch.bfloat16)
-    dl = (torch.randn(m, v, generator=g) * 1e-5)
-    return tuple(t.to(device) for t in (h, w, dl))
+    # the cross-entropy's dlogits, (softmax - onehot) / M, of logits as Open-1B's head
+    # gives them at initialization (std 0.02 * sqrt(2,048) = 0.905): what the backward
+    # meets in training, its rows' top slices mostly zero (benchmarks.kernels.lmhead_tiles)
+    dl = torch.softmax(torch.randn(m, v, generator=g) * 0.905, dim=1)
+    dl[torch.arange(m), torch.randint(0, v, (m,), generator=g)] -= 1.0
+    return tuple(t.to(device) for t in (h, w, dl.div_(m)))
 
 
 GPU_CHECKS = [
@@ -447,7 +302,19 @@ GPU_CHECKS = [
                                   torch.mm(a[2].bfloat16().t(), a[0])),
         cost=lambda a: Cost(flops=4.0 * a[0].shape[0] * a[0].shape[1] * a[1].shape[0]),
         describe=lambda s: f"dh, dw of the LM head at ({scaled(16_384, s, 16)}, 2048, "
-                           f"{scaled(128_256, s, 16)}) vs 2x torch.mm bf16",
+                           f"{scaled(128_256, s, 16)}), dh listing dlogits' nonzero top-slice "
+                           "tiles, vs 2x torch.mm bf16",
+        parity_scale=0.0625, bench_scale=0.5, bound="compute",
+    ),
+    GpuCheck(
+        name="lmhead.bwd_dense",
+        make_inputs=_make,
+        run=lambda a: lmhead_backward(a[2], a[0], a[1], sparse_dlogits=False),
+        torch_baseline=lambda a: (torch.mm(a[2].bfloat16(), a[1]),
+                                  torch.mm(a[2].bfloat16().t(), a[0])),
+        cost=lambda a: Cost(flops=4.0 * a[0].shape[0] * a[0].shape[1] * a[1].shape[0]),
+        describe=lambda s: "lmhead.bwd with every top-slice tile multiplied (its A/B) at "
+                           f"({scaled(16_384, s, 16)}, 2048, {scaled(128_256, s, 16)})",
         parity_scale=0.0625, bench_scale=0.5, bound="compute",
     ),
 ]

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from open1b_kernels.ops.lmhead import K_CHUNK
+from open1b_kernels.ops.lmhead_plan import K_CHUNK
 from open1b_train import statehash
 from open1b_train.config import TrainConfig
 from open1b_train.memory.diskflat import CHUNK, DiskFlat, clear_stale, scratch_dir

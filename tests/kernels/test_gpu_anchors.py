@@ -21,6 +21,7 @@ TOLERANCE = {
     "linear_int8.attn_kv_fwd_bwd": 0.15,
     "lmhead.fwd": 1e-2,
     "lmhead.bwd": 1e-2,
+    "lmhead.bwd_dense": 1e-2,
 }
 SCALE = {"attention.fwd_bwd_w512": 1 / 8, "gradnorm.clip": 1 / 24}
 # ours' outputs the anchor also gives (attention's lse and the linear's step gradient are

@@ -62,7 +62,8 @@ def test_parity_across_chunk_flushes(monkeypatch):
     h, w, dl = _case(8, 200, 40, 3)
     with backend.force("cpu"):
         ref = lmhead_backward(dl, h, w)
-    monkeypatch.setattr(lm, "K_CHUNK", 64)
+    from open1b_kernels.ops import lmhead_triton as lmt
+    monkeypatch.setattr(lmt, "K_CHUNK", 64)
     with backend.force("triton"):
         got = lmhead_backward(dl, h, w)
     with backend.force("cpu"):
