@@ -64,7 +64,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from open1b_kernels.attention.tiles import tl_band
+    from open1b_kernels.attention.tiles import tl_band, tl_visible
     from open1b_kernels.attention.fixed import tl_exact_dot, tl_exact_to_f32, tl_fixed_point, tl_to_bf16
     from open1b_kernels.core.mathfn import exp_tl
 
@@ -192,7 +192,7 @@ if HAVE_TRITON:
         return acc + tl_exact_to_f32(tl_exact_dot(a0, a1, a2, c0, c1, c2), ea, tl.load(ec + e_col))
 
     @triton.jit
-    def _dkv_kernel(
+    def _tiles_kernel(
         qd,
         eq,
         kd,
@@ -201,14 +201,9 @@ if HAVE_TRITON:
         ev,
         dod,
         edo,
-        qcd,
-        eqc,
-        docd,
-        edoc,
         lse_ptr,
         drow_ptr,
-        dk_ptr,
-        dv_ptr,
+        p_ptr,
         ds_ptr,
         first_ptr,
         n_tiles,
@@ -217,7 +212,6 @@ if HAVE_TRITON:
         scale,
         q_plane,
         k_plane,
-        n_qb,
         n_kb,
         HQ: tl.constexpr,
         GROUP: tl.constexpr,
@@ -228,82 +222,114 @@ if HAVE_TRITON:
         BN: tl.constexpr,
         HAS_WINDOW: tl.constexpr,
     ):
-        # Program (kb, b * HKV + hk): dK, dV of one key block; query heads of the group
-        # ascending, then the query blocks that can see this key block ascending. Every
-        # tile of the dQ kernel's band leaves its ds16 (as dQ's (BM, BN) tile) in ds_ptr.
+        # Program (qb, b * HQ + h): every tile of one query block's band - the scores and
+        # dO V^T recomputed exactly, p and ds - left as p16 and ds16 in the tile's slot
+        # ((BM, BN), rows the queries) for the product kernels. Only the two exact products
+        # and the elementwise work live here: with the dK/dV products in the same kernel
+        # it spilled (a 624-byte stack, 445 local-memory instructions, sm_90).
+        qb = tl.program_id(0)
+        bh = tl.program_id(1)
+        bk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP  # the KV head (b, h // GROUP)
+        rows = qb * BM + tl.arange(0, BM)
+        rd = tl.arange(0, D)
+        rn = tl.arange(0, BN)
+        r_off = (bh * SQP + rows[:, None]).to(tl.int64) * D + rd[None, :]  # (BM, D)
+        q0, q1, q2 = _load3(qd, q_plane, r_off)
+        o0, o1, o2 = _load3(dod, q_plane, r_off)
+        eqr = tl.load(eq + bh * SQP + rows)
+        edor = tl.load(edo + bh * SQP + rows)
+        lse = tl.load(lse_ptr + bh * seq + rows, mask=rows < seq, other=0.0)
+        drow = tl.load(drow_ptr + bh * seq + rows, mask=rows < seq, other=0.0)
+        tile = tl.arange(0, BM)[:, None] * BN + rn[None, :]
+        lo, hi = tl_band(qb, window, n_kb, BM, BN, HAS_WINDOW)
+        base = bh * n_tiles + tl.load(first_ptr + qb) - lo
+        for kb in range(lo, hi + 1):
+            cols = kb * BN + rn
+            kt_off = (bk * SKP + cols[None, :]).to(tl.int64) * D + rd[:, None]  # (D, BN)
+            k0, k1, k2 = _load3(kd, k_plane, kt_off)
+            sc = tl_exact_to_f32(tl_exact_dot(q0, q1, q2, k0, k1, k2), eqr,
+                                 tl.load(ek + bk * SKP + cols)) * scale
+            v0, v1, v2 = _load3(vd, k_plane, kt_off)
+            dp = tl_exact_to_f32(tl_exact_dot(o0, o1, o2, v0, v1, v2), edor,
+                                 tl.load(ev + bk * SKP + cols))
+            vis = tl_visible(rows, cols, seq, window, HAS_WINDOW) & (rows < seq)[:, None]
+            p = tl.where(vis, exp_tl(tl.where(vis, sc - lse[:, None], 0.0)), 0.0)
+            slot = (base + kb).to(tl.int64) * (BM * BN) + tile
+            tl.store(ds_ptr + slot, tl_to_bf16(p * (dp - drow[:, None])).to(tl.int16, bitcast=True))
+            tl.store(p_ptr + slot, tl_to_bf16(p).to(tl.int16, bitcast=True))
+
+    @triton.jit
+    def _dkv_kernel(
+        tiles_ptr,
+        tile_plane,
+        first_ptr,
+        n_tiles,
+        cd,
+        ec,
+        c_plane,
+        e_plane,
+        out_ptr,
+        out_plane,
+        seq,
+        window,
+        scale,
+        n_qb,
+        n_kb,
+        HQ: tl.constexpr,
+        GROUP: tl.constexpr,
+        D: tl.constexpr,
+        SQP: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        HAS_WINDOW: tl.constexpr,
+    ):
+        # Program (kb, b * HKV + hk, which): dV (which 0: p16^T dO) or dK (which 1: ds16^T Q,
+        # times the scale) of one key block, from the tiles the tiles kernel left; query heads
+        # of the group ascending, then the query blocks that can see this key block
+        # ascending. One product a program: holding dK's and dV's accumulators and both
+        # tiles' digits together spilled (a 312-byte stack, sm_90).
         kb = tl.program_id(0)
         bk = tl.program_id(1)
+        which = tl.program_id(2)
+        tiles_ptr += which * tile_plane          # p16 or ds16
+        cd += which * (3 * c_plane)              # dO's or Q's column digits ...
+        ec += which * e_plane                    # ... and their exponents
         hkv = HQ // GROUP
         cols = kb * BN + tl.arange(0, BN)
-        rd = tl.arange(0, D)
         rm = tl.arange(0, BM)
         rn = tl.arange(0, BN)
-        k_off = (bk * SKP + cols[:, None]).to(tl.int64) * D + rd[None, :]  # (BN, D)
-        ekr = tl.load(ek + bk * SKP + cols)
-        evr = tl.load(ev + bk * SKP + cols)
-        # dK and dV by halves of the head dim: an exact product's int64 and int32 tiles
-        # are (BN, D / 2), which keeps the kernel within its registers (column d's value
+        # by halves of the head dim: an exact product's int64 and int32 tiles are
+        # (BN, D / 2), which keeps the kernel within its registers (column d's value
         # depends only on column d's digits: the same integers as the whole product)
         rh = tl.arange(0, D // 2)
-        dk_a = tl.zeros([BN, D // 2], tl.float32)
-        dk_b = tl.zeros([BN, D // 2], tl.float32)
-        dv_a = tl.zeros([BN, D // 2], tl.float32)
-        dv_b = tl.zeros([BN, D // 2], tl.float32)
+        acc_a = tl.zeros([BN, D // 2], tl.float32)
+        acc_b = tl.zeros([BN, D // 2], tl.float32)
         qlo = kb * BN // BM
         qhi = n_qb - 1
         if HAS_WINDOW:
             qhi = tl.minimum((kb * BN + BN - 2 + window) // BM, n_qb - 1)
-        ds_tile = rm[None, :] * BN + rn[:, None]  # element (key j, query i) of dQ's tile
+        t_tile = rm[None, :] * BN + rn[:, None]  # element (key j, query i) of a tile: its T
         for h in range(GROUP):
             bh = (bk // hkv) * HQ + (bk % hkv) * GROUP + h
             for qb in range(qlo, qhi + 1):
                 rows = qb * BM + rm
-                t_off = (bh * SQP + rows[None, :]).to(tl.int64) * D + rd[:, None]  # (D, BM)
-                q0, q1, q2 = _load3(qd, q_plane, t_off)
-                o0, o1, o2 = _load3(dod, q_plane, t_off)
-                # K's and V's digits are read again per tile (from cache) rather than held
-                # in registers across the loop: held, they pushed the kernel into spills
-                k0, k1, k2 = _load3(kd, k_plane, k_off)
-                sc = (
-                    tl_exact_to_f32(
-                        tl_exact_dot(k0, k1, k2, q0, q1, q2), ekr, tl.load(eq + bh * SQP + rows)
-                    )
-                    * scale
-                )  # (BN, BM)
-                v0, v1, v2 = _load3(vd, k_plane, k_off)
-                dp = tl_exact_to_f32(
-                    tl_exact_dot(v0, v1, v2, o0, o1, o2), evr, tl.load(edo + bh * SQP + rows)
-                )
-                vis = (
-                    (cols[:, None] <= rows[None, :]) & (cols[:, None] < seq) & (rows[None, :] < seq)
-                )
-                if HAS_WINDOW:
-                    vis = vis & (cols[:, None] > rows[None, :] - window)
-                lse = tl.load(lse_ptr + bh * seq + rows, mask=rows < seq, other=0.0)
-                drow = tl.load(drow_ptr + bh * seq + rows, mask=rows < seq, other=0.0)
-                p = tl.where(vis, exp_tl(tl.where(vis, sc - lse[None, :], 0.0)), 0.0)
-                ds16 = tl_to_bf16(p * (dp - drow[None, :]))
                 lo, hi = tl_band(qb, window, n_kb, BM, BN, HAS_WINDOW)
+                # a key block the band of query block qb does not reach has no slot: its
+                # p and ds are zero (no query of qb sees it), read as zeros
                 slot = (bh * n_tiles + tl.load(first_ptr + qb) + kb - lo).to(tl.int64)
-                in_band = kb <= hi  # kb >= lo holds for every query block visited here
-                tl.store(ds_ptr + slot * (BM * BN) + ds_tile, ds16.to(tl.int16, bitcast=True),
-                         mask=ds_tile < tl.where(in_band, BM * BN, 0))
+                bits = tl.load(tiles_ptr + slot * (BM * BN) + t_tile,
+                               mask=t_tile < tl.where(kb <= hi, BM * BN, 0), other=0)
                 c_off = (bh * SQP + rows[:, None]).to(tl.int64) * D + rh[None, :]  # (BM, D/2)
                 e_col = (bh * (SQP // BM) + qb) * D + rh
-                p0, p1, p2, ep = tl_fixed_point(tl_to_bf16(p), 1)
-                dv_a = _half_product(dv_a, p0, p1, p2, ep, docd, edoc, q_plane, c_off, e_col)
-                dv_b = _half_product(dv_b, p0, p1, p2, ep, docd + D // 2, edoc + D // 2,
-                                     q_plane, c_off, e_col)
-                s0, s1, s2, es = tl_fixed_point(ds16, 1)
-                dk_a = _half_product(dk_a, s0, s1, s2, es, qcd, eqc, q_plane, c_off, e_col)
-                dk_b = _half_product(dk_b, s0, s1, s2, es, qcd + D // 2, eqc + D // 2,
-                                     q_plane, c_off, e_col)
+                t0, t1, t2, et = tl_fixed_point(bits.to(tl.bfloat16, bitcast=True), 1)
+                acc_a = _half_product(acc_a, t0, t1, t2, et, cd, ec, c_plane, c_off, e_col)
+                acc_b = _half_product(acc_b, t0, t1, t2, et, cd + D // 2, ec + D // 2,
+                                      c_plane, c_off, e_col)
+        mult = tl.where(which == 1, scale, 1.0)  # dK's scale; dV's 1.0 is exact
         keep = (cols < seq)[:, None]
-        out_off = (bk * seq + cols[:, None]).to(tl.int64) * D + rh[None, :]
-        tl.store(dk_ptr + out_off, tl_to_bf16(dk_a * scale), mask=keep)
-        tl.store(dk_ptr + out_off + D // 2, tl_to_bf16(dk_b * scale), mask=keep)
-        tl.store(dv_ptr + out_off, tl_to_bf16(dv_a), mask=keep)
-        tl.store(dv_ptr + out_off + D // 2, tl_to_bf16(dv_b), mask=keep)
+        out_off = which * out_plane + (bk * seq + cols[:, None]).to(tl.int64) * D + rh[None, :]
+        tl.store(out_ptr + out_off, tl_to_bf16(acc_a * mult), mask=keep)
+        tl.store(out_ptr + out_off + D // 2, tl_to_bf16(acc_b * mult), mask=keep)
 
     @triton.jit
     def _dq_kernel(
@@ -354,10 +380,11 @@ if HAVE_TRITON:
 
 
 # Warps per program of the backward kernels on a GPU (the interpreter ignores them): the
-# dK/dV kernel holds two (BN, D) fp32 accumulators, K and V's digits and a tile's scores,
-# probabilities and int64 products; at 4 warps Triton 3.6 spilled them to a 2-3 KB stack.
+# dK/dV kernel holds two (BN, D) fp32 accumulators (by halves) and a tile's digits and
+# int64 products; at 4 warps Triton 3.6 spilled them to a 2-3 KB stack.
 DKV_WARPS = 8
 DKV_STAGES = 2
+TILES_WARPS = 4
 DQ_WARPS = 4
 
 
@@ -376,9 +403,11 @@ def _tile_slots(n_qb: int, n_kb: int, window: int | None, device) -> tuple[torch
 
 
 def backward_triton(q, k, v, o, lse, do, window: int | None):
-    """The Triton path of the backward (same bits as ``backward_cpu``): the dK/dV kernel
-    computes every visible tile's p and ds once and leaves ds16 for the dQ kernel, which
-    then runs 9 int8 products per tile instead of recomputing the scores and dO V^T (27)."""
+    """The Triton path of the backward (same bits as ``backward_cpu``), in three kernels as
+    the CPU reference's loops: the tiles kernel computes every visible tile's p and ds once
+    (per query block, the band's key blocks) and leaves p16 and ds16; the dK/dV kernel (per
+    key block) and the dQ kernel (per query block) take their products from those tiles -
+    9 int8 products a tile each instead of recomputing the scores and dO V^T (18 more)."""
     check_inputs(q, k, v, window)
     b, hq, s, d = q.shape
     hkv = k.shape[1]
@@ -394,29 +423,39 @@ def backward_triton(q, k, v, o, lse, do, window: int | None):
         "HQ": hq,
         "GROUP": hq // hkv,
         "D": d,
-        "SKP": n_kb * BLOCK_N,
         "BM": BLOCK_M,
         "BN": BLOCK_N,
         "HAS_WINDOW": window is not None,
     }
     scale = softmax_scale(d)
     first, n_tiles = _tile_slots(n_qb, n_kb, window, q.device)
-    ds16 = torch.empty((b * hq * n_tiles, BLOCK_M, BLOCK_N), dtype=torch.int16, device=q.device)
-    qcd, eqc = _col_digits(q, BLOCK_M)
-    docd, edoc = _col_digits(do, BLOCK_M)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    _dkv_kernel[(n_kb, b * hkv)](
-        qd, eq, kd, ek, vd, ev, dod, edo, qcd, eqc, docd, edoc, lse, drow, dk, dv, ds16,
-        first, n_tiles, s, win, scale, qd[0].numel(), kd[0].numel(), n_qb, n_kb,
-        SQP=n_qb * BLOCK_M, num_warps=DKV_WARPS, num_stages=DKV_STAGES, **shape, **LAUNCH_OPTIONS,
+    tiles = torch.empty((2, b * hq * n_tiles, BLOCK_M, BLOCK_N), dtype=torch.int16,
+                        device=q.device)                                  # p16, ds16
+    p16, ds16 = tiles
+    _tiles_kernel[(n_qb, b * hq)](
+        qd, eq, kd, ek, vd, ev, dod, edo, lse, drow, p16, ds16, first, n_tiles, s, win, scale,
+        qd[0].numel(), kd[0].numel(), n_kb, SQP=n_qb * BLOCK_M, SKP=n_kb * BLOCK_N,
+        num_warps=TILES_WARPS, **shape, **LAUNCH_OPTIONS,
     )
-    del qcd, eqc, docd, edoc, qd, eq, dod, edo, vd, ev
+    del qd, eq, dod, edo, vd, ev
+    # dO's and Q's column digits and exponents side by side: the dK/dV kernel's which = 0, 1
+    docd, edoc = _col_digits(do, BLOCK_M)
+    qcd, eqc = _col_digits(q, BLOCK_M)
+    cd, ec = torch.stack((docd, qcd)), torch.stack((edoc, eqc))
+    del docd, edoc, qcd, eqc
+    dkv = torch.empty((2, *k.shape), dtype=k.dtype, device=k.device)      # dV, dK
+    _dkv_kernel[(n_kb, b * hkv, 2)](
+        tiles, tiles[0].numel(), first, n_tiles, cd, ec, cd[0, 0].numel(), ec[0].numel(), dkv,
+        dkv[0].numel(), s, win, scale, n_qb, n_kb, SQP=n_qb * BLOCK_M, num_warps=DKV_WARPS,
+        num_stages=DKV_STAGES, **shape, **LAUNCH_OPTIONS,
+    )
+    dv, dk = dkv
+    del cd, ec, p16
     kcd, ekc = _col_digits(k, BLOCK_N)
     dq = torch.empty_like(q)
     _dq_kernel[(n_qb, b * hq)](
         ds16, first, n_tiles, kcd, ekc, dq, s, win, scale, kd[0].numel(), n_kb,
-        num_warps=DQ_WARPS, **shape, **LAUNCH_OPTIONS,
+        SKP=n_kb * BLOCK_N, num_warps=DQ_WARPS, **shape, **LAUNCH_OPTIONS,
     )
     return dq, dk, dv
 
