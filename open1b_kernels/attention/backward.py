@@ -64,7 +64,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from open1b_kernels.attention.tiles import tl_band, tl_visible
+    from open1b_kernels.attention.tiles import tl_band, tl_query_block, tl_visible
     from open1b_kernels.attention.fixed import tl_exact_dot, tl_exact_to_f32, tl_fixed_point, tl_to_bf16
     from open1b_kernels.core.mathfn import exp_tl
 
@@ -227,10 +227,7 @@ if HAVE_TRITON:
         # ((BM, BN), rows the queries) for the product kernels. Only the two exact products
         # and the elementwise work live here: with the dK/dV products in the same kernel
         # it spilled (a 624-byte stack, 445 local-memory instructions, sm_90).
-        qb = tl.program_id(0)
-        bh = tl.program_id(1)
-        bk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP  # the KV head (b, h // GROUP)
-        rows = qb * BM + tl.arange(0, BM)
+        qb, bh, bk, rows = tl_query_block(HQ, GROUP, BM)
         rd = tl.arange(0, D)
         rn = tl.arange(0, BN)
         r_off = (bh * SQP + rows[:, None]).to(tl.int64) * D + rd[None, :]  # (BM, D)
@@ -353,11 +350,8 @@ if HAVE_TRITON:
         HAS_WINDOW: tl.constexpr,
     ):
         # Program (qb, b * HQ + h): dQ of one query block, key blocks of its band ascending,
-        # from the ds16 tiles the dK/dV kernel left (the same values as recomputing them).
-        qb = tl.program_id(0)
-        bh = tl.program_id(1)
-        bk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP
-        rows = qb * BM + tl.arange(0, BM)
+        # from the ds16 tiles the tiles kernel left (the same values as recomputing them).
+        qb, bh, bk, rows = tl_query_block(HQ, GROUP, BM)
         rd = tl.arange(0, D)
         tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
         acc = tl.zeros([BM, D], tl.float32)

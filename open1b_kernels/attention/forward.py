@@ -62,7 +62,7 @@ if HAVE_TRITON:
     import triton.language as tl
 
     from open1b_kernels.attention.fixed import tl_exact_dot, tl_exact_to_f32, tl_pow2_f32, tl_to_bf16
-    from open1b_kernels.attention.tiles import tl_band, tl_visible
+    from open1b_kernels.attention.tiles import tl_band, tl_query_block, tl_visible
     from open1b_kernels.core.reduce import tree_sum_rows
 
 def forward_cpu(
@@ -172,10 +172,7 @@ if HAVE_TRITON:
         HAS_WINDOW: tl.constexpr,
     ):
         # Program (qb, b * HQ + h): one query block of one head, over its band of key blocks.
-        qb = tl.program_id(0)
-        bh = tl.program_id(1)
-        bk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP  # the KV head (b, h // GROUP)
-        rows = qb * BM + tl.arange(0, BM)
+        qb, bh, bk, rows = tl_query_block(HQ, GROUP, BM)
         rd = tl.arange(0, D)
         rn = tl.arange(0, BN)
         q_off = (bh * SQP + rows[:, None]).to(tl.int64) * D + rd[None, :]

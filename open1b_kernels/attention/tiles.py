@@ -147,6 +147,16 @@ if HAVE_TRITON:
     import triton.language as tl
 
     @triton.jit
+    def tl_query_block(HQ: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr):
+        """The program (qb, b * HQ + h) of a per-query-block kernel: its query block qb, its
+        head bh = b * HQ + h, that head's KV head bk = b * (HQ / GROUP) + h // GROUP, and its
+        rows qb * BM + [0, BM)."""
+        qb = tl.program_id(0)
+        bh = tl.program_id(1)
+        bk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP
+        return qb, bh, bk, qb * BM + tl.arange(0, BM)
+
+    @triton.jit
     def tl_band(qb, window, n_kb, BM: tl.constexpr, BN: tl.constexpr, HAS_WINDOW: tl.constexpr):
         """Key blocks [lo, hi] of query block qb (same formula as ``block_band``)."""
         lo = 0
