@@ -20,11 +20,11 @@ from open1b_kernels.int8.gemm import bf16_operand, grouped_tile
 from open1b_kernels.ops.lmhead_plan import K_CHUNK
 
 # Three int32 level accumulators live in registers: a 128 x 64 tile over 8 warps fits
-# them in 255 registers with no stack when the contraction is one K_CHUNK (Triton 3.6,
-# compiled offline for sm_90; 128 x 128 spills 800 bytes). On the first GPU run (H200,
-# 2026-12-04) the head's forward and backward ran at 0.21-0.39x of torch's bf16 mm with
-# an int64 total live through the loop and spilled, bit-identical to the CPU
-# (benchmarks/HISTORY.md, "On an NVIDIA H200").
+# them in 255 registers with no stack when the contraction is one K_CHUNK (Triton 3.6;
+# 3.9 keeps an 8-byte stack; compiled offline for sm_90; 128 x 128 spills 800 bytes). On
+# the first GPU run (H200, 2026-12-04) the head's forward and backward ran at 0.21-0.39x
+# of torch's bf16 mm with an int64 total live through the loop and spilled, bit-identical
+# to the CPU (benchmarks/HISTORY.md, "On an NVIDIA H200").
 GPU_BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8,
               "num_warps": 8, "num_stages": 3}
 # A contraction longer than K_CHUNK (dh = dlogits @ w contracts over the vocabulary) keeps
