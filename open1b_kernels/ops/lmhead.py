@@ -259,10 +259,17 @@ def lmhead_backward(dlogits: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
 
 
 # ---------------------------------------------------------------- GPU check registry
+def _vocab(scale: float) -> int:
+    """The checks' vocabulary: Open-1B's scaled, at least 40,000 - dh's contraction then
+    spans two K_CHUNKs at the parity and PTX scales too (its int64 flush and each chunk's
+    listed tiles compiled and compared)."""
+    return max(scaled(128_256, scale, 16), 40_000)
+
+
 def _make(scale: float, device):
     g = seeded_generator(505)
     m = scaled(16_384, scale, 16)
-    v = scaled(128_256, scale, 16)
+    v = _vocab(scale)
     h = torch.randn(m, 2_048, generator=g).to(torch.bfloat16)
     w = (torch.randn(v, 2_048, generator=g) * 0.02).to(torch.bfloat16)
     # the cross-entropy's dlogits, (softmax - onehot) / M, of logits as Open-1B's head
@@ -280,7 +287,7 @@ GPU_CHECKS = [
         run=lambda a: (lmhead_forward(a[0], a[1]),),
         torch_baseline=lambda a: (torch.mm(a[0], a[1].t()).float(),),
         cost=lambda a: Cost(flops=2.0 * a[0].shape[0] * a[0].shape[1] * a[1].shape[0]),
-        describe=lambda s: f"bf16 ({scaled(16_384, s, 16)}x2048) @ (2048x{scaled(128_256, s, 16)})"
+        describe=lambda s: f"bf16 ({scaled(16_384, s, 16)}x2048) @ (2048x{_vocab(s)})"
                            " -> fp32 vs torch.mm bf16",
         parity_scale=0.0625, bench_scale=0.5, bound="compute",
     ),
@@ -291,7 +298,7 @@ GPU_CHECKS = [
         torch_baseline=lambda a: (torch.mm(a[0], a[1].t()).float(),),
         cost=lambda a: Cost(flops=2.0 * a[0].shape[0] * a[0].shape[1] * a[1].shape[0]),
         describe=lambda s: f"2-slice variant, bf16 ({scaled(16_384, s, 16)}x2048) @ "
-                           f"(2048x{scaled(128_256, s, 16)}) -> fp32 vs torch.mm bf16",
+                           f"(2048x{_vocab(s)}) -> fp32 vs torch.mm bf16",
         parity_scale=0.0625, bench_scale=0.5, bound="compute",
     ),
     GpuCheck(
@@ -302,7 +309,7 @@ GPU_CHECKS = [
                                   torch.mm(a[2].bfloat16().t(), a[0])),
         cost=lambda a: Cost(flops=4.0 * a[0].shape[0] * a[0].shape[1] * a[1].shape[0]),
         describe=lambda s: f"dh, dw of the LM head at ({scaled(16_384, s, 16)}, 2048, "
-                           f"{scaled(128_256, s, 16)}), dh listing dlogits' nonzero top-slice "
+                           f"{_vocab(s)}), dh listing dlogits' nonzero top-slice "
                            "tiles, vs 2x torch.mm bf16",
         parity_scale=0.0625, bench_scale=0.5, bound="compute",
     ),
@@ -314,7 +321,7 @@ GPU_CHECKS = [
                                   torch.mm(a[2].bfloat16().t(), a[0])),
         cost=lambda a: Cost(flops=4.0 * a[0].shape[0] * a[0].shape[1] * a[1].shape[0]),
         describe=lambda s: "lmhead.bwd with every top-slice tile multiplied (its A/B) at "
-                           f"({scaled(16_384, s, 16)}, 2048, {scaled(128_256, s, 16)})",
+                           f"({scaled(16_384, s, 16)}, 2048, {_vocab(s)})",
         parity_scale=0.0625, bench_scale=0.5, bound="compute",
     ),
 ]
