@@ -1,0 +1,126 @@
+"""Where the CPU's time goes inside the W8A8 linear's backward and the LM head + loss, stage
+by stage - which of them sit at the int8 GEMM's floor and what is left around them.
+
+    python -m benchmarks.kernels.stages [--tokens 4096] [--repeats 3] [--out FILE]
+
+The linear (``open1b_kernels.int8.linear``'s CPU path, the calls of
+``linear_int8_backward_cpu`` one by one) at Open-1B's shapes for ``--tokens``: gate|up
+(2,048 -> 11,264), down (5,632 -> 2,048) and q|o (2,048 -> 2,048): the four rotations and
+quantizations, the dX and dW GEMMs with their dequantization and checks, the STE and the
+LSQ tree, and the whole backward; beside them the bare ``torch._int_mm`` of the dX product
+with the rotated gradient's codes as they are laid out (the transposed view of (Np, M))
+and row-major - what a row-wise rotation would hand it. The LM head + loss (``lmhead_forward``,
+``xent_forward``, ``xent_backward``, dh and dW) at ``--tokens`` x 128,256. Anchor: each
+GEMM's int8 multiply-adds at the measured bare ``_int_mm`` rate. Median of ``--repeats``
+after one warm-up; freed memory kept for reuse as the trainer keeps it.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import click
+import torch
+
+from benchmarks.machine import report_end, report_head
+from open1b_kernels.core.backend import force
+from open1b_kernels.int8 import linear as lin
+from open1b_kernels.int8 import route
+from open1b_kernels.ops import lmhead as lm
+from open1b_kernels.ops.xent import xent_backward, xent_forward
+from open1b_train.memory.allocator import keep_freed_memory
+
+LINEARS = {"gate|up": (2_048, 11_264), "down": (5_632, 2_048), "q|o": (2_048, 2_048)}
+VOCAB, D_MODEL = 128_256, 2_048
+
+
+def _median(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:
+    g = torch.Generator().manual_seed(k * n)
+    x = torch.randn(m, k, generator=g).bfloat16()
+    w = (torch.randn(n, k, generator=g) * 0.02).bfloat16()
+    dy = (torch.randn(m, n, generator=g) * 1e-3).bfloat16()
+    sx = torch.tensor([0.05])
+    _, codes = lin.linear_int8_forward_cpu(x, w, sx)
+    q_x, q_w, sw, outside = codes
+    rq = lin.rotate_quantize_cols_cpu
+    qb, sb = rq(q_w, "linear.codes_w", row_scale=sw)
+    qa, sa = rq(dy.t(), "stages.codes_g")
+    qa2, sa2 = rq(dy, "stages.codes_g2", transposed=True)
+    qb2, sb2 = rq(q_x, "linear.codes_x")
+    dx_hat = lin.exact_dequant_cpu(qa.t(), qb.t(), sa, sb, torch.float32)
+    qa_rows = qa.t().contiguous()
+    stages = {
+        "rotate w_hat": lambda: rq(q_w, "linear.codes_w", row_scale=sw),
+        "rotate dy (for dX)": lambda: rq(dy.t(), "stages.codes_g"),
+        "rotate dy (for dW)": lambda: rq(dy, "stages.codes_g2", transposed=True),
+        "rotate q_x": lambda: rq(q_x, "linear.codes_x"),
+        "dX GEMM + dequant + check": lambda: lin.exact_dequant_cpu(qa.t(), qb.t(), sa, sb,
+                                                                   torch.float32),
+        "dW GEMM in slabs": lambda: lin._dw_cpu(qa2, qb2.t(), sa2, sb2 * sx, outside,
+                                                torch.float32),
+        "STE + term": lambda: lin.ste_cpu(dx_hat, x, sx, want_term=True, out_bf16=True),
+        "whole backward": lambda: lin.linear_int8_backward_cpu(dy, x, w, sx, codes),
+        "bare dX _int_mm, codes as laid out": lambda: route._raw_int_mm(qa.t(), qb),
+        "bare dX _int_mm, codes row-major": lambda: route._raw_int_mm(qa_rows, qb),
+    }
+    return [f"| {m} x {k} -> {n} | {name} | {_median(fn, repeats) * 1e3:.1f} |"
+            for name, fn in stages.items()]
+
+
+def _head_rows(tokens: int, repeats: int) -> list[str]:
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(tokens, D_MODEL, generator=g).bfloat16()
+    w = (torch.randn(VOCAB, D_MODEL, generator=g) * 0.02).bfloat16()
+    labels = torch.randint(0, VOCAB, (tokens,), generator=g)
+    times: dict[str, list[float]] = {}
+    with force("cpu"):
+        for _ in range(repeats + 1):
+            marks = [time.perf_counter()]
+            logits = lm.lmhead_forward(h, w)
+            marks.append(time.perf_counter())
+            _, lse = xent_forward(logits, labels)
+            marks.append(time.perf_counter())
+            dl = xent_backward(torch.ones(()), logits, labels, lse, overwrite=True)
+            marks.append(time.perf_counter())
+            lm.ozaki_mm(dl, w.t())
+            lm.release("lmhead.")
+            marks.append(time.perf_counter())
+            lm.ozaki_mm(dl.t(), h.t())
+            lm.release("lmhead.")
+            marks.append(time.perf_counter())
+            del logits, dl
+            for name, a, b in zip(("forward product", "xent forward", "xent backward", "dh",
+                                   "dW"), marks, marks[1:]):
+                times.setdefault(name, []).append(b - a)
+    return [f"| {tokens} x {VOCAB} | {name} | {statistics.median(t[1:]) * 1e3:.0f} |"
+            for name, t in times.items()]
+
+
+@click.command()
+@click.option("--tokens", default=4_096)
+@click.option("--repeats", default=3)
+@click.option("--out", default=None)
+def main(tokens, repeats, out):
+    keep_freed_memory()
+    lines = report_head("python -m benchmarks.kernels.stages")
+    lines += ["", f"int8 GEMM route: {route.int_gemm_route()}", "",
+              "| shape | stage | ms (median) |", "|---|---|---|"]
+    for k, n in LINEARS.values():
+        lines += _linear_rows(tokens, k, n, repeats)
+        print("\n".join(lines[-10:]), flush=True)
+    lines += _head_rows(tokens, repeats)
+    report_end(lines, out)
+
+
+if __name__ == "__main__":
+    main()
