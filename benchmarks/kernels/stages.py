@@ -1,7 +1,8 @@
 """Where the CPU's time goes inside the W8A8 linear's backward and the LM head + loss, stage
 by stage - which of them sit at the int8 GEMM's floor and what is left around them.
 
-    python -m benchmarks.kernels.stages [--tokens 4096] [--repeats 3] [--out FILE]
+    python -m benchmarks.kernels.stages [--tokens 4096] [--repeats 3] [--only linear|head]
+        [--out FILE]
 
 The linear (``open1b_kernels.int8.linear``'s CPU path, the calls of
 ``linear_int8_backward_cpu`` one by one) at Open-1B's shapes for ``--tokens``: gate|up
@@ -109,16 +110,19 @@ def _head_rows(tokens: int, repeats: int) -> list[str]:
 @click.command()
 @click.option("--tokens", default=4_096)
 @click.option("--repeats", default=3)
+@click.option("--only", type=click.Choice(["linear", "head"]), default=None,
+              help="one of the two parts (default: both, the linear's first)")
 @click.option("--out", default=None)
-def main(tokens, repeats, out):
+def main(tokens, repeats, only, out):
     keep_freed_memory()
     lines = report_head("python -m benchmarks.kernels.stages")
     lines += ["", f"int8 GEMM route: {route.int_gemm_route()}", "",
               "| shape | stage | ms (median) |", "|---|---|---|"]
-    for k, n in LINEARS.values():
+    for k, n in LINEARS.values() if only != "head" else ():
         lines += _linear_rows(tokens, k, n, repeats)
         print("\n".join(lines[-10:]), flush=True)
-    lines += _head_rows(tokens, repeats)
+    if only != "linear":
+        lines += _head_rows(tokens, repeats)
     report_end(lines, out)
 
 
