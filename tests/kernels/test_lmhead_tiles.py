@@ -88,6 +88,29 @@ def test_a_lone_nonzero_at_a_tiles_far_corner(slices):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("k_chunk", [None, 1024])
+def test_a_sparse_map_runs_the_listed_blocks(monkeypatch, k_chunk):
+    # near-uniform probabilities over 4,096 columns leave slice 1 only at the targets, put
+    # in two blocks far from the first ones: a list that named other blocks (or the first
+    # ones in order) would multiply the wrong tiles; with K_CHUNK 1,024 each chunk's part
+    # of the list is used by its own bounds
+    m, v = 40, 4096
+    g = torch.Generator().manual_seed(11)
+    z = torch.randn(m, v, generator=g) * 0.5    # no probability within 2^-7 of a target
+    dl = torch.softmax(z, dim=1)
+    targets = torch.where(torch.arange(m) % 2 == 0, v - 1 - torch.arange(m) % 64,
+                          1600 + torch.arange(m) % 64)
+    dl[torch.arange(m), targets] -= 1.0
+    dl /= m
+    w = torch.randn(v, 32, generator=g) * 0.02
+    _, _, nz = slice_rows_triton(dl, 3)
+    assert set(nz.nonzero()[:, 1].tolist()) == {1600 // lm.TILE_K, (v - 1) // lm.TILE_K}
+    if k_chunk:
+        monkeypatch.setattr(lm, "K_CHUNK", k_chunk)
+    assert _equal(ozaki_mm_triton(dl, w.t(), 3, sparse_a=True), ozaki_mm_cpu(dl, w.t()))
+
+
+@needs_interpreter
 def test_skipping_across_chunk_flushes(monkeypatch):
     dl = _dlogits(16, 640, 5, 4.0)
     w = (torch.randn(640, 24, generator=torch.Generator().manual_seed(4)) * 0.02)
