@@ -23,7 +23,7 @@ import time
 import click
 import torch
 
-from benchmarks.machine import report_end, report_head
+from benchmarks.machine import median_s, report_end, report_head
 from open1b_kernels.core.backend import force
 from open1b_kernels.int8 import linear as lin
 from open1b_kernels.int8 import route
@@ -33,16 +33,6 @@ from open1b_train.memory.allocator import keep_freed_memory
 
 LINEARS = {"gate|up": (2_048, 11_264), "down": (5_632, 2_048), "q|o": (2_048, 2_048)}
 VOCAB, D_MODEL = 128_256, 2_048
-
-
-def _median(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:
@@ -74,7 +64,7 @@ def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:
         "bare dX _int_mm, codes as laid out": lambda: route._raw_int_mm(qa.t(), qb),
         "bare dX _int_mm, codes row-major": lambda: route._raw_int_mm(qa_rows, qb),
     }
-    return [f"| {m} x {k} -> {n} | {name} | {_median(fn, repeats) * 1e3:.1f} |"
+    return [f"| {m} x {k} -> {n} | {name} | {median_s(fn, repeats) * 1e3:.1f} |"
             for name, fn in stages.items()]
 
 
