@@ -444,7 +444,7 @@ def backward_triton(q, k, v, o, lse, do, window: int | None):
         num_stages=DKV_STAGES, **shape, **LAUNCH_OPTIONS,
     )
     dv, dk = dkv
-    del cd, ec, p16
+    del cd, ec   # p16 is half of ``tiles``: freed with ds16, after the dQ kernel
     kcd, ekc = _col_digits(k, BLOCK_N)
     dq = torch.empty_like(q)
     _dq_kernel[(n_qb, b * hq)](

@@ -65,7 +65,7 @@ def _row_exp_kernel(x_ptr, e_ptr, R, K, stride_r, stride_k, IS_BF16: tl.constexp
 @triton.jit
 def _slice_kernel(x_ptr, e_ptr, s_ptr, nz_ptr, R, K, stride_r, stride_k,
                   IS_BF16: tl.constexpr, SL: tl.constexpr, BR: tl.constexpr,
-                  BK: tl.constexpr, FK: tl.constexpr):
+                  BK: tl.constexpr, FK: tl.constexpr, MAP: tl.constexpr):
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (rows[:, None] < R) & (cols[None, :] < K)
@@ -82,12 +82,12 @@ def _slice_kernel(x_ptr, e_ptr, s_ptr, nz_ptr, R, K, stride_r, stride_k,
     for i in tl.static_range(SL):
         part = (mag >> (7 * (SL - 1 - i))) & 127
         tl.store(s_ptr + i * plane + off, ((part ^ neg) - neg).to(tl.int8), mask=mask)
-    # the top slice's tile map: one byte per BR rows and FK columns, 1 where one is nonzero
-    kb = tl.program_id(1) * (BK // FK) + tl.arange(0, BK // FK)
-    top = tl.where(mask & ((mag >> (7 * (SL - 1))) != 0), 1, 0)
-    tl.store(nz_ptr + tl.program_id(0) * tl.cdiv(K, FK) + kb,
-             tl.max(tl.max(tl.reshape(top, (BR, BK // FK, FK)), axis=2), axis=0).to(tl.uint8),
-             mask=kb < tl.cdiv(K, FK))
+    if MAP:  # the top slice's tile map: a byte per BR rows and FK columns, 1 where one is nonzero
+        kb = tl.program_id(1) * (BK // FK) + tl.arange(0, BK // FK)
+        top = tl.where(mask & ((mag >> (7 * (SL - 1))) != 0), 1, 0)
+        hit = tl.max(tl.max(tl.reshape(top, (BR, BK // FK, FK)), axis=2), axis=0)
+        tl.store(nz_ptr + tl.program_id(0) * tl.cdiv(K, FK) + kb, hit.to(tl.uint8),
+                 mask=kb < tl.cdiv(K, FK))
 
 
 @triton.jit
@@ -202,16 +202,17 @@ def _ozaki_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, c_ptr, lists, bounds, M, N, K,
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def slice_rows_triton(x: torch.Tensor, slices: int
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton path of ``slice_rows_cpu`` (any input strides), with the top slice's tile
-    map: uint8 (ceil(R / SLICE_BR), ceil(K / TILE_K)), 1 where slice 1 of those SLICE_BR
-    rows and TILE_K columns holds a nonzero (``ozaki_mm_triton`` skips the others)."""
+def slice_rows_triton(x: torch.Tensor, slices: int, tile_map: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Triton path of ``slice_rows_cpu`` (any input strides): (slices, exponents, map). With
+    ``tile_map`` the map of the top slice: uint8 (ceil(R / SLICE_BR), ceil(K / TILE_K)), 1
+    where slice 1 of those SLICE_BR rows and TILE_K columns holds a nonzero (``ozaki_mm_triton``
+    skips the others); else None, and the slicer does not compute it."""
     r, k = x.shape
     e = torch.empty((r,), dtype=torch.int32, device=x.device)
     s = torch.empty((slices, r, k), dtype=torch.int8, device=x.device)
-    nz = torch.zeros((triton.cdiv(r, SLICE_BR), triton.cdiv(k, TILE_K)), dtype=torch.uint8,
-                     device=x.device)
+    nz = (torch.zeros((triton.cdiv(r, SLICE_BR), triton.cdiv(k, TILE_K)), dtype=torch.uint8,
+                      device=x.device) if tile_map else None)
     if r == 0:
         return s, e, nz
     bk = 64 if interpreting() else 256
@@ -221,8 +222,9 @@ def slice_rows_triton(x: torch.Tensor, slices: int
                                                  **LAUNCH_OPTIONS)
     if k:
         grid = (triton.cdiv(r, SLICE_BR), triton.cdiv(k, SLICE_BK))
-        _slice_kernel[grid](xk, e, s, nz, r, k, x.stride(0), x.stride(1), IS_BF16=is_bf16,
-                            SL=slices, BR=SLICE_BR, BK=SLICE_BK, FK=TILE_K, **LAUNCH_OPTIONS)
+        _slice_kernel[grid](xk, e, s, e if nz is None else nz, r, k, x.stride(0), x.stride(1),
+                            IS_BF16=is_bf16, SL=slices, BR=SLICE_BR, BK=SLICE_BK, FK=TILE_K,
+                            MAP=tile_map, **LAUNCH_OPTIONS)
     return s, e, nz
 
 
@@ -256,17 +258,17 @@ def ozaki_mm_triton(a: torch.Tensor, b: torch.Tensor, slices: int, sparse_a: boo
     a nonzero and run only their products (``_listed_products``) - the same bits; for an ``a``
     whose top slice is mostly zero (dlogits' rows, in dh), where that saves nearly half the
     products (``benchmarks.kernels.lmhead_tiles``)."""
-    sa, ea, nz = slice_rows_triton(a, slices)
-    sb, eb, _ = slice_rows_triton(b, slices)
     m, k = a.shape
+    skip = sparse_a and k > 0
+    sa, ea, nz = slice_rows_triton(a, slices, tile_map=skip)
+    sb, eb, _ = slice_rows_triton(b, slices)
     n = b.shape[0]
     c = torch.empty((m, n), dtype=torch.float32, device=a.device)
     if m == 0 or n == 0:
         return c
     cfg = dict(INTERPRET_BLOCKS if interpreting() else
                GPU_BLOCKS if k <= K_CHUNK else GPU_BLOCKS_LONG_K)
-    skip = sparse_a and k > 0
-    lists = bounds = nz  # unused by the dense loop
+    lists = bounds = ea  # any tensor: the dense loop reads neither
     if skip:
         # the map's blocks are the kernel's: TILE_K steps, and a K_CHUNK flush never
         # splits a block; a program's rows are whole row groups of the map
