@@ -27,6 +27,7 @@ from benchmarks.machine import report_end, report_head
 from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops import lmhead_triton as lmt
 from open1b_kernels.ops.xent import xent_backward, xent_forward
+from testkit.kernels.tiles import tile_hits
 
 VOCAB, D_MODEL, INIT_STD = 128_256, 2_048, 0.02
 REGIMES = {"init": (INIT_STD * math.sqrt(D_MODEL), 0.0), "peaked-2": (2.0, 1.0),
@@ -46,12 +47,7 @@ def _dlogits(tokens: int, spread: float, prior: float, seed: int):
 
 def _tile_hits(a: torch.Tensor, rows: int) -> torch.Tensor:
     """(S, row blocks, K blocks) bool: which of a's slice tiles hold a nonzero."""
-    s, _ = lm.slice_rows_cpu(a, lm.SLICES)
-    sl, r, k = s.shape
-    rb, kb = -(-r // rows), -(-k // lmt.TILE_K)
-    hit = torch.zeros(sl, rb * rows, kb * lmt.TILE_K, dtype=torch.bool)
-    hit[:, :r, :k] = s != 0
-    return hit.view(sl, rb, rows, kb, lmt.TILE_K).any(4).any(2)
+    return tile_hits(lm.slice_rows_cpu(a, lm.SLICES)[0], rows, lmt.TILE_K)
 
 
 def _counts(hit: torch.Tensor) -> tuple[list[float], float, float]:
