@@ -61,7 +61,8 @@ def _counts(hit: torch.Tensor) -> tuple[list[float], float, float]:
 
 
 @click.command()
-@click.option("--tokens", default=4_096, help="dlogits rows (one Open-1B window: 4,096)")
+@click.option("--tokens", default=4_096, type=click.IntRange(min=1),
+              help="dlogits rows (one Open-1B window: 4,096)")
 @click.option("--seed", default=0)
 @click.option("--out", default=None)
 def main(tokens, seed, out):

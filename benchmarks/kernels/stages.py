@@ -98,8 +98,8 @@ def _head_rows(tokens: int, repeats: int) -> list[str]:
 
 
 @click.command()
-@click.option("--tokens", default=4_096)
-@click.option("--repeats", default=3)
+@click.option("--tokens", default=4_096, type=click.IntRange(min=1))
+@click.option("--repeats", default=3, type=click.IntRange(min=1))
 @click.option("--only", type=click.Choice(["linear", "head"]), default=None,
               help="one of the two parts (default: both, the linear's first)")
 @click.option("--out", default=None)
