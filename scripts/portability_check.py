@@ -67,6 +67,11 @@ ROWS: dict[str, tuple[dict[str, str], list[str], str | None]] = {
     # attention's Q K^T and dO V^T back to float64 BLAS products where AVX-512 VNNI ran them
     # (open1b_kernels/attention/vnni.py; on a CPU without VNNI, or with AMX, as baseline)
     "vnni-off": ({"OPEN1B_VNNI": "0"}, [], None),
+    # an AVX2 CPU on this one: the loops built with -DOPEN1B_CPU_CAP=1 (BUILDS: no copy above
+    # x86-64-v3, no VNNI or AMX loop, the pair GEMM route) and torch, oneDNN and MKL capped
+    # to AVX2 - the AVX2 copies of every compiled loop, which an AVX-512 CPU never runs
+    "avx2-build": ({"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                    "MKL_ENABLE_INSTRUCTIONS": "AVX2"}, [], None),
     "flush-denormal": ({}, ["--flush-denormal"], None),
     "matmul-medium": ({}, ["--matmul-precision", "medium"], None),
     "fma-control": ({}, ["--fma-control"], None),
@@ -83,6 +88,8 @@ ROWS: dict[str, tuple[dict[str, str], list[str], str | None]] = {
     "numpy-2.3": ({}, [], "numpy23"),
     "python-3.12": ({}, [], "py312"),
 }
+# rows that run a copy of this checkout with its loops built with these C flags
+BUILDS: dict[str, str] = {"avx2-build": "-DOPEN1B_CPU_CAP=1"}
 
 
 # --------------------------------------------------------------------------- inside
@@ -182,8 +189,9 @@ def inside(args) -> dict:
 
 # --------------------------------------------------------------------------- outside
 
-def copy_tree(py: str, dst: str) -> str:
-    """This checkout's tracked files under ``dst`` with the C extension built for ``py``."""
+def copy_tree(py: str, dst: str, cflags: str = "") -> str:
+    """This checkout's tracked files under ``dst`` with the C extension built for ``py``
+    (with ``cflags`` added to the compiler's flags)."""
     if not os.path.exists(os.path.join(dst, "setup.py")):
         os.makedirs(dst, exist_ok=True)
         files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
@@ -196,7 +204,8 @@ def copy_tree(py: str, dst: str) -> str:
             shutil.copytree(os.path.join(ROOT, extra), os.path.join(dst, extra),
                             dirs_exist_ok=True)
         subprocess.run([py, "setup.py", "-q", "build_ext", "--inplace"], cwd=dst, check=True,
-                       capture_output=True)
+                       capture_output=True, env=dict(os.environ, CFLAGS=cflags) if cflags
+                       else None)
     return dst
 
 
@@ -222,6 +231,8 @@ def run_row(name: str, args, work: str) -> dict:
             return {"row": name, "status": "not set up",
                     "detail": f"no {py}: run scripts/portability_envs.sh {venv}"}
         root = copy_tree(py, os.path.join(work, f"tree-{venv}"))
+    elif name in BUILDS:
+        root = copy_tree(py, os.path.join(work, f"tree-{name}"), BUILDS[name])
     env["PYTHONPATH"] = root
     rw = os.path.join(work, name)
     cmd = [py, os.path.join(root, "scripts", "portability_check.py"), "--inside", "--work", rw,
@@ -274,6 +285,7 @@ def describe_row(r: dict) -> str:
     return (f"py {m['python']}, torch {m['torch']} ({m['torch_cpu_capability']}), numpy "
             f"{m['numpy']}, {m['torch_threads']} thr, mathc {'on' if m['mathc'] else 'off'}"
             + "".join(f" ({mod}: {why})" for mod, why in (m.get("mathc_errors") or {}).items())
+            + (" built as an AVX2 CPU" if m.get("mathc_cpu_cap", 2) < 2 else "")
             + f", FTZ {'on' if m['flush']['ftz'] else 'off'}"
             + (f", int GEMM {m['int_gemm']['route']}" if m.get("int_gemm") else "")
             + (f", attention {m['attention']}" if m.get("attention") else ""))
@@ -287,7 +299,9 @@ def markdown(results: list[dict], machine: dict) -> str:
              f"({cpu['cores']} cores; SIMD flags: {simd}), {platform.platform()}.", "",
              "| row | setting | what ran | result | s |", "|---|---|---|---|---|"]
     for r in results:
-        setting = (" ".join(f"{k}={v}" for k, v in (r.get("env") or {}).items()) or
+        setting = (" ".join([*(f"{k}={v}" for k, v in (r.get("env") or {}).items()),
+                             *([f"loops built with {BUILDS[r['row']]}"] if r["row"] in BUILDS
+                               else [])]) or
             " ".join(r.get("args") or []) or ROWS[r["row"]][2] or "-")
         lines.append(f"| {r['row']} | {setting} | {describe_row(r)} | {verdict(r)} | "
                      f"{r.get('seconds', '')} |")

@@ -6,6 +6,7 @@ naming the setting; and the negative control - the math extension compiled with 
 contraction - must be seen to differ, so the check is known to detect a difference."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -18,7 +19,6 @@ import pytest
 from open1b_audit.selftest import trajectory as tj
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "portability_check.py")
 STEPS = 6
 
 VARIANTS = {   # name -> (environment, arguments): every value of each axis at least once
@@ -31,10 +31,12 @@ VARIANTS = {   # name -> (environment, arguments): every value of each axis at l
 }
 
 
-def inside(mix: str, work: str, env: dict, args: list[str], steps: int = STEPS) -> dict:
-    e = dict(os.environ, PYTHONPATH=ROOT, **env)
+def inside(mix: str, work: str, env: dict, args: list[str], steps: int = STEPS,
+           root: str = ROOT) -> dict:
+    e = dict(os.environ, PYTHONPATH=root, **env)
     e.pop("TRITON_INTERPRET", None)
-    p = subprocess.run([sys.executable, SCRIPT, "--inside", "--trajectory", "micro", "--steps",
+    p = subprocess.run([sys.executable, os.path.join(root, "scripts", "portability_check.py"),
+                        "--inside", "--trajectory", "micro", "--steps",
                         str(steps), "--mix", mix, "--work", work, "--no-replay", *args],
                        env=e, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -85,3 +87,29 @@ def test_the_fma_contracted_extension_is_detected(micro_mix, tmp_path):
     r = inside(micro_mix, str(tmp_path), {}, ["--fma-control"], steps=2)
     diff = r["rows"]["micro"]["result"]
     assert diff is not None and diff["step"] == 1, "FMA contraction went unnoticed"
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_the_loops_built_as_an_avx2_cpu_give_the_golden_lines(micro_mix, tmp_path):
+    """The matrix's avx2-build row, as a prefix: this checkout with its loops built with
+    -DOPEN1B_CPU_CAP=1 runs the AVX2 copies of every compiled loop (an AVX-512 CPU runs its
+    own otherwise, so they went untested here), the pair GEMM and the float64 attention
+    products - the golden lines all the same. A cap the build ignored (the x86-64-v4 copies,
+    VNNI rows or the library's int8 GEMM still chosen) fails the machine record's checks."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("the cap names x86-64 levels")
+    spec = importlib.util.spec_from_file_location(
+        "portability_check", os.path.join(ROOT, "scripts", "portability_check.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    root = script.copy_tree(sys.executable, str(tmp_path / "tree"), script.BUILDS["avx2-build"])
+    env, _, _ = script.ROWS["avx2-build"]
+    r = inside(micro_mix, str(tmp_path / "work"), env, [], root=root)
+    m = r["machine"]
+    assert m["mathc"] and m["mathc_cpu_cap"] == 1, m
+    assert m["int_gemm"]["route"] == "pairs" and m["attention"] == "float64", m
+    assert m["torch_cpu_capability"] == "AVX2", m
+    micro = r["rows"]["micro"]
+    assert "error" not in micro, micro["error"]
+    assert micro["result"] is None, (f"step {micro['result']['step']} "
+                                     f"{micro['result']['component']} differs from the golden")

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS", "OPEN1B_MATHC",
-       "OPEN1B_INT_GEMM", "OPEN1B_AMX", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")
+       "OPEN1B_INT_GEMM", "OPEN1B_AMX", "OPEN1B_VNNI", "MKL_ENABLE_INSTRUCTIONS",
+       "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")
 
 
 def cpu_info() -> dict[str, Any]:
@@ -54,6 +55,8 @@ def describe() -> dict[str, Any]:
             "mathc": mathc.available(), "attention_loops": attention_loops.available(),
             # an extension that is missing or failed to load, with the reason
             "mathc_errors": mathc.import_errors(),
+            # 1 where the loops were built to run as an AVX2 CPU (docs/PORTABILITY.md)
+            "mathc_cpu_cap": mathc.cpu_cap(),
             # attention's exact tile products on AMX tiles, or as float64 BLAS products
             "attention_tiles": attention_loops.available() and attention_loops.tiles_in_use(),
             # or Q K^T, dO V^T and the forward's P V as int8 products on AVX-512 VNNI

@@ -34,6 +34,9 @@
 #define AMX_XTILEDATA 18
 
 static int amx_probe(void) {
+#if defined(OPEN1B_CPU_CAP) && OPEN1B_CPU_CAP < 2
+    return 0;    /* built to run as an AVX2 CPU (_ext.h) */
+#endif
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return 0;     /* OSXSAVE */
     if (__get_cpuid_max(0, NULL) < 0x1d) return 0;

@@ -12,9 +12,13 @@
  *   target() copy, for loops GCC cannot clone well (it lowers comparisons of whole vectors
  *   of its vector extension before target_clones copies a function, so a clone compares
  *   lane by lane), picked at run time by the caller from cpu_level().
- * - cpu_level(), cpu_avx2() and cpu_vnni(): the run-time CPU probes.
+ * - cpu_level(), cpu_avx2() and cpu_vnni(): the run-time CPU probes. A build with
+ *   -DOPEN1B_CPU_CAP=1 (docs/PORTABILITY.md, "An AVX2 CPU on an AVX-512 one") runs no copy
+ *   above x86-64-v3 and no VNNI or AMX loop on any CPU - what a CPU with AVX2 and nothing
+ *   newer runs - so an AVX-512 machine tests and times those copies; cpu_cap() says which.
  * - The wrappers' argument checks (holds, sized, units_ok) and ends (finish, FINISH).
- * - EXT_MODULE: a folder's module init - its files' method tables, plus openmp().
+ * - EXT_MODULE: a folder's module init - its files' method tables, plus openmp() and
+ *   cpu_cap().
  * - GCC vector-extension types (v16f ...) and FOR_PIECES (_pieces.h).
  */
 #ifndef OPEN1B_EXT_H
@@ -26,8 +30,16 @@
 
 #include "_pieces.h"
 
+#ifndef OPEN1B_CPU_CAP
+#define OPEN1B_CPU_CAP 2   /* the highest level a copy may run: 2 x86-64-v4, 1 x86-64-v3 */
+#endif
+
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#if OPEN1B_CPU_CAP >= 2
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#endif
 #define HAVE_V4 1
 #define V4 __attribute__((target("arch=x86-64-v4")))
 #define V3 __attribute__((target("arch=x86-64-v3")))
@@ -36,12 +48,17 @@
 #define HAVE_V4 0
 #endif
 
+/* The build's cap (OPEN1B_CPU_CAP): 2 unless built to run as an AVX2 CPU. */
+static inline int cpu_cap(void) { return OPEN1B_CPU_CAP; }
+
 /* 2 where the CPU runs x86-64-v4 code, 1 where x86-64-v3, else 0 (and 0 in a build without
- * the plain copies). */
+ * the plain copies), at most the build's cap. */
 static inline int cpu_level(void) {
 #if HAVE_V4
     __builtin_cpu_init();
-    return __builtin_cpu_supports("x86-64-v4") ? 2 : __builtin_cpu_supports("x86-64-v3") ? 1 : 0;
+    int level = __builtin_cpu_supports("x86-64-v4") ? 2
+                : __builtin_cpu_supports("x86-64-v3") ? 1 : 0;
+    return level < OPEN1B_CPU_CAP ? level : OPEN1B_CPU_CAP;
 #else
     return 0;
 #endif
@@ -51,6 +68,7 @@ static inline int cpu_level(void) {
  * attention's row products), in a build that has those loops (HAVE_V4). */
 static inline int cpu_vnni(void) {
 #if HAVE_V4
+    if (OPEN1B_CPU_CAP < 2) return 0;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
 #else
@@ -130,12 +148,20 @@ static inline PyObject *ext_openmp(PyObject *self, PyObject *args) {
     return PyBool_FromLong(PIECES_OPENMP);
 }
 
-/* PyInit_NAME: the module NAME with openmp() and every table in TABLES (a brace list of
- * open1b_<file>_methods; EXT_TABLE declares them). */
+static inline PyObject *ext_cpu_cap(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyLong_FromLong(cpu_cap());
+}
+
+/* PyInit_NAME: the module NAME with openmp(), cpu_cap() and every table in TABLES (a brace
+ * list of open1b_<file>_methods; EXT_TABLE declares them). */
 #define EXT_MODULE(NAME, DOC, ...)                                                           \
     static PyMethodDef ext_common_[] = {                                                     \
         {"openmp", ext_openmp, METH_NOARGS,                                                  \
          "openmp(): whether the loops' pieces run at once on an OpenMP team (-fopenmp)."},   \
+        {"cpu_cap", ext_cpu_cap, METH_NOARGS,                                                \
+         "cpu_cap(): 2, or 1 where built to run as an AVX2 CPU (-DOPEN1B_CPU_CAP=1)."},      \
         {NULL, NULL, 0, NULL}};                                                              \
     static struct PyModuleDef ext_module_ = {PyModuleDef_HEAD_INIT, #NAME, DOC, -1,          \
                                              ext_common_, NULL, NULL, NULL, NULL};           \

@@ -57,6 +57,14 @@ def available() -> bool:
     return all(Loops(name).available() for name in EXTENSIONS)
 
 
+def cpu_cap() -> int:
+    """The lowest CPU cap of the loaded extensions: 1 where one was built to run as an AVX2
+    CPU (``-DOPEN1B_CPU_CAP=1``: no copy above x86-64-v3, no VNNI or AMX loop - the
+    AVX2-on-AVX-512 test build of docs/PORTABILITY.md), else 2 (none built: 2)."""
+    libs = [lib.lib for name in EXTENSIONS if (lib := Loops(name)).lib is not None]
+    return min((lib.cpu_cap() for lib in libs), default=2)
+
+
 def import_errors() -> dict[str, str]:
     """Why each folder's extension is missing, by module: not built (no C compiler at
     install), or built and unloadable (an undefined symbol in a build for another

@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from open1b_kernels.core import mathc
 from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat, none
 from open1b_kernels.core.pieces import parallel, row_pieces
 from open1b_kernels.core.workspace import scratch
@@ -240,12 +241,16 @@ def int_gemm_route() -> str:
             raise ValueError(f"{INT_GEMM_ENV} must be one of {', '.join(ROUTES)}, got {want!r}")
         if want in ("auto", "amx") and (_amx_decision(want) or want == "amx"):
             return _Route.route
-        vnni = bool(cpu_flags() & set(_VNNI_FLAGS))
+        # a build capped to run as an AVX2 CPU (mathc.cpu_cap) takes that CPU's route too
+        vnni = bool(cpu_flags() & set(_VNNI_FLAGS)) and mathc.cpu_cap() >= 2
         if want == "pairs" or (want == "auto" and not vnni):
             if pairmm.available():
                 _Route.route = "pairs"
-                _Route.reason = (f"{INT_GEMM_ENV}={want}" if want == "pairs" else
-                                 f"auto: no VNNI-class instruction, AVX2 on {platform_name()}")
+                _Route.reason = (
+                    f"{INT_GEMM_ENV}={want}" if want == "pairs" else
+                    f"auto: loops built to run as an AVX2 CPU on {platform_name()}"
+                    if mathc.cpu_cap() < 2 else
+                    f"auto: no VNNI-class instruction, AVX2 on {platform_name()}")
             else:
                 _Route.route = "float"
                 _Route.reason = (f"{INT_GEMM_ENV}={want}: no AVX2 pair GEMM on "
