@@ -133,6 +133,21 @@ class LoadLog:
                 f"1-min sample {peak:.2f} on {cores()} usable cores: {verdict}")
 
 
+CAP_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                 "OPEN1B_INT_GEMM", "OPEN1B_VNNI", "OPEN1B_AMX", "OPEN1B_MATHC")
+
+
+def caps() -> str:
+    """What this run was capped to, for a results file: the loops built to run as an AVX2
+    CPU (docs/PORTABILITY.md) and the libraries' and routes' variables that are set; "" when
+    none."""
+    mathc = sys.modules.get("open1b_kernels.core.mathc")    # where the benchmark loaded it
+    got = (["loops built as an AVX2 CPU (-DOPEN1B_CPU_CAP=1)"]
+           if mathc is not None and mathc.cpu_cap() < 2 else [])
+    got += [f"{v}={os.environ[v]}" for v in CAP_VARIABLES if v in os.environ]
+    return f"; capped: {', '.join(got)}" if got else ""
+
+
 def describe() -> str:
     """Machine, software and date, for a results file."""
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -141,7 +156,7 @@ def describe() -> str:
     route = sys.modules.get("open1b_kernels.int8.route")   # where the benchmark loaded it
     gemm = f", exact int8 GEMM on the {route.int_gemm_route()} route" if route else ""
     return (f"{cores()} usable cores (nproc {os.cpu_count()}), {cpu_model()}, Python "
-            f"{platform.python_version()}{lib}{gemm}; {now:%Y-%m-%d %H:%M} UTC")
+            f"{platform.python_version()}{lib}{gemm}{caps()}; {now:%Y-%m-%d %H:%M} UTC")
 
 
 def report_head(script: str) -> list[str]:
@@ -152,7 +167,7 @@ def report_head(script: str) -> list[str]:
     return [f"\n## {now:%Y-%m-%d %H:%M} UTC - `{' '.join([script] + sys.argv[1:])}`",
             f"machine: {cpu_model()} ({cpu_id()}), {cores()} usable cores{lib}; load "
             f"average before {tuple(round(x, 2) for x in os.getloadavg())}",
-            f"SIMD: {simd_flags()}"]
+            f"SIMD: {simd_flags()}{caps()}"]
 
 
 def report_end(lines: list[str], out: str | None) -> None:

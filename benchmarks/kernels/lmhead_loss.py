@@ -8,7 +8,8 @@ h (T, 2,048) bf16 x w (128,256, 2,048) bf16 -> fp32 logits), ``xent_forward`` /
 slice GEMMs), once as now and once as before (the same bits, checked here): on the
 float route the S = 3 two-GEMM form (``CPU_S3_TWO_GEMMS``) against the six slice
 products, on the integer routes the plan with its sparse pairs (``lmhead_plan.SPARSE_MAX``,
-where the VNNI loop runs) against the dense plan. Anchor: torch float32
+where the VNNI loop runs; ``PAIR_SPARSE_MAX`` on the pair route, where the AVX2 or VNNI loop
+runs) against the dense plan. Anchor: torch float32
 ``F.linear`` + ``F.cross_entropy`` forward and backward (to h and w) of the same shape.
 Alternating, median of ``--repeats`` after one warm-up; ratio = torch time / ours.
 Freed memory is kept for reuse as the trainer's process keeps it (``keep_freed_memory``,
@@ -52,6 +53,7 @@ def main(tokens, repeats, out, fresh_pages):
         def run():
             lm.CPU_S3_TWO_GEMMS = now
             lmhead_plan.SPARSE_MAX = sparse_max if now else -1.0
+            lmhead_plan.PAIR_SPARSE_MAX = pair_sparse_max if now else -1.0
             with force("cpu"):
                 logits = lm.lmhead_forward(h, w, 3)
                 loss, lse = xent_forward(logits, labels)
@@ -66,7 +68,7 @@ def main(tokens, repeats, out, fresh_pages):
         F.cross_entropy(F.linear(hh, ww), labels).backward()
 
     load = LoadLog()
-    sparse_max = lmhead_plan.SPARSE_MAX
+    sparse_max, pair_sparse_max = lmhead_plan.SPARSE_MAX, lmhead_plan.PAIR_SPARSE_MAX
     before = ("ours before (six slice products)" if route.int_gemm_route() == "float"
               else "ours before (no sparse pairs: the dense plan)")
     sides = {"ours": ours(True), before: ours(False), "torch fp32 F.linear + cross_entropy": anchor}
@@ -82,6 +84,7 @@ def main(tokens, repeats, out, fresh_pages):
             print(f"run {i} {k}: {times[k][-1]:.2f} s", flush=True)
         load.sample(f"run {i}")
     lm.CPU_S3_TWO_GEMMS, lmhead_plan.SPARSE_MAX = True, sparse_max
+    lmhead_plan.PAIR_SPARSE_MAX = pair_sparse_max
     med = {k: statistics.median(v) for k, v in times.items()}
     t_anchor = med["torch fp32 F.linear + cross_entropy"]
     lines = [f"\n## {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC - "

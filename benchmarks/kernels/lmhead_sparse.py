@@ -2,14 +2,17 @@
 the int8 GEMM the dense plan runs it as, at the integer route's output block, by share of
 nonzeros - where the planner's SPARSE_MAX stands.
 
-    python -m benchmarks.kernels.lmhead_sparse [--repeats 5] [--out FILE]
+    python -m benchmarks.kernels.lmhead_sparse [--repeats 5] [--loop auto|avx2|vnni|plain]
+        [--anchor int|pairs] [--out FILE]
 
 Shapes: the forward's block (1,024 rows x 4,096 columns, K = 2,048; the sparse slice as the
 rows, a_3 b_1, or as the columns, a_1 b_3, whose product is stored transposed) and the
 weight gradient's (1,024 vocabulary rows x 2,048 columns, K = 4,096 tokens, the sparse
 slice h^T's as the columns). Anchor: ``torch._int_mm`` of the same int8 operands (one
-pair's GEMM). Both results checked equal first. Median of ``--repeats`` after one warm-up,
-the sides alternating; ratio = GEMM time / sparse time (> 1: the sparse pair is faster).
+pair's GEMM), or with ``--anchor pairs`` the pair GEMM (``open1b_kernels.int8.pairmm``: the
+pair route's, what the AVX2 loop, ``--loop avx2``, competes with on a CPU without VNNI).
+Both results checked equal first. Median of ``--repeats`` after one warm-up, the sides
+alternating; ratio = GEMM time / sparse time (> 1: the sparse pair is faster).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import click
 import torch
 
 from benchmarks.machine import alternating_medians, report_end, report_head
+from open1b_kernels.int8 import pairmm
 from open1b_kernels.ops import lmhead_sparse as ls
 
 SHAPES = (("forward a_3 b_1", 1024, 2048, 4096, False),
@@ -27,12 +31,23 @@ SHARES = (0.0, 0.01, 0.03, 0.06, 0.125, 0.25)
 
 
 @click.command()
-@click.option("--repeats", default=5)
+@click.option("--repeats", default=5, type=click.IntRange(min=1))
+@click.option("--loop", type=click.Choice(["auto", "avx2", "vnni", "plain"]), default="auto",
+              help="The sparse loop timed (auto: the best this CPU runs).")
+@click.option("--anchor", type=click.Choice(["int", "pairs"]), default="int",
+              help="The dense pair's GEMM: the library's int8 GEMM or the pair GEMM.")
 @click.option("--out", default=None)
-def main(repeats, out):
-    if not ls.available():
-        raise SystemExit("the sparse pair's VNNI loop does not run on this CPU: nothing to time")
-    lines = report_head("python -m benchmarks.kernels.lmhead_sparse")
+def main(repeats, loop, anchor, out):
+    got = ls.loop()
+    if got == "none" or (loop == "vnni" and got != "vnni") or (loop == "avx2" and got == "plain"):
+        raise SystemExit(f"the sparse pair's {loop} loop does not run here (this CPU's: {got}): "
+                         "nothing to time")
+    if anchor == "pairs" and not pairmm.available():
+        raise SystemExit("the pair GEMM does not run here (x86-64 with AVX2 and the loops "
+                         "built): nothing to time")
+    gemm = torch._int_mm if anchor == "int" else pairmm.pair_mm
+    lines = report_head(f"python -m benchmarks.kernels.lmhead_sparse --loop {loop} "
+                        f"--anchor {anchor}")
     lines += ["", "| block (rows x K x cols) | sparse side | nonzeros | GEMM ms | sparse ms | "
               "GEMM / sparse |", "|---|---|---|---|---|---|"]
     g = torch.Generator().manual_seed(0)
@@ -48,10 +63,11 @@ def main(repeats, out):
             acc = torch.empty((r, c), dtype=torch.int32)
 
             def run_sparse():
-                ls.sparse_mm(sparse, dense.t(), acc.t() if b_side else acc)
+                ls.sparse_mm(sparse, dense.t(), acc.t() if b_side else acc, loop=loop)
                 return acc
 
-            sides = {"gemm": lambda: torch._int_mm(a, b.t()), "sparse": run_sparse}
+            sides = {"gemm": lambda: gemm(a, b.t()) if anchor == "int" else gemm(a, b),
+                     "sparse": run_sparse}
             if not torch.equal(sides["gemm"](), sides["sparse"]().clone()):
                 raise SystemExit(f"the sparse pair differs from the GEMM at {name}, {share}")
             md = alternating_medians(sides, repeats)

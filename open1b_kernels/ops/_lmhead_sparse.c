@@ -20,6 +20,10 @@
  * unsigned bytes of vpdpbusd against four D rows interleaved byte by byte (unpacks), 256
  * columns in 16 accumulators; the positive quads first, then the accumulators negated, the
  * negative ones added, negated again: P - N. Quads are padded with zeros.
+ * The AVX2 path (x86-64 with AVX2 and no VNNI: the pair route's CPUs) the same with the
+ * quad's four products summed by vpmaddubsw (|S| unsigned against D signed: each pair sum
+ * within [-2 * 128 * 128, 2 * 128 * 127] = [-32768, 32512], int16 without saturation) and
+ * vpmaddwd by ones (the two pair sums into the int32 lane), on 32-column panels.
  * (open1b_kernels.ops.lmhead_sparse is its Python side.)
  */
 #include "../core/_ext.h"
@@ -32,6 +36,20 @@
 #define MAX_K 65536     /* K * 128 * 128 <= 2^30: the positive and the negative sums fit */
 #define GROUP 16        /* sparse rows per tile: the output stored 16 rows at a time */
 #define WIDTH 256       /* dense columns per tile: 16 int32 accumulators of 16 lanes */
+/* sparse_mm's loop argument: the best this CPU runs, or one asked for by name */
+enum { LOOP_AUTO, LOOP_PLAIN, LOOP_AVX2, LOOP_VNNI };
+
+/* the loop `asked` resolves to on this CPU, or -1 where it cannot run here */
+static int loop_for(int asked) {
+    int vnni = cpu_vnni(), avx2 = HAVE_V4 && cpu_avx2();
+    switch (asked) {
+    case LOOP_AUTO: return vnni ? LOOP_VNNI : avx2 ? LOOP_AVX2 : LOOP_PLAIN;
+    case LOOP_PLAIN: return LOOP_PLAIN;
+    case LOOP_AVX2: return avx2 ? LOOP_AVX2 : -1;
+    case LOOP_VNNI: return vnni ? LOOP_VNNI : -1;
+    default: return -1;
+    }
+}
 
 /* the plain loop: tile[g][j] = sum of row g's terms at dense columns d0 + j, j < w */
 static void tile_plain(const Quads *q, Py_ssize_t row0, int rows, const int8_t *D, Py_ssize_t ldd,
@@ -126,6 +144,70 @@ VNNI static void tile_vnni(const Quads *q, Py_ssize_t row0, int rows, const int8
     }
 }
 
+#define AVX2 __attribute__((target("avx2")))
+#define AVX2_INLINE AVX2 __attribute__((always_inline)) static inline
+
+/* acc[4p .. 4p + 3] += the quad (x: four |S| bytes, rows k) against D's 32-column panels p
+ * < np at d0: lane (L, i) of acc[4p + q] holds column 32p + 16L + 4q + i (the unpacks work
+ * within 128-bit lanes) */
+AVX2_INLINE void quad_panels_avx2(__m256i *acc, const int8_t *D, Py_ssize_t ldd,
+                                  const int32_t *k, const uint8_t *v, Py_ssize_t d0, int np) {
+    int32_t xs;
+    memcpy(&xs, v, 4);
+    const __m256i x = _mm256_set1_epi32(xs), ones = _mm256_set1_epi16(1);
+    const int8_t *r0 = D + (Py_ssize_t)k[0] * ldd + d0, *r1 = D + (Py_ssize_t)k[1] * ldd + d0;
+    const int8_t *r2 = D + (Py_ssize_t)k[2] * ldd + d0, *r3 = D + (Py_ssize_t)k[3] * ldd + d0;
+    for (int p = 0; p < np; p++) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(r0 + 32 * p));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(r1 + 32 * p));
+        __m256i c = _mm256_loadu_si256((const __m256i *)(r2 + 32 * p));
+        __m256i d = _mm256_loadu_si256((const __m256i *)(r3 + 32 * p));
+        __m256i ab_lo = _mm256_unpacklo_epi8(a, b), ab_hi = _mm256_unpackhi_epi8(a, b);
+        __m256i cd_lo = _mm256_unpacklo_epi8(c, d), cd_hi = _mm256_unpackhi_epi8(c, d);
+        __m256i q[4] = {_mm256_unpacklo_epi16(ab_lo, cd_lo), _mm256_unpackhi_epi16(ab_lo, cd_lo),
+                        _mm256_unpacklo_epi16(ab_hi, cd_hi), _mm256_unpackhi_epi16(ab_hi, cd_hi)};
+        for (int j = 0; j < 4; j++)
+            acc[4 * p + j] = _mm256_add_epi32(
+                acc[4 * p + j], _mm256_madd_epi16(_mm256_maddubs_epi16(x, q[j]), ones));
+    }
+}
+
+/* one row's terms on the 32 np columns at d0, into t (column order) */
+AVX2_INLINE void row_avx2(const Quads *q, Py_ssize_t r, const int8_t *D, Py_ssize_t ldd,
+                          Py_ssize_t d0, int np, int32_t *t) {
+    __m256i acc[8];
+    for (int i = 0; i < 4 * np; i++) acc[i] = _mm256_setzero_si256();
+    Py_ssize_t i = q->start[r], mid = q->start[r] + q->pos[r], end = q->start[r + 1];
+    for (; i < mid; i++) quad_panels_avx2(acc, D, ldd, q->k + 4 * i, q->v + 4 * i, d0, np);
+    for (int j = 0; j < 4 * np; j++) acc[j] = _mm256_sub_epi32(_mm256_setzero_si256(), acc[j]);
+    for (; i < end; i++) quad_panels_avx2(acc, D, ldd, q->k + 4 * i, q->v + 4 * i, d0, np);
+    for (int p = 0; p < np; p++) {
+        /* lane L of acc[4p + j] is columns 16L + 4j .. + 3 of the panel */
+        const __m256i *a = acc + 4 * p;
+        __m256i c[4] = {_mm256_permute2x128_si256(a[0], a[1], 0x20),
+                        _mm256_permute2x128_si256(a[2], a[3], 0x20),
+                        _mm256_permute2x128_si256(a[0], a[1], 0x31),
+                        _mm256_permute2x128_si256(a[2], a[3], 0x31)};
+        for (int j = 0; j < 4; j++)
+            _mm256_storeu_si256((__m256i *)(t + d0 + 32 * p + 8 * j),
+                                _mm256_sub_epi32(_mm256_setzero_si256(), c[j]));
+    }
+}
+
+/* the panel's columns in twos of 32 (eight accumulators), the row's quads read once per
+ * two; columns past w are computed from the panel's zeroed tail and not stored */
+AVX2 static void tile_avx2(const Quads *q, Py_ssize_t row0, int rows, const int8_t *D,
+                           Py_ssize_t ldd, int w, int32_t tile[GROUP][WIDTH]) {
+    int np = (w + 31) / 32;
+    for (int g = 0; g < rows; g++)
+        for (int p = 0; p < np; p += 2) {
+            if (np - p >= 2)
+                row_avx2(q, row0 + g, D, ldd, 32 * p, 2, tile[g]);
+            else
+                row_avx2(q, row0 + g, D, ldd, 32 * p, 1, tile[g]);
+        }
+}
+
 /* store_columns for a whole tile of 16 rows: each 16 x 16 block of int32 turned in
  * registers (unpacks within 128-bit lanes, then a 4 x 4 transpose of the lanes) - the
  * byte-by-byte turn cost more than the products at 3% nonzeros */
@@ -198,6 +280,9 @@ static inline void turn16(__m128i x[16]) {
  * at a time; the byte loop alone cost more than the products at 3% nonzeros) */
 static void pack(int8_t *restrict panel, const int8_t *restrict D, Py_ssize_t dk, Py_ssize_t dd,
                  Py_ssize_t K, Py_ssize_t d0, int w) {
+    if (w % 32)      /* the AVX2 loop reads whole 32-column panels: their tail zeros */
+        for (Py_ssize_t k = 0; k < K; k++)
+            memset(panel + k * WIDTH + w, 0, (size_t)((w + 31) / 32 * 32 - w));
     if (dd == 1) {
         for (Py_ssize_t k = 0; k < K; k++) memcpy(panel + k * WIDTH, D + k * dk + d0, (size_t)w);
         return;
@@ -242,7 +327,7 @@ CLONES static void store_columns(int32_t tile[GROUP][WIDTH], int rows, int w, in
  * stored into out or (add) added to it; 0 when memory could not be had */
 static int blocks_run(const Quads *q, Py_ssize_t n_s, Py_ssize_t K, const int8_t *D,
                       Py_ssize_t dk, Py_ssize_t dd, Py_ssize_t n_d, int32_t *out, Py_ssize_t os,
-                      Py_ssize_t od, Py_ssize_t b0, Py_ssize_t b1, int add, int vnni) {
+                      Py_ssize_t od, Py_ssize_t b0, Py_ssize_t b1, int add, int loop) {
     int32_t(*tile)[WIDTH] = malloc(sizeof(int32_t) * GROUP * WIDTH);
     int32_t(*flip)[GROUP] = malloc(sizeof(int32_t) * GROUP * WIDTH);
     int8_t *panel = tile && flip ? malloc((size_t)K * WIDTH) : NULL;
@@ -260,8 +345,10 @@ static int blocks_run(const Quads *q, Py_ssize_t n_s, Py_ssize_t K, const int8_t
         for (Py_ssize_t g0 = 0; g0 < n_s; g0 += GROUP) {
             int rows = (int)(n_s - g0 < GROUP ? n_s - g0 : GROUP);
 #if HAVE_V4
-            if (vnni)
+            if (loop == LOOP_VNNI)
                 tile_vnni(q, g0, rows, panel, WIDTH, 0, w, tile);
+            else if (loop == LOOP_AVX2)
+                tile_avx2(q, g0, rows, panel, WIDTH, w, tile);
             else
 #endif
                 tile_plain(q, g0, rows, panel, WIDTH, 0, w, tile);
@@ -275,7 +362,7 @@ static int blocks_run(const Quads *q, Py_ssize_t n_s, Py_ssize_t K, const int8_t
                 }
             } else {     /* the sparse side is the output's columns: 16 of them side by side */
 #if HAVE_V4
-                if (vnni && rows == GROUP)
+                if (loop == LOOP_VNNI && rows == GROUP)
                     store_columns_16(tile, w, out + d0 * od + g0, od, add);
                 else
 #endif
@@ -283,7 +370,7 @@ static int blocks_run(const Quads *q, Py_ssize_t n_s, Py_ssize_t K, const int8_t
             }
         }
     }
-    (void)vnni;
+    (void)loop;
     free(panel);
     free(flip);
     free(tile);
@@ -323,9 +410,9 @@ static PyObject *py_sparse_mm(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer qb, d, o;
     Py_ssize_t n_s, K, n_d, dk, dd, os, od, b_lo, b_hi;
-    int pieces = 1, add = 0, plain = 0;
+    int pieces = 1, add = 0, asked = LOOP_AUTO;
     if (!PyArg_ParseTuple(args, "y*nny*nnnw*nnnn|iii", &qb, &n_s, &K, &d, &n_d, &dk, &dd, &o,
-                          &os, &od, &b_lo, &b_hi, &pieces, &add, &plain))
+                          &os, &od, &b_lo, &b_hi, &pieces, &add, &asked))
         return NULL;
     Py_ssize_t blocks = (n_d + WIDTH - 1) / WIDTH;
     /* each operand read along one unit stride; its lines at least a line's length apart */
@@ -333,6 +420,15 @@ static PyObject *py_sparse_mm(PyObject *self, PyObject *args) {
              ((dd == 1 && dk >= n_d) || (dk == 1 && dd >= K)) &&
              ((od == 1 && os >= n_d) || (os == 1 && od >= n_s)) && 0 <= b_lo && b_lo <= b_hi &&
              b_hi <= blocks;
+    int loop = loop_for(asked);
+    if (ok && loop < 0) {
+        PyBuffer_Release(&qb);
+        PyBuffer_Release(&d);
+        PyBuffer_Release(&o);
+        PyErr_Format(PyExc_ValueError, "sparse_mm: loop %d does not run on this CPU (0 auto, 1 "
+                     "plain, 2 AVX2, 3 AVX-512 VNNI)", asked);
+        return NULL;
+    }
     if (!ok) {
         PyBuffer_Release(&qb);
         PyBuffer_Release(&d);
@@ -346,7 +442,6 @@ static PyObject *py_sparse_mm(PyObject *self, PyObject *args) {
     ok = quads_view(&q, &qb, n_s, K) &&
          holds(&d, n_d ? (K - 1) * dk + (n_d - 1) * dd + 1 : 0, "sparse_mm: D") &&
          holds(&o, span_o * 4, "sparse_mm: out");
-    int vnni = !plain && cpu_vnni();
     int good[PIECES_MAX];
     for (int i = 0; ok && i < pieces; i++) good[i] = 1;
     if (ok && n_s && n_d && b_lo < b_hi) {
@@ -354,7 +449,7 @@ static PyObject *py_sparse_mm(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         FOR_PIECES(b_lo, b_hi, pieces,
                    good[piece] = blocks_run(&q, n_s, K, d.buf, dk, dd, n_d, o.buf, os, od, p_lo,
-                                            p_hi, add, vnni));
+                                            p_hi, add, loop));
         Py_END_ALLOW_THREADS
     }
     for (int i = 0; ok && i < pieces; i++)
@@ -365,10 +460,10 @@ static PyObject *py_sparse_mm(PyObject *self, PyObject *args) {
     return FINISH(ok, "sparse_mm failed", &qb, &d, &o);
 }
 
-static PyObject *py_sparse_vnni(PyObject *self, PyObject *args) {
+static PyObject *py_sparse_loop(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
-    return PyBool_FromLong(cpu_vnni());
+    return PyLong_FromLong(loop_for(LOOP_AUTO));
 }
 
 EXT_METHODS(lmhead_sparse) = {
@@ -377,11 +472,13 @@ EXT_METHODS(lmhead_sparse) = {
      "element (s, k) at S[s ss + k sk] with one stride 1, as quads of one sign per row (K <= "
      "65,536) - sparse_mm's sparse operand."},
     {"sparse_mm", py_sparse_mm, METH_VARARGS,
-     "sparse_mm(quads, n_s, K, D, n_d, dk, dd, out, os, od, b_lo, b_hi[, pieces, add, plain]): for "
+     "sparse_mm(quads, n_s, K, D, n_d, dk, dd, out, os, od, b_lo, b_hi[, pieces, add, loop]): for "
      "the columns d of D in the 256-wide blocks [b_lo, b_hi), out[s os + d od] = (add: +=) the "
      "sum over the nonzeros S[s, k] of S (sparse_quads) times D[k dk + d dd] (int8 D (K, n_d), "
-     "int32 out, each with one unit stride); plain: the portable loop even where VNNI runs."},
-    {"sparse_vnni", py_sparse_vnni, METH_NOARGS,
-     "sparse_vnni(): whether sparse_mm runs its AVX-512 VNNI loop on this CPU."},
+     "int32 out, each with one unit stride); loop: 0 the best this CPU runs, 1 the plain loop, "
+     "2 the AVX2 one, 3 the AVX-512 VNNI one (refused where the CPU has not its instructions)."},
+    {"sparse_loop", py_sparse_loop, METH_NOARGS,
+     "sparse_loop(): the loop sparse_mm runs by default on this CPU (1 plain, 2 AVX2, 3 AVX-512 "
+     "VNNI)."},
     {NULL, NULL, 0, NULL},
 };

@@ -18,6 +18,12 @@ and the block's last product rounds T into the output while each register block 
 finished (no pass over T; a block with a compacted or a row-sparse slice, whose products
 come last, is rounded by ``round_block`` - the same operations).
 
+A slice with few nonzeros (``lmhead_plan.PAIR_SPARSE_MAX``: slice 3 of a Gaussian operand,
+2-4% - the forward's h and weight, the weight gradient's h) runs its pairs by the sparse
+loop (``lmhead_sparse``, its AVX2 path here) instead: b's always, a's where that drops a dense
+product (slice 3 alone of j = 1, not a slice inside a wide one) - the forward's four products
+become two and two sparse pairs, added into T before it is rounded (``_sparse_into``).
+
 The plan's compacted slices are gathered per part of COMPACT_ROWS rows of a T block; its
 row-sparse slices (slice 2 of the logits gradient in dh = dlogits W) run row by row
 (``open1b_kernels.ops.lmhead_rowsparse``): the Open-1B head's dh at 1,024 tokens went from
@@ -44,9 +50,10 @@ import torch
 
 from open1b_kernels.core.workspace import scratch
 from open1b_kernels.int8 import pairmm
-from open1b_kernels.ops import lmhead_rowsparse
+from open1b_kernels.ops import lmhead_rowsparse, lmhead_sparse
 from open1b_kernels.ops.lmhead_check import check_sums
-from open1b_kernels.ops.lmhead_plan import COMPACT_ROWS, chunks, plan, weight_shift
+from open1b_kernels.ops.lmhead_plan import (COMPACT_ROWS, chunks, plan, sparse_slices,
+                                            weight_shift)
 from open1b_kernels.ops.lmhead_slices import LevelSlices
 
 PACK_K = 8192            # contraction chunk of one pack (T sums across chunks in int64)
@@ -69,12 +76,15 @@ class Term:
     shift: int
 
 
-def terms(slices: int, skip: frozenset[int] | set[int] = frozenset()) -> list[Term]:
+def terms(slices: int, skip: frozenset[int] | set[int] = frozenset(),
+          skip_b: frozenset[int] | set[int] = frozenset()) -> list[Term]:
     """The products covering every pair (i, j), i + j <= S + 1, whose a slice i is not in
-    ``skip`` exactly once: per j, the a slices in consecutive twos (wide) and the last one
-    alone."""
+    ``skip`` and whose b slice j is not in ``skip_b`` exactly once: per j, the a slices in
+    consecutive twos (wide) and the last one alone."""
     out = []
     for j in range(1, slices + 1):
+        if j in skip_b:
+            continue
         ia = [i for i in range(1, slices + 2 - j) if i not in skip]
         n = 0
         while n < len(ia):
@@ -127,6 +137,51 @@ def _gathered(sa: LevelSlices, sb: LevelSlices, rows: slice, cs: slice, i: int,
         pairmm.product_add(group, t)
 
 
+def _sparse_pairs(p, slices: int, sparse_b: frozenset[int]) -> tuple[frozenset[int],
+                                                                      list[tuple[int, int, str]]]:
+    """The a slices of ``p.sparse`` worth running sparse - those whose leaving the dense
+    products drops one (a slice between two others only splits a wide product) - and the
+    pairs (i, j, sparse side) the sparse loop runs: every pair of a dense a slice i with a
+    sparse slice on either side (a's taken first)."""
+    skip = set(p.compact) | set(p.by_rows)
+    sparse_a: set[int] = set()
+    for i in sorted(p.sparse):
+        if len(terms(slices, skip | sparse_a | {i}, sparse_b)) < len(
+                terms(slices, skip | sparse_a, sparse_b)):
+            sparse_a.add(i)
+    pairs = [(i, j, "a" if i in sparse_a else "b") for i in p.dense
+             for j in range(1, slices + 2 - i) if i in sparse_a or j in sparse_b]
+    return frozenset(sparse_a), pairs
+
+
+def _sparse_into(sa: LevelSlices, sb: LevelSlices, pairs: list[tuple[int, int, str]],
+                 rs: slice, cs: slice, slices: int, t: torch.Tensor, made: dict) -> None:
+    """``t`` (int64) += the sparse ``pairs`` of the rows ``rs`` and columns ``cs``, each by
+    ``lmhead_sparse`` into int32 sums - the pairs of one weight into one buffer while int32
+    holds them (each pair at most K 2^14) - added with their weights. The sparse side's
+    nonzeros are made once per block of it and kept in ``made``."""
+    if not pairs:
+        return
+    k = sa.shape[2]
+    per_buffer = max(1, ((1 << 31) - 1) // (k << 14))
+    by_shift: dict[int, list[tuple[int, int, str]]] = {}
+    for i, j, side in pairs:
+        by_shift.setdefault(weight_shift(slices, i, j), []).append((i, j, side))
+    acc = scratch("lmhead.sparse_acc", tuple(t.shape), torch.int32)
+    for shift, group in by_shift.items():
+        for g0 in range(0, len(group), per_buffer):
+            for n, (i, j, side) in enumerate(group[g0:g0 + per_buffer]):
+                a, b = sa[i - 1][rs], sb[j - 1][cs]
+                key = (side, i, rs.start) if side == "a" else (side, j, cs.start)
+                if key not in made:
+                    made[key] = lmhead_sparse.sparse_rows(a if side == "a" else b)
+                if side == "a":
+                    lmhead_sparse.sparse_mm(made[key], b.t(), acc, add=n > 0)
+                else:
+                    lmhead_sparse.sparse_mm(made[key], a.t(), acc.t(), add=n > 0)
+            t.add_(acc, alpha=1 << shift)
+
+
 def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch.Tensor,
                 out: torch.Tensor, slices: int) -> bool:
     """T by the pair GEMM's wide products (module docstring), rounded into ``out`` as
@@ -142,13 +197,19 @@ def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torc
     cols_got = torch.zeros(c, dtype=torch.int64)
     # b's packs kept across row blocks when there are several and all of them fit
     b_side = _Packs("b", pairmm.NR, r > rb and c * k * slices * 2 <= PACK_CACHE)
+    # b's sparse slices, over all its rows (the weight's slice 3 in the forward)
+    sparse_b = sparse_slices(sb, slice(0, c), range(1, slices + 1), k, pairs=True)
+    made: dict[tuple, lmhead_sparse.SparseRows] = {}
     for r0 in range(0, r, rb):
         rs = slice(r0, r0 + rb)
         nr = min(r, r0 + rb) - r0
         # compacted per COMPACT_ROWS rows (a union over fewer rows has fewer columns); the
-        # slices compacted in every part leave the dense products
-        p = plan(sa, sb, rs, slices, part_rows=COMPACT_ROWS)
-        dense = terms(slices, p.compact | set(p.by_rows))
+        # slices compacted in every part leave the dense products, and so do the sparse
+        # ones' pairs (a's slice 3 in the forward, h's in the weight gradient)
+        p = plan(sa, sb, rs, slices, part_rows=COMPACT_ROWS, sparse=True, pairs=True)
+        sparse_a, sparse = _sparse_pairs(p, slices, sparse_b)
+        made = {key: got for key, got in made.items() if key[0] == "b"}   # a's: this block's
+        dense = terms(slices, p.compact | set(p.by_rows) | sparse_a, sparse_b)
         wide_ops = {t.a for t in dense}
         a_side = _Packs("a", pairmm.MR, c > cb and nr * k * len(wide_ops) * 2 <= PACK_CACHE)
         for c0 in range(0, c, cb):
@@ -163,7 +224,7 @@ def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torc
                           b_side.get((t_.j, c0, n), lambda t_=t_: (sb[t_.j - 1][cs, k0:k1], None)),
                           t_.shift) for t_ in dense]
                 # the block's last product rounds T in the kernel (no pass over T)
-                last = n == len(kc) - 1 and not (p.compact or p.by_rows)
+                last = n == len(kc) - 1 and not (p.compact or p.by_rows or sparse)
                 pairmm.product_add(group, t, start=n == 0, rounding=rounding if last else None)
                 a_side.drop()
                 b_side.drop()
@@ -172,6 +233,7 @@ def pair_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torc
                 for i in sorted(p.compact):
                     _gathered(sa, sb, part, cs, i, got[i], slices, tp)
             lmhead_rowsparse.add_planned(sa, sb, p, cs, t)
-            if p.compact or p.by_rows or not dense:
+            _sparse_into(sa, sb, sparse, rs, cs, slices, t, made)
+            if p.compact or p.by_rows or sparse or not dense:
                 pairmm.round_block(t, *rounding)
     return check_sums(sa, sb, rows_got, cols_got, slices, "pair products")

@@ -81,6 +81,12 @@ ROW_SPARSE_SAMPLE = 16
 # weight) holds only the elements more than 2^-7 below their row's largest, 2-4% of them,
 # so a_1 b_S and a_S b_1 (two of the lowest level's three pairs) run 2.5-4x faster
 SPARSE_MAX = 1 / 16
+# The same on the pair route (``lmhead_pairs``, CPUs without VNNI: the AVX2 loop against the
+# pair GEMM). Measured on the Zen 4 with the loops built as an AVX2 CPU (2 cores,
+# ``benchmarks.kernels.lmhead_sparse --loop avx2 --anchor pairs``, 2026-12-06), one pair's
+# GEMM 62-100 ms at the head's blocks: the sparse pair 5.5-8.6x faster at 3% nonzeros,
+# 2.5-2.8x at 12.5%, 1.4-1.9x at 25% - so 1/8 keeps 2.5x or more
+PAIR_SPARSE_MAX = 1 / 8
 
 
 def weight_shift(slices: int, i: int, j: int) -> int:
@@ -132,12 +138,15 @@ def sparse_share(x: LevelSlices, i: int, rows: slice) -> float:
     return float(torch.count_nonzero(plane)) / max(1, plane.numel())
 
 
-def sparse_slices(x: LevelSlices, rows: slice, candidates, k: int) -> frozenset[int]:
+def sparse_slices(x: LevelSlices, rows: slice, candidates, k: int,
+                  pairs: bool = False) -> frozenset[int]:
     """Of the slices ``candidates``, those of ``rows`` with at most SPARSE_MAX nonzeros, where
-    ``lmhead_sparse`` runs its VNNI loop and takes a contraction of ``k``; else none."""
-    if not (lmhead_sparse.available() and k <= lmhead_sparse.MAX_K):
+    ``lmhead_sparse`` runs its VNNI loop and takes a contraction of ``k``; else none. With
+    ``pairs`` (the pair route): at most PAIR_SPARSE_MAX, where its AVX2 or VNNI loop runs."""
+    loops, most = (("avx2", "vnni"), PAIR_SPARSE_MAX) if pairs else (("vnni",), SPARSE_MAX)
+    if not (lmhead_sparse.loop() in loops and k <= lmhead_sparse.MAX_K):
         return frozenset()
-    return frozenset(i for i in candidates if sparse_share(x, i, rows) <= SPARSE_MAX)
+    return frozenset(i for i in candidates if sparse_share(x, i, rows) <= most)
 
 
 def row_sparse(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
@@ -196,10 +205,12 @@ class Plan:
 
 
 def plan(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
-         part_rows: int | None = None, by_rows: bool = True, sparse: bool = False) -> Plan:
+         part_rows: int | None = None, by_rows: bool = True, sparse: bool = False,
+         pairs: bool = False) -> Plan:
     """The plan of the rows ``rows`` of ``a`` against ``b``: compacted slices per part of
     ``part_rows`` rows (None: the block is one part), then - with ``by_rows`` - the
-    row-sparse ones, then - with ``sparse`` - the sparse slices among the dense ones."""
+    row-sparse ones, then - with ``sparse`` - the sparse slices among the dense ones (by the
+    pair route's measure with ``pairs``: ``sparse_slices``)."""
     r0, r1 = rows.start, min(rows.stop, sa.shape[1])
     step = part_rows or max(1, r1 - r0)
     parts = tuple((part, compacted(sa, part, slices))
@@ -211,7 +222,7 @@ def plan(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
         p = Plan(rows, slices, parts, tuple(row_sparse(sa, sb, rows, slices, p.compact)))
     if sparse:
         p = Plan(rows, slices, parts, p.by_rows,
-                 sparse_slices(sa, slice(r0, r1), p.dense, sa.shape[2]))
+                 sparse_slices(sa, slice(r0, r1), p.dense, sa.shape[2], pairs))
     return p
 
 

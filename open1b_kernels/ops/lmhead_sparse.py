@@ -9,7 +9,9 @@ b_S holds only the elements more than 2^-7 below their row's largest. Measured o
 (2 cores, ``python -m benchmarks.kernels.lmhead_sparse``): the VNNI loop runs a nonzero's
 columns at ~1/4 of the int8 GEMM's multiply-add rate, so a pair pays below SPARSE_MAX of its
 sparse slice nonzero; the plain loop (no VNNI) runs far slower and is never planned - it is
-the reference the tests hold the VNNI loop to, and what runs if asked.
+the reference the tests hold the VNNI loop to, and what runs if asked. The AVX2 loop (x86-64
+with AVX2 and no VNNI: the pair route's CPUs) sums a quad's products with ``vpmaddubsw`` and
+``vpmaddwd``; the pair route plans it (``open1b_kernels.ops.lmhead_pairs``).
 """
 from __future__ import annotations
 
@@ -26,9 +28,15 @@ MAX_K = 65_536      # the C file's bound: K * 128^2 <= 2^30, each sign's sums in
 WIDTH = 256         # the C loop's dense columns per block (the pieces' unit)
 
 
-def available() -> bool:
-    """True where the compiled loop runs its VNNI path (the one worth planning)."""
-    return LOOPS.available() and bool(LOOPS.sparse_vnni())
+LOOP_NAMES = {"auto": 0, "plain": 1, "avx2": 2, "vnni": 3}   # the C file's loop argument
+
+
+def loop() -> str:
+    """The loop ``sparse_mm`` runs here by default: "vnni", "avx2" or "plain" (or "none"
+    where the loops are not available)."""
+    if not LOOPS.available():
+        return "none"
+    return {v: k for k, v in LOOP_NAMES.items()}[int(LOOPS.sparse_loop())]
 
 
 def _one_unit(x: torch.Tensor) -> bool:
@@ -58,14 +66,16 @@ def sparse_rows(s: torch.Tensor) -> SparseRows:
 
 
 def sparse_mm(s: torch.Tensor | SparseRows, d: torch.Tensor, out: torch.Tensor,
-              add: bool = False, plain: bool = False) -> torch.Tensor:
+              add: bool = False, loop: str = "auto") -> torch.Tensor:
     """``out`` (int32 (n_s, n_d)) = ``s @ d`` (``add``: added to ``out``, int32 wrapping),
     skipping the zeros of ``s``: int8 ``s`` (n_s, K) - or its ``sparse_rows``, made once for
     several products - and ``d`` (K, n_d), each read in place along whichever of its strides
     is 1 (a row-major matrix or a transposed view), as is ``out`` - a transposed view of an
-    (n_d, n_s) buffer stores the product transposed; 1 <= K <= MAX_K. ``plain``: the
-    portable loop even where VNNI runs (the same integers). Returns ``out``. Needs
-    ``LOOPS.available()``."""
+    (n_d, n_s) buffer stores the product transposed; 1 <= K <= MAX_K. ``loop``: "auto" (the
+    best this CPU runs), or "plain", "avx2" or "vnni" by name (the same integers; a loop the
+    CPU cannot run is refused). Returns ``out``. Needs ``LOOPS.available()``."""
+    if loop not in LOOP_NAMES:
+        raise ValueError(f"sparse_mm: loop must be one of {', '.join(LOOP_NAMES)}, got {loop!r}")
     rows = s if isinstance(s, SparseRows) else sparse_rows(s)
     n_s, k = rows.rows, rows.k
     n_d = d.shape[1] if d.dim() == 2 else -1
@@ -81,7 +91,7 @@ def sparse_mm(s: torch.Tensor | SparseRows, d: torch.Tensor, out: torch.Tensor,
 
     def run(lo: int, hi: int, pieces: int) -> None:
         LOOPS.sparse_mm(rows.quads, n_s, k, dn, n_d, *d.stride(), on, *out.stride(), lo, hi,
-                        pieces, int(add), int(plain))
+                        pieces, int(add), LOOP_NAMES[loop])
 
     parallel(run, -(-n_d // WIDTH), grain=1)
     return out

@@ -17,6 +17,7 @@ from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops import lmhead_int, lmhead_plan
 from open1b_kernels.ops import lmhead_pairs as pp
 from open1b_kernels.ops import lmhead_rowsparse as rowsparse
+from open1b_kernels.ops import lmhead_sparse as ls
 
 needs_pairs = pytest.mark.skipif(not pairmm.available(),
                                  reason="the pair GEMM needs x86-64 with AVX2 (and the build)")
@@ -145,18 +146,27 @@ def _head(h, w, dl, slices):
         return (lm.lmhead_forward(h, w, slices), *lm.lmhead_backward(dl, h, w, slices))
 
 
-@needs_pairs
-@pytest.mark.parametrize("slices", [2, 3])
-@pytest.mark.parametrize("blocks", ["one", "many", "many-kept"])
-def test_lm_head_on_the_pair_route_gives_the_float_bits(route, monkeypatch, slices, blocks):
-    # one block, or several row and column blocks with contraction chunks and compaction
-    # parts, with the packs made again per block or kept across blocks
+def _many_blocks(monkeypatch, blocks: str) -> None:
+    """Several row and column blocks, contraction chunks and compaction parts, the packs
+    made again per block or kept across blocks (``blocks`` "many", "many-kept"; "one": as
+    they are)."""
     if blocks != "one":
         monkeypatch.setattr(pp, "ROW_BLOCK", 16)
         monkeypatch.setattr(pp, "T_BLOCK", 16 * 32)
         monkeypatch.setattr(pp, "PACK_K", 64)
         monkeypatch.setattr(pp, "PACK_CACHE", 1 << 30 if blocks == "many-kept" else 0)
         monkeypatch.setattr(pp, "COMPACT_ROWS", 6)        # parts of a T block
+
+
+@needs_pairs
+@pytest.mark.parametrize("slices", [2, 3])
+@pytest.mark.parametrize("blocks", ["one", "many", "many-kept"])
+def test_lm_head_on_the_pair_route_gives_the_float_bits(route, monkeypatch, slices, blocks):
+    # one block, or several row and column blocks with contraction chunks and compaction
+    # parts, with the packs made again per block or kept across blocks
+    # (the sparse pairs off: the test of them is below)
+    monkeypatch.setattr(lmhead_plan, "PAIR_SPARSE_MAX", -1.0)
+    _many_blocks(monkeypatch, blocks)
     h, w, dl = _head_case(torch.Generator().manual_seed(4))
     route("float")
     want = _head(h, w, dl, slices)
@@ -275,8 +285,8 @@ def test_the_check_catches_a_wrong_row_sparse_product(route, monkeypatch, on, ki
 def _corrupt_terms(kind):
     real = pp.terms
 
-    def terms(slices, skip=frozenset()):
-        got = real(slices, skip)
+    def terms(slices, skip=frozenset(), skip_b=frozenset()):
+        got = real(slices, skip, skip_b)
         if kind == "drop":
             return got[:-1]
         if kind == "double":
@@ -297,6 +307,86 @@ def test_the_check_catches_a_wrong_product_and_the_float_route_recomputes(route,
     want = _head(h, w, dl, 3)
     route("pairs")
     monkeypatch.setattr(pp, "terms", _corrupt_terms(kind))
+    with pytest.warns(RuntimeWarning, match="pair products"):
+        got = _head(h, w, dl, 3)
+    status = gemm_route.int_gemm_status()
+    assert status["failures"] >= 1 and status["route"] == "float"
+    assert all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(want, got))
+
+
+needs_sparse = pytest.mark.skipif(ls.loop() not in ("avx2", "vnni"),
+                                  reason="the sparse pair's AVX2 loop needs x86-64 with AVX2")
+
+
+@pytest.fixture
+def sparse_pairs(monkeypatch):
+    """The pair route's sparse products, counted as (a slice, b slice, sparse side)."""
+    got: list[tuple[int, int, str]] = []
+    real = pp._sparse_into
+    monkeypatch.setattr(pp, "_sparse_into", lambda sa, sb, pairs, *rest: (
+        got.extend(pairs), real(sa, sb, pairs, *rest))[1])
+    return got
+
+
+@needs_pairs
+@needs_sparse
+@pytest.mark.parametrize("slices", [2, 3])
+@pytest.mark.parametrize("blocks", ["one", "many", "many-kept"])
+def test_sparse_pairs_on_the_pair_route_give_the_float_bits(route, monkeypatch, sparse_pairs,
+                                                            slices, blocks):
+    # Gaussian h and w: slice 3 of each holds ~2% of the elements, so with S = 3 the forward
+    # runs (3, 1) from h's side and (1, 3) from w's - two of its four products - and the
+    # weight gradient (1, 3) from h's (b) side; with S = 2 slice 2 is dense: none. The dense
+    # products then leave T to the rounding pass
+    _many_blocks(monkeypatch, blocks)
+    h, w, dl = _head_case(torch.Generator().manual_seed(4))
+    route("float")
+    want = _head(h, w, dl, slices)
+    route("pairs")
+    got = _head(h, w, dl, slices)
+    assert gemm_route.int_gemm_status()["failures"] == 0
+    assert all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(want, got))
+    assert set(sparse_pairs) == ({(3, 1, "a"), (1, 3, "b")} if slices == 3 else set())
+
+
+@needs_pairs
+@needs_sparse
+def test_a_slice_between_two_dense_ones_stays_in_its_wide_product(route, monkeypatch,
+                                                                  sparse_pairs):
+    # slice 2 of a sparse enough (forced): leaving the dense products would split the wide
+    # 128 a_1 + a_2 into a_1 alone - as many dense products and a sparse one more - so it
+    # stays; slice 3 (sparse) leaves. The float bits either way
+    monkeypatch.setattr(lmhead_plan, "sparse_share", lambda x, i, rows: 0.0 if i > 1 else 1.0)
+    h, w, dl = _head_case(torch.Generator().manual_seed(5))
+    route("float")
+    want = _head(h, w, dl, 3)
+    route("pairs")
+    got = _head(h, w, dl, 3)
+    assert all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(want, got))
+    assert sparse_pairs and all(i != 2 or side == "b" for i, _, side in sparse_pairs)
+    assert (3, 1, "a") in sparse_pairs and (2, 2, "b") in sparse_pairs
+
+
+@needs_pairs
+@needs_sparse
+@pytest.mark.parametrize("side", ["a", "b"])
+def test_the_check_catches_a_wrong_sparse_pair_on_the_pair_route(route, monkeypatch, side):
+    # the forgery: one sparse product off by one in one element (a miscompiled AVX2 loop's,
+    # or an adversary's) - T's row and column sums catch it, the failure is counted and the
+    # float route recomputes: its bits
+    h, w, dl = _head_case(torch.Generator().manual_seed(6))
+    route("float")
+    want = _head(h, w, dl, 3)
+    route("pairs")
+    real = ls.sparse_mm
+
+    def wrong(s, d, out, add=False, loop="auto"):
+        real(s, d, out, add, loop)
+        if (side == "a") == (out.stride(1) == 1):
+            out[1, 2] += 1
+        return out
+
+    monkeypatch.setattr(ls, "sparse_mm", wrong)
     with pytest.warns(RuntimeWarning, match="pair products"):
         got = _head(h, w, dl, 3)
     status = gemm_route.int_gemm_status()

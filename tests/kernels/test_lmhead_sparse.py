@@ -1,6 +1,6 @@
 """One LM-head slice pair with a sparse slice (open1b_kernels/ops/_lmhead_sparse.c): exact
 against int64 products in every layout the slices' stores hold (row-major or transposed
-operands, a transposed output), stored or added, by the VNNI loop and the plain one, at the
+operands, a transposed output), stored or added, by the VNNI loop, the AVX2 one and the plain one, at the
 int32 bound; bad arguments refused by name. Planned on the integer route, the sparse pairs
 give the dense plan's bits (forward, both gradients, chunked and short contractions), and a
 wrong sparse product is caught by the route's checksum like a wrong GEMM."""
@@ -17,7 +17,8 @@ from tests.kernels.support import needs_loops
 from tests.kernels.test_lmhead_int import _case, _run, _same, exact_mm
 from tests.kernels.test_lmhead_plan import _caught_and_recomputed
 
-PATHS = [False, True] if ls.available() else [True]     # plain; the VNNI loop where it runs
+# the plain loop, the AVX2 one (x86-64 with AVX2) and the VNNI one where this CPU runs them
+PATHS = ["plain"] + {"vnni": ["avx2", "vnni"], "avx2": ["avx2"]}.get(ls.loop(), [])
 
 
 def _sparse(n, k, density, g):
@@ -31,12 +32,12 @@ def _layouts(x):
 
 
 @needs_loops
-@pytest.mark.parametrize("plain", PATHS)
+@pytest.mark.parametrize("loop", PATHS)
 @pytest.mark.parametrize("n_s,k,n_d,density", [
     (1, 1, 1, 1.0), (17, 100, 70, 0.1), (33, 333, 300, 0.5), (40, 2049, 513, 0.03),
     (16, 64, 256, 0.0)])
 @pytest.mark.parametrize("threads", [1, 3])
-def test_sparse_mm_is_exact_in_every_layout(plain, n_s, k, n_d, density, threads):
+def test_sparse_mm_is_exact_in_every_layout(loop, n_s, k, n_d, density, threads):
     # rows not a multiple of the 16-row tile, columns not of the 64-column panel or the
     # 256-column block, K not of the scan's words, an all-zero row, one of each sign only
     g = torch.Generator().manual_seed(n_s + k + n_d)
@@ -54,15 +55,15 @@ def test_sparse_mm_is_exact_in_every_layout(plain, n_s, k, n_d, density, threads
             for dv in _layouts(d):
                 for out in (torch.empty(n_s, n_d, dtype=torch.int32),
                             torch.empty(n_d, n_s, dtype=torch.int32).t()):
-                    assert torch.equal(ls.sparse_mm(sv, dv, out, plain=plain), want)
-                    assert torch.equal(ls.sparse_mm(sv, dv, out, add=True, plain=plain), 2 * want)
+                    assert torch.equal(ls.sparse_mm(sv, dv, out, loop=loop), want)
+                    assert torch.equal(ls.sparse_mm(sv, dv, out, add=True, loop=loop), 2 * want)
     finally:
         torch.set_num_threads(old)
 
 
 @needs_loops
-@pytest.mark.parametrize("plain", PATHS)
-def test_sparse_mm_at_the_int32_bound(plain):
+@pytest.mark.parametrize("loop", PATHS)
+def test_sparse_mm_at_the_int32_bound(loop):
     # every product (-128) x (-128) over the largest K: 2^30 in one element, reached through
     # the negative quads (|S| 128 as an unsigned byte, the accumulators negated twice); a row
     # of both signs
@@ -72,7 +73,7 @@ def test_sparse_mm_at_the_int32_bound(plain):
     d = torch.full((k, 70), -128, dtype=torch.int8)
     d[:, 3] = 127
     out = torch.zeros((2, 70), dtype=torch.int32)
-    ls.sparse_mm(s, d, out, plain=plain)
+    ls.sparse_mm(s, d, out, loop=loop)
     assert torch.equal(out, (s.long() @ d.long()).int())
     assert int(out.max()) == 1 << 30
 
@@ -98,6 +99,10 @@ def test_sparse_mm_refuses_bad_arguments():
     args = (d.numpy().reshape(-1), 5, 5, 1, out.numpy().reshape(-1), 5, 1)
     with pytest.raises(ValueError, match="block range"):       # the C wrapper's own check
         ls.LOOPS.sparse_mm(rows.quads, 4, 8, *args, 0, 2)
+    with pytest.raises(ValueError, match="loop must be one of auto, plain, avx2, vnni"):
+        ls.sparse_mm(s, d, out, loop="avx512")
+    with pytest.raises(ValueError, match="loop 9 does not run on this CPU"):
+        ls.LOOPS.sparse_mm(rows.quads, 4, 8, *args, 0, 1, 1, 0, 9)
     with pytest.raises(ValueError, match="for s \\(4, 8\\)"):
         ls.sparse_mm(rows, torch.zeros((9, 5), dtype=torch.int8), out)
 
@@ -150,7 +155,7 @@ def test_level_products_fold_the_sparse_pairs_into_their_level():
 def sparse_planned(monkeypatch):
     """The integer route planning sparse pairs here (the plain loop where no VNNI runs),
     counting the sparse products by side."""
-    monkeypatch.setattr(ls, "available", lambda: True)
+    monkeypatch.setattr(ls, "loop", lambda: "vnni")     # planned; run by the best loop here
     sides: list[str] = []
     real = li.sparse_product
     monkeypatch.setattr(li, "sparse_product", lambda sa, sb, q, *rest: (
@@ -200,8 +205,8 @@ def test_a_wrong_sparse_product_is_caught_and_recomputed(route, monkeypatch, spa
     want = _run(h, w, dl, 3)
     real = ls.sparse_mm
 
-    def wrong(s, d, out, add=False, plain=False):
-        real(s, d, out, add, plain)
+    def wrong(s, d, out, add=False, loop="auto"):
+        real(s, d, out, add, loop)
         out[1, 2] += 1
         return out
 
