@@ -84,7 +84,7 @@ SPARSE_MAX = 1 / 16
 # The same on the pair route (``lmhead_pairs``, CPUs without VNNI: the AVX2 loop against the
 # pair GEMM). Measured on the Zen 4 with the loops built as an AVX2 CPU (2 cores,
 # ``benchmarks.kernels.lmhead_sparse --loop avx2 --anchor pairs``, 2026-12-06), one pair's
-# GEMM 62-100 ms at the head's blocks: the sparse pair 5.5-8.6x faster at 3% nonzeros,
+# GEMM 55-100 ms at the head's blocks: the sparse pair 5.5-9.1x faster at 3% nonzeros,
 # 2.5-2.8x at 12.5%, 1.4-1.9x at 25% - so 1/8 keeps 2.5x or more
 PAIR_SPARSE_MAX = 1 / 8
 
