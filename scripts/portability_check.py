@@ -203,9 +203,10 @@ def copy_tree(py: str, dst: str, cflags: str = "") -> str:
         for extra in ("open1b_audit/selftest/data", "tests/assets"):   # maybe uncommitted
             shutil.copytree(os.path.join(ROOT, extra), os.path.join(dst, extra),
                             dirs_exist_ok=True)
-        subprocess.run([py, "setup.py", "-q", "build_ext", "--inplace"], cwd=dst, check=True,
-                       capture_output=True, env=dict(os.environ, CFLAGS=cflags) if cflags
-                       else None)
+    # every time (up to date: a second): a copy whose build failed before is not run as is
+    subprocess.run([py, "setup.py", "-q", "build_ext", "--inplace"], cwd=dst, check=True,
+                   capture_output=True, env=dict(os.environ, CFLAGS=cflags) if cflags
+                   else None)
     return dst
 
 
@@ -230,9 +231,15 @@ def run_row(name: str, args, work: str) -> dict:
         if not os.path.exists(py):
             return {"row": name, "status": "not set up",
                     "detail": f"no {py}: run scripts/portability_envs.sh {venv}"}
-        root = copy_tree(py, os.path.join(work, f"tree-{venv}"))
-    elif name in BUILDS:
-        root = copy_tree(py, os.path.join(work, f"tree-{name}"), BUILDS[name])
+    try:
+        if venv is not None:
+            root = copy_tree(py, os.path.join(work, f"tree-{venv}"))
+        elif name in BUILDS:
+            root = copy_tree(py, os.path.join(work, f"tree-{name}"), BUILDS[name])
+    except subprocess.CalledProcessError as e:
+        tail = ((e.stderr or b"").decode(errors="replace").strip().splitlines() or ["?"])[-1]
+        return {"row": name, "status": "crashed",
+                "detail": f"building the row's copy of the checkout failed: {tail}"}
     env["PYTHONPATH"] = root
     rw = os.path.join(work, name)
     cmd = [py, os.path.join(root, "scripts", "portability_check.py"), "--inside", "--work", rw,

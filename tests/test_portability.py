@@ -113,3 +113,15 @@ def test_the_loops_built_as_an_avx2_cpu_give_the_golden_lines(micro_mix, tmp_pat
     assert "error" not in micro, micro["error"]
     assert micro["result"] is None, (f"step {micro['result']['step']} "
                                      f"{micro['result']['component']} differs from the golden")
+
+
+def test_a_row_whose_copy_does_not_build_is_reported_not_run(tmp_path, monkeypatch):
+    # the avx2-build row's copy of the checkout built by an interpreter that fails: the row
+    # says so by name ("crashed", the build) instead of running a copy without its loops
+    spec = importlib.util.spec_from_file_location(
+        "portability_check", os.path.join(ROOT, "scripts", "portability_check.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script.sys, "executable", shutil.which("false") or "/bin/false")
+    got = script.run_row("avx2-build", None, str(tmp_path))
+    assert got["status"] == "crashed" and "building the row's copy" in got["detail"], got
