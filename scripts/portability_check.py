@@ -204,9 +204,11 @@ def copy_tree(py: str, dst: str, cflags: str = "") -> str:
             shutil.copytree(os.path.join(ROOT, extra), os.path.join(dst, extra),
                             dirs_exist_ok=True)
     # every time (up to date: a second): a copy whose build failed before is not run as is
-    subprocess.run([py, "setup.py", "-q", "build_ext", "--inplace"], cwd=dst, check=True,
-                   capture_output=True, env=dict(os.environ, CFLAGS=cflags) if cflags
-                   else None)
+    # (py made absolute: it runs from the copy, and an interpreter found through a relative
+    # PATH entry has a relative sys.executable)
+    subprocess.run([os.path.abspath(py), "setup.py", "-q", "build_ext", "--inplace"], cwd=dst,
+                   check=True, capture_output=True,
+                   env=dict(os.environ, CFLAGS=cflags) if cflags else None)
     return dst
 
 

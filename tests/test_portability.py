@@ -98,6 +98,9 @@ def test_the_loops_built_as_an_avx2_cpu_give_the_golden_lines(micro_mix, tmp_pat
     VNNI rows or the library's int8 GEMM still chosen) fails the machine record's checks."""
     if os.uname().machine != "x86_64":
         pytest.skip("the cap names x86-64 levels")
+    from open1b_kernels.int8.route import cpu_flags
+    if "avx2" not in cpu_flags():
+        pytest.skip("this CPU has no AVX2: the build's copies are above what it runs")
     spec = importlib.util.spec_from_file_location(
         "portability_check", os.path.join(ROOT, "scripts", "portability_check.py"))
     script = importlib.util.module_from_spec(spec)
