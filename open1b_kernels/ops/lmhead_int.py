@@ -148,18 +148,9 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
 def sparse_product(sa: LevelSlices, sb: LevelSlices, q: Product, rs: slice, cs: slice,
                    acc: torch.Tensor, made: dict) -> None:
     """``acc`` (int32 (rows, cols)) = (``q.add``: +=) a_i b_j^T of the rows ``rs`` and
-    columns ``cs`` for the one pair of ``q`` (``lmhead_sparse``: the zeros of its sparse side
-    skipped), each slice read in place from its store - as the product itself or, with b's
-    slice sparse, its transpose. The sparse side's nonzeros are gathered once per block of
-    it and kept in ``made`` (a row block of a meets every column block, and back)."""
-    a, b = sa[q.a[0] - 1][rs], sb[q.b[0] - 1][cs]
-    key = (q.sparse, q.a[0], rs.start) if q.sparse == "a" else (q.sparse, q.b[0], cs.start)
-    if key not in made:
-        made[key] = lmhead_sparse.sparse_rows(a if q.sparse == "a" else b)
-    if q.sparse == "a":
-        lmhead_sparse.sparse_mm(made[key], b.t(), acc, add=q.add)
-    else:
-        lmhead_sparse.sparse_mm(made[key], a.t(), acc.t(), add=q.add)
+    columns ``cs`` for the one pair of ``q``, the zeros of its sparse side skipped
+    (``lmhead_sparse.pair_mm``, its nonzeros kept in ``made``)."""
+    lmhead_sparse.pair_mm(sa, sb, q.a[0], q.b[0], rs, cs, q.sparse, made, acc, add=q.add)
 
 
 def _levels_round_compiled(accs: torch.Tensor, weights: list[float], rowf: torch.Tensor,

@@ -171,14 +171,7 @@ def _sparse_into(sa: LevelSlices, sb: LevelSlices, pairs: list[tuple[int, int, s
     for shift, group in by_shift.items():
         for g0 in range(0, len(group), per_buffer):
             for n, (i, j, side) in enumerate(group[g0:g0 + per_buffer]):
-                a, b = sa[i - 1][rs], sb[j - 1][cs]
-                key = (side, i, rs.start) if side == "a" else (side, j, cs.start)
-                if key not in made:
-                    made[key] = lmhead_sparse.sparse_rows(a if side == "a" else b)
-                if side == "a":
-                    lmhead_sparse.sparse_mm(made[key], b.t(), acc, add=n > 0)
-                else:
-                    lmhead_sparse.sparse_mm(made[key], a.t(), acc.t(), add=n > 0)
+                lmhead_sparse.pair_mm(sa, sb, i, j, rs, cs, side, made, acc, add=n > 0)
             t.add_(acc, alpha=1 << shift)
 
 

@@ -16,11 +16,15 @@ with AVX2 and no VNNI: the pair route's CPUs) sums a quad's products with ``vpma
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from open1b_kernels.core.mathc import Loops, flat
 from open1b_kernels.core.pieces import parallel
+
+if TYPE_CHECKING:     # annotations only: the slices' module does not need this one
+    from open1b_kernels.ops.lmhead_slices import LevelSlices
 
 LOOPS = Loops("open1b_kernels.ops._opsc")    # the sparse products: _lmhead_sparse.c
 
@@ -94,6 +98,24 @@ def sparse_mm(s: torch.Tensor | SparseRows, d: torch.Tensor, out: torch.Tensor,
                         pieces, int(add), LOOP_NAMES[loop])
 
     parallel(run, -(-n_d // WIDTH), grain=1)
+    return out
+
+
+def pair_mm(sa: LevelSlices, sb: LevelSlices, i: int, j: int, rs: slice, cs: slice, side: str, made: dict,
+            out: torch.Tensor, add: bool = False) -> torch.Tensor:
+    """``out`` (int32 (rows, cols)) = (``add``: +=) a_i b_j^T of the rows ``rs`` of the slices
+    ``sa`` and the columns ``cs`` of ``sb`` (``lmhead_slices.LevelSlices``), one LM-head slice
+    pair whose ``side`` ("a" or "b") is the sparse one, each slice read in place - as the
+    product itself or, with b's side sparse, its transpose. The sparse side's nonzeros are
+    made once per block of it and kept in ``made`` (a row block of a meets every column block,
+    and back: the integer and pair routes' caches, keyed (side, slice, first row))."""
+    a, b = sa[i - 1][rs], sb[j - 1][cs]
+    key = (side, i, rs.start) if side == "a" else (side, j, cs.start)
+    if key not in made:
+        made[key] = sparse_rows(a if side == "a" else b)
+    if side == "a":
+        return sparse_mm(made[key], b.t(), out, add=add)
+    sparse_mm(made[key], a.t(), out.t(), add=add)
     return out
 
 
