@@ -131,10 +131,10 @@ def resolve(cfg: TrainConfig, mix: str, run_dir: str, use_index: bool = True,
 # ----------------------------------------------------------------------------- state
 
 def genesis_line(run: Run, params: dict[str, torch.Tensor], opt: OptimState) -> dict[str, Any]:
-    layout = run.layout
+    """The log's line 0 for fresh ``params`` and ``opt`` (moments from ``new_moments``)."""
     rec = {"config_identity": run.cfg.identity_sha256(), "mix_fingerprint": run.plan.fingerprint,
            "seed": run.cfg.seed, "params": statehash.tensors_digest(params),
-           "optim": memplan.optim_digest(layout, opt)}
+           "optim": memplan.fresh_optim_digest(run.layout, opt)}
     return {"step": 0, "hash": statehash.genesis_hash(rec), "prev": None, "genesis": rec}
 
 
@@ -187,7 +187,7 @@ def initial_state(run: Run, genesis: dict[str, Any]) -> State:
                                          f"(another seed or init)")
     layout = run.layout
     opt = OptimState(*memplan.new_moments(run.memory, layout, run.device))
-    if memplan.optim_digest(layout, opt) != genesis.get("optim"):   # hashed, so compared
+    if memplan.fresh_optim_digest(layout, opt) != genesis.get("optim"):   # hashed, so compared
         raise StateMismatch(0, "optim", "the genesis's optimizer digest is not the digest of "
                                         "zero Adam moments and counters, the state every run "
                                         "starts from (the genesis was forged)")

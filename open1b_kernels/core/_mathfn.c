@@ -1,5 +1,5 @@
-/* open1b_kernels.core.mathfn's exp and log, compiled: one element at a time in a vectorized
- * loop, each element by _mathfn.h's exp1 / log1 - exactly mathfn's float32 operations in
+/* open1b_kernels.core.mathfn's exp, log and erfinv, compiled: one element at a time in a vectorized
+ * loop, each element by _mathfn.h's exp1 / log1 / erfinv1 - exactly mathfn's float32 operations in
  * its order (-ffp-contract=off, no -ffast-math: setup.py) - instead of torch's one full pass
  * per operation (~30 passes for exp). tests/kernels/test_mathc.py compares them
  * with the torch code on every class of input (normals, subnormals, zeros, infinities, NaN,
@@ -39,9 +39,12 @@
 
 UNARY(exp, exp1)
 UNARY(log, log1)
+UNARY(erfinv, erfinv1)
 
 EXT_METHODS(mathfn) = {
     {"exp", py_exp, METH_VARARGS, "exp(src, dst[, pieces]): mathfn.exp of float32 src into dst."},
     {"log", py_log, METH_VARARGS, "log(src, dst[, pieces]): mathfn.log of float32 src into dst."},
+    {"erfinv", py_erfinv, METH_VARARGS,
+     "erfinv(src, dst[, pieces]): mathfn.erfinv of float32 src into dst."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,4 +1,4 @@
-/* open1b_kernels/core/_mathfn.h: mathfn's exp and log as single float32 operations, and the
+/* open1b_kernels/core/_mathfn.h: mathfn's exp, log and erfinv as single float32 operations, and the
  * exact bf16 <-> float32 conversions (shared by every float loop of the compiled extensions).
  *
  * The torch code of open1b_kernels/core/mathfn.py is the definition; these evaluate exactly its
@@ -26,6 +26,17 @@ static const float L1 = 0.6666666865348816f, L2 = 0.4000000059604645f,
                    L3 = 0.2857142984867096f, L4 = 0.2222222238779068f,
                    L5 = 0.1818181872367859f;
 static const uint32_t NAN_BITS = 0x7FC00000u;
+/* Giles' single-precision erfinv (mathfn.EI_C, EI_T): the float32 values of its decimals */
+static const float EI_C[9] = {2.810226362726098e-08f, 3.432739390518691e-07f,
+                              -3.523387704262859e-06f, -4.391506536194356e-06f,
+                              0.00021858086984138936f, -0.001253725029528141f,
+                              -0.004177681636065245f, 0.24664072692394257f,
+                              1.5014094114303589f};
+static const float EI_T[9] = {-0.0002002142573473975f, 0.0001009505576803349f,
+                              0.0013493432197719812f, -0.003673428436741233f,
+                              0.005739507731050253f, -0.007622461300343275f,
+                              0.00943887047469616f, 1.0016740560531616f,
+                              2.832976818084717f};
 
 static inline float from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -81,6 +92,24 @@ static inline float log1(float x) {
     y = (x == 0.0f) ? -INFINITY : y;
     y = (x == INFINITY) ? INFINITY : y;
     return (x < 0.0f || x != x) ? from_bits(NAN_BITS) : y;
+}
+
+/* mathfn._erfinv: both branches evaluated, the sqrt correctly rounded as rounding.sqrt_rn
+ * computes it (the float64 root of the float32 value, rounded once: the same float32 as a
+ * correctly rounded float32 root, and the definition's operations). */
+static inline float erfinv1(float x) {
+    float w = -log1((1.0f - x) * (x + 1.0f));
+    float wc = w - 2.5f;
+    float p = EI_C[0];
+    for (int i = 1; i < 9; i++) p = p * wc + EI_C[i];
+    float wt = (float)sqrt((double)(w < 5.0f ? 5.0f : w)) - 3.0f;
+    float pt = EI_T[0];
+    for (int i = 1; i < 9; i++) pt = pt * wt + EI_T[i];
+    float y = (w < 5.0f ? p : pt) * x;
+    float ax = fabsf(x);
+    y = ax == 1.0f ? x * INFINITY : y;
+    y = ax > 1.0f ? from_bits(NAN_BITS) : y;
+    return (x != x) ? from_bits(NAN_BITS) : y;
 }
 
 /* bf16 bits -> float32: exact (the top half of the float32 bits). */

@@ -57,7 +57,7 @@ if HAVE_TRITON:
 
     from open1b_kernels.core.rounding import cast_tl, to_bf16_tl, widen_tl  # noqa: F401 (re-exported)
 
-LOOPS = mathc.Loops("open1b_kernels.core._corec")    # exp and log compiled: _mathfn.c
+LOOPS = mathc.Loops("open1b_kernels.core._corec")    # exp, log, erfinv compiled: _mathfn.c
 
 # --- constants: every value is exactly representable in float32 ------------------------
 RND = 12582912.0  # 1.5 * 2^23: (t + RND) - RND rounds t to the nearest integer, ties even
@@ -289,8 +289,10 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 
 
 def erfinv(x: torch.Tensor) -> torch.Tensor:
-    """Inverse error function, Giles' float32 approximation (same bits as ``erfinv_tl``)."""
-    return map_chunks(_erfinv, _f32(x))
+    """Inverse error function, Giles' float32 approximation (same bits as ``erfinv_tl``);
+    compiled as ``exp``."""
+    out = mathc.unary(LOOPS, "erfinv", _f32(x))
+    return out if out is not None else map_chunks(_erfinv, x)
 
 
 if HAVE_TRITON:

@@ -45,7 +45,7 @@ SQRT2 = 1.4142135381698608  # sqrt(2) rounded to float32
 TRUNC = 2.0  # truncation bound in standard deviations (Open-1B: +-2 sigma)
 BLOCK = 1024
 CPU_CHUNK = 1 << 22  # elements per chunk of the CPU truncated normal (16 MB of float32)
-LOOPS = Loops("open1b_kernels.ops._opsc")    # the word generator compiled: _philox.c
+LOOPS = Loops("open1b_kernels.ops._opsc")    # the words and the normal compiled: _philox.c
 
 
 def _check_ids(seed: int, stream: int, offset: int = 0) -> None:
@@ -223,6 +223,12 @@ def truncated_normal(seed: int, stream: int, shape, std: float = 0.02, offset: i
     out = torch.empty(shape, dtype=torch.float32, device=device)
     if not use_triton(out):
         flat = out.reshape(-1)
+        if LOOPS.available():           # the compiled loop (_philox.c): the same operations
+            o = flat.numpy()
+            parallel(lambda lo, hi, p: LOOPS.philox_truncnormal(seed, stream, offset, std32,
+                                                                o[lo:hi], lo, hi, p),
+                     flat.numel())
+            return out
         # element i depends on position offset + i alone, so chunks give the same bits and
         # keep erfinv's temporaries small (a whole embedding at once held ~9 GB)
         for i in range(0, flat.numel(), CPU_CHUNK):

@@ -249,6 +249,19 @@ def optim_digest(layout: Layout, opt) -> str:
                                      opt.adam_step, opt.skip_left)
 
 
+def fresh_optim_digest(layout: Layout, opt) -> str:
+    """``optim_digest`` of ``opt`` whose moments are fresh from ``new_moments`` (all zeros:
+    never trained), from the hash format instead of their bytes (``zero_root``): at
+    Open-1B's size the genesis's two 6.4 GB moments are not read back from the lean plan's
+    files and hashed. The counters are ``opt``'s own, hashed as they are."""
+    from open1b_kernels.hashing.sha256 import zero_root
+
+    zero = statehash.roots_digest({s.name: bytes.fromhex(zero_root(s.name, s.shape,
+                                                                    torch.float32))
+                                   for s in layout.slots})
+    return statehash.optim_digest_of(zero, zero, opt.adam_step, opt.skip_left)
+
+
 def moment_parts(layout: Layout, flat, name: str):
     """A parameter's moment as consecutive 1-D parts (a view, or chunks from disk)."""
     s = layout.by_name[name]

@@ -1,5 +1,5 @@
 """The compiled CPU loops' plumbing (open1b_kernels.core.mathc): one extension per folder, the
-switch that turns them all off, and mathfn's exp and log by their loops
+switch that turns them all off, and mathfn's exp, log and erfinv by their loops
 (open1b_kernels/core/_mathfn.c) - exactly mathfn's torch bits."""
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def _inputs() -> torch.Tensor:
 
 
 @needs_loops
-@pytest.mark.parametrize("name,ref", [("exp", mathfn._exp), ("log", mathfn._log)])
+@pytest.mark.parametrize("name,ref", [("exp", mathfn._exp), ("log", mathfn._log),
+                                      ("erfinv", mathfn._erfinv)])
 def test_compiled_loop_equals_the_torch_definition(name, ref):
     x = _inputs()
     want = mathfn.map_chunks(ref, x)
@@ -49,9 +50,11 @@ def test_disabled_by_environment(monkeypatch):
 
 # Each folder's extension and the loops of its ops (one C file beside each op).
 LOOPS = {
-    "open1b_kernels.core._corec": {"exp", "log", "tree_rows", "tree_blocks", "add_bf16"},
+    "open1b_kernels.core._corec": {"exp", "log", "erfinv", "tree_rows", "tree_blocks",
+                                   "add_bf16"},
     "open1b_kernels.ops._opsc": {"rms_fwd", "rms_bwd", "swiglu", "rope", "xent_lse",
-                                 "xent_grad", "adamw", "philox_words", "slice_planes",
+                                 "xent_grad", "adamw", "philox_words",
+                                 "philox_truncnormal", "slice_planes",
                                  "levels_round_weighted", "float_sum", "rows_add",
                                  "sparse_quads", "sparse_mm", "sparse_loop"},
     "open1b_kernels.int8._int8c": {"fwht_dim0", "rotq", "widen_t", "quant", "rot_steps",

@@ -124,11 +124,48 @@ def test_compiled_words_catch_a_changed_round(monkeypatch):
 
 
 def test_chunked_truncated_normal_is_the_whole_tensor_formula(monkeypatch):
-    # the CPU path draws in chunks of CPU_CHUNK; element i depends on position offset + i
-    # alone, so a chunk boundary mid-tensor (and mid-block) changes nothing
+    # the CPU path without the compiled loops draws in chunks of CPU_CHUNK; element i
+    # depends on position offset + i alone, so a chunk boundary mid-tensor (and mid-block)
+    # changes nothing
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
     monkeypatch.setattr(philox, "CPU_CHUNK", 1001)
     with force("cpu"):
         got = philox.truncated_normal(SEED, 9, (37, 129), std=0.02, offset=5)
     u = philox.uniform_from_words(philox.random_words_torch(SEED, 9, 5, 37 * 129))
     want = philox.truncnormal_from_uniform(u, float(torch.tensor(0.02, dtype=torch.float32)))
     assert torch.equal(got, want.reshape(37, 129))
+
+
+def _definition(seed, stream, offset, n, std=0.02):
+    u = philox.uniform_from_words(philox.random_words_torch(seed, stream, offset, n))
+    return philox.truncnormal_from_uniform(u, float(torch.tensor(std, dtype=torch.float32)))
+
+
+# The compiled truncated normal (open1b_kernels/ops/_philox.c: words, uniform, erfinv, clamp
+# and scale in one loop) against the torch definition, bit for bit: the edges of every id,
+# offsets mid-block, a count split across threads and across the loop's 2,048-word passes.
+@pytest.mark.parametrize("seed,stream,offset,n", [
+    (0, 0, 0, 1), (SEED, 3, 1, 7), (2**64 - 1, 2**32 - 1, 2**62 - 9, 9),
+    (SEED, 5, (1 << 33) + 2, 300_001), (0xFFFFFFFF, 1 << 31, 3, 1 << 19)])
+def test_compiled_truncated_normal_is_the_definition(seed, stream, offset, n):
+    if not philox.LOOPS.available():
+        pytest.skip("the C extension is not built")
+    with force("cpu"):
+        got = philox.truncated_normal(seed, stream, (n,), std=0.02, offset=offset)
+    want = _definition(seed, stream, offset, n)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    if n > 1000:                          # the draw reaches out to its +-2 sigma
+        assert 0.0399 < float(got.abs().max()) <= 0.04
+
+
+def test_compiled_truncated_normal_comparison_can_fail():
+    # a std one float32 ulp away changes the draw: the loop takes std as given, and the
+    # comparison above sees a difference of one ulp
+    if not philox.LOOPS.available():
+        pytest.skip("the C extension is not built")
+    std = float(torch.tensor(0.02, dtype=torch.float32))
+    nxt = float(torch.nextafter(torch.tensor(std), torch.tensor(1.0)))
+    with force("cpu"):
+        got = philox.truncated_normal(SEED, 3, (4096,), std=nxt)
+    assert not torch.equal(got, _definition(SEED, 3, 0, 4096))
+    assert torch.equal(got, _definition(SEED, 3, 0, 4096, std=nxt))

@@ -155,6 +155,33 @@ def test_cpu_path_is_hashlib_per_chunk_at_the_real_size():
     assert root == root_by_hand("w", t, sha256.CHUNK_BYTES)
 
 
+def test_cpu_threads_hash_the_same_chunks(monkeypatch):
+    # the CPU reference hashes runs of HASH_TASK_CHUNKS chunks on torch's threads: runs of 3
+    # over 25 chunks and a short tail (the last run short too) give the serial digests
+    t = torch.arange(100_003, dtype=torch.float32)
+    monkeypatch.setattr(sha256, "HASH_TASK_CHUNKS", 3)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        got = sha256.chunk_digests_cpu(t)
+    finally:
+        torch.set_num_threads(threads)
+    assert [bytes(r.tolist()) for r in got] == hashlib_chunks(data_bytes(t), sha256.CHUNK_BYTES)
+
+
+@pytest.mark.parametrize("shape,dtype", [((0,), torch.float32), ((3,), torch.float32),
+                                         ((4096,), torch.float32), ((4097, 3), torch.float32),
+                                         ((3, 5000), torch.bfloat16), ((7, 9), torch.bool)])
+def test_zero_root_is_the_root_of_zeros(shape, dtype):
+    # no chunk, one short chunk, whole chunks only, whole chunks and a short one
+    assert sha256.zero_root("opt.m", shape, dtype) == sha256.tensor_root(
+        "opt.m", torch.zeros(shape, dtype=dtype))
+    one = torch.zeros(shape, dtype=dtype).reshape(-1)
+    if one.numel():       # a single nonzero byte anywhere has another root
+        one[-1] = 1
+        assert sha256.zero_root("opt.m", shape, dtype) != sha256.tensor_root("opt.m", one.reshape(shape))
+
+
 def test_mapping_digest_is_order_independent_and_depends_on_names_and_bits():
     x = torch.zeros(4, dtype=torch.float32)
     with force("cpu"):

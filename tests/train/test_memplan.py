@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,6 +18,7 @@ from open1b_audit.replay import replay
 from open1b_audit.selftest import trajectory as tj
 from open1b_train import checkpoint, runlog
 from open1b_train.memory import memplan
+from open1b_train.memory import diskflat
 from open1b_train.memory.diskflat import DiskFlat, scratch_dir
 from open1b_train.errors import MemoryPlanError
 from open1b_train.train import train
@@ -109,6 +111,18 @@ def test_lean_files_are_confined_and_special_files_refused(tmp_path):
     os.symlink(str(tmp_path), str(other / "memplan"))   # the directory escapes the run
     with pytest.raises(MemoryPlanError, match="symlink"):
         scratch_dir(str(other))
+    # a range no write touched is the zeros the file was made with, whatever the file says:
+    # bytes planted there are not read (a range beside a write is read and its bytes kept)
+    big = DiskFlat(d, "v", 3 * diskflat.TOUCH)
+    with open(big.path, "r+b") as fh:
+        fh.seek(4 * (2 * diskflat.TOUCH + 7))
+        fh.write(np.float32(5.0).tobytes())
+    assert not bool(big.read(2 * diskflat.TOUCH, 3 * diskflat.TOUCH).any())
+    big.write(2 * diskflat.TOUCH, torch.ones(2))
+    got = big.read(2 * diskflat.TOUCH, 2 * diskflat.TOUCH + 8)
+    assert got.tolist() == [1.0, 1.0, 0, 0, 0, 0, 0, 5.0]
+    assert not bool(big.read(0, 2 * diskflat.TOUCH).any())
+    big.close()
 
 
 def test_auto_follows_free_memory(tmp_path):
@@ -169,6 +183,34 @@ def test_streamed_root_is_tensor_root():
     assert streamed_root("w", (3, 5000), torch.float32, parts) == tensor_root("w", t)
     with pytest.raises(ValueError):
         streamed_root("w", (3, 5000), torch.float32, [flat[:100], flat[100:]])
+
+
+@pytest.mark.parametrize("plan", ["resident", "lean"])
+def test_fresh_moments_digest_from_the_format_is_their_hashed_digest(tmp_path, micro_mix, plan):
+    # the genesis's optimizer digest is taken from the hash format (zeros), not read back from
+    # the moments: the same digest as hashing the fresh moments - in memory or the lean plan's
+    # files - and a genesis whose moments are not zeros is refused
+    from open1b_train import run as runmod
+    from open1b_train.optimstate import OptimState
+    from open1b_train.run import StateMismatch
+
+    cfg = tj.config("micro", 1)
+    r = runmod.resolve(cfg, micro_mix, str(tmp_path / "run"), memory_plan=plan)
+    opt = OptimState(*memplan.new_moments(r.memory, r.layout, r.device))
+    assert memplan.on_disk(opt.m) == (plan == "lean")
+    assert memplan.fresh_optim_digest(r.layout, opt) == memplan.optim_digest(r.layout, opt)
+    state, line = runmod.fresh_state(r)
+    assert line["genesis"]["optim"] == memplan.optim_digest(r.layout, state.opt)
+    assert runmod.initial_state(r, line["genesis"]).prev_hash == line["hash"]
+    # the forgery: a genesis claiming trained moments (its digest of nonzero moments)
+    if memplan.on_disk(opt.m):
+        opt.m.write(0, torch.full((4,), 1e-3))
+    else:
+        opt.m[:4] = 1e-3
+    forged = dict(line["genesis"], optim=memplan.optim_digest(r.layout, opt))
+    assert forged["optim"] != line["genesis"]["optim"]
+    with pytest.raises(StateMismatch, match="zero Adam moments"):
+        runmod.initial_state(r, forged)
 
 
 def test_xent_backward_by_row_blocks_is_the_whole():
