@@ -62,6 +62,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import hashlib
+import os
 import struct
 from collections.abc import Mapping
 
@@ -128,9 +129,19 @@ def _refuse_nan(name: str, t: torch.Tensor) -> None:
 HASH_TASK_CHUNKS = 256
 
 
-@functools.lru_cache(maxsize=1)
+_POOLS: dict[tuple[int, int], concurrent.futures.ThreadPoolExecutor] = {}
+
+
 def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="open1b-sha256")
+    """This process's pool of ``workers`` threads. Keyed by the pid too: a forked child
+    (the ingest pool forks on Linux) inherits the parent's pool without its threads, and
+    work sent there would never run."""
+    key = (os.getpid(), workers)
+    if key not in _POOLS:
+        _POOLS.clear()
+        _POOLS[key] = concurrent.futures.ThreadPoolExecutor(workers,
+                                                            thread_name_prefix="open1b-sha256")
+    return _POOLS[key]
 
 
 def _digests_of(data: memoryview, lo: int, hi: int, chunk_bytes: int) -> bytes:

@@ -6,7 +6,9 @@ chunks of 64 or 128 bytes (at most two blocks per chunk) and small tensors.
 """
 import hashlib
 import json
+import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -230,3 +232,34 @@ def test_gpu_checks_run_and_their_baseline_hash_what_they_claim():
         assert bytes(root.tolist()).hex() == root_by_hand("params", t, sha256.CHUNK_BYTES)
         assert bytes(whole.tolist()) == hashlib.sha256(data_bytes(t)).digest()
     assert [c.name for c in sha256.GPU_CHECKS] == ["sha256.chunks", "sha256.chunks_unaligned"]
+
+
+def test_cpu_threads_pool_runs_in_a_forked_child():
+    # a child forked after the parent hashed on its threads gets a pool of its own (the
+    # inherited one has no threads: work sent there would never run). The child runs only
+    # the pool and hashlib (torch's OpenMP is not fork-safe, pool or not)
+    t = torch.arange(2 * sha256.HASH_TASK_CHUNKS * sha256.CHUNK_BYTES // 4, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        sha256.chunk_digests_cpu(t)            # two runs of chunks: the parent's pool exists
+        assert len(sha256._POOLS) == 1
+    finally:
+        torch.set_num_threads(threads)
+    data = memoryview(bytes(range(256)) * 1024)
+    want = hashlib_chunks(bytes(data), 4096)
+    pid = os.fork()
+    if pid == 0:                               # exit 0 only with the digests, soon
+        got = list(sha256._pool(2).map(lambda lo: sha256._digests_of(data, lo, lo + 8192, 4096),
+                                       range(0, len(data), 8192)))
+        os._exit(0 if b"".join(got) == b"".join(want) else 1)
+    for _ in range(200):                       # up to 20 s
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the forked child's pool never ran its work")
+    assert os.waitstatus_to_exitcode(status) == 0
