@@ -72,6 +72,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="model.n_layers (default 24)")
     ap.add_argument("--out", default=None, help="append the markdown report here")
     a = ap.parse_args()
+    if a.layers is not None and a.layers < 1:
+        ap.error(f"--layers {a.layers}: a model needs at least 1 layer (Open-1B has 24)")
 
     from benchmarks.machine import report_end, report_head
     from open1b_kernels.core.backend import force
@@ -85,7 +87,7 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     lines = report_head("python -m benchmarks.train.genesis")
     cfg = open1b().model
-    if a.layers:
+    if a.layers is not None:
         cfg = dataclasses.replace(cfg, n_layers=a.layers)
     seed = 1
     n = count(cfg)["total"]
