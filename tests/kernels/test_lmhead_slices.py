@@ -140,3 +140,43 @@ def test_compiled_slicer_writes_into_a_given_buffer():
     assert torch.equal(got[0], slice_rows(x.t(), 3)[0])
     with pytest.raises(ValueError, match="out must be contiguous int8 with 8400 elements"):
         slice_rows(x, 3, torch.empty(100, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("descending", [None, False, True])
+def test_blocks_of_a_wider_matrix_are_sliced_in_place(dtype, descending, monkeypatch):
+    # a column block of a row-major matrix (rows ld apart) and the transpose of one (the
+    # lean head's weight gradient: a column block of dlogits, transposed): read in place,
+    # no copy, the same slices and exponents as the block's contiguous copy and as the
+    # torch slicer of the view
+    from open1b_kernels.ops import lmhead
+
+    g = torch.Generator().manual_seed(8)
+    wide = (torch.randn(37, 300, generator=g)
+            * torch.exp(torch.randn(37, 300, generator=g) * 3)).to(dtype)
+    wide[2, 100:170] = 0.0
+    block = wide[:, 100:170]                             # (37, 70), rows 300 apart
+    copies = []
+    real = torch.Tensor.contiguous
+    monkeypatch.setattr(torch.Tensor, "contiguous",
+                        lambda t, *a, **k: copies.append(t.shape) or real(t, *a, **k))
+    for x in (block, block.t()):
+        copies.clear()
+        if descending is None:
+            got = slice_rows(x, 3)
+            assert not copies, copies
+            want = slice_rows(real(x), 3)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        else:
+            ls = LevelSlices.make(x, 3, f"test.block.{descending}", descending)
+            assert not copies, copies
+            ref, ref_e = lmhead.slice_rows_cpu(real(x), 3)
+            assert torch.equal(ls.exps, ref_e)
+            for i in range(3):
+                assert torch.equal(ls[i], ref[i]), i
+    monkeypatch.setattr(torch.Tensor, "contiguous", real)
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    want_t = lmhead.slice_rows_cpu(block.t(), 3)
+    monkeypatch.setenv("OPEN1B_MATHC", "1")
+    got_t = slice_rows(block.t(), 3)
+    assert torch.equal(got_t[0], want_t[0]) and torch.equal(got_t[1], want_t[1])
