@@ -81,6 +81,16 @@ def flat(x: torch.Tensor):
     return x.reshape(-1).numpy()
 
 
+def span(x: torch.Tensor) -> torch.Tensor:
+    """A 1-D view of a 2-D CPU tensor's storage (non-negative strides) from its first element
+    to its last: what a loop indexes with the strides it is given - a block of a wider matrix
+    or a transposed view read in place, never copied."""
+    if not x.numel():
+        return torch.empty(0, dtype=x.dtype)
+    n = (x.shape[0] - 1) * x.stride(0) + (x.shape[1] - 1) * x.stride(1) + 1
+    return torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), x.storage_offset(), (n,), (1,))
+
+
 def none(dtype: torch.dtype = torch.float32):
     """An empty array: the loops' "not given" for an optional buffer."""
     return torch.empty(0, dtype=dtype).numpy()

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from open1b_kernels.core.mathc import Loops
+from open1b_kernels.core.mathc import Loops, span
 from open1b_kernels.core.pieces import parallel
 from open1b_kernels.core.workspace import scratch
 from open1b_kernels.int8.checksum import _mv, col_sums
@@ -88,8 +88,9 @@ def _slice(x: torch.Tensor, slices: int, out: torch.Tensor, descending: bool | N
     # read in place where the rows (or, by_cols, the columns) are contiguous, at any distance
     # apart: a block of columns of a wider matrix - the lean head's weight gradient slices
     # column blocks of dlogits, whose copies took 3.75 s of a 2-layer replay's 63 s step
-    by_cols = x.dim() == 2 and not _rows_in_place(x) and _rows_in_place(x.t())
-    src = x.t() if by_cols else (x if _rows_in_place(x) else x.contiguous())
+    rows = _rows_in_place(x)
+    by_cols = x.dim() == 2 and not rows and _rows_in_place(x.t())
+    src = x.t() if by_cols else (x if rows else x.contiguous())
     r, k = src.shape
     if out.dtype != torch.int8 or not out.is_contiguous() or out.numel() != slices * r * k:
         raise ValueError(f"the slicer's out must be contiguous int8 with {slices * r * k} "
@@ -99,10 +100,7 @@ def _slice(x: torch.Tensor, slices: int, out: torch.Tensor, descending: bool | N
     exps = torch.empty((n,), dtype=torch.int32)
     interleave = descending is not None and not by_cols
     layout = (1 if interleave else 0) | (2 if descending else 0)
-    span = (r - 1) * ld + k if r and k else 0
-    flat_src = torch.empty(0, dtype=src.dtype).set_(src.untyped_storage(), src.storage_offset(),
-                                                    (span,), (1,))
-    bits = flat_src.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
+    bits = span(src).view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
     a, o, e = bits.numpy(), out.reshape(-1).numpy(), exps.numpy()
     parallel(lambda lo, hi, p: LOOPS.slice_planes(a, x.dtype == torch.bfloat16, r, k, slices,
                                                   by_cols, o, e, lo, hi, p, layout, ld),

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from open1b_kernels.core.mathc import Loops, flat
+from open1b_kernels.core.mathc import Loops, flat, span
 from open1b_kernels.core.pieces import parallel
 
 if TYPE_CHECKING:     # annotations only: the slices' module does not need this one
@@ -66,7 +66,7 @@ def sparse_rows(s: torch.Tensor) -> SparseRows:
         raise ValueError(f"sparse_mm needs int8 s (n_s, K) with a unit stride on one side, "
                          f"1 <= K <= {MAX_K}; got s {s.dtype} {tuple(s.shape)} {s.stride()}")
     pieces = max(1, min(torch.get_num_threads(), n_s // 64))
-    return SparseRows(LOOPS.sparse_quads(flat(_span(s)), n_s, k, *s.stride(), pieces), n_s, k)
+    return SparseRows(LOOPS.sparse_quads(flat(span(s)), n_s, k, *s.stride(), pieces), n_s, k)
 
 
 def sparse_mm(s: torch.Tensor | SparseRows, d: torch.Tensor, out: torch.Tensor,
@@ -91,7 +91,7 @@ def sparse_mm(s: torch.Tensor | SparseRows, d: torch.Tensor, out: torch.Tensor,
                          f"{out.stride()}")
     if not (n_s and n_d):
         return out
-    dn, on = flat(_span(d)), flat(_span(out))
+    dn, on = flat(span(d)), flat(span(out))
 
     def run(lo: int, hi: int, pieces: int) -> None:
         LOOPS.sparse_mm(rows.quads, n_s, k, dn, n_d, *d.stride(), on, *out.stride(), lo, hi,
@@ -119,11 +119,3 @@ def pair_mm(sa: LevelSlices, sb: LevelSlices, i: int, j: int, rs: slice, cs: sli
     return out
 
 
-def _span(x: torch.Tensor) -> torch.Tensor:
-    """A 1-D view of ``x``'s storage from its first element to its last (``x`` 2-D with
-    non-negative strides): what the loop indexes with the strides it is given."""
-    if not x.numel():
-        return torch.empty(0, dtype=x.dtype)
-    span = (x.shape[0] - 1) * x.stride(0) + (x.shape[1] - 1) * x.stride(1) + 1
-    return torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), x.storage_offset(), (span,),
-                                              (1,))
