@@ -289,8 +289,7 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 
 
 def erfinv(x: torch.Tensor) -> torch.Tensor:
-    """Inverse error function, Giles' float32 approximation (same bits as ``erfinv_tl``);
-    compiled as ``exp``."""
+    """Giles' float32 inverse error function (same bits as ``erfinv_tl``); compiled as ``exp``."""
     out = mathc.unary(LOOPS, "erfinv", _f32(x))
     return out if out is not None else map_chunks(_erfinv, x)
 

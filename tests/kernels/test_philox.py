@@ -100,12 +100,16 @@ def test_golden_init_digest():
     assert hashing.digest({"w": w}) == golden["philox_truncated_normal_seed42_stream7_2x3000"]
 
 
-# The compiled word loop (open1b_kernels/ops/_philox.c) against the torch definition: the edges of
-# every id (largest seed, stream and offset), offsets not aligned to a 4-word block, and a
-# count split across threads (each thread starts mid-block).
-@pytest.mark.parametrize("seed,stream,offset,n", [
+# The compiled loops (open1b_kernels/ops/_philox.c) against the torch definition at these ids:
+# the edges of every id (largest seed, stream and offset), offsets not aligned to a 4-word
+# block, and a count split across threads (each thread starts mid-block) and across the
+# truncated normal's 2,048-word passes.
+EDGE_IDS = [
     (0, 0, 0, 1), (SEED, 3, 1, 7), (2**64 - 1, 2**32 - 1, 2**62 - 9, 9),
-    (SEED, 5, (1 << 33) + 2, 300_001), (0xFFFFFFFF, 1 << 31, 3, 1 << 19)])
+    (SEED, 5, (1 << 33) + 2, 300_001), (0xFFFFFFFF, 1 << 31, 3, 1 << 19)]
+
+
+@pytest.mark.parametrize("seed,stream,offset,n", EDGE_IDS)
 def test_compiled_words_equal_the_definition(seed, stream, offset, n):
     if not philox.LOOPS.available():
         pytest.skip("the C extension is not built")
@@ -141,12 +145,9 @@ def _definition(seed, stream, offset, n, std=0.02):
     return philox.truncnormal_from_uniform(u, float(torch.tensor(std, dtype=torch.float32)))
 
 
-# The compiled truncated normal (open1b_kernels/ops/_philox.c: words, uniform, erfinv, clamp
-# and scale in one loop) against the torch definition, bit for bit: the edges of every id,
-# offsets mid-block, a count split across threads and across the loop's 2,048-word passes.
-@pytest.mark.parametrize("seed,stream,offset,n", [
-    (0, 0, 0, 1), (SEED, 3, 1, 7), (2**64 - 1, 2**32 - 1, 2**62 - 9, 9),
-    (SEED, 5, (1 << 33) + 2, 300_001), (0xFFFFFFFF, 1 << 31, 3, 1 << 19)])
+# The compiled truncated normal (words, uniform, erfinv, clamp and scale in one loop), bit
+# for bit, at the same ids.
+@pytest.mark.parametrize("seed,stream,offset,n", EDGE_IDS)
 def test_compiled_truncated_normal_is_the_definition(seed, stream, offset, n):
     if not philox.LOOPS.available():
         pytest.skip("the C extension is not built")
