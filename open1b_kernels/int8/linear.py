@@ -64,6 +64,7 @@ from open1b_kernels.int8.weightcodes import weight_codes_triton
 from open1b_kernels.int8.quantize import (BLOCK_K, BLOCK_R, FLT_MIN, HADAMARD_BLOCK, INV_127,  # noqa: F401
                               Q_MAX, RND, ROT_ROWS, SLAB, codes_, quantize, quantize_cpu,
                               rotate_quantize, rotate_quantize_cols_cpu,
+                              rotate_quantize_rows_cpu,
                               rotate_quantize_dim0_cpu, row_absmax_step,
                               row_absmax_step_cpu, safe_step, ste, ste_cpu)
 from open1b_kernels.core.reduce import tree_sum, tree_sum_cpu
@@ -201,13 +202,11 @@ def linear_int8_backward_cpu(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     q_x, q_w, sw, outside = codes
     dy = dy.to(torch.bfloat16).contiguous()
     # dX_hat = G @ w_hat, contraction over N: rotate w_hat^T's rows = w_hat's columns,
-    # w_hat = rn(q_w * sw[n]); and G's rows, seen from G^T (N, M)
+    # w_hat = rn(q_w * sw[n]); and G's rows, each in one pass through cache, their codes
+    # row-major - the layout every route's GEMM takes as it is
     qb, sb = rotate_quantize_cols_cpu(q_w, "linear.codes_w", row_scale=sw)       # (Np, K)
-    # (the tile route transposes qa^T's bytes into its tiles: measured faster than writing
-    # the codes transposed, ``transposed=True``, 61 ms against 55 ms more for the codes at
-    # the gate_up's 4,096 x 11,264)
-    qa, sa = rotate_quantize_cols_cpu(dy.t(), "linear.codes_g")                   # (Np, M)
-    dx_hat = exact_dequant_cpu(qa.t(), qb.t(), sa, sb, torch.float32)
+    qa, sa = rotate_quantize_rows_cpu(dy, "linear.codes_g")                       # (M, Np)
+    dx_hat = exact_dequant_cpu(qa, qb.t(), sa, sb, torch.float32)
     # dW = G^T @ x_hat = s_x * (G^T @ q_x): contraction over M; G^T's codes in (N, Mp)
     qa2, sa2 = rotate_quantize_cols_cpu(dy, "linear.codes_g", transposed=True)
     qb2, sb2 = rotate_quantize_cols_cpu(q_x, "linear.codes_x")                    # (Mp, K)

@@ -209,6 +209,31 @@ def rotate_quantize_cols_cpu(s: torch.Tensor, name: str, row_scale: torch.Tensor
     return (codes.t().contiguous() if transposed else codes), step
 
 
+def rotate_quantize_rows_cpu(x: torch.Tensor, name: str):
+    """``rotate_quantize(x)`` of a bf16 (R, K) matrix in its own layout: (codes (R, Kp)
+    int8 row-major, scratch ``name``; steps (R,)) - the bits of ``rotate_quantize``.
+
+    The linear's dX product rotates its gradient's rows; ``rotate_quantize_cols_cpu`` of
+    the transposed view reaches them through a float32 transposed copy of the whole
+    gradient and two more sweeps over it. With the compiled loop (``rotq_rows`` in
+    _quantize.c) each row goes once through cache instead: widened, rotated block by
+    block, scaled, its extremes, its step and its codes. Else, or for another source, the
+    columns' path in this layout."""
+    r, k = x.shape
+    kp = padded_width(k, HADAMARD_BLOCK)
+    if not (LOOPS.available() and x.dtype == torch.bfloat16 and x.is_contiguous()
+            and HADAMARD_BLOCK == 256 and r and k):
+        return rotate_quantize_cols_cpu(x.t(), name, transposed=True)
+    codes = scratch(name, (r, kp), torch.int8)
+    step = torch.empty((r,), dtype=torch.float32)
+    src, out, st = flat(x.view(torch.int16)), flat(codes), flat(step)
+    log = HADAMARD_BLOCK.bit_length() - 1
+    parallel(lambda lo, hi, p: LOOPS.rotq_rows(src, r, k, kp, 2.0 ** -(log // 2), INV_127, out,
+                                               st, lo, hi, p),
+             r, grain=max(1, PARALLEL_MIN // kp))
+    return codes, step
+
+
 def _quantize_compiled(x: torch.Tensor, div: torch.Tensor) -> torch.Tensor | None:
     """``quantize_cpu``'s int8 codes of a 2-D bf16 or float32 CPU tensor for the safe step
     ``div`` ((R,) per row or (1,)) by the compiled loop - the same division, clamp and

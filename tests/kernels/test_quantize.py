@@ -7,7 +7,7 @@ import torch
 
 from open1b_kernels.core import backend, mathc
 from open1b_kernels.int8 import hadamard, linear as linear_int8, quantize
-from tests.kernels.support import bits, needs_interpreter
+from tests.kernels.support import bits, needs_interpreter, same_bits
 from tests.kernels.support import needs_loops
 
 
@@ -130,6 +130,81 @@ def test_rotate_quantize_cols_gives_the_definitions_bits(compiled, monkeypatch, 
             q, st = quantize.rotate_quantize_cols_cpu(s, "test.rq", row_scale, transposed)
             assert torch.equal(q if transposed else q.t(), want_q)
             assert torch.equal(bits(st), bits(want_s))
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_rotate_quantize_rows_gives_the_definitions_bits(compiled, monkeypatch, copies):
+    """The dX product's rotation of its gradient's rows, one row at a time through cache
+    (``rotate_quantize_rows_cpu``), against ``rotate_quantize`` of the same matrix - codes
+    row-major, steps bit for bit - by every compiled copy and by the columns' path it falls
+    back to (OPEN1B_MATHC=0): widths that are not a multiple of a vector or of the Hadamard
+    block (the zero padding inside a block's last vector), a zero row (step 0), a
+    subnormal row (the clamp), a NaN (a NaN step), infinities, -0."""
+    if not compiled:
+        monkeypatch.setenv("OPEN1B_MATHC", "0")
+    g = torch.Generator().manual_seed(34)
+    for rows, width in ((9, 70), (33, 256), (17, 600), (4, 2048)):
+        x = (torch.randn(rows, width, generator=g) * 3).to(torch.bfloat16)
+        x[1] = 0.0
+        x[2] = (torch.randn(width, generator=g) * 1e-39).to(torch.bfloat16)
+        x[3, 0] = -0.0
+        if rows > 4:
+            x[4, width // 2] = float("nan")
+            x[5, 1] = float("inf")
+            x[6, width - 1] = -float("inf")
+        want_q, want_s = quantize.rotate_quantize(x.float())
+        q, st = quantize.rotate_quantize_rows_cpu(x, "test.rq_rows")
+        assert q.shape == want_q.shape and q.is_contiguous()
+        finite = want_s.isfinite()                  # a non-finite row's codes are unspecified
+        assert torch.equal(q[finite], want_q[finite]), (rows, width)
+        assert same_bits(st, want_s), (rows, width)     # NaN payloads aside
+
+
+@needs_loops
+def test_rotate_quantize_rows_loop_refuses_inconsistent_buffers():
+    """The compiled row loop checks its buffers against the shapes before touching them."""
+    x = torch.zeros((4, 300), dtype=torch.bfloat16).view(torch.int16)
+    out, step = torch.empty((4, 512), dtype=torch.int8), torch.empty(4)
+    f = mathc.flat
+    good = (f(x), 4, 300, 512, 0.0625, quantize.INV_127, f(out), f(step), 0, 4)
+    quantize.LOOPS.rotq_rows(*good)
+    for i, bad in ((3, 500), (2, 600), (9, 5), (1, 5)):     # C, P, r1, R
+        args = list(good)
+        args[i] = bad
+        with pytest.raises(ValueError, match="rotq_rows"):
+            quantize.LOOPS.rotq_rows(*args)
+
+
+def _rows_rotated(x: torch.Tensor, stages, scale: float):
+    """rotate_quantize of bf16 rows written out in torch: the butterflies of each 256-block
+    in the stage order ``stages``, times ``scale``, the absmax step, the codes."""
+    r, k = x.shape
+    y = x.float().reshape(r, k // 256, 256)
+    for h in stages:
+        y = y.reshape(r, k // 256, 256 // (2 * h), 2, h)
+        a, b = y[..., 0, :], y[..., 1, :]
+        y = torch.stack((a + b, a - b), dim=-2)
+    y = y.reshape(r, k) * scale
+    step = torch.maximum(y.amax(1), -y.amin(1)).abs() * quantize.INV_127
+    return quantize.quantize_cpu(y, step), step
+
+
+def test_rotate_quantize_rows_is_the_stage_order_and_the_scale():
+    """What the row path's equality with the definition rules out, as forgeries of it: the
+    same butterflies in the reverse stage order (h = 128 down to 1), or the scale one ulp
+    off. Written out in torch with the right order and scale the row path's codes and steps
+    come out bit for bit (the control); either forgery gives other steps on a gradient whose
+    rows span many binades (rounding then depends on the order)."""
+    g = torch.Generator().manual_seed(35)
+    mag = 2.0 ** torch.randint(-20, 20, (64, 1024), generator=g).float()
+    x = (torch.randn(64, 1024, generator=g) * mag).to(torch.bfloat16)
+    q, st = quantize.rotate_quantize_rows_cpu(x, "test.rq_rows")
+    up = [1, 2, 4, 8, 16, 32, 64, 128]
+    q_ok, st_ok = _rows_rotated(x, up, 0.0625)
+    assert torch.equal(q, q_ok) and torch.equal(bits(st), bits(st_ok))
+    nudged = float(torch.nextafter(torch.tensor(0.0625), torch.tensor(1.0)))
+    for forged in (_rows_rotated(x, up[::-1], 0.0625), _rows_rotated(x, up, nudged)):
+        assert not torch.equal(bits(st), bits(forged[1]))
 
 
 def test_linear_int8_keeps_exporting_the_quantizers():
