@@ -10,7 +10,8 @@ The linear (``open1b_kernels.int8.linear``'s CPU path, the calls of
 quantizations, the dX and dW GEMMs with their dequantization and checks, the STE and the
 LSQ tree, and the whole backward; beside them the bare ``torch._int_mm`` of the dX product
 with the rotated gradient's codes row-major (as the row rotation lays them out) and as the
-transposed view of (Np, M). Side by side with today's dX rotation (the gradient's rows, one
+transposed view of (Np, M), and the dW rotation with its codes written untransposed (the
+cost of their transposed store). Side by side with today's dX rotation (the gradient's rows, one
 pass each through cache: ``rotate_quantize_rows_cpu``) the way before it (the columns of
 dy^T through a float32 transposed copy: ``rotate_quantize_cols_cpu``), alone and inside the
 whole backward ("before": the backward with the old rotation put back), with the ratio.
@@ -85,6 +86,7 @@ def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:
         "rotate dy (for dX), columns (before)": lambda: _columns_rotation(dy,
                                                                           "stages.codes_g_cols"),
         "rotate dy (for dW)": lambda: rq(dy, "stages.codes_g2", transposed=True),
+        "rotate dy (for dW), codes untransposed": lambda: rq(dy, "stages.codes_g3"),
         "rotate q_x": lambda: rq(q_x, "linear.codes_x"),
         "dX GEMM + dequant + check": lambda: lin.exact_dequant_cpu(qa, qb.t(), sa, sb,
                                                                    torch.float32),
@@ -150,7 +152,7 @@ def main(tokens, repeats, only, out):
               "| shape | stage | ms (median) |", "|---|---|---|"]
     for k, n in LINEARS.values() if only != "head" else ():
         lines += _linear_rows(tokens, k, n, repeats)
-        print("\n".join(lines[-14:]), flush=True)
+        print("\n".join(lines[-15:]), flush=True)
     if only != "linear":
         lines += _head_rows(tokens, repeats)
     report_end(lines, out)

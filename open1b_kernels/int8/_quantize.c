@@ -367,6 +367,27 @@ static PyObject *py_widen_t(PyObject *self, PyObject *args) {
     return FINISH(ok, "widen_t: inconsistent shapes or row range", &src, &y);
 }
 
+/* A 16 x 16 block of bytes transposed: dst[j * ds + i] = src[i * ss + j]. Four rounds of
+ * interleaving row i with row i + 8 (bytes, then pairs, quads, eights: each round doubles
+ * the runs that are already in place) - 64 byte shuffles where the scalar copy moved 256
+ * bytes one at a time with a 64-byte stride. Only moves bytes. */
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+static inline __attribute__((always_inline)) void transpose16(const int8_t *src, Py_ssize_t ss,
+                                                              int8_t *dst, Py_ssize_t ds) {
+    const v16u8 lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+    const v16u8 hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    v16u8 r[16], t[16];
+    for (int i = 0; i < 16; i++) memcpy(&r[i], src + i * ss, 16);
+    for (int round = 0; round < 4; round++) {
+        for (int i = 0; i < 8; i++) {
+            t[2 * i] = __builtin_shuffle(r[i], r[i + 8], lo);
+            t[2 * i + 1] = __builtin_shuffle(r[i], r[i + 8], hi);
+        }
+        memcpy(r, t, sizeof r);
+    }
+    for (int j = 0; j < 16; j++) memcpy(dst + j * ds, &r[j], 16);
+}
+
 /* The codes of rotate_quantize_cols_cpu: rows [r0, r1) of float32 y (R, C), v = y / div[j]
  * (IEEE division), clamped to [-127, 127] when `clamp`, rounded half to even, as int8 into
  * out (R, C), or into out (C, R) when `transposed`. */
@@ -393,6 +414,12 @@ CLONES static void codes_loop(const float *y, const float *div, int clamp, int8_
                     if (clamp) v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
                     blk[(i - ib) * 64 + (j - jb)] = (int8_t)(int32_t)rintf(v);
                 }
+            if (ie - ib == 64 && je - jb == 64) {
+                for (int bi = 0; bi < 64; bi += 16)
+                    for (int bj = 0; bj < 64; bj += 16)
+                        transpose16(blk + bi * 64 + bj, 64, out + (jb + bj) * R + ib + bi, R);
+                continue;
+            }
             for (Py_ssize_t j = jb; j < je; j++)
                 for (Py_ssize_t i = ib; i < ie; i++) out[j * R + i] = blk[(i - ib) * 64 + (j - jb)];
         }
