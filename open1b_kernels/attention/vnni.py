@@ -74,11 +74,13 @@ class Rows:
         pieces.parallel(lambda lo, hi, p: _tilesc.vnni_rows(
             src, *bufs, self.planes, s, rows, d, b_side, lo, hi, p), self.planes, grain=1)
         self.share = int(self.spn.sum()) / max(1, self.sp.numel())
+        own = (self.dig, self.tr, self.sp, self.spn, self.exps)
+        # the loop's arguments, made once: a layer's backward calls it 512 times
+        self._args = tuple(_np(t) for t in (*own, self.corr) if b_side or t is not self.corr)
 
     def args(self) -> tuple:
         """The loop's arguments for this side: the right one adds its column sums."""
-        own = (self.dig, self.tr, self.sp, self.spn, self.exps)
-        return tuple(_np(t) for t in (*own, self.corr) if self.b_side or t is not self.corr)
+        return self._args
 
 
 def sparse_enough(*operands: Rows) -> bool:

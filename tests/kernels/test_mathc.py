@@ -57,7 +57,7 @@ LOOPS = {
                                  "philox_truncnormal", "slice_planes",
                                  "levels_round_weighted", "float_sum", "rows_add",
                                  "sparse_quads", "sparse_mm", "sparse_loop"},
-    "open1b_kernels.int8._int8c": {"fwht_dim0", "rotq", "widen_t", "quant", "rot_steps",
+    "open1b_kernels.int8._int8c": {"fwht_dim0", "rotq", "rotq_rows", "widen_t", "quant", "rot_steps",
                                    "codes", "ste", "v4", "v3", "dequant", "bf16_rne",
                                    "int_sums", "mv_int8", "widen_sq", "pack", "product",
                                    "product64", "round", "pair_cpu",
