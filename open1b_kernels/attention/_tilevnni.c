@@ -48,11 +48,15 @@
 
 /* Planes [u0, u1) of bf16 x (P, S, D) as one side's operand (b_side 0: A, 1: B), padded to
  * S_pad rows. */
-static void vnni_rows(const uint16_t *x, int8_t *dig, int32_t *tr, int32_t *sp, int32_t *spn,
-                      int32_t *exps, double *corr, Py_ssize_t S, Py_ssize_t S_pad, Py_ssize_t D,
-                      int b_side, Py_ssize_t u0, Py_ssize_t u1) {
+CLONES static void vnni_rows(const uint16_t *x, int8_t *dig, int32_t *tr, int32_t *sp,
+                             int32_t *spn, int32_t *exps, double *corr, Py_ssize_t S,
+                             Py_ssize_t S_pad, Py_ssize_t D, int b_side, Py_ssize_t u0,
+                             Py_ssize_t u1) {
     Py_ssize_t nblk = S_pad / BLK, per = BLK * D, quads = D / 4;
-    int32_t n[256];
+    /* one row at a time in straight passes (the exponent, N, its digits and their sums, the
+     * stores, L's nonzeros) that the compiler vectorizes, where one pass doing all of it per
+     * element ran scalar */
+    int32_t n[256], hi[256], mid[256];
     for (Py_ssize_t p = u0; p < u1; p++)
         for (Py_ssize_t b = 0; b < nblk; b++) {
             Py_ssize_t blk = p * nblk + b;
@@ -73,20 +77,40 @@ static void vnni_rows(const uint16_t *x, int8_t *dig, int32_t *tr, int32_t *sp, 
                 }
                 exps[p * S_pad + r] = E;
                 for (Py_ssize_t k = 0; k < D; k++) {
-                    int32_t v = n[k], hi = v >> 14, mid = (v >> 7) & 0x7F;
-                    if (b_side) {
-                        Py_ssize_t at = (i / 16) * quads * 64 + (k / 4) * 64 + (i % 16) * 4 + k % 4;
-                        d0[at] = (int8_t)hi;
-                        d1[at] = (int8_t)mid;
-                        t[k * BLK + i] = v;
-                    } else {
-                        d0[i * D + k] = (int8_t)(uint8_t)(hi + 128);
-                        d1[i * D + k] = (int8_t)mid;
-                        t[k * BLK + i] = v >> 7;
+                    hi[k] = n[k] >> 14;
+                    mid[k] = (n[k] >> 7) & 0x7F;
+                }
+                for (Py_ssize_t k = 0; k < D; k++) {
+                    s0 += hi[k];
+                    s1 += mid[k];
+                }
+                if (b_side) {
+                    int8_t *q0 = d0 + (i / 16) * quads * 64 + (i % 16) * 4;
+                    int8_t *q1 = d1 + (i / 16) * quads * 64 + (i % 16) * 4;
+                    for (Py_ssize_t q = 0; q < quads; q++) {     /* a quad's 4 bytes at once */
+                        uint32_t w0 = 0, w1 = 0;
+                        for (int j = 0; j < 4; j++) {
+                            w0 |= (uint32_t)(uint8_t)hi[4 * q + j] << (8 * j);
+                            w1 |= (uint32_t)(uint8_t)mid[4 * q + j] << (8 * j);
+                        }
+                        memcpy(q0 + q * 64, &w0, 4);
+                        memcpy(q1 + q * 64, &w1, 4);
                     }
-                    s0 += hi;
-                    s1 += mid;
-                    if (v & 0x7F) s[count++] = (v & 0x7F) | (int32_t)(k << 8) | (i << 16);
+                    for (Py_ssize_t k = 0; k < D; k++) t[k * BLK + i] = n[k];
+                } else {
+                    for (Py_ssize_t k = 0; k < D; k++) {
+                        d0[i * D + k] = (int8_t)(uint8_t)(hi[k] + 128);
+                        d1[i * D + k] = (int8_t)mid[k];
+                    }
+                    for (Py_ssize_t k = 0; k < D; k++) t[k * BLK + i] = n[k] >> 7;
+                }
+                for (Py_ssize_t k0 = 0; k0 < D; k0 += 16) {  /* L is mostly zero: test 16 at once */
+                    int32_t any = 0;
+                    for (Py_ssize_t k = k0; k < k0 + 16; k++) any |= n[k] & 0x7F;
+                    if (any)
+                        for (Py_ssize_t k = k0; k < k0 + 16; k++)
+                            if (n[k] & 0x7F)
+                                s[count++] = (n[k] & 0x7F) | (int32_t)(k << 8) | (i << 16);
                 }
                 corr[p * S_pad + r] = b_side ? 128.0 * (16384.0 * s0 + 128.0 * s1) : 0.0;
             }
