@@ -11,15 +11,15 @@ quantizations, the dX and dW GEMMs with their dequantization and checks, the STE
 LSQ tree, and the whole backward; beside them the bare ``torch._int_mm`` of the dX product
 with the rotated gradient's codes row-major (as the row rotation lays them out) and as the
 transposed view of (Np, M), and the dW rotation with its codes written untransposed (the
-cost of their transposed store). Side by side with today's dX rotation (the gradient's rows, one
-pass each through cache: ``rotate_quantize_rows_cpu``) the way before it (the columns of
-dy^T through a float32 transposed copy: ``rotate_quantize_cols_cpu``), alone and inside the
-whole backward ("before": the backward with the old rotation put back), with the ratio.
-The LM head + loss (``lmhead_forward``,
-``xent_forward``, ``xent_backward``, dh and dW) at ``--tokens`` x 128,256. Anchor: each
-GEMM's int8 multiply-adds at the measured bare ``_int_mm`` rate. Median of ``--repeats``
-after one warm-up, the linear's stages once each a round (alternating); freed memory kept
-for reuse as the trainer keeps it.
+cost of their transposed store). Side by side with today's dX rotation (the gradient's
+rows, one pass each through cache: ``rotate_quantize_rows_cpu``) the way before it (the
+columns of dy^T through a float32 transposed copy: ``rotate_quantize_cols_cpu``), alone
+and inside the whole backward ("before": the backward with the old rotation put back),
+with the ratio. The LM head + loss (``lmhead_forward``, ``xent_forward``,
+``xent_backward``, dh and dW) at ``--tokens`` x 128,256. Anchor: each GEMM's int8
+multiply-adds at the measured bare ``_int_mm`` rate. Median of ``--repeats`` after one
+warm-up, the linear's stages once each a round (alternating); freed memory kept for reuse
+as the trainer keeps it.
 """
 from __future__ import annotations
 

@@ -37,8 +37,9 @@ Backward (straight-through estimator, LSQ): with G = dL/dy (bf16),
 CPU path (``linear_int8_forward_cpu`` / ``linear_int8_backward_cpu``, what ``force("cpu")``
 and the autograd wrapper run): the same bits as the steps above, computed in an order that
 suits memory - the forward's int8 codes are kept for the backward, rotations run along
-dim 0 in L2-sized tiles (``quantize.rotate_quantize_dim0_cpu``), weight-sized passes in
-row slabs, intermediates in ``open1b_kernels.core.workspace``. tests/kernels/test_linear_int8_cpu.py
+dim 0 in L2-sized tiles (``quantize.rotate_quantize_dim0_cpu``) or, for dX's gradient, row
+by row (``quantize.rotate_quantize_rows_cpu``), weight-sized passes in row slabs,
+intermediates in ``open1b_kernels.core.workspace``. tests/kernels/test_linear_int8_cpu.py
 checks it against the steps written out literally.
 
 Subnormals kept (IEEE). NaN/inf policy: inputs and steps must be finite (the trainer's

@@ -22,7 +22,8 @@ CPU paths use ``torch.round`` for ``rne`` (IEEE roundToIntegralTiesToEven: the s
 up to the sign of a zero, which neither an int8 code nor the term t can show) and skip a
 clamp only where it provably changes nothing. ``rotate_quantize_dim0_cpu`` is the CPU
 layout of ``rotate_quantize`` the linear's backward uses: it rotates along dim 0 in L2-sized
-tiles, so no weight-sized transpose is copied.
+tiles, so no weight-sized transpose is copied; the dX product's gradient rows go through
+``rotate_quantize_rows_cpu``, one row at a time in cache.
 
 Subnormals kept (IEEE). Inputs and steps must be finite: non-finite values give
 unspecified int8 codes, which is outside the parity contract.
