@@ -25,6 +25,18 @@
  *   kind 3 - int8 (P, C) times a row scale: y[i, j] = (float)s[i, j] * rs[i] (one rounding). */
 static inline float nan_max(float a, float b) { return (a != a || b != b) ? NAN : (b > a ? b : a); }
 static inline float nan_min(float a, float b) { return (a != a || b != b) ? NAN : (b < a ? b : a); }
+/* quantize's code of v = x / step: clamped to [-127, 127], rounded half to even, as int8. */
+static inline int8_t code_of(float v) {
+    v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
+    return (int8_t)(int32_t)rintf(v);
+}
+/* The step of a rotated row or column from its extremes (the torch code's operations):
+ * fp32(|max(mx, -mn)| * inv127), the maximum NaN-sticky (a zero's sign is lost to the abs). */
+static inline float rot_step(float mx, float mn, float inv127) {
+    float a = mx, b = -mn;
+    float m = (a != a || b != b) ? NAN : (b > a ? b : a);
+    return fabsf(m) * inv127;
+}
 #define NAN_BITS 0x7fc00000  /* the float bits of NAN (GCC: __builtin_nanf(""), quiet, +) */
 /* nan_max (OP >) or nan_min (OP <) of every lane of ACC and V into ACC: NaN's bits where
  * either is NaN, else V where V OP ACC, else ACC - the scalar functions lane by lane. */
@@ -398,8 +410,7 @@ CLONES static void codes_loop(const float *y, const float *div, int clamp, int8_
         for (Py_ssize_t i = r0; i < r1; i++)
             for (Py_ssize_t j = 0; j < C; j++) {
                 float v = y[i * C + j] / div[j];
-                if (clamp) v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
-                out[i * C + j] = (int8_t)(int32_t)rintf(v);
+                out[i * C + j] = clamp ? code_of(v) : (int8_t)(int32_t)rintf(v);
             }
         return;
     }
@@ -411,8 +422,7 @@ CLONES static void codes_loop(const float *y, const float *div, int clamp, int8_
             for (Py_ssize_t i = ib; i < ie; i++)
                 for (Py_ssize_t j = jb; j < je; j++) {
                     float v = y[i * C + j] / div[j];
-                    if (clamp) v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
-                    blk[(i - ib) * 64 + (j - jb)] = (int8_t)(int32_t)rintf(v);
+                    blk[(i - ib) * 64 + (j - jb)] = clamp ? code_of(v) : (int8_t)(int32_t)rintf(v);
                 }
             if (ie - ib == 64 && je - jb == 64) {
                 for (int bi = 0; bi < 64; bi += 16)
@@ -425,6 +435,14 @@ CLONES static void codes_loop(const float *y, const float *div, int clamp, int8_
         }
 }
 
+/* The butterfly stage h (< W) inside the W-lane vector V, in place: lane i pairs with lane
+ * i ^ h; the lower lane of a pair becomes a + b, the upper a - b (a the lower's value) -
+ * fwht_rows' two operations, with the same operands. */
+#define BFLY_LANES(V, H, VI, LANE) {                                                      \
+        __typeof__(V) p_ = __builtin_shuffle((V), (LANE) ^ (H));                          \
+        VI lower_ = ((LANE) & (H)) == 0;                                                  \
+        (V) = (__typeof__(V))(((VI)((V) + p_) & lower_) | ((VI)(p_ - (V)) & ~lower_)); }
+
 /* open1b_kernels.int8.quantize.rotate_quantize_rows_cpu: rotate_quantize of rows [r0, r1) of
  * a bf16 (R, P) row-major matrix x, each row in one pass in cache - the rotation the dX
  * product of the linear's backward takes (its gradient's rows, rotated along the outputs),
@@ -433,19 +451,11 @@ CLONES static void codes_loop(const float *y, const float *div, int clamp, int8_
  * to C (a multiple of 256) in the row buffer y (C floats, the caller's per piece); each
  * 256-block's butterfly stages h = 1, 2, ..., 128 in that order (hadamard_stages' order:
  * every element meets the same operands in the same order whatever the layout - stages
- * h = 1..8 pair lanes inside a 16-lane vector, h = 16..128 whole vectors); the exact
- * power-of-two scale; the row's NaN-sticky maximum and minimum; the step
- * fp32(|max(max, -min)| * inv127) and its divisor (rot_steps' operations); and the codes
- * rne(clamp(y / div)) - quantize's definition, clamped always (codes_loop skips the clamp
- * where no step is subnormal, where it changes nothing) - into out (R, C), the step into
- * step[r]. */
-/* The butterfly stage h (< W) inside the W-lane vector V, in place: lane i pairs with lane
- * i ^ h; the lower lane of a pair becomes a + b, the upper a - b (a the lower's value) -
- * fwht_rows' two operations, with the same operands. */
-#define BFLY_LANES(V, H, VI, LANE) {                                                      \
-        __typeof__(V) p_ = __builtin_shuffle((V), (LANE) ^ (H));                          \
-        VI lower_ = ((LANE) & (H)) == 0;                                                  \
-        (V) = (__typeof__(V))(((VI)((V) + p_) & lower_) | ((VI)(p_ - (V)) & ~lower_)); }
+ * h < W pair lanes inside a W-lane vector, 16 or 8 by the copy, h = W..128 whole vectors);
+ * the exact power-of-two scale; the row's NaN-sticky maximum and minimum; the step and its
+ * divisor (rot_step, as rot_steps); and the codes (code_of: quantize's definition, clamped
+ * always - codes_loop skips the clamp where no step is subnormal, where it changes
+ * nothing) into out (R, C), the step into step[r]. */
 
 /* One copy of rotq_rows for W-lane vectors VF (VI its int32 lanes, VU16 its bf16 lanes):
  * per 256-block, the stages h < W inside each vector as it is widened, the stages
@@ -503,16 +513,10 @@ CLONES static void codes_loop(const float *y, const float *div, int clamp, int8_
                 mx = nan_max(mx, vmx[l]);                                                     \
                 mn = nan_min(mn, vmn[l]);                                                     \
             }                                                                                 \
-            float a = mx, z = -mn;                                                            \
-            float m = (a != a || z != z) ? NAN : (z > a ? z : a);                             \
-            float s = fabsf(m) * inv127, div = s == 0.0f ? 1.0f : s;                          \
+            float s = rot_step(mx, mn, inv127), div = s == 0.0f ? 1.0f : s;                   \
             step[r] = s;                                                                      \
             int8_t *o = out + r * C;                                                          \
-            for (Py_ssize_t c = 0; c < C; c++) {                                              \
-                float v = y[c] / div;                                                         \
-                v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);                        \
-                o[c] = (int8_t)(int32_t)rintf(v);                                             \
-            }                                                                                 \
+            for (Py_ssize_t c = 0; c < C; c++) o[c] = code_of(y[c] / div);                    \
         }                                                                                     \
     }
 ROTQ_ROWS(rotq_rows_base, CLONES, v8f, v8i, v8u16, 8, 0, 1, 2, 3, 4, 5, 6, 7)
@@ -581,18 +585,10 @@ CLONES static void quant_loop(const void *x, int x_bf16, const float *div, int p
         int8_t *o = out + r * C;
         if (x_bf16) {
             const uint16_t *xr = (const uint16_t *)x + r * C;
-            for (Py_ssize_t c = 0; c < C; c++) {
-                float v = widen_bf16(xr[c]) / d;
-                v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
-                o[c] = (int8_t)(int32_t)rintf(v);
-            }
+            for (Py_ssize_t c = 0; c < C; c++) o[c] = code_of(widen_bf16(xr[c]) / d);
         } else {
             const float *xr = (const float *)x + r * C;
-            for (Py_ssize_t c = 0; c < C; c++) {
-                float v = xr[c] / d;
-                v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
-                o[c] = (int8_t)(int32_t)rintf(v);
-            }
+            for (Py_ssize_t c = 0; c < C; c++) o[c] = code_of(xr[c] / d);
         }
     }
 }
@@ -638,9 +634,7 @@ static PyObject *py_rot_steps(PyObject *self, PyObject *args) {
         const float *hi = cmax.buf, *lo = cmin.buf;
         float *st = step.buf, *dv = div.buf;
         for (Py_ssize_t j = 0; j < n; j++) {
-            float a = hi[j], b = -lo[j];
-            float m = (a != a || b != b) ? NAN : (b > a ? b : a);
-            float s = fabsf(m) * inv127;
+            float s = rot_step(hi[j], lo[j], inv127);
             st[j] = s;
             dv[j] = s == 0.0f ? 1.0f : s;
             sub |= s > 0.0f && s < FLT_MIN;

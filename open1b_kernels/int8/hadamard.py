@@ -55,6 +55,12 @@ def _log2_pow4(block: int) -> int:
     return log
 
 
+def inv_sqrt(block: int) -> float:
+    """1 / sqrt(block), exact: a power of two, since block is a power of four (checked) -
+    the rotation's normalization on every path."""
+    return 2.0 ** -(_log2_pow4(block) // 2)
+
+
 def padded_width(k: int, block: int = BLOCK) -> int:
     """Width of the rotated output: k rounded up to a multiple of ``block``."""
     return -(-k // block) * block
@@ -62,7 +68,7 @@ def padded_width(k: int, block: int = BLOCK) -> int:
 
 def hadamard_cpu(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
     """CPU reference: (R, K) float tensor -> (R, padded_width(K)) float32, see module doc."""
-    log = _log2_pow4(block)
+    scale = inv_sqrt(block)     # checks block first
     if x.dim() != 2:
         raise ValueError(f"hadamard works on 2-D (rows, K) tensors, got shape {tuple(x.shape)}")
     r, k = x.shape
@@ -78,7 +84,7 @@ def hadamard_cpu(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
         torch.sub(v[:, 0], v[:, 1], out=o[:, 1])
         y, out = out, y
         h *= 2
-    return y.mul_(2.0 ** -(log // 2))
+    return y.mul_(scale)
 
 
 def hadamard_dim0_cpu_(y: torch.Tensor, block: int = BLOCK, fill=None, on_tile=None
@@ -101,7 +107,7 @@ def hadamard_dim0_cpu_(y: torch.Tensor, block: int = BLOCK, fill=None, on_tile=N
     writes the input of ``y[rows, cols]`` into ``tile`` first (else y holds it), and
     ``on_tile(tile, rows, cols)`` sees each finished tile while it is still in cache.
     """
-    log = _log2_pow4(block)
+    scale = inv_sqrt(block)     # checks block first
     r, c = y.shape
     if r % block or not y.is_contiguous() or y.dtype != torch.float32:
         raise ValueError(f"need a contiguous float32 (R, C) tensor with R a multiple of "
@@ -118,7 +124,7 @@ def hadamard_dim0_cpu_(y: torch.Tensor, block: int = BLOCK, fill=None, on_tile=N
             if fill is not None:
                 fill(tile, rs, cs)
             if _stages_compiled(y, block, rs, cs):  # the compiled stages: the same bits
-                tile.mul_(2.0 ** -(log // 2))
+                tile.mul_(scale)
                 if on_tile is not None:
                     on_tile(tile, rs, cs)
                 continue
@@ -132,7 +138,7 @@ def hadamard_dim0_cpu_(y: torch.Tensor, block: int = BLOCK, fill=None, on_tile=N
                 src, dst = dst, src
                 h *= 2
             # log2(block) is even (block is a power of four): the last stage wrote the tile
-            tile.mul_(2.0 ** -(log // 2))
+            tile.mul_(scale)
             if on_tile is not None:
                 on_tile(tile, rs, cs)
     return y
@@ -206,7 +212,7 @@ def hadamard_triton(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
     rows = ROWS_INTERPRET if interpreting() else ROWS_GPU
     grid = (triton.cdiv(r, rows), kp // block)
     xk, is_bf16 = bf16_operand(x)
-    _hadamard_kernel[grid](xk, y, r, k, kp, x.stride(0), x.stride(1), 2.0 ** -(log // 2),
+    _hadamard_kernel[grid](xk, y, r, k, kp, x.stride(0), x.stride(1), inv_sqrt(block),
                            IS_BF16=is_bf16, ROWS=rows, B=block, LOG_B=log, **LAUNCH_OPTIONS)
     return y
 

@@ -37,7 +37,7 @@ import torch
 from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat, none
 from open1b_kernels.core.pieces import parallel
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
-from open1b_kernels.int8.hadamard import hadamard, hadamard_dim0_cpu_, padded_width
+from open1b_kernels.int8.hadamard import hadamard, hadamard_dim0_cpu_, inv_sqrt, padded_width
 from open1b_kernels.int8.gemm import bf16_operand, bf16_rne
 from open1b_kernels.core.workspace import scratch
 
@@ -182,11 +182,10 @@ def rotate_quantize_cols_cpu(s: torch.Tensor, name: str, row_scale: torch.Tensor
         kind, src = (2 if row_scale is None else 3), s
     else:
         kind, src = None, None
-    log = HADAMARD_BLOCK.bit_length() - 1
     cmax = torch.full((r,), -math.inf)
     cmin = torch.full((r,), math.inf)
     if kind is not None and _rotate_cols_compiled(kind, src, row_scale, k, y, HADAMARD_BLOCK,
-                                              2.0 ** -(log // 2), cmax, cmin, HADAMARD_BLOCK,
+                                              inv_sqrt(HADAMARD_BLOCK), cmax, cmin, HADAMARD_BLOCK,
                                               STRIP):
         got = _steps_compiled(cmax, cmin, INV_127)   # the operations below, one call
         if got is None:
@@ -228,8 +227,7 @@ def rotate_quantize_rows_cpu(x: torch.Tensor, name: str):
     codes = scratch(name, (r, kp), torch.int8)
     step = torch.empty((r,), dtype=torch.float32)
     src, out, st = flat(x.view(torch.int16)), flat(codes), flat(step)
-    log = HADAMARD_BLOCK.bit_length() - 1
-    parallel(lambda lo, hi, p: LOOPS.rotq_rows(src, r, k, kp, 2.0 ** -(log // 2), INV_127, out,
+    parallel(lambda lo, hi, p: LOOPS.rotq_rows(src, r, k, kp, inv_sqrt(HADAMARD_BLOCK), INV_127, out,
                                                st, lo, hi, p),
              r, grain=max(1, PARALLEL_MIN // kp))
     return codes, step
@@ -431,7 +429,7 @@ def rotate_quantize(t: torch.Tensor, block: int = HADAMARD_BLOCK):
         rows = 16 if interpreting() else ROT_ROWS
         tk, is_bf16 = bf16_operand(t)
         _rot_quant_kernel[(triton.cdiv(rr, rows),)](
-            tk, q, s, rr, k, kp, t.stride(0), t.stride(1), 2.0 ** -(log // 2),
+            tk, q, s, rr, k, kp, t.stride(0), t.stride(1), inv_sqrt(block),
             IS_BF16=is_bf16, ROWS=rows, B=block, LOG_B=log, **LAUNCH_OPTIONS)
     elif rr:
         s.zero_()
