@@ -8,18 +8,16 @@ The linear (``open1b_kernels.int8.linear``'s CPU path, the calls of
 ``linear_int8_backward_cpu`` one by one) at Open-1B's shapes for ``--tokens``: gate|up
 (2,048 -> 11,264), down (5,632 -> 2,048) and q|o (2,048 -> 2,048): the four rotations and
 quantizations, the dX and dW GEMMs with their dequantization and checks, the STE and the
-LSQ tree, and the whole backward; beside them the bare ``torch._int_mm`` of the dX product
-with the rotated gradient's codes row-major (as the row rotation lays them out) and as the
-transposed view of (Np, M), and the dW rotation with its codes written untransposed (the
-cost of their transposed store). Side by side with today's dX rotation (the gradient's
-rows, one pass each through cache: ``rotate_quantize_rows_cpu``) the way before it (the
-columns of dy^T through a float32 transposed copy: ``rotate_quantize_cols_cpu``), alone
-and inside the whole backward ("before": the backward with the old rotation put back),
-with the ratio. The LM head + loss (``lmhead_forward``, ``xent_forward``,
-``xent_backward``, dh and dW) at ``--tokens`` x 128,256. Anchor: each GEMM's int8
-multiply-adds at the measured bare ``_int_mm`` rate. Median of ``--repeats`` after one
-warm-up, the linear's stages once each a round (alternating); freed memory kept for reuse
-as the trainer keeps it.
+LSQ tree, and the whole backward; beside them the route's bare int8 GEMM of the dX product.
+Side by side with today's three rotations along the columns (the weight's columns for
+dX, the gradient's and the input codes' for dW: ``rotate_quantize_cols_cpu``'s fused pass,
+each strip of columns through L2 once) the way before it (``FUSED_COLS`` off: a float32
+copy of the whole matrix rotated in tiles, then a sweep for the codes), alone and inside
+the whole backward ("before": the backward with the fused pass off), with the ratio. The
+LM head + loss (``lmhead_forward``, ``xent_forward``, ``xent_backward``, dh and dW) at
+``--tokens`` x 128,256. Anchor: each GEMM's int8 multiply-adds at the measured bare
+``_int_mm`` rate. Median of ``--repeats`` after one warm-up, the linear's stages once each
+a round (alternating); freed memory kept for reuse as the trainer keeps it.
 """
 from __future__ import annotations
 
@@ -32,7 +30,7 @@ import torch
 from benchmarks.machine import alternating_medians, report_end, report_head
 from open1b_kernels.core.backend import force
 from open1b_kernels.int8 import linear as lin
-from open1b_kernels.int8 import route
+from open1b_kernels.int8 import quantize, route
 from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops.xent import xent_backward, xent_forward
 from open1b_train.memory.allocator import keep_freed_memory
@@ -41,22 +39,16 @@ LINEARS = {"gate|up": (2_048, 11_264), "down": (5_632, 2_048), "q|o": (2_048, 2_
 VOCAB, D_MODEL = 128_256, 2_048
 
 
-def _columns_rotation(dy: torch.Tensor, name: str):
-    """The dX rotation as it ran before the row pass: the columns of dy^T, the codes used as
-    the transposed view of (Np, M) - the anchor of the side-by-side rows."""
-    q, st = lin.rotate_quantize_cols_cpu(dy.t(), name)
-    return q.t(), st
-
-
-def _whole_backward_before(dy, x, w, sx, codes):
-    """``linear_int8_backward_cpu`` with the dX rotation of before put back (the same bits:
-    both rotations are ``rotate_quantize``'s)."""
-    now = lin.rotate_quantize_rows_cpu
-    lin.rotate_quantize_rows_cpu = _columns_rotation
-    try:
-        return lin.linear_int8_backward_cpu(dy, x, w, sx, codes)
-    finally:
-        lin.rotate_quantize_rows_cpu = now
+def _tiles(fn):
+    """``fn`` with the columns' rotations as they ran before the fused pass (``FUSED_COLS``
+    off: the tiles into a float32 copy, then the codes' sweep) - the same bits."""
+    def run():
+        quantize.FUSED_COLS = False
+        try:
+            return fn()
+        finally:
+            quantize.FUSED_COLS = True
+    return run
 
 
 def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:
@@ -70,42 +62,44 @@ def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:
     rq = lin.rotate_quantize_cols_cpu
     qb, sb = rq(q_w, "linear.codes_w", row_scale=sw)
     qa, sa = lin.rotate_quantize_rows_cpu(dy, "stages.codes_g")
-    qa_cols, sa_cols = _columns_rotation(dy, "stages.codes_g_cols")
-    if not (torch.equal(qa, qa_cols) and torch.equal(sa, sa_cols)):
-        raise SystemExit("the row and column rotations of dy differ: not comparable")
     qa2, sa2 = rq(dy, "stages.codes_g2", transposed=True)
     qb2, sb2 = rq(q_x, "linear.codes_x")
     dx_hat = lin.exact_dequant_cpu(qa, qb.t(), sa, sb, torch.float32)
-    before, now = (_whole_backward_before(dy, x, w, sx, codes),
-                   lin.linear_int8_backward_cpu(dy, x, w, sx, codes))
-    if not all(torch.equal(a, b) for a, b in zip(before, now)):
-        raise SystemExit("the backward differs with the rotation of before: not comparable")
-    stages = {
-        "rotate w_hat": lambda: rq(q_w, "linear.codes_w", row_scale=sw),
-        "rotate dy (for dX), rows": lambda: lin.rotate_quantize_rows_cpu(dy, "stages.codes_g"),
-        "rotate dy (for dX), columns (before)": lambda: _columns_rotation(dy,
-                                                                          "stages.codes_g_cols"),
+    rotations = {
+        "rotate w_hat": lambda: rq(q_w, "stages.codes_w", row_scale=sw),
         "rotate dy (for dW)": lambda: rq(dy, "stages.codes_g2", transposed=True),
-        "rotate dy (for dW), codes untransposed": lambda: rq(dy, "stages.codes_g3"),
-        "rotate q_x": lambda: rq(q_x, "linear.codes_x"),
+        "rotate q_x": lambda: rq(q_x, "stages.codes_x"),
+    }
+    for name, fn in rotations.items():
+        got, was = [t.clone() for t in fn()], _tiles(fn)()
+        if not all(torch.equal(a, b) for a, b in zip(got, was)):
+            raise SystemExit(f"{name}: the fused pass and the tiles differ: not comparable")
+    backward = lambda: lin.linear_int8_backward_cpu(dy, x, w, sx, codes)  # noqa: E731
+    before, now = [t.clone() for t in _tiles(backward)()], backward()
+    if not all(torch.equal(a, b) for a, b in zip(before, now)):
+        raise SystemExit("the backward differs with the fused pass off: not comparable")
+    stages = {}
+    for name, fn in rotations.items():
+        stages[name] = fn
+        stages[f"{name} (tiles, before)"] = _tiles(fn)
+    stages.update({
+        "rotate dy (for dX), rows": lambda: lin.rotate_quantize_rows_cpu(dy, "stages.codes_g"),
         "dX GEMM + dequant + check": lambda: lin.exact_dequant_cpu(qa, qb.t(), sa, sb,
                                                                    torch.float32),
         "dW GEMM in slabs": lambda: lin._dw_cpu(qa2, qb2.t(), sa2, sb2 * sx, outside,
                                                 torch.float32),
         "STE + term": lambda: lin.ste_cpu(dx_hat, x, sx, want_term=True, out_bf16=True),
-        "whole backward": lambda: lin.linear_int8_backward_cpu(dy, x, w, sx, codes),
-        "whole backward (before)": lambda: _whole_backward_before(dy, x, w, sx, codes),
-        "bare dX _int_mm, codes row-major": lambda: route._raw_int_mm(qa, qb),
-        "bare dX _int_mm, codes transposed view": lambda: route._raw_int_mm(qa_cols, qb),
-    }
+        "whole backward": backward,
+        "whole backward (before)": _tiles(backward),
+        "bare dX _int_mm": lambda: route._raw_int_mm(qa, qb),
+    })
     for fn in stages.values():                                     # warm-up
         fn()
     # every stage once a round, so that the before / now pairs are timed side by side
     ms = {name: t * 1e3 for name, t in alternating_medians(stages, repeats).items()}
     rows = [f"| {m} x {k} -> {n} | {name} | {t:.1f} |" for name, t in ms.items()]
-    for what, a, b in (("dX rotation", "rotate dy (for dX), columns (before)",
-                        "rotate dy (for dX), rows"),
-                       ("whole backward", "whole backward (before)", "whole backward")):
+    for what, a, b in [(f"{name}", f"{name} (tiles, before)", name) for name in rotations] + [
+            ("whole backward", "whole backward (before)", "whole backward")]:
         rows.append(f"| {m} x {k} -> {n} | {what}: before / now | **{ms[a] / ms[b]:.2f}x** |")
     return rows
 

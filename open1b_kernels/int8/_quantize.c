@@ -8,6 +8,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../core/_mathfn.h"
@@ -106,11 +107,12 @@ typedef int8_t v16i8 __attribute__((vector_size(16)));
     static inline __attribute__((always_inline)) void NAME(int kind, const void *src,         \
                                                            const float *rs, Py_ssize_t P,     \
                                                            const float *y, Py_ssize_t C,      \
+                                                           Py_ssize_t ys, Py_ssize_t yo,      \
                                                            Py_ssize_t i, Py_ssize_t c,        \
                                                            VF *out) {                         \
         VF f;                                                                                 \
         if (kind == 1) {                                                                      \
-            memcpy(&f, y + i * C + c, sizeof f);                                              \
+            memcpy(&f, y + i * ys + c - yo, sizeof f);                                        \
         } else if (i >= P) {                                                                  \
             f = (VF){0};                                                                      \
         } else if (kind == 0) {                                                               \
@@ -142,28 +144,29 @@ ROTQ_LOAD(rotq_load8, v8f, v8i, v8u16, v8i8)
 #define STAGES_8 stages16_8
 #define ROTQ_TILE(NAME, KIND, ATTR, VEXT, W)                                                  \
     ATTR static Py_ssize_t NAME(const void *src, const float *rs, Py_ssize_t P, float *y,     \
-                                  Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t c0,  \
-                                  Py_ssize_t c1, float scale, float *cmax, float *cmin) {     \
+                                  Py_ssize_t C, Py_ssize_t ys, Py_ssize_t yo, Py_ssize_t r0,  \
+                                  Py_ssize_t r1, Py_ssize_t c0, Py_ssize_t c1, float scale,   \
+                                  float *cmax, float *cmin) {                                 \
         Py_ssize_t cv = c0 + (c1 - c0) / W * W;                                               \
         for (Py_ssize_t base = r0; base < r1; base += 256) {                                  \
             for (Py_ssize_t q = 0; q < 256; q += 16)                                          \
                 for (Py_ssize_t c = c0; c < cv; c += W) {                                     \
                     VEC(W) v[16];                                                             \
                     for (int t = 0; t < 16; t++)                                              \
-                        LOAD(W)(KIND,   src, rs, P, y, C, base + q + t, c, &v[t]);            \
+                        LOAD(W)(KIND, src, rs, P, y, C, ys, yo, base + q + t, c, &v[t]);      \
                     STAGES(W)(v);                                                             \
                     for (int t = 0; t < 16; t++)                                              \
-                        memcpy(y + (base + q + t) * C + c, &v[t], 4 * W);                     \
+                        memcpy(y + (base + q + t) * ys + c - yo, &v[t], 4 * W);               \
                 }                                                                             \
             for (Py_ssize_t j = 0; j < 16; j++)                                               \
                 for (Py_ssize_t c = c0; c < cv; c += W) {                                     \
                     VEC(W) v[16];                                                             \
                     for (int t = 0; t < 16; t++)                                              \
-                        memcpy(&v[t], y + (base + j + 16 * t) * C + c, 4 * W);                \
+                        memcpy(&v[t], y + (base + j + 16 * t) * ys + c - yo, 4 * W);          \
                     STAGES(W)(v);                                                             \
                     for (int t = 0; t < 16; t++) {                                            \
                         v[t] = v[t] * scale;                                                  \
-                        memcpy(y + (base + j + 16 * t) * C + c, &v[t], 4 * W);                \
+                        memcpy(y + (base + j + 16 * t) * ys + c - yo, &v[t], 4 * W);          \
                     }                                                                         \
                     if (VEXT) {                  /* the extremes lane by lane, in registers */ \
                         VEC(W) mx, mn;                                                        \
@@ -177,7 +180,7 @@ ROTQ_LOAD(rotq_load8, v8f, v8i, v8u16, v8i8)
                         memcpy(cmin + c, &mn, 4 * W);                                         \
                     } else                                                                    \
                     for (int t = 0; t < 16; t++) {     /* rotq_finish's extremes, from L1 */  \
-                        const float *yr = y + (base + j + 16 * t) * C + c;                    \
+                        const float *yr = y + (base + j + 16 * t) * ys + c - yo;              \
                         for (int l = 0; l < W; l++) {                                         \
                             cmax[c + l] = nan_max(cmax[c + l], yr[l]);                        \
                             cmin[c + l] = nan_min(cmin[c + l], yr[l]);                        \
@@ -206,7 +209,7 @@ ROTQ_TILE(rotq_tile_v3_k3, 3, V3, 1, 8)
  * source kind (columns). */
 typedef Py_ssize_t (*rotq_tile_fn)(const void *, const float *, Py_ssize_t, float *,
                                    Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t,
-                                   float, float *, float *);
+                                   Py_ssize_t, Py_ssize_t, float, float *, float *);
 static const rotq_tile_fn rotq_tiles[][4] = {
     {rotq_tile_k0, rotq_tile_k1, rotq_tile_k2, rotq_tile_k3},
 #if HAVE_V4
@@ -226,16 +229,19 @@ static void copies_init(void) {
     v3_ok = level >= 1;
 }
 
+/* y: element (i, c) at y[i * ys + c - yo] - the whole (R, C) buffer (ys = C, yo = 0) or one
+ * strip's (rotq_codes: ys its width, yo its first column). */
 static Py_ssize_t rotq_tile256(int kind, const void *src, const float *rs, Py_ssize_t P,
-                               float *y, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1,
-                               Py_ssize_t c0, Py_ssize_t c1, float scale, float *cmax,
-                               float *cmin) {
+                               float *y, Py_ssize_t C, Py_ssize_t ys, Py_ssize_t yo,
+                               Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t c0, Py_ssize_t c1,
+                               float scale, float *cmax, float *cmin) {
     int level = 0;
 #if HAVE_V4
     copies_init();
     level = v4_ok ? 1 : v3_ok ? 2 : 0;
 #endif
-    return rotq_tiles[level][kind](src, rs, P, y, C, r0, r1, c0, c1, scale, cmax, cmin);
+    return rotq_tiles[level][kind](src, rs, P, y, C, ys, yo, r0, r1, c0, c1, scale, cmax,
+                                   cmin);
 }
 
 /* v4([on]) and v3([on]): whether the plain x86-64-v4 copies run, and the x86-64-v3 ones
@@ -285,7 +291,7 @@ static PyObject *py_rotq(PyObject *self, PyObject *args) {
                 Py_ssize_t jt = j0;         /* the columns left to the scalar loops */
                 if (B == 256)
                     jt = rotq_tile256(kind, src.buf, kind == 3 ? rs.buf : NULL, P, y.buf, C,
-                                      i0, i1, j0, j1, scale, cmax.buf, cmin.buf);
+                                      C, 0, i0, i1, j0, j1, scale, cmax.buf, cmin.buf);
                 if (jt < j1) {
                     rotq_fill(kind, src.buf, kind == 3 ? rs.buf : NULL, P, y.buf, C, i0, i1,
                               jt, j1);
@@ -433,6 +439,95 @@ CLONES static void codes_loop(const float *y, const float *div, int clamp, int8_
             for (Py_ssize_t j = jb; j < je; j++)
                 for (Py_ssize_t i = ib; i < ie; i++) out[j * R + i] = blk[(i - ib) * 64 + (j - jb)];
         }
+}
+
+/* open1b_kernels.int8.quantize.rotate_quantize_cols_cpu in one pass per strip of S columns,
+ * for the strips [s0, s1): the strip's B = 256 row blocks through rotq's tile (fill, stages,
+ * scale, extremes) into y, this piece's (R, S) strip buffer - L2-sized - instead of the
+ * whole float32 (R, C) buffer; then the strip's steps (rot_step, as rot_steps) and its codes
+ * (code_of: clamped always - codes_loop skips the clamp only where no step is subnormal,
+ * where it changes nothing) into out (R, C), or (C, R) when `transposed`, through 16 x 16
+ * byte transposes. Per column the same operations on the same operands as rotq, rot_steps
+ * and codes, so the same bits; the float32 values never reach memory. R a multiple of 256,
+ * S of 16 and at most 64, C of S; cmax, cmin: C floats of the piece's own. */
+/* The codes of one strip (rotq_codes_strips): y (R, S), div (S), into out's columns
+ * [j0, j0 + S) - or its rows, transposed - 16 rows at a time. */
+CLONES static void strip_codes(const float *restrict y, const float *restrict div,
+                               Py_ssize_t S, Py_ssize_t R, Py_ssize_t C, Py_ssize_t j0,
+                               int transposed, int8_t *restrict out) {
+    int8_t blk[16 * 64];
+    for (Py_ssize_t i0 = 0; i0 < R; i0 += 16) {
+        for (Py_ssize_t t = 0; t < 16; t++) {
+            const float *yr = y + (i0 + t) * S;
+            int8_t *restrict o = transposed ? blk + t * S : out + (i0 + t) * C + j0;
+            for (Py_ssize_t l = 0; l < S; l++) o[l] = code_of(yr[l] / div[l]);
+        }
+        if (transposed)
+            for (Py_ssize_t bj = 0; bj < S; bj += 16)
+                transpose16(blk + bj, S, out + (j0 + bj) * R + i0, R);
+    }
+}
+
+static void rotq_codes_strips(int kind, const void *src, const float *rs, Py_ssize_t P,
+                              Py_ssize_t R, Py_ssize_t C, Py_ssize_t S, float scale,
+                              float inv127, int transposed, int8_t *out, float *step,
+                              float *y, float *cmax, float *cmin, Py_ssize_t s0,
+                              Py_ssize_t s1) {
+    float div[64];
+    for (Py_ssize_t j0 = s0 * S; j0 < s1 * S; j0 += S) {
+        for (Py_ssize_t l = 0; l < S; l++) {
+            cmax[j0 + l] = -INFINITY;
+            cmin[j0 + l] = INFINITY;
+        }
+        rotq_tile256(kind, src, rs, P, y, C, S, j0, 0, R, j0, j0 + S, scale, cmax, cmin);
+        for (Py_ssize_t l = 0; l < S; l++) {
+            float st = rot_step(cmax[j0 + l], cmin[j0 + l], inv127);
+            step[j0 + l] = st;
+            div[l] = st == 0.0f ? 1.0f : st;
+        }
+        strip_codes(y, div, S, R, C, j0, transposed, out);
+    }
+}
+
+static PyObject *py_rotq_codes(PyObject *self, PyObject *args) {
+    (void)self;
+    int pieces = 1;
+    Py_buffer src, rs, out, step;
+    int kind, transposed;
+    Py_ssize_t P, R, C, S, s0, s1;
+    float scale, inv127;
+    if (!PyArg_ParseTuple(args, "iy*y*nnnnffpw*w*nn|i", &kind, &src, &rs, &P, &R, &C, &S,
+                          &scale, &inv127, &transposed, &out, &step, &s0, &s1, &pieces))
+        return NULL;
+    Py_ssize_t esize = kind == 0 ? 2 : 1;
+    int ok = (kind == 0 || kind == 2 || kind == 3) && R > 0 && R % 256 == 0 && 0 <= P &&
+             P <= R && S >= 16 && S <= 64 && S % 16 == 0 && C > 0 && C % S == 0 &&
+             0 <= s0 && s0 <= s1 && s1 <= C / S && src.len == P * C * esize &&
+             (kind != 3 || rs.len == P * 4) && out.len == R * C && step.len == C * 4;
+    ok = ok && PIECES_OK(pieces);
+    int nomem = 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(s0, s1, pieces, {
+            /* this piece's strip buffer and column extremes */
+            float *y = aligned_alloc(64, (size_t)(R * S + 2 * C) * sizeof(float));
+            if (y == NULL) nomem = 1;
+            else rotq_codes_strips(kind, src.buf, kind == 3 ? rs.buf : NULL, P, R, C, S,
+                                   scale, inv127, transposed, out.buf, step.buf, y,
+                                   y + R * S, y + R * S + C, p_lo, p_hi);
+            free(y);
+        });
+        Py_END_ALLOW_THREADS
+    }
+    if (ok && nomem) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&rs);
+        PyBuffer_Release(&out);
+        PyBuffer_Release(&step);
+        return PyErr_NoMemory();
+    }
+    return FINISH(ok, "rotq_codes: inconsistent shapes, kind or strip range", &src, &rs, &out,
+                  &step);
 }
 
 /* The butterfly stage h (< W) inside the W-lane vector V, in place: lane i pairs with lane
@@ -737,6 +832,10 @@ EXT_METHODS(quantize) = {
      "rotq(kind, src, rs, P, y, R, C, B, scale, cmax, cmin, tr, tc, c0, c1[, pieces]): "
      "open1b_kernels.int8.quantize's fill, rotation, scale and column extremes of columns "
      "[c0, c1)."},
+    {"rotq_codes", py_rotq_codes, METH_VARARGS,
+     "rotq_codes(kind, src, rs, P, R, C, S, scale, inv127, transposed, out, step, s0, s1"
+     "[, pieces]): open1b_kernels.int8.quantize.rotate_quantize_cols_cpu's codes and steps of "
+     "the strips [s0, s1) of S columns, each in one pass."},
     {"widen_t", py_widen_t, METH_VARARGS,
      "widen_t(src, y, P, Q, R, r0, r1[, pieces]): a bf16 (Q, P) source into float32 y (R, Q), "
      "transposed, zero rows from P."},

@@ -132,6 +132,56 @@ def test_rotate_quantize_cols_gives_the_definitions_bits(compiled, monkeypatch, 
             assert torch.equal(bits(st), bits(want_s))
 
 
+@needs_loops
+@pytest.mark.parametrize("rows, cols", [(300, 96), (513, 64), (256, 128)])
+def test_fused_columns_pass_gives_the_definitions_bits(rows, cols, monkeypatch, copies):
+    """The columns' rotation in one pass per strip (``rotq_codes``: 64- or 32-column strips
+    through L2, the float32 values never in memory) against ``rotate_quantize`` of the
+    matrix it stands for, from a bf16 matrix, int8 codes and int8 codes times a row scale,
+    in both output layouts, by every compiled copy: a zero column (step 0), a subnormal
+    column (a subnormal step: the clamp), a NaN and an infinity, rows that are not a
+    multiple of the Hadamard block. The tiles' path is made to refuse, so that the fused
+    pass is what ran."""
+    def refuse(*a, **k):
+        raise AssertionError("the tiles' path ran: the fused pass was meant to")
+    monkeypatch.setattr(quantize, "_rotate_cols_compiled", refuse)
+    g = torch.Generator().manual_seed(36)
+    bf = (torch.randn(rows, cols, generator=g) * 3).to(torch.bfloat16)   # s (K, R): t = s^T
+    bf[:, 3] = 0.0
+    bf[:, 5] = (torch.randn(rows, generator=g) * 1e-39).to(torch.bfloat16)
+    bf[7, 9] = float("nan")
+    bf[8, 10] = float("inf")
+    q8 = torch.randint(-127, 128, (rows, cols), dtype=torch.int8, generator=g)
+    rs = torch.rand(rows, generator=g) * 1e-2
+    rs[7] = 1e-30
+    for s, row_scale, dense in ((bf, None, bf.float()), (q8, None, q8.float()),
+                                (q8, rs, q8.float() * rs[:, None])):
+        want_q, want_s = quantize.rotate_quantize(dense.t().contiguous())   # (R, Kp), (R,)
+        finite = want_s.isfinite()            # a non-finite column's codes are unspecified
+        for transposed in (False, True):
+            q, st = quantize.rotate_quantize_cols_cpu(s, "test.rq", row_scale, transposed)
+            q = q if transposed else q.t()
+            assert torch.equal(q[finite], want_q[finite]), (rows, cols, transposed)
+            assert same_bits(st, want_s)
+
+
+@needs_loops
+def test_fused_columns_loop_refuses_inconsistent_buffers():
+    """The fused columns' loop checks its kind, strip and buffers against the shapes before
+    touching them."""
+    s = torch.zeros((300, 64), dtype=torch.bfloat16).view(torch.int16)
+    out, step = torch.empty((512, 64), dtype=torch.int8), torch.empty(64)
+    f = mathc.flat
+    good = (0, f(s), mathc.none(), 300, 512, 64, 32, 0.0625, quantize.INV_127, False, f(out),
+            f(step), 0, 2)
+    quantize.LOOPS.rotq_codes(*good)
+    for i, bad in ((0, 1), (4, 500), (6, 24), (6, 48), (13, 3), (3, 400), (5, 96)):
+        args = list(good)        # kind 1, R, S (not of 16, not dividing C), s1, P, C
+        args[i] = bad
+        with pytest.raises(ValueError, match="rotq_codes"):
+            quantize.LOOPS.rotq_codes(*args)
+
+
 @pytest.mark.parametrize("compiled", [True, False])
 def test_rotate_quantize_rows_gives_the_definitions_bits(compiled, monkeypatch, copies):
     """The dX product's rotation of its gradient's rows, one row at a time through cache
