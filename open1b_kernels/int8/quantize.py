@@ -62,13 +62,31 @@ SLAB = 1 << 19  # elements per row slab of the CPU weight passes (2 MB of float3
 # each column still meets its rows in ascending order, so the same bits)
 STRIP = 128
 # The fused columns' pass (``rotq_codes`` in _quantize.c): one strip of columns at a time,
-# all its rows rotated into a buffer of at most STRIP_BYTES that stays in L2 through the
-# steps and the codes - the float32 copy of the whole matrix never reaches memory.
-# Measured on the Xeon (AMX, 2 MB L2 a core; benchmarks.kernels.stages): the weight
-# gradient's rotation of gate|up's gradient 96.8 -> 50.4 ms. False: the tiles and the
-# codes' sweep (the same bits; tests, and the benchmark's side by side).
+# all its rows rotated into a buffer of at most STRIP_BYTES - half this core's L2, so that
+# the strip and the source lines it reads stay there through the steps and the codes: the
+# float32 copy of the whole matrix never reaches memory. Measured on the AMX Xeon (2 MB of
+# L2 a core; benchmarks.kernels.stages): the weight gradient's rotation of gate|up's
+# gradient 2.7x. False: the tiles and the codes' sweep (the same bits; tests, and the
+# benchmark's side by side).
 FUSED_COLS = True
-STRIP_BYTES = 1 << 20
+
+
+def _l2_bytes(default: int = 1 << 20) -> int:
+    """This core's L2 in bytes (Linux's cache description), else ``default``."""
+    base = "/sys/devices/system/cpu/cpu0/cache/index2/"
+    try:
+        with open(base + "level") as f:
+            if f.read().strip() != "2":
+                return default
+        with open(base + "size") as f:
+            size = f.read().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+        return int(size.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        return default
+
+
+STRIP_BYTES = _l2_bytes() // 2
 FLT_MIN = 2.0 ** -126  # smallest normal float32
 LOOPS = Loops("open1b_kernels.int8._int8c")    # the CPU passes compiled: _quantize.c
 

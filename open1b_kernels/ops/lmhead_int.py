@@ -75,8 +75,10 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
     row_block, col_block = SHORT_BLOCKS if k < SHORT_K else (INT_ROW_BLOCK, INT_COL_BLOCK)
     once = r <= row_block
     tiles = int_gemm_route() == "amx"
-    # sparse pairs on the VNNI route only: the tiles' GEMM is ~4x VNNI's rate, where a 3%
-    # slice would pay about what its GEMM costs (unmeasured there: the tiles keep theirs)
+    # sparse pairs on the VNNI route only: the tiles' GEMM runs ~4x VNNI's rate, and there the
+    # sparse pair loses at the lowest level's 2-4% of nonzeros (measured on the AMX Xeon,
+    # benchmarks.kernels.lmhead_sparse --anchor amx: 0.38-0.75x the tile GEMM at 3%, about
+    # even only at 1% with the sparse slice as the rows)
     sparse = not tiles
     sparse_b = (sparse_slices(sb, slice(0, c), range(1, slices + 1), k) if sparse
                 else frozenset())
