@@ -1,6 +1,7 @@
 /* open1b_kernels.int8.quantize's CPU passes, compiled: the rotate-then-quantize of a column
  * block (rotq: fill, butterflies, scale, column extremes; widen_t: a transposed bf16
- * source), the rotation's steps (rot_steps) and codes (codes), the per-row quantizer (quant)
+ * source), the rotation's steps (rot_steps) and codes (codes), the same in one pass per
+ * strip of columns (rotq_codes) and per row (rotq_rows), the per-row quantizer (quant)
  * and the straight-through estimator (ste). Float work is the torch code's IEEE float32
  * operations in its order (-ffp-contract=off); the rest are maxima, integer and bit
  * operations - the same bits, in any cut of the rows or columns. */
@@ -441,15 +442,6 @@ CLONES static void codes_loop(const float *y, const float *div, int clamp, int8_
         }
 }
 
-/* open1b_kernels.int8.quantize.rotate_quantize_cols_cpu in one pass per strip of S columns,
- * for the strips [s0, s1): the strip's B = 256 row blocks through rotq's tile (fill, stages,
- * scale, extremes) into y, this piece's (R, S) strip buffer - L2-sized - instead of the
- * whole float32 (R, C) buffer; then the strip's steps (rot_step, as rot_steps) and its codes
- * (code_of: clamped always - codes_loop skips the clamp only where no step is subnormal,
- * where it changes nothing) into out (R, C), or (C, R) when `transposed`, through 16 x 16
- * byte transposes. Per column the same operations on the same operands as rotq, rot_steps
- * and codes, so the same bits; the float32 values never reach memory. R a multiple of 256,
- * S of 16 and at most 64, C of S; cmax, cmin: C floats of the piece's own. */
 /* The codes of one strip (rotq_codes_strips): y (R, S), div (S), into out's columns
  * [j0, j0 + S) - or its rows, transposed - 16 rows at a time. */
 CLONES static void strip_codes(const float *restrict y, const float *restrict div,
@@ -468,6 +460,15 @@ CLONES static void strip_codes(const float *restrict y, const float *restrict di
     }
 }
 
+/* open1b_kernels.int8.quantize.rotate_quantize_cols_cpu in one pass per strip of S columns,
+ * for the strips [s0, s1): the strip's B = 256 row blocks through rotq's tile (fill, stages,
+ * scale, extremes) into y, this piece's (R, S) strip buffer - L2-sized - instead of the
+ * whole float32 (R, C) buffer; then the strip's steps (rot_step, as rot_steps) and its codes
+ * (code_of: clamped always - codes_loop skips the clamp only where no step is subnormal,
+ * where it changes nothing) into out (R, C), or (C, R) when `transposed`, through 16 x 16
+ * byte transposes. Per column the same operations on the same operands as rotq, rot_steps
+ * and codes, so the same bits; the float32 values never reach memory. R a multiple of 256,
+ * S of 16 and at most 64, C of S; cmax, cmin: C floats of the piece's own. */
 static void rotq_codes_strips(int kind, const void *src, const float *rs, Py_ssize_t P,
                               Py_ssize_t R, Py_ssize_t C, Py_ssize_t S, float scale,
                               float inv127, int transposed, int8_t *out, float *step,

@@ -196,10 +196,12 @@ def rotate_quantize_cols_cpu(s: torch.Tensor, name: str, row_scale: torch.Tensor
 
     With the compiled loops, filling each tile from s (converting, transposing or scaling
     in cache), the rotation, the scale and the column extremes are one pass per L2-sized
-    tile, and the codes one more - no float32 copy of s, no transposed copy of the codes."""
+    tile, and the codes one more - no float32 copy of s, no transposed copy of the codes.
+    From a row-major source whose 64- or 32-column strips fit half the L2 (``FUSED_COLS``),
+    each strip goes through once instead, its steps and codes included (``rotq_codes``):
+    the float32 rotation then never reaches memory."""
     k, r = s.shape
     kp = padded_width(k, HADAMARD_BLOCK)
-    y = scratch(f"{name}.y", (kp, r), torch.float32)
     if row_scale is None and s.dtype == torch.bfloat16 and s.is_contiguous():
         kind, src = 0, s
     elif row_scale is None and s.dtype == torch.bfloat16 and s.t().is_contiguous():
@@ -212,6 +214,7 @@ def rotate_quantize_cols_cpu(s: torch.Tensor, name: str, row_scale: torch.Tensor
         got = _rotate_codes_compiled(kind, src, row_scale, k, kp, r, name, transposed)
         if got is not None:
             return got
+    y = scratch(f"{name}.y", (kp, r), torch.float32)
     cmax = torch.full((r,), -math.inf)
     cmin = torch.full((r,), math.inf)
     if kind is not None and _rotate_cols_compiled(kind, src, row_scale, k, y, HADAMARD_BLOCK,
