@@ -38,7 +38,7 @@ CPU path (``linear_int8_forward_cpu`` / ``linear_int8_backward_cpu``, what ``for
 and the autograd wrapper run): the same bits as the steps above, computed in an order that
 suits memory - the forward's int8 codes are kept for the backward, rotations run along
 dim 0 in L2-sized tiles (``quantize.rotate_quantize_dim0_cpu``) or, for dX's gradient, row
-by row (``quantize.rotate_quantize_rows_cpu``), weight-sized passes in row slabs,
+by row (``rotrows.rotate_quantize_rows_cpu``), weight-sized passes in row slabs,
 intermediates in ``open1b_kernels.core.workspace``. tests/kernels/test_linear_int8_cpu.py
 checks it against the steps written out literally.
 
@@ -59,13 +59,13 @@ from open1b_kernels.int8.checksum import SlabCheck
 from open1b_kernels.int8.gemm import MAX_K, exact_dequant_cpu, int8_mm, int8_mm_cpu
 from open1b_kernels.int8.route import CHECKED, int_gemm_route, record_failure
 from open1b_kernels.int8 import stegemm
+from open1b_kernels.int8.rotrows import rotate_quantize_rows_cpu
 from open1b_kernels.int8.weightcodes import weight_codes_triton
 # The quantizers live in open1b_kernels/int8/quantize.py; re-exported so that callers keep importing
 # them from the op that uses them.
 from open1b_kernels.int8.quantize import (BLOCK_K, BLOCK_R, FLT_MIN, HADAMARD_BLOCK, INV_127,  # noqa: F401
                               Q_MAX, RND, ROT_ROWS, SLAB, codes_, quantize, quantize_cpu,
                               rotate_quantize, rotate_quantize_cols_cpu,
-                              rotate_quantize_rows_cpu,
                               rotate_quantize_dim0_cpu, row_absmax_step,
                               row_absmax_step_cpu, safe_step, ste, ste_cpu)
 from open1b_kernels.core.reduce import tree_sum, tree_sum_cpu

@@ -23,7 +23,7 @@ up to the sign of a zero, which neither an int8 code nor the term t can show) an
 clamp only where it provably changes nothing. ``rotate_quantize_dim0_cpu`` is the CPU
 layout of ``rotate_quantize`` the linear's backward uses: it rotates along dim 0 in L2-sized
 tiles, so no weight-sized transpose is copied; the dX product's gradient rows go through
-``rotate_quantize_rows_cpu``, one row at a time in cache.
+``open1b_kernels.int8.rotrows.rotate_quantize_rows_cpu``, one row at a time in cache.
 
 Subnormals kept (IEEE). Inputs and steps must be finite: non-finite values give
 unspecified int8 codes, which is outside the parity contract.
@@ -240,30 +240,6 @@ def rotate_quantize_cols_cpu(s: torch.Tensor, name: str, row_scale: torch.Tensor
             tile[hi - lo:].zero_()
     codes, step = rotate_quantize_dim0_cpu(y, name, fill)
     return (codes.t().contiguous() if transposed else codes), step
-
-
-def rotate_quantize_rows_cpu(x: torch.Tensor, name: str):
-    """``rotate_quantize(x)`` of a bf16 (R, K) matrix in its own layout: (codes (R, Kp)
-    int8 row-major, scratch ``name``; steps (R,)) - the bits of ``rotate_quantize``.
-
-    The linear's dX product rotates its gradient's rows; ``rotate_quantize_cols_cpu`` of
-    the transposed view reaches them through a float32 transposed copy of the whole
-    gradient and two more sweeps over it. With the compiled loop (``rotq_rows`` in
-    _quantize.c) each row goes once through cache instead: widened, rotated block by
-    block, scaled, its extremes, its step and its codes. Else, or for another source, the
-    columns' path in this layout."""
-    r, k = x.shape
-    kp = padded_width(k, HADAMARD_BLOCK)
-    if not (LOOPS.available() and x.dtype == torch.bfloat16 and x.is_contiguous()
-            and HADAMARD_BLOCK == 256 and r and k):
-        return rotate_quantize_cols_cpu(x.t(), name, transposed=True)
-    codes = scratch(name, (r, kp), torch.int8)
-    step = torch.empty((r,), dtype=torch.float32)
-    src, out, st = flat(x.view(torch.int16)), flat(codes), flat(step)
-    parallel(lambda lo, hi, p: LOOPS.rotq_rows(src, r, k, kp, inv_sqrt(HADAMARD_BLOCK), INV_127, out,
-                                               st, lo, hi, p),
-             r, grain=max(1, PARALLEL_MIN // kp))
-    return codes, step
 
 
 def _quantize_compiled(x: torch.Tensor, div: torch.Tensor) -> torch.Tensor | None:

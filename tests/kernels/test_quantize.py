@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from open1b_kernels.core import backend, mathc
-from open1b_kernels.int8 import hadamard, linear as linear_int8, quantize
+from open1b_kernels.int8 import hadamard, linear as linear_int8, quantize, rotrows
 from tests.kernels.support import bits, needs_interpreter, same_bits
 from tests.kernels.support import needs_loops
 
@@ -203,7 +203,7 @@ def test_rotate_quantize_rows_gives_the_definitions_bits(compiled, monkeypatch, 
             x[5, 1] = float("inf")
             x[6, width - 1] = -float("inf")
         want_q, want_s = quantize.rotate_quantize(x.float())
-        q, st = quantize.rotate_quantize_rows_cpu(x, "test.rq_rows")
+        q, st = rotrows.rotate_quantize_rows_cpu(x, "test.rq_rows")
         assert q.shape == want_q.shape and q.is_contiguous()
         finite = want_s.isfinite()                  # a non-finite row's codes are unspecified
         assert torch.equal(q[finite], want_q[finite]), (rows, width)
@@ -248,7 +248,7 @@ def test_rotate_quantize_rows_is_the_stage_order_and_the_scale():
     g = torch.Generator().manual_seed(35)
     mag = 2.0 ** torch.randint(-20, 20, (64, 1024), generator=g).float()
     x = (torch.randn(64, 1024, generator=g) * mag).to(torch.bfloat16)
-    q, st = quantize.rotate_quantize_rows_cpu(x, "test.rq_rows")
+    q, st = rotrows.rotate_quantize_rows_cpu(x, "test.rq_rows")
     up = [1, 2, 4, 8, 16, 32, 64, 128]
     q_ok, st_ok = _rows_rotated(x, up, 0.0625)
     assert torch.equal(q, q_ok) and torch.equal(bits(st), bits(st_ok))
