@@ -296,17 +296,22 @@ def _rotate_cols_compiled(kind: int, src: torch.Tensor, row_scale: torch.Tensor 
     if not LOOPS.available():
         return False
     r, c = y.shape
-    bits = src.view(torch.int16) if src.dtype == torch.bfloat16 else src
+    sb, rs = _source(src, row_scale)
     if kind == 1:     # a transposed bf16 source: y filled first by one blocked transpose
-        sb = flat(bits)
         parallel(lambda lo, hi, p: LOOPS.widen_t(sb, flat(y), valid, c, r, lo * 64,
                                                  min(r, hi * 64), p), -(-r // 64), grain=4)
-    rs = (flat(row_scale.to(torch.float32).contiguous()) if row_scale is not None
-          else none())
-    args = (kind, flat(bits), rs, valid, flat(y), r, c, block, scale, flat(cmax), flat(cmin),
+    args = (kind, sb, rs, valid, flat(y), r, c, block, scale, flat(cmax), flat(cmin),
             tile_rows, tile_cols)
     parallel(lambda lo, hi, p: LOOPS.rotq(*args, lo, hi, p), c, grain=16)
     return True
+
+
+def _source(src: torch.Tensor, row_scale: torch.Tensor | None):
+    """The compiled rotations' source arguments: the source's storage as bf16 bits or int8,
+    and the row scale as float32 (an empty buffer without one)."""
+    bits = src.view(torch.int16) if src.dtype == torch.bfloat16 else src
+    return flat(bits), (flat(row_scale.to(torch.float32).contiguous())
+                        if row_scale is not None else none())
 
 
 def _strip_width(rows: int, cols: int) -> int | None:
@@ -329,10 +334,7 @@ def _rotate_codes_compiled(kind: int, src: torch.Tensor, row_scale: torch.Tensor
         return None
     codes = scratch(name, (r, kp) if transposed else (kp, r), torch.int8)
     step = torch.empty((r,), dtype=torch.float32)
-    bits = src.view(torch.int16) if src.dtype == torch.bfloat16 else src
-    rs = (flat(row_scale.to(torch.float32).contiguous()) if row_scale is not None
-          else none())
-    args = (kind, flat(bits), rs, valid, kp, r, width, inv_sqrt(HADAMARD_BLOCK), INV_127,
+    args = (kind, *_source(src, row_scale), valid, kp, r, width, inv_sqrt(HADAMARD_BLOCK), INV_127,
             transposed, flat(codes), flat(step))
     parallel(lambda lo, hi, p: LOOPS.rotq_codes(*args, lo, hi, p), r // width, grain=1)
     return codes, step
