@@ -13,7 +13,10 @@ Side by side with today's three rotations along the columns (the weight's column
 dX, the gradient's and the input codes' for dW: ``rotate_quantize_cols_cpu``'s fused pass,
 each strip of columns through L2 once) the way before it (``FUSED_COLS`` off: a float32
 copy of the whole matrix rotated in tiles, then a sweep for the codes), alone and inside
-the whole backward ("before": the backward with the fused pass off), with the ratio. The
+the whole backward ("before": the backward with the fused pass off), with the ratio; and
+the dX and dW GEMMs, the whole backward and the whole forward with the dequantization in
+the tile product's epilogue (the "amx" route's ``FUSED_DEQUANT``) against its second pass
+over the int32 product ("second pass, before"; the same code on other routes). The
 LM head + loss (``lmhead_forward``, ``xent_forward``, ``xent_backward``, dh and dW) at
 ``--tokens`` x 128,256. Anchor: each GEMM's int8 multiply-adds at the measured bare
 ``_int_mm`` rate. Median of ``--repeats`` after one warm-up, the linear's stages once each
@@ -30,7 +33,7 @@ import torch
 from benchmarks.machine import alternating_medians, report_end, report_head
 from open1b_kernels.core.backend import force
 from open1b_kernels.int8 import linear as lin
-from open1b_kernels.int8 import quantize, route
+from open1b_kernels.int8 import gemm, quantize, route
 from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops.xent import xent_backward, xent_forward
 from open1b_train.memory.allocator import keep_freed_memory
@@ -39,16 +42,26 @@ LINEARS = {"gate|up": (2_048, 11_264), "down": (5_632, 2_048), "q|o": (2_048, 2_
 VOCAB, D_MODEL = 128_256, 2_048
 
 
-def _tiles(fn):
-    """``fn`` with the columns' rotations as they ran before the fused pass (``FUSED_COLS``
-    off: the tiles into a float32 copy, then the codes' sweep) - the same bits."""
-    def run():
-        quantize.FUSED_COLS = False
-        try:
-            return fn()
-        finally:
-            quantize.FUSED_COLS = True
-    return run
+def _off(module, switch: str):
+    """``fn`` -> ``fn`` run with ``module.switch`` False (a way as it ran before) - the same
+    bits."""
+    def wrap(fn):
+        def run():
+            setattr(module, switch, False)
+            try:
+                return fn()
+            finally:
+                setattr(module, switch, True)
+        return run
+    return wrap
+
+
+# the columns' rotations before the fused pass (``FUSED_COLS`` off: the tiles into a float32
+# copy, then the codes' sweep)
+_tiles = _off(quantize, "FUSED_COLS")
+# the int8 GEMMs' dequantization before the tiles' epilogue (``FUSED_DEQUANT`` off: the
+# int32 product written, then the dequantization's own pass over it; the amx route only)
+_second_pass = _off(gemm, "FUSED_DEQUANT")
 
 
 def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:
@@ -75,22 +88,32 @@ def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:
         if not all(torch.equal(a, b) for a, b in zip(got, was)):
             raise SystemExit(f"{name}: the fused pass and the tiles differ: not comparable")
     backward = lambda: lin.linear_int8_backward_cpu(dy, x, w, sx, codes)  # noqa: E731
-    before, now = [t.clone() for t in _tiles(backward)()], backward()
-    if not all(torch.equal(a, b) for a, b in zip(before, now)):
-        raise SystemExit("the backward differs with the fused pass off: not comparable")
+    forward = lambda: lin.linear_int8_forward_cpu(x, w, sx)[0]  # noqa: E731
+    now = [t.clone() for t in backward()]
+    for way, off in (("the fused pass", _tiles), ("the tiles' dequantization", _second_pass)):
+        if not all(torch.equal(a, b) for a, b in zip(off(backward)(), now)):
+            raise SystemExit(f"the backward differs with {way} off: not comparable")
+    if not torch.equal(forward().view(torch.int16), _second_pass(forward)().view(torch.int16)):
+        raise SystemExit("the forward differs with the tiles' dequantization off: not comparable")
+    dx_gemm = lambda: lin.exact_dequant_cpu(qa, qb.t(), sa, sb, torch.float32)  # noqa: E731
+    dw_gemm = lambda: lin._dw_cpu(qa2, qb2.t(), sa2, sb2 * sx, outside,  # noqa: E731
+                                  torch.float32)
     stages = {}
     for name, fn in rotations.items():
         stages[name] = fn
         stages[f"{name} (tiles, before)"] = _tiles(fn)
     stages.update({
         "rotate dy (for dX), rows": lambda: lin.rotate_quantize_rows_cpu(dy, "stages.codes_g"),
-        "dX GEMM + dequant + check": lambda: lin.exact_dequant_cpu(qa, qb.t(), sa, sb,
-                                                                   torch.float32),
-        "dW GEMM in slabs": lambda: lin._dw_cpu(qa2, qb2.t(), sa2, sb2 * sx, outside,
-                                                torch.float32),
+        "dX GEMM + dequant + check": dx_gemm,
+        "dX GEMM + dequant + check (second pass, before)": _second_pass(dx_gemm),
+        "dW GEMM in slabs": dw_gemm,
+        "dW GEMM in slabs (second pass, before)": _second_pass(dw_gemm),
         "STE + term": lambda: lin.ste_cpu(dx_hat, x, sx, want_term=True, out_bf16=True),
         "whole backward": backward,
         "whole backward (before)": _tiles(backward),
+        "whole backward (second pass, before)": _second_pass(backward),
+        "whole forward": forward,
+        "whole forward (second pass, before)": _second_pass(forward),
         "bare dX _int_mm": lambda: route._raw_int_mm(qa, qb),
     })
     for fn in stages.values():                                     # warm-up
@@ -98,8 +121,12 @@ def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:
     # every stage once a round, so that the before / now pairs are timed side by side
     ms = {name: t * 1e3 for name, t in alternating_medians(stages, repeats).items()}
     rows = [f"| {m} x {k} -> {n} | {name} | {t:.1f} |" for name, t in ms.items()]
-    for what, a, b in [(f"{name}", f"{name} (tiles, before)", name) for name in rotations] + [
-            ("whole backward", "whole backward (before)", "whole backward")]:
+    pairs = [(name, f"{name} (tiles, before)", name) for name in rotations] + [
+        ("whole backward", "whole backward (before)", "whole backward")] + [
+        (f"{name}, tiles' dequantization", f"{name} (second pass, before)", name)
+        for name in ("dX GEMM + dequant + check", "dW GEMM in slabs", "whole backward",
+                     "whole forward")]
+    for what, a, b in pairs:
         rows.append(f"| {m} x {k} -> {n} | {what}: before / now | **{ms[a] / ms[b]:.2f}x** |")
     return rows
 

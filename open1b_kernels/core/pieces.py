@@ -97,12 +97,21 @@ def row_pieces(r: int, c: int, max_threads: int, fn) -> torch.Tensor:
     (pieces, C); returns the parts' total - integer sums, the same in any split. With
     ``team()`` one call over all rows (the loop cuts them the same way), else one call per
     piece on this module's pool."""
-    threads = max(1, min(torch.get_num_threads(), max_threads, r))
-    parts = torch.zeros((threads, c), dtype=torch.int64)
+    return piece_sums(r, max_threads, (c,), fn)[0]
+
+
+def piece_sums(n: int, max_threads: int, lengths: tuple[int, ...], fn) -> list[torch.Tensor]:
+    """``fn(lo, hi, *parts, pieces)`` over units [0, n) in one piece per thread (at most
+    ``max_threads``), piece i adding into its own int64 row i of each ``parts[j]`` (pieces,
+    lengths[j]); returns each part's total over the pieces - integer sums, the same in any
+    split. With ``team()`` one call over all units (the loop cuts them the same way), else
+    one call per piece on this module's pool."""
+    threads = max(1, min(torch.get_num_threads(), max_threads, n))
+    parts = [torch.zeros((threads, length), dtype=torch.int64) for length in lengths]
     if threads == 1 or team():
-        fn(0, r, parts.reshape(-1).numpy(), threads)
-        return parts.sum(0)
-    step = -(-r // threads)
-    _each(lambda i: fn(min(r, i * step), min(r, (i + 1) * step), parts[i].numpy(), 1),
-          list(range(threads)))
-    return parts.sum(0)
+        fn(0, n, *(part.reshape(-1).numpy() for part in parts), threads)
+        return [part.sum(0) for part in parts]
+    step = -(-n // threads)
+    _each(lambda i: fn(min(n, i * step), min(n, (i + 1) * step),
+                       *(part[i].numpy() for part in parts), 1), list(range(threads)))
+    return [part.sum(0) for part in parts]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from open1b_kernels.core.mathc import Loops, flat
-from open1b_kernels.core.pieces import parallel
+from open1b_kernels.core.pieces import parallel, piece_sums
 from open1b_kernels.core.workspace import scratch
 from open1b_kernels.int8.pairmm import source
 
@@ -108,6 +108,37 @@ def product(a: Packed, b: Packed, out: torch.Tensor) -> torch.Tensor:
     parallel(lambda lo, hi, p: LOOPS.amx_product(direct, a.lda, ap, bp, c, m, n, a.k, by_cols,
                                                  lo, hi, p), units, grain=1)
     return out
+
+
+def product_dequant(a: Packed, b: Packed, row_scale: torch.Tensor, col_scale: torch.Tensor,
+                    out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``product(a, b)`` dequantized as ``open1b_kernels.int8.gemm.dequantize_cpu`` does it,
+    per 32 x 32 block while it is in cache, into ``out`` (contiguous float32 or bfloat16
+    (M, N)): ``rn(rn(float(acc) * row_scale[m]) * col_scale[n])``, then RNE to bf16 - the
+    int32 product never reaches memory. Returns the int32 product's exact int64 (row sums,
+    column sums), taken from the values dequantized, for the caller's check. ``row_scale``
+    float32 (M,) or (1,), ``col_scale`` float32 (N,). Needs ``available()``."""
+    m, n = a.lines, b.lines
+    if a.b_side or not b.b_side or a.k != b.k:
+        raise ValueError(f"amxmm.product_dequant: an A side and a B side of one K, got "
+                         f"({a.lines}, {a.k}, B={a.b_side}) and ({b.lines}, {b.k}, B={b.b_side})")
+    if (out.dtype not in (torch.float32, torch.bfloat16) or out.shape != (m, n)
+            or not out.is_contiguous()):
+        raise ValueError(f"amxmm.product_dequant: out must be contiguous float32 or bfloat16 "
+                         f"{(m, n)}, got {out.dtype} {tuple(out.shape)}")
+    rs = row_scale.reshape(-1).to(torch.float32).contiguous()
+    cs = col_scale.reshape(-1).to(torch.float32).contiguous()
+    if rs.numel() not in (1, m) or cs.numel() != n:
+        raise ValueError(f"amxmm.product_dequant: scales of {m} rows (or 1) and {n} columns, "
+                         f"got {rs.numel()} and {cs.numel()}")
+    by_cols = m < UNIT * torch.get_num_threads() * 2 <= n
+    units = -(-(n if by_cols else m) // UNIT)
+    bf = out.dtype == torch.bfloat16
+    args = (flat(a.direct) if a.direct is not None else _EMPTY, a.lda, flat(a.data),
+            flat(b.data), rs.numpy(), cs.numpy(), flat(out.view(torch.int16) if bf else out), bf)
+    rows, cols = piece_sums(units, units, (m, n), lambda lo, hi, rp, cp, p: LOOPS.amx_product_dq(
+        *args, rp, cp, m, n, a.k, by_cols, lo, hi, p))
+    return rows, cols
 
 
 _EMPTY = torch.empty(0, dtype=torch.int8).numpy()

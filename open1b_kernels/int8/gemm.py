@@ -54,6 +54,10 @@ INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 4}
 
 _OUT_DTYPES = (torch.int32, torch.float32, torch.bfloat16)
 LOOPS = Loops("open1b_kernels.int8._int8c")    # the CPU epilogue compiled: _gemm.c
+# On the "amx" route the dequantization runs inside the tile product, per 32 x 32 block in
+# cache (``amxmm.product_dequant``); False writes the int32 product and dequantizes it in a
+# second pass (``_dequant_compiled``) - the same bits (tests), kept to measure against
+FUSED_DEQUANT = True
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, row_scale, col_scale, out_dtype) -> None:
@@ -180,6 +184,16 @@ def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
         if _dequant_compiled(acc, row_scale, col_scale, y, sums=False) is not None:
             return y
         return dequantize_cpu(acc, row_scale, col_scale, out_dtype, out=out)
+    if (m and n and a.shape[1] > 1 and route.int_gemm_route() == "amx" and FUSED_DEQUANT
+            and (out is None or out_dtype == torch.float32)):
+        # the tiles dequantize each block of the product while it is in cache: no int32
+        # product in memory, and the sums checked are those of the values dequantized
+        y = out if out is not None else torch.empty((m, n), dtype=out_dtype)
+        sums = route._amx_dequant_mm(a, b_tiles if b_tiles is not None else b, row_scale,
+                                     col_scale, y)
+        if slabs.rows_ok(None, a, sums) if slabs is not None else checksum_ok(None, a, b, sums):
+            return y
+        route.record_failure(f"checksum failed on a {m}x{a.shape[1]}x{n} GEMM")
     if (m and n and a.shape[1] > 1 and route.int_gemm_route() in route.CHECKED
             and LOOPS.available()
             and (out is None or out_dtype == torch.float32)):

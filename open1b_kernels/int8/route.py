@@ -106,6 +106,16 @@ def _amx_int_mm(a: torch.Tensor, b_t, out: torch.Tensor | None = None) -> torch.
     return amxmm.amx_mm(a, b_t if isinstance(b_t, amxmm.Packed) else b_t.t(), out)
 
 
+def _amx_dequant_mm(a: torch.Tensor, b, row_scale: torch.Tensor, col_scale: torch.Tensor,
+                    out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The AMX tile GEMM of int8 (M, K) ``a`` and (N, K) ``b`` (or ``b`` packed already)
+    dequantized into ``out`` block by block (``amxmm.product_dequant``); returns the int32
+    product's (row sums, column sums) for the caller's check (tests replace this)."""
+    bp = b if isinstance(b, amxmm.Packed) else amxmm.pack(b, True, "amxmm.b")
+    return amxmm.product_dequant(amxmm.pack(a, False, "amxmm.a"), bp, row_scale, col_scale,
+                                 out)
+
+
 def _raw_int_mm(a: torch.Tensor, b_t: torch.Tensor, out: torch.Tensor | None = None
                 ) -> torch.Tensor:
     """The checked routes' int8 GEMM, a (M, K) @ b_t (K, N) -> int32 (into ``out`` when

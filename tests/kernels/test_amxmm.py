@@ -100,6 +100,93 @@ def test_out_and_bad_arguments():
                                 torch.zeros(36, dtype=torch.int32).numpy(), 9, 4, 5, False, 0, 1)
 
 
+def _dequant_ref(a, b, rs, cs, dtype):
+    acc = _exact(a, b)
+    return gemm.dequantize_cpu(acc.to(torch.int32), rs, cs, dtype), acc
+
+
+def _bits(t):
+    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+@needs_amx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,k,n,per_row", [(1, 5, 1, True), (33, 128, 17, True),
+                                           (70, 320, 90, False), (100, 2049, 70, True),
+                                           (40, 300, 3000, True), (2048, 64, 1056, True)])
+def test_the_product_dequantized_in_its_tiles_gives_the_second_pass_bits(m, k, n, per_row,
+                                                                       dtype):
+    # edges (rows and columns not a multiple of 32), per-tensor and per-row steps, units
+    # of columns (few rows), and outputs past STREAM_MIN_BYTES (2,048 x 1,056: 8.3 MB of
+    # float32 stored by streaming stores; in bf16 under it), with extremes: the largest
+    # product, a zero step, a subnormal one, a NaN one, one that overflows to inf
+    g = torch.Generator().manual_seed(m + k + n)
+    a = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    a[0], b[0] = -128, -128
+    rs = torch.rand(m if per_row else 1, generator=g) * 1e-3
+    cs = torch.rand(n, generator=g) * 1e-2
+    cs[0] = 3e38
+    if n > 3:
+        cs[1], cs[2], cs[3] = 0.0, 1e-40, float("nan")
+    want, acc = _dequant_ref(a, b, rs, cs, dtype)
+    for aa in _layouts(a):
+        out = torch.full((m, n), 7, dtype=dtype)
+        rows, cols = amxmm.product_dequant(amxmm.pack(aa, False, "t.a"),
+                                           amxmm.pack(b, True, "t.b"), rs, cs, out)
+        assert torch.equal(_bits(out), _bits(want))
+        assert torch.equal(rows, acc.sum(1)) and torch.equal(cols, acc.sum(0))
+
+
+@needs_amx
+def test_the_dequantized_products_thread_cut_does_not_change_the_bits(monkeypatch):
+    # each piece adds its own row and column sums: one piece per unit gives the same
+    import open1b_kernels.core.pieces as pieces
+    g = torch.Generator().manual_seed(2)
+    a = torch.randint(-128, 128, (250, 700), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (90, 700), generator=g, dtype=torch.int8)
+    rs, cs = torch.rand(250, generator=g), torch.rand(90, generator=g)
+    want, acc = _dequant_ref(a, b, rs, cs, torch.float32)
+    for split in (False, True):
+        if split:
+            monkeypatch.setattr(pieces, "team", lambda: False)
+            monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+        out = torch.empty((250, 90))
+        rows, cols = amxmm.product_dequant(amxmm.pack(a, False, "t.a"),
+                                           amxmm.pack(b, True, "t.b"), rs, cs, out)
+        assert torch.equal(_bits(out), _bits(want))
+        assert torch.equal(rows, acc.sum(1)) and torch.equal(cols, acc.sum(0))
+
+
+@needs_amx
+def test_a_product_past_the_caches_streamed_to_memory_is_exact():
+    # 1,024 x 2,048 int32 = 8 MB: C's whole blocks by streaming stores, its edge rows not
+    g = torch.Generator().manual_seed(4)
+    a = torch.randint(-128, 128, (1030, 64), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (2048, 64), generator=g, dtype=torch.int8)
+    assert torch.equal(amxmm.amx_mm(a, b).to(torch.int64), _exact(a, b))
+
+
+@needs_amx
+def test_the_dequantized_product_refuses_bad_arguments():
+    a = amxmm.pack(torch.ones((9, 5), dtype=torch.int8), False, "t.a")
+    b = amxmm.pack(torch.ones((4, 5), dtype=torch.int8), True, "t.b")
+    rs, cs = torch.ones(9), torch.ones(4)
+    with pytest.raises(ValueError, match="contiguous float32 or bfloat16"):
+        amxmm.product_dequant(a, b, rs, cs, torch.empty((9, 4), dtype=torch.int32))
+    with pytest.raises(ValueError, match="scales of 9 rows"):
+        amxmm.product_dequant(a, b, rs[:3], cs, torch.empty((9, 4)))
+    with pytest.raises(ValueError, match="an A side and a B side"):
+        amxmm.product_dequant(b, a, cs, rs, torch.empty((4, 9)))
+    e, f = torch.empty(0, dtype=torch.int8).numpy(), torch.ones(4).numpy()
+    with pytest.raises(ValueError, match="buffer"):       # the C side checks sizes too
+        amxmm.LOOPS.amx_product_dq(e, 0, a.data.numpy(), b.data.numpy(), torch.ones(9).numpy(),
+                                   f, torch.empty(36).numpy(), False,
+                                   torch.zeros(9, dtype=torch.int64).numpy(),
+                                   torch.zeros(3, dtype=torch.int64).numpy(), 9, 4, 5, False,
+                                   0, 1)
+
+
 @needs_amx
 def test_auto_picks_amx_where_it_runs_and_says_why(route, monkeypatch):
     route("auto")
@@ -142,27 +229,40 @@ def test_a_failed_amx_probe_is_reported_and_another_route_taken(route, monkeypat
 
 
 @needs_amx
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("fault", ["one element", "cancelling in a row"])
-def test_an_amx_fault_the_probe_misses_is_caught_and_recomputed(route, monkeypatch, fault):
+def test_an_amx_fault_the_probe_misses_is_caught_and_recomputed(route, monkeypatch, fault,
+                                                                 fused):
     # tile state lost on a context switch would look like this: exact on the probe's shapes,
     # wrong on a larger product - caught by the sums in the dequantization's pass (a pair
-    # of errors cancelling in a row by the column sums), counted, recomputed on float
+    # of errors cancelling in a row by the column sums), counted, recomputed on float. Fused:
+    # the tiles' epilogue reports the sums of the wrong product it dequantized
     a = torch.randint(-128, 128, (48, 2100), dtype=torch.int8)
     b = torch.randint(-128, 128, (29, 2100), dtype=torch.int8)
     rs, cs = torch.rand(48) * 1e-3, torch.rand(29) * 1e-2
+    monkeypatch.setattr(gemm, "FUSED_DEQUANT", fused)
     route("float")
     want = gemm.int8_mm_cpu(a, b, rs, cs, torch.bfloat16)
-    real = amxmm.amx_mm
+    real, real_dq = amxmm.amx_mm, gemm_route._amx_dequant_mm
+    wrong = {(3, 5): 1} if fault == "one element" else {(3, 5): 1, (3, 6): -1}
 
     def faulty_on_large(a, b_t, out=None):
         got = real(a, b_t.t(), out)
         if a.shape[0] >= 40:
-            got[3, 5] += 1
-            if fault == "cancelling in a row":
-                got[3, 6] -= 1
+            for (r, c), d in wrong.items():
+                got[r, c] += d
         return got
 
+    def faulty_dequant_on_large(a, b, rs, cs, out):
+        rows, cols = real_dq(a, b, rs, cs, out)
+        if a.shape[0] >= 40:
+            for (r, c), d in wrong.items():
+                rows[r] += d
+                cols[c] += d
+        return rows, cols
+
     monkeypatch.setattr(gemm_route, "_amx_int_mm", faulty_on_large)
+    monkeypatch.setattr(gemm_route, "_amx_dequant_mm", faulty_dequant_on_large)
     route("amx")
     assert gemm_route.int_gemm_route() == "amx"
     with pytest.warns(RuntimeWarning, match="checksum failed on a 48x2100x29 GEMM"):
