@@ -15,8 +15,10 @@ each strip of columns through L2 once) the way before it (``FUSED_COLS`` off: a 
 copy of the whole matrix rotated in tiles, then a sweep for the codes), alone and inside
 the whole backward ("before": the backward with the fused pass off), with the ratio; and
 the dX and dW GEMMs, the whole backward and the whole forward with the dequantization in
-the tile product's epilogue (the "amx" route's ``FUSED_DEQUANT``) against its second pass
-over the int32 product ("second pass, before"; the same code on other routes). The
+the tile product's epilogue (the "amx" route's ``FUSED_DEQUANT``, results past the caches
+by streaming stores) against its second pass over the int32 product with every result
+stored through the caches ("second pass, before": the code before 2026-12-07; the same
+code on other routes). The
 LM head + loss (``lmhead_forward``, ``xent_forward``, ``xent_backward``, dh and dW) at
 ``--tokens`` x 128,256. Anchor: each GEMM's int8 multiply-adds at the measured bare
 ``_int_mm`` rate. Median of ``--repeats`` after one warm-up, the linear's stages once each
@@ -33,7 +35,7 @@ import torch
 from benchmarks.machine import alternating_medians, report_end, report_head
 from open1b_kernels.core.backend import force
 from open1b_kernels.int8 import linear as lin
-from open1b_kernels.int8 import gemm, quantize, route
+from open1b_kernels.int8 import amxmm, gemm, quantize, route
 from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops.xent import xent_backward, xent_forward
 from open1b_train.memory.allocator import keep_freed_memory
@@ -59,9 +61,21 @@ def _off(module, switch: str):
 # the columns' rotations before the fused pass (``FUSED_COLS`` off: the tiles into a float32
 # copy, then the codes' sweep)
 _tiles = _off(quantize, "FUSED_COLS")
-# the int8 GEMMs' dequantization before the tiles' epilogue (``FUSED_DEQUANT`` off: the
-# int32 product written, then the dequantization's own pass over it; the amx route only)
-_second_pass = _off(gemm, "FUSED_DEQUANT")
+
+
+def _second_pass(fn):
+    """``fn`` with the int8 GEMMs' dequantization as it ran before the tiles' epilogue
+    (``FUSED_DEQUANT`` off: the int32 product written, then the dequantization's own pass
+    over it) and no streaming stores (``amxmm.stream_min_bytes``) - the amx route only; the
+    same bits."""
+    def run():
+        was = amxmm.stream_min_bytes(1 << 62) if amxmm.available() else None
+        try:
+            return _off(gemm, "FUSED_DEQUANT")(fn)()
+        finally:
+            if was is not None:
+                amxmm.stream_min_bytes(was)
+    return run
 
 
 def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:

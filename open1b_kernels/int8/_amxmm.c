@@ -289,9 +289,9 @@ static void stream_block(const int32_t *blk, int32_t *c, Py_ssize_t N) {
  * one stays in cache for it), with whole 64-byte lines. Measured on the 2-core AMX Xeon VM
  * at 4,096 x 2,048 x 11,264: the int32 product 49 -> 44 ms, the product dequantized to bf16
  * 61 -> 45 ms (the cache no longer reads each line of C before writing it). */
-#define STREAM_MIN_BYTES (8 << 20)
+static Py_ssize_t stream_min_bytes = 8 << 20;    /* amx_stream() reads and sets it */
 static int streams(const void *base, Py_ssize_t bytes, Py_ssize_t row_bytes) {
-    return HAVE_V4 && bytes >= STREAM_MIN_BYTES && ((uintptr_t)base & 63) == 0 &&
+    return HAVE_V4 && bytes >= stream_min_bytes && ((uintptr_t)base & 63) == 0 &&
            row_bytes % 64 == 0;
 }
 
@@ -475,6 +475,15 @@ static PyObject *py_amx_product_dq(PyObject *self, PyObject *args) {
                   &ap, &bp, &rs, &cs, &out, &rows, &cols);
 }
 
+static PyObject *py_amx_stream(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_ssize_t bytes = -1;
+    if (!PyArg_ParseTuple(args, "|n", &bytes)) return NULL;
+    Py_ssize_t was = stream_min_bytes;
+    if (bytes >= 0) stream_min_bytes = bytes;
+    return PyLong_FromSsize_t(was);
+}
+
 static PyObject *py_amx_cpu(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -503,6 +512,9 @@ EXT_METHODS(amxmm) = {
      "[u0, u1) (of columns with by_cols, else of rows) of the exact int32 product of A and "
      "packed B; A packed in ap, or (a not empty) row-major in a with its last M % 32 rows "
      "packed in ap."},
+    {"amx_stream", py_amx_stream, METH_VARARGS,
+     "amx_stream([min_bytes]): the smallest result the tile products store by streaming "
+     "stores (before this call); min_bytes sets it."},
     {"amx_product_dq", py_amx_product_dq, METH_VARARGS,
      "amx_product_dq(a, lda, ap, bp, rs, cs, out, out_bf16, rows, cols, M, N, K, by_cols, u0, "
      "u1[, pieces]): amx_product's units with open1b_kernels.int8.gemm's dequantization "

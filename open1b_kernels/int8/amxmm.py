@@ -141,6 +141,13 @@ def product_dequant(a: Packed, b: Packed, row_scale: torch.Tensor, col_scale: to
     return rows, cols
 
 
+def stream_min_bytes(n: int | None = None) -> int:
+    """The smallest result (bytes) the tile products write by streaming stores, past the
+    caches (``streams`` in _amxmm.c: 8 MB); ``n`` sets it (a huge ``n``: never, as before
+    2026-12-07 - what the benchmarks compare with). Returns the setting before the call."""
+    return LOOPS.amx_stream() if n is None else LOOPS.amx_stream(n)
+
+
 _EMPTY = torch.empty(0, dtype=torch.int8).numpy()
 
 

@@ -165,6 +165,13 @@ def test_a_product_past_the_caches_streamed_to_memory_is_exact():
     a = torch.randint(-128, 128, (1030, 64), generator=g, dtype=torch.int8)
     b = torch.randint(-128, 128, (2048, 64), generator=g, dtype=torch.int8)
     assert torch.equal(amxmm.amx_mm(a, b).to(torch.int64), _exact(a, b))
+    was = amxmm.stream_min_bytes(1 << 62)            # the switch the benchmarks compare with
+    try:
+        assert amxmm.stream_min_bytes() == 1 << 62
+        assert torch.equal(amxmm.amx_mm(a, b).to(torch.int64), _exact(a, b))
+    finally:
+        amxmm.stream_min_bytes(was)
+    assert amxmm.stream_min_bytes() == was == 8 << 20
 
 
 @needs_amx
