@@ -31,6 +31,7 @@ the flat gradient in model order):
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from open1b_kernels.int8 import weightmemo
 from open1b_kernels.ops.adamw import AdamWConfig, adamw_step_
 from open1b_kernels.ops.gradnorm import clip_coefficient, grad_norm
 from open1b_train import statehash, validate
@@ -211,9 +213,15 @@ def compute_step(run: Run, state: State, batches: list[list[MicroBatch]], step: 
     lean = run.memory is not None and run.memory.lean
     if lean and spill is None:
         spill = file_spill(run.memory.scratch)
-    red = reduce_step(run.cfg, state.params, layout, batches, trace=trace, spill=spill,
-                      device=run.device, lean=lean,
-                      kept=run.memory.kept if lean else frozenset())
+    # the parameters are only read until the update: the linears' weight-side work is made
+    # on the first micro-batch and reused by the others (open1b_kernels.int8.weightmemo) -
+    # except under the lean plan, whose 16 GB cap the memo's ~1.1 GB would pass
+    memo = (weightmemo.held() if not lean and sum(len(mbs) for mbs in batches) > 1
+            else contextlib.nullcontext())
+    with memo:
+        red = reduce_step(run.cfg, state.params, layout, batches, trace=trace, spill=spill,
+                          device=run.device, lean=lean,
+                          kept=run.memory.kept if lean else frozenset())
     t1 = time.perf_counter()
     grad_digest = statehash.tensors_digest(layout.views(red.grad))   # before clipping
     t_hash = time.perf_counter() - t1

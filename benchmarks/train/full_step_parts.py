@@ -12,7 +12,13 @@ reference (``force("cpu")``, the bits the trainer computes):
   recompute + backward - except the layers whose activations it keeps
   as the free memory and the lean plan's peak allow (``memplan.fitting``: ``--free-gib``,
   default 22, what a 24 GB machine reports available, and ``memplan.LEAN_PEAK``, 16 GB),
-  which cost forward + backward as under resident.
+  which cost forward + backward as under resident. The resident plan's step opens the
+  weight memo (``open1b_kernels.int8.weightmemo``: each linear's codes and rotated dX
+  codes made by the step's first micro-batch, reused by the other 1,151 windows), so its
+  layer is also timed as a later window sees it: one forward + backward inside the memo's
+  scope first (reported as ``memo_first``), then the timed one (``resident``); the layer
+  with every value made (``resident_memo_off``, the code before 2026-12-07) is projected
+  beside it as the anchor.
 * **the LM head and loss** (2,048 -> 128,256, 3 int8 slices, cross-entropy + z-loss,
   forward and backward: ``lmhead_forward``, ``xent_forward``/``xent_backward``,
   ``lmhead_backward``) on ``--head-tokens`` tokens, scaled linearly to 4,096 (its GEMMs are
@@ -63,10 +69,14 @@ SEQ = 4096
 def time_layer(window: str) -> dict:
     from benchmarks.kernels.layer import setup
     from open1b_kernels.core.backend import force
+    from open1b_kernels.int8 import weightmemo
     from open1b_train.model import layer_backward, layer_forward, lean_entry
 
     mc, p, x, dy, _, _ = setup(SEQ, window)
     with force("cpu"):
+        # untimed: this layer's fresh tensors and buffers met once, so that both ways below
+        # are timed as a later window meets them
+        layer_backward(mc, p, 0, dy, layer_forward(mc, p, 0, x, None)[1], {}, None)
         t0 = time.perf_counter()
         _, saved = layer_forward(mc, p, 0, x, None)
         t1 = time.perf_counter()
@@ -77,9 +87,22 @@ def time_layer(window: str) -> dict:
         t3 = time.perf_counter()
         layer_backward(mc, p, 0, dy, saved, {}, None)
         t4 = time.perf_counter()
+        del saved
+        # the resident plan's steady window: a step's later micro-batches find the weights'
+        # values made by its first (open1b_kernels.int8.weightmemo) - timed after that first
+        with weightmemo.held():
+            t5 = time.perf_counter()
+            layer_backward(mc, p, 0, dy, layer_forward(mc, p, 0, x, None)[1], {}, None)
+            t6 = time.perf_counter()
+            _, saved = layer_forward(mc, p, 0, x, None)
+            t7 = time.perf_counter()
+            layer_backward(mc, p, 0, dy, saved, {}, None)
+            t8 = time.perf_counter()
     forward, recompute, backward = t1 - t0, t3 - t2, t4 - t3
     return {"forward": forward, "recompute": recompute, "backward": backward,
-            "lean": forward + recompute + backward, "resident": forward + backward}
+            "lean": forward + recompute + backward, "resident": t8 - t6,
+            "resident_memo_off": forward + backward, "memo_first": t6 - t5,
+            "memo_forward": t7 - t6, "memo_backward": t8 - t7}
 
 
 def time_head(tokens: int) -> dict:
@@ -130,14 +153,18 @@ def main_batch_windows() -> int:
     return int(phases[1]["batch_sequences"])
 
 
-def layers_seconds(layers: dict, m, kept: frozenset[int] | None) -> float:
-    """One window's layers: resident (``kept`` None: forward + backward for every layer)
-    or lean (forward + recompute + backward, forward + backward for the layers in ``kept``); a
-    layer kind not measured counts as the other."""
+def layers_seconds(layers: dict, m, kept: frozenset[int] | None,
+                   resident: str = "resident") -> float:
+    """One window's layers: resident (``kept`` None: forward + backward for every layer, the
+    weights' values made by the step's first window - ``resident`` = "resident_memo_off":
+    made in every window, as before 2026-12-07) or lean (forward + recompute + backward,
+    forward + backward for the layers in ``kept``); a layer kind not measured counts as the
+    other."""
     win = layers.get("512", layers.get("full"))
     full = layers.get("full", win)
     return sum((full if i in m.full_layers else win)[
-        "resident" if kept is None or i in kept else "lean"] for i in range(m.n_layers))
+        resident if kept is None else "resident_memo_off" if i in kept else "lean"]
+        for i in range(m.n_layers))
 
 
 def full_step_lines(parts: dict, m, cores: int, update: float | None,
@@ -151,15 +178,19 @@ def full_step_lines(parts: dict, m, cores: int, update: float | None,
     threads = torch.get_num_threads()
     keeps = f"lean, {len(kept)} layers kept"
 
-    def window(alloc: str, k: frozenset[int] | None) -> float:
+    def window(alloc: str, k: frozenset[int] | None, resident: str = "resident") -> float:
         layers, head = parts.get(alloc) or next(iter(parts.values()))
-        return layers_seconds(layers, m, k) + head["at_4096"]
+        return layers_seconds(layers, m, k, resident) + head["at_4096"]
 
-    per = {"resident": window("resident", None), "lean:0": window("lean", frozenset()),
-           keeps: window("lean", kept)}
+    memo_off = "resident, weight memo off"
+    per = {"resident": window("resident", None),
+           memo_off: window("resident", None, "resident_memo_off"),
+           "lean:0": window("lean", frozenset()), keeps: window("lean", kept)}
     windows = main_batch_windows()
     out = [f"Full Open-1B step ({windows:,} windows of 4,096 tokens), per window: resident "
-           f"plan (forward + backward) {per['resident']:,.0f} s, lean plan recomputing every "
+           f"plan (forward + backward, the weights' values made by the step's first window: "
+           f"`weightmemo`) {per['resident']:,.0f} s ({per[memo_off]:,.0f} s with them made in "
+           f"every window), lean plan recomputing every "
            f"layer (`lean:0`, forward + recompute + backward) {per['lean:0']:,.0f} s, lean keeping "
            f"the {len(kept)} layers' activations {free_gib:g} GiB available and the plan's "
            f"{memplan.LEAN_PEAK / 1e9:g} GB peak hold (`memplan.fitting`) {per[keeps]:,.0f} s, "
@@ -170,7 +201,7 @@ def full_step_lines(parts: dict, m, cores: int, update: float | None,
            + (f"{update:,.0f} s (measured, added once)." if update is not None else
               "not included."), "",
            "| machine | plan | one full step |", "|---|---|---|"]
-    for plan in ("resident", "lean:0", keeps):
+    for plan in ("resident", memo_off, "lean:0", keeps):
         for c, label in ((threads, f"this machine, {threads} cores"),
                          (cores, f"{cores} cores of this kind ({max(1, cores // threads)} "
                                  f"windows at once, linear: a lower bound)")):

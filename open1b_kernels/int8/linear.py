@@ -58,7 +58,7 @@ from open1b_kernels.int8 import amxmm
 from open1b_kernels.int8.checksum import SlabCheck
 from open1b_kernels.int8.gemm import MAX_K, exact_dequant_cpu, int8_mm, int8_mm_cpu
 from open1b_kernels.int8.route import CHECKED, int_gemm_route, record_failure
-from open1b_kernels.int8 import stegemm
+from open1b_kernels.int8 import stegemm, weightmemo
 from open1b_kernels.int8.rotrows import rotate_quantize_rows_cpu
 from open1b_kernels.int8.weightcodes import weight_codes_triton
 # The quantizers live in open1b_kernels/int8/quantize.py; re-exported so that callers keep importing
@@ -186,7 +186,7 @@ def linear_int8_forward_cpu(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor)
     """(y, codes): the forward's y and the codes ``linear_int8_backward_cpu`` reuses."""
     _check(x, w, s_x)
     sx = s_x.reshape(1).to(torch.float32)
-    q_w, sw, outside = weight_codes_cpu(w)
+    q_w, sw, outside = weightmemo.get(w, "codes", lambda: weight_codes_cpu(w))
     q_x = quantize_cpu(x, sx)
     return int8_mm_cpu(q_x, q_w, sx, sw, torch.bfloat16), (q_x, q_w, sw, outside)
 
@@ -199,13 +199,18 @@ def linear_int8_backward_cpu(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     m, k = x.shape
     sx = s_x.reshape(1).to(torch.float32)
     if codes is None:
-        codes = (quantize_cpu(x, sx), *weight_codes_cpu(w))
+        codes = (quantize_cpu(x, sx),
+                 *weightmemo.get(w, "codes", lambda: weight_codes_cpu(w)))
     q_x, q_w, sw, outside = codes
     dy = dy.to(torch.bfloat16).contiguous()
     # dX_hat = G @ w_hat, contraction over N: rotate w_hat^T's rows = w_hat's columns,
     # w_hat = rn(q_w * sw[n]); and G's rows, each in one pass through cache, their codes
-    # row-major - the layout every route's GEMM takes as it is
-    qb, sb = rotate_quantize_cols_cpu(q_w, "linear.codes_w", row_scale=sw)       # (Np, K)
+    # row-major - the layout every route's GEMM takes as it is. w_hat's codes are the
+    # weight's alone: made once per step inside weightmemo.held() (kept as a copy: the
+    # rotation writes a reused buffer)
+    qb, sb = weightmemo.get(
+        w, "dx_codes", lambda: rotate_quantize_cols_cpu(q_w, "linear.codes_w", row_scale=sw),
+        keep=lambda v: (v[0].clone(), v[1].clone()))                                # (Np, K)
     qa, sa = rotate_quantize_rows_cpu(dy, "linear.codes_g")                       # (M, Np)
     dx_hat = exact_dequant_cpu(qa, qb.t(), sa, sb, torch.float32)
     # dW = G^T @ x_hat = s_x * (G^T @ q_x): contraction over M; G^T's codes in (N, Mp)

@@ -126,10 +126,11 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str, kept: int = 0) -> int:
     when dp_shard > 1. resident adds both moments (8 per slot), the micro-batch's gradient
     dict (4 per parameter), every layer's saved activations and int8 weight codes, the
     logits and dlogits with the loss's full-size temporaries (about 5 x 4 bytes per token
-    per vocabulary entry), the AdamW temporaries of the largest parameter, a checkpoint's
-    bytes held in memory, attention's and the linears' working sets; TreeFold partials when
-    dp_replicate > 1 (log2 R + 1). lean adds every layer's input with its attention's output
-    and log-sum-exp (``model.lean_entry``), the largest parameter's
+    per vocabulary entry), the weights' rotated dX codes a step keeps (``weightmemo``), the
+    AdamW temporaries of the largest parameter, a checkpoint's bytes held in memory,
+    attention's and the linears' working sets; TreeFold partials when dp_replicate > 1
+    (log2 R + 1). lean adds every layer's input with its attention's output and log-sum-exp
+    (``model.lean_entry``), the largest parameter's
     gradient in flight, and the largest of its three phases' working sets - they do not
     overlap, since the model frees the layers' reused scratch before the head and the head
     its own after each part (``open1b_kernels.core.workspace.release``): the layers (one layer's
@@ -165,9 +166,12 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str, kept: int = 0) -> int:
     base = params + flat + extra_shard
     if plan == "resident":
         head = 5 * 4 * tokens * m.vocab
+        # a step of several micro-batches keeps each weight's rotated dX codes (int8) for
+        # the whole step (open1b_kernels.int8.weightmemo; its codes are in ``layer``)
+        memo = m.n_layers * d * (2 * hq + 2 * hkv + 3 * f)
         return (base + 2 * flat + 4 * sum(s.numel for s in specs) + m.n_layers * layer
                 + head + 10 * largest + params + 2 * flat + fold + attention + linears
-                + RUNTIME)
+                + memo + RUNTIME)
     # the head's dh part, its largest: the logits buffer (float32, dlogits in place), the
     # weight's int8 slices (by columns: the contraction runs over the vocabulary), one
     # HEAD_ROWS block of dlogits' slices, the level operands of one contraction chunk

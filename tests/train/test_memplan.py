@@ -292,3 +292,26 @@ def test_lean_keeps_layers_only_within_its_peak(tmp_path, monkeypatch):
     assert plan.kept == frozenset(memplan.keep_order(cfg.model)[:n])
     assert plan.estimate["lean"] <= memplan.LEAN_PEAK
     assert memplan.choose("lean:14", cfg, 4097, str(tmp_path), free).estimate["lean"] > 18 << 30
+
+
+def test_resident_steps_make_the_weights_values_once_and_keep_the_golden_bits(
+        tmp_path, micro_mix, monkeypatch):
+    # a resident step of several micro-batches opens the weight memo (each linear's codes
+    # and rotated dX codes made on the first micro-batch, reused by the others) and its
+    # lines are still the golden ones; the lean plan never opens it (its 16 GB cap)
+    import contextlib
+    from open1b_kernels.int8 import weightmemo
+    seen, real = [], weightmemo.held
+
+    @contextlib.contextmanager
+    def recording():
+        with real() as stats:
+            yield stats
+        seen.append(stats)
+
+    monkeypatch.setattr(weightmemo, "held", recording)
+    lines = train_to("micro", micro_mix, str(tmp_path / "resident"), 2, "resident")
+    assert tj.first_difference(golden("micro"), lines) is None
+    assert len(seen) == 2 and all(s.made and s.reused > s.made and not s.changed for s in seen)
+    train_to("micro", micro_mix, str(tmp_path / "lean"), 1, "lean:0")
+    assert len(seen) == 2
