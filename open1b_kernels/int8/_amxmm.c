@@ -199,6 +199,7 @@ typedef struct {
     uint16_t *o16;
     int64_t *rows, *cols;
     int stream;
+    int v4;     /* the CPU runs x86-64-v4 (every AMX CPU so far; checked, not assumed) */
 } dq_epi;
 
 #if HAVE_V4
@@ -292,7 +293,7 @@ static void stream_block(const int32_t *blk, int32_t *c, Py_ssize_t N) {
 static Py_ssize_t stream_min_bytes = 8 << 20;    /* amx_stream() reads and sets it */
 static int streams(const void *base, Py_ssize_t bytes, Py_ssize_t row_bytes) {
     return HAVE_V4 && bytes >= stream_min_bytes && ((uintptr_t)base & 63) == 0 &&
-           row_bytes % 64 == 0;
+           row_bytes % 64 == 0 && cpu_level() >= 2;
 }
 
 /* A block at C's edge (fewer than 32 rows or columns), or any block in a build without
@@ -300,7 +301,7 @@ static int streams(const void *base, Py_ssize_t bytes, Py_ssize_t row_bytes) {
 DQ_TARGET static void dq_block(const dq_epi *E, const int32_t *blk, Py_ssize_t i, Py_ssize_t j,
                                Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t N) {
 #if HAVE_V4
-    if (rows == 32 && cols == 32) {
+    if (rows == 32 && cols == 32 && E->v4) {
         dq_block32(E, blk, i, j, N);
         return;
     }
@@ -460,7 +461,7 @@ static PyObject *py_amx_product_dq(PyObject *self, PyObject *args) {
             dq_epi E = {rs.buf, cs.buf, per_row, out_bf16 ? NULL : out.buf,
                         out_bf16 ? out.buf : NULL, (int64_t *)rows.buf + piece * M,
                         (int64_t *)cols.buf + piece * N,
-                        streams(out.buf, out.len, N * (out_bf16 ? 2 : 4))};
+                        streams(out.buf, out.len, N * (out_bf16 ? 2 : 4)), cpu_level() >= 2};
             if (by_cols)
                 product(&A, bp.buf, NULL, M, N, KP, 0, M, p_lo * 32,
                         p_hi * 32 < N ? p_hi * 32 : N, &E);
