@@ -27,6 +27,7 @@ process computed from the weights it holds.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -41,10 +42,17 @@ class Stats:
     changed: int = 0
 
 
-class _Memo:
-    active = False
-    entries: dict[tuple[int, str], tuple[torch.Tensor, tuple, object]] = {}
-    stats = Stats()
+class _Memo(threading.local):
+    """One memo per thread: a scope opened by one thread is not another's (a second thread's
+    step neither sees its values nor is refused as a second scope)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.entries: dict[tuple[int, str], tuple[torch.Tensor, tuple, object]] = {}
+        self.stats = Stats()
+
+
+_MEMO = _Memo()
 
 
 def _identity(w: torch.Tensor) -> tuple:
@@ -55,42 +63,43 @@ def _identity(w: torch.Tensor) -> tuple:
 def held():
     """The scope in which the weights the linears see do not change (one step's windows):
     their weight-side values are made once and reused. Not reentrant."""
-    if _Memo.active:
-        raise RuntimeError("weightmemo.held() is already open: one scope per step")
-    _Memo.active, _Memo.entries, _Memo.stats = True, {}, Stats()
+    if _MEMO.active:
+        raise RuntimeError("weightmemo.held() is already open in this thread: one scope per "
+                           "step")
+    _MEMO.active, _MEMO.entries, _MEMO.stats = True, {}, Stats()
     try:
-        yield _Memo.stats
+        yield _MEMO.stats
     finally:
-        _Memo.active, _Memo.entries = False, {}
+        _MEMO.active, _MEMO.entries = False, {}
 
 
 def active() -> bool:
-    """True inside ``held()``."""
-    return _Memo.active
+    """True inside ``held()`` (in this thread)."""
+    return _MEMO.active
 
 
 def stats() -> Stats:
-    """The current (or last) scope's counts."""
-    return _Memo.stats
+    """This thread's current (or last) scope's counts."""
+    return _MEMO.stats
 
 
 def get(w: torch.Tensor, what: str, make, keep=None):
     """``make()``'s value for weight ``w`` (``what`` names which), made once per scope while
     ``w`` is unchanged; outside ``held()`` simply ``make()``. ``keep``: applied to a value
     before it is kept (a copy of one that lives in a reused scratch buffer)."""
-    if not _Memo.active:
+    if not _MEMO.active:
         return make()
     key = (id(w), what)
-    found = _Memo.entries.get(key)
+    found = _MEMO.entries.get(key)
     ident = _identity(w)
     if found is not None:
         if found[0] is w and found[1] == ident:
-            _Memo.stats.reused += 1
+            _MEMO.stats.reused += 1
             return found[2]
-        _Memo.stats.changed += 1
+        _MEMO.stats.changed += 1
     value = make()
     if keep is not None:
         value = keep(value)
-    _Memo.entries[key] = (w, ident, value)
-    _Memo.stats.made += 1
+    _MEMO.entries[key] = (w, ident, value)
+    _MEMO.stats.made += 1
     return value

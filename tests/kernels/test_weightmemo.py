@@ -95,3 +95,24 @@ def test_one_scope_at_a_time():
             with weightmemo.held():
                 pass
     assert not weightmemo.active()
+
+
+def test_a_scope_belongs_to_its_thread():
+    # another thread's step neither sees this scope's values nor is refused as a second one
+    import threading
+    x, w, dy, s = _case(7)
+    seen = {}
+
+    def other():
+        seen["active"] = weightmemo.active()
+        with weightmemo.held() as stats, force("cpu"):
+            _window(x, w, dy, s)
+        seen["made"] = stats.made
+
+    with weightmemo.held() as mine, force("cpu"):
+        _window(x, w, dy, s)
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert weightmemo.active()
+    assert seen == {"active": False, "made": 2} and mine.made == 2
