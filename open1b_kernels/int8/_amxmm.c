@@ -398,6 +398,34 @@ static PyObject *py_amx_pack(PyObject *self, PyObject *args) {
                       "shapes", &x, &out);
 }
 
+/* The checks both products' wrappers make: A in place (a: row-major, stride lda >= K, K a
+ * multiple of 64, every row; ap the rows from M rounded down to 32 packed) or packed (a
+ * empty, ap every row), B packed, the unit range and the pieces. */
+static int operands_ok(const Py_buffer *a, Py_ssize_t lda, const Py_buffer *ap,
+                       const Py_buffer *bp, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
+                       int by_cols, Py_ssize_t u0, Py_ssize_t u1, int pieces) {
+    Py_ssize_t direct_rows = a->len > 0 ? M / 32 * 32 : 0;
+    return amx_ready() && M >= 1 && N >= 1 && K >= 1 &&
+           (a->len == 0 || (K % KCHUNK == 0 && lda >= K && holds(a, (M - 1) * lda + K, "a"))) &&
+           sized(ap, packed_bytes(M - direct_rows, K), 1, "ap") &&
+           sized(bp, packed_bytes(N, K), 1, "bp") &&
+           units_ok(u0, u1, round_up(by_cols ? N : M, 32) / 32) && PIECES_OK(pieces);
+}
+
+#if AMX_BUILD
+/* C's 32-line units [lo, hi) - of columns with by_cols, else of rows - by `product`. */
+static void product_units(const Py_buffer *a, Py_ssize_t lda, const Py_buffer *ap,
+                          const int8_t *bp, int32_t *c, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
+                          int by_cols, Py_ssize_t lo, Py_ssize_t hi, const dq_epi *E) {
+    a_side A = {a->len > 0 ? a->buf : NULL, ap->buf, lda, a->len > 0 ? M / 32 * 32 : 0};
+    Py_ssize_t KP = round_up(K, KCHUNK);
+    if (by_cols)
+        product(&A, bp, c, M, N, KP, 0, M, lo * 32, hi * 32 < N ? hi * 32 : N, E);
+    else
+        product(&A, bp, c, M, N, KP, lo * 32, hi * 32 < M ? hi * 32 : M, 0, N, E);
+}
+#endif
+
 static PyObject *py_amx_product(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer a, ap, bp, c;
@@ -406,27 +434,13 @@ static PyObject *py_amx_product(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*ny*y*w*nnnpnn|i", &a, &lda, &ap, &bp, &c, &M, &N, &K,
                           &by_cols, &u0, &u1, &pieces))
         return NULL;
-    Py_ssize_t units = round_up(by_cols ? N : M, 32) / 32, KP = round_up(K, KCHUNK);
-    (void)KP;  /* used only where AMX_BUILD */
-    /* in place: a (row-major, stride lda >= K, K a multiple of 64) holds every row, ap the
-     * rows from M rounded down to 32 packed; else a is empty and ap holds every row */
-    int direct = a.len > 0;
-    Py_ssize_t direct_rows = direct ? M / 32 * 32 : 0;
-    int ok = amx_ready() && M >= 1 && N >= 1 && K >= 1 &&
-             (!direct || (K % KCHUNK == 0 && lda >= K && holds(&a, (M - 1) * lda + K, "a"))) &&
-             sized(&ap, packed_bytes(M - direct_rows, K), 1, "ap") &&
-             sized(&bp, packed_bytes(N, K), 1, "bp") && sized(&c, M * N, 4, "c") &&
-             units_ok(u0, u1, units) && PIECES_OK(pieces);
+    int ok = operands_ok(&a, lda, &ap, &bp, M, N, K, by_cols, u0, u1, pieces) &&
+             sized(&c, M * N, 4, "c");
 #if AMX_BUILD
     if (ok) {
-        a_side A = {direct ? a.buf : NULL, ap.buf, lda, direct_rows};
         Py_BEGIN_ALLOW_THREADS
-        if (by_cols)
-            FOR_PIECES(u0, u1, pieces, product(&A, bp.buf, c.buf, M, N, KP, 0, M, p_lo * 32,
-                                               p_hi * 32 < N ? p_hi * 32 : N, NULL));
-        else
-            FOR_PIECES(u0, u1, pieces, product(&A, bp.buf, c.buf, M, N, KP, p_lo * 32,
-                                               p_hi * 32 < M ? p_hi * 32 : M, 0, N, NULL));
+        FOR_PIECES(u0, u1, pieces, product_units(&a, lda, &ap, bp.buf, c.buf, M, N, K, by_cols,
+                                                 p_lo, p_hi, NULL));
         Py_END_ALLOW_THREADS
     }
 #endif
@@ -442,32 +456,20 @@ static PyObject *py_amx_product_dq(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*ny*y*y*y*w*pw*w*nnnpnn|i", &a, &lda, &ap, &bp, &rs, &cs, &out,
                           &out_bf16, &rows, &cols, &M, &N, &K, &by_cols, &u0, &u1, &pieces))
         return NULL;
-    Py_ssize_t units = round_up(by_cols ? N : M, 32) / 32, KP = round_up(K, KCHUNK);
-    (void)KP;  /* used only where AMX_BUILD */
-    int direct = a.len > 0, per_row = rs.len == M * 4;
-    Py_ssize_t direct_rows = direct ? M / 32 * 32 : 0;
-    int ok = amx_ready() && M >= 1 && N >= 1 && K >= 1 &&
-             (!direct || (K % KCHUNK == 0 && lda >= K && holds(&a, (M - 1) * lda + K, "a"))) &&
-             sized(&ap, packed_bytes(M - direct_rows, K), 1, "ap") &&
-             sized(&bp, packed_bytes(N, K), 1, "bp") && (per_row || rs.len == 4) &&
-             sized(&cs, N, 4, "cs") && sized(&out, M * N, out_bf16 ? 2 : 4, "out") &&
-             units_ok(u0, u1, units) && PIECES_OK(pieces) &&
+    int per_row = rs.len == M * 4;
+    int ok = operands_ok(&a, lda, &ap, &bp, M, N, K, by_cols, u0, u1, pieces) &&
+             (per_row || rs.len == 4) && sized(&cs, N, 4, "cs") &&
+             sized(&out, M * N, out_bf16 ? 2 : 4, "out") &&
              sized(&rows, pieces * M, 8, "rows") && sized(&cols, pieces * N, 8, "cols");
 #if AMX_BUILD
     if (ok) {
-        a_side A = {direct ? a.buf : NULL, ap.buf, lda, direct_rows};
+        int stream = streams(out.buf, out.len, N * (out_bf16 ? 2 : 4)), v4 = cpu_level() >= 2;
         Py_BEGIN_ALLOW_THREADS
         FOR_PIECES(u0, u1, pieces, {
             dq_epi E = {rs.buf, cs.buf, per_row, out_bf16 ? NULL : out.buf,
                         out_bf16 ? out.buf : NULL, (int64_t *)rows.buf + piece * M,
-                        (int64_t *)cols.buf + piece * N,
-                        streams(out.buf, out.len, N * (out_bf16 ? 2 : 4)), cpu_level() >= 2};
-            if (by_cols)
-                product(&A, bp.buf, NULL, M, N, KP, 0, M, p_lo * 32,
-                        p_hi * 32 < N ? p_hi * 32 : N, &E);
-            else
-                product(&A, bp.buf, NULL, M, N, KP, p_lo * 32, p_hi * 32 < M ? p_hi * 32 : M,
-                        0, N, &E);
+                        (int64_t *)cols.buf + piece * N, stream, v4};
+            product_units(&a, lda, &ap, bp.buf, NULL, M, N, K, by_cols, p_lo, p_hi, &E);
         });
         Py_END_ALLOW_THREADS
     }

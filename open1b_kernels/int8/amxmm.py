@@ -92,21 +92,29 @@ def pack(x: torch.Tensor, b_side: bool, name: str) -> Packed:
     return Packed(out, lines, k, b_side)
 
 
+def _cut(a: Packed, b: Packed, who: str):
+    """(M, N, by_cols, units, the loops' A and B arguments) of the product of an A side and a
+    B side of one K (refused otherwise): C's 32-line units of rows, or of columns where
+    there are few rows and many columns."""
+    if a.b_side or not b.b_side or a.k != b.k:
+        raise ValueError(f"amxmm.{who}: an A side and a B side of one K, got "
+                         f"({a.lines}, {a.k}, B={a.b_side}) and ({b.lines}, {b.k}, B={b.b_side})")
+    m, n = a.lines, b.lines
+    by_cols = m < UNIT * torch.get_num_threads() * 2 <= n
+    sides = (flat(a.direct) if a.direct is not None else _EMPTY, a.lda, flat(a.data),
+             flat(b.data))
+    return m, n, by_cols, -(-(n if by_cols else m) // UNIT), sides
+
+
 def product(a: Packed, b: Packed, out: torch.Tensor) -> torch.Tensor:
     """``out`` (contiguous int32 (M, N)) = the exact product of an A side (M lines) and a
     B side (N lines) of one K. Needs ``available()``."""
-    m, n = a.lines, b.lines
-    if a.b_side or not b.b_side or a.k != b.k:
-        raise ValueError(f"amxmm.product: an A side and a B side of one K, got "
-                         f"({a.lines}, {a.k}, B={a.b_side}) and ({b.lines}, {b.k}, B={b.b_side})")
+    m, n, by_cols, units, sides = _cut(a, b, "product")
     if out.dtype != torch.int32 or out.shape != (m, n) or not out.is_contiguous():
         raise ValueError(f"amxmm.product: out must be contiguous int32 {(m, n)}")
-    by_cols = m < UNIT * torch.get_num_threads() * 2 <= n
-    units = -(-(n if by_cols else m) // UNIT)
-    direct = flat(a.direct) if a.direct is not None else _EMPTY
-    ap, bp, c = flat(a.data), flat(b.data), flat(out)
-    parallel(lambda lo, hi, p: LOOPS.amx_product(direct, a.lda, ap, bp, c, m, n, a.k, by_cols,
-                                                 lo, hi, p), units, grain=1)
+    c = flat(out)
+    parallel(lambda lo, hi, p: LOOPS.amx_product(*sides, c, m, n, a.k, by_cols, lo, hi, p),
+             units, grain=1)
     return out
 
 
@@ -118,10 +126,7 @@ def product_dequant(a: Packed, b: Packed, row_scale: torch.Tensor, col_scale: to
     int32 product never reaches memory. Returns the int32 product's exact int64 (row sums,
     column sums), taken from the values dequantized, for the caller's check. ``row_scale``
     float32 (M,) or (1,), ``col_scale`` float32 (N,). Needs ``available()``."""
-    m, n = a.lines, b.lines
-    if a.b_side or not b.b_side or a.k != b.k:
-        raise ValueError(f"amxmm.product_dequant: an A side and a B side of one K, got "
-                         f"({a.lines}, {a.k}, B={a.b_side}) and ({b.lines}, {b.k}, B={b.b_side})")
+    m, n, by_cols, units, sides = _cut(a, b, "product_dequant")
     if (out.dtype not in (torch.float32, torch.bfloat16) or out.shape != (m, n)
             or not out.is_contiguous()):
         raise ValueError(f"amxmm.product_dequant: out must be contiguous float32 or bfloat16 "
@@ -131,11 +136,8 @@ def product_dequant(a: Packed, b: Packed, row_scale: torch.Tensor, col_scale: to
     if rs.numel() not in (1, m) or cs.numel() != n:
         raise ValueError(f"amxmm.product_dequant: scales of {m} rows (or 1) and {n} columns, "
                          f"got {rs.numel()} and {cs.numel()}")
-    by_cols = m < UNIT * torch.get_num_threads() * 2 <= n
-    units = -(-(n if by_cols else m) // UNIT)
     bf = out.dtype == torch.bfloat16
-    args = (flat(a.direct) if a.direct is not None else _EMPTY, a.lda, flat(a.data),
-            flat(b.data), rs.numpy(), cs.numpy(), flat(out.view(torch.int16) if bf else out), bf)
+    args = (*sides, rs.numpy(), cs.numpy(), flat(out.view(torch.int16) if bf else out), bf)
     rows, cols = piece_sums(units, units, (m, n), lambda lo, hi, rp, cp, p: LOOPS.amx_product_dq(
         *args, rp, cp, m, n, a.k, by_cols, lo, hi, p))
     return rows, cols

@@ -162,6 +162,26 @@ def _dequant_compiled(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: tor
     return rows, cols
 
 
+def _checked_dequant(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
+                     col_scale: torch.Tensor, y: torch.Tensor, b_tiles):
+    """A checked route's product of ``a`` and ``b`` dequantized into ``y``, with the int32
+    product's (row sums, column sums) for the check; None (nothing written) where the
+    library refuses a layout or the compiled loop a shape. On "amx" (``FUSED_DEQUANT``) the
+    tiles dequantize each block while it is in cache - no int32 product in memory, and the
+    sums are those of the values dequantized; else the product goes to a reused buffer (it
+    is only read here: page faults) and the compiled dequantization takes the sums in its
+    pass."""
+    tiles = b_tiles is not None and route.int_gemm_route() == "amx"
+    if route.int_gemm_route() == "amx" and FUSED_DEQUANT:
+        return route._amx_dequant_mm(a, b_tiles if tiles else b, row_scale, col_scale, y)
+    try:
+        acc = route._raw_int_mm(a, b_tiles if tiles else b.t(),
+                                out=scratch("gemm.acc", (a.shape[0], b.shape[0]), torch.int32))
+    except RuntimeError:        # a layout or shape the library refuses: not a fault
+        return None
+    return _dequant_compiled(acc, row_scale, col_scale, y, sums=True)
+
+
 def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
                       col_scale: torch.Tensor, out_dtype: torch.dtype,
                       out: torch.Tensor | None = None, slabs: SlabCheck | None = None,
@@ -184,33 +204,16 @@ def exact_dequant_cpu(a: torch.Tensor, b: torch.Tensor, row_scale: torch.Tensor,
         if _dequant_compiled(acc, row_scale, col_scale, y, sums=False) is not None:
             return y
         return dequantize_cpu(acc, row_scale, col_scale, out_dtype, out=out)
-    if (m and n and a.shape[1] > 1 and route.int_gemm_route() == "amx" and FUSED_DEQUANT
-            and (out is None or out_dtype == torch.float32)):
-        # the tiles dequantize each block of the product while it is in cache: no int32
-        # product in memory, and the sums checked are those of the values dequantized
-        y = out if out is not None else torch.empty((m, n), dtype=out_dtype)
-        sums = route._amx_dequant_mm(a, b_tiles if b_tiles is not None else b, row_scale,
-                                     col_scale, y)
-        if slabs.rows_ok(None, a, sums) if slabs is not None else checksum_ok(None, a, b, sums):
-            return y
-        route.record_failure(f"checksum failed on a {m}x{a.shape[1]}x{n} GEMM")
     if (m and n and a.shape[1] > 1 and route.int_gemm_route() in route.CHECKED
             and LOOPS.available()
             and (out is None or out_dtype == torch.float32)):
-        tiles = b_tiles is not None and route.int_gemm_route() == "amx"
-        try:               # the product is only read here: a reused buffer (page faults)
-            acc = route._raw_int_mm(a, b_tiles if tiles else b.t(),
-                                    out=scratch("gemm.acc", (m, n), torch.int32))
-        except RuntimeError:        # a layout or shape the library refuses: not a fault
-            acc = None
-        if acc is not None:
-            y = out if out is not None else torch.empty((m, n), dtype=out_dtype)
-            sums = _dequant_compiled(acc, row_scale, col_scale, y, sums=True)
-            if sums is not None:
-                if (slabs.rows_ok(acc, a, sums) if slabs is not None
-                        else checksum_ok(acc, a, b, sums)):
-                    return y
-                route.record_failure(f"checksum failed on a {m}x{a.shape[1]}x{n} GEMM")
+        y = out if out is not None else torch.empty((m, n), dtype=out_dtype)
+        sums = _checked_dequant(a, b, row_scale, col_scale, y, b_tiles)
+        if sums is not None:
+            if (slabs.rows_ok(None, a, sums) if slabs is not None
+                    else checksum_ok(None, a, b, sums)):
+                return y
+            route.record_failure(f"checksum failed on a {m}x{a.shape[1]}x{n} GEMM")
     if m and n and route.int_gemm_route() == "float" and (out is None
                                                           or out_dtype == torch.float32):
         # one float32 GEMM whose values are the exact integers (below 2^24): the float32

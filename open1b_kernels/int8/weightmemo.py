@@ -78,11 +78,6 @@ def active() -> bool:
     return _MEMO.active
 
 
-def stats() -> Stats:
-    """This thread's current (or last) scope's counts."""
-    return _MEMO.stats
-
-
 def get(w: torch.Tensor, what: str, make, keep=None):
     """``make()``'s value for weight ``w`` (``what`` names which), made once per scope while
     ``w`` is unchanged; outside ``held()`` simply ``make()``. ``keep``: applied to a value
