@@ -40,6 +40,19 @@
  * 512 2.0-2.1 TOPS; blocking the contraction too (C reloaded per block of 8-16 chunks, so
  * that a B panel pair stays in L1) 1.4-1.9: the reloads of C cost more than they saved. */
 #define MBLOCK 256
+/* A plain product's contraction longer than KSPLIT runs in passes (`product`): measured on
+ * the same VM at 1,024 x 2,048 and K = 8,192 / 12,288 (the LM head's weight gradient), 1.41-1.50
+ * / 1.19-1.36 TMAC/s in one pass, 1.94-2.07 / 1.94-2.07 in passes of 4,096 (2,048: 1.79-1.91). */
+#ifndef KSPLIT
+#define KSPLIT 4096
+#endif
+/* Panels packed side by side per 64-wide chunk where the lines are adjacent in memory (a
+ * transposed A, or a B side read across its lines): one cache line of a source row serves
+ * up to 4 panels, one page many - measured at 1,024 lines x K = 12,288 of a 128,256-wide
+ * store (the head's dlogits slices): 1.2-1.3 GB/s one panel at a time, 6.8-7.6 GB/s with 32-128. */
+#ifndef PACK_GROUP
+#define PACK_GROUP 64
+#endif
 #define NBLOCK 512
 
 static Py_ssize_t round_up(Py_ssize_t x, Py_ssize_t m) { return (x + m - 1) / m * m; }
@@ -107,14 +120,18 @@ static void pack_block(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, int have, 
 static void pack(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, Py_ssize_t lines, Py_ssize_t K,
                  int b_side, int8_t *out, Py_ssize_t p0, Py_ssize_t p1) {
     Py_ssize_t KP = round_up(K, KCHUNK), chunks = KP / KCHUNK;
-    for (Py_ssize_t p = p0; p < p1; p++) {
-        Py_ssize_t l0 = p * LINES;
-        int have = lines - l0 < LINES ? (lines - l0 > 0 ? (int)(lines - l0) : 0) : LINES;
-        int8_t *panel = out + p * LINES * KP;
+    Py_ssize_t group = sl == 1 ? PACK_GROUP : 1;
+    for (Py_ssize_t g0 = p0; g0 < p1; g0 += group) {
+        Py_ssize_t g1 = g0 + group < p1 ? g0 + group : p1;
         for (Py_ssize_t ch = 0; ch < chunks; ch++) {
             Py_ssize_t k0 = ch * KCHUNK;
             int kn = K - k0 < KCHUNK ? (int)(K - k0) : KCHUNK;
-            pack_block(x, sl, sk, have, kn, b_side, l0, k0, panel + ch * BLOCK_BYTES);
+            for (Py_ssize_t p = g0; p < g1; p++) {
+                Py_ssize_t l0 = p * LINES;
+                int have = lines - l0 < LINES ? (lines - l0 > 0 ? (int)(lines - l0) : 0) : LINES;
+                pack_block(x, sl, sk, have, kn, b_side, l0, k0,
+                           out + p * LINES * KP + ch * BLOCK_BYTES);
+            }
         }
     }
 }
@@ -123,18 +140,21 @@ static void pack(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, Py_ssize_t lines
 /* ---------------------------------------------------------------- the tile product */
 
 #if AMX_BUILD
-/* Where A's tiles are: packed (a == NULL: the panels `ap`, every row) or read in place from
- * row-major A (`a`, row stride lda, K a multiple of 64) for the rows below `direct_rows`
- * (a multiple of 32), the packed panels `ap` holding only the rows from there on. In place
- * saves the copy of A: a tile loads 16 rows of 64 bytes at any stride. */
+/* Where the tiles are. A: packed (a == NULL: the panels `ap`, every row) or read in place
+ * from row-major A (`a`, row stride lda, K a multiple of 64) for the rows below
+ * `direct_rows` (a multiple of 32), the packed panels `ap` holding only the rows from there
+ * on. In place saves the copy of A: a tile loads 16 rows of 64 bytes at any stride. B: the
+ * panels `bp`. A packed panel holds akp (bkp) bytes a line: the product's KP, or more where
+ * the product reads a window of the contraction (`ap`, `bp` then point at the window's first
+ * chunk): one packing serves the products of its prefixes and suffixes. */
 typedef struct {
-    const int8_t *a, *ap;
-    Py_ssize_t lda, direct_rows;
-} a_side;
+    const int8_t *a, *ap, *bp;
+    Py_ssize_t lda, direct_rows, akp, bkp;
+} sides;
 
 /* The A tiles of rows [i, i + 32) and their step and stride per 64-wide chunk. */
-static inline const int8_t *a_tiles(const a_side *A, Py_ssize_t i, Py_ssize_t KP,
-                                    Py_ssize_t *step, Py_ssize_t *stride, Py_ssize_t *half) {
+static inline const int8_t *a_tiles(const sides *A, Py_ssize_t i, Py_ssize_t *step,
+                                    Py_ssize_t *stride, Py_ssize_t *half) {
     if (A->a && i < A->direct_rows) {
         *step = KCHUNK;
         *stride = A->lda;
@@ -143,22 +163,30 @@ static inline const int8_t *a_tiles(const a_side *A, Py_ssize_t i, Py_ssize_t KP
     }
     *step = BLOCK_BYTES;
     *stride = KCHUNK;
-    *half = LINES * KP;
-    return A->ap + (i - (A->a ? A->direct_rows : 0)) * KP;
+    *half = LINES * A->akp;
+    return A->ap + (i - (A->a ? A->direct_rows : 0)) * A->akp;
 }
 
 /* C's 32 x 32 block at (i, j) = its sum over the whole contraction (KP bytes), stored at o
  * (row stride ldo int32). */
-AMX_TARGET static void block32(const a_side *A, const int8_t *bp, Py_ssize_t KP, Py_ssize_t i,
-                               Py_ssize_t j, int32_t *o, Py_ssize_t ldo) {
+AMX_TARGET static void block32k(const sides *A, Py_ssize_t KP, Py_ssize_t i,
+                                Py_ssize_t j, Py_ssize_t ch0, Py_ssize_t ch1, int load,
+                                int32_t *o, Py_ssize_t ldo) {
     Py_ssize_t step, stride, half;
-    const int8_t *a0 = a_tiles(A, i, KP, &step, &stride, &half), *a1 = a0 + half;
-    const int8_t *b0 = bp + j * KP, *b1 = b0 + LINES * KP;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (Py_ssize_t ch = 0; ch < KP / KCHUNK; ch++) {
+    const int8_t *a0 = a_tiles(A, i, &step, &stride, &half), *a1 = a0 + half;
+    const int8_t *b0 = A->bp + j * A->bkp, *b1 = b0 + LINES * A->bkp;
+    if (load) {
+        _tile_loadd(0, o, ldo * 4);
+        _tile_loadd(1, o + 16, ldo * 4);
+        _tile_loadd(2, o + 16 * ldo, ldo * 4);
+        _tile_loadd(3, o + 16 * ldo + 16, ldo * 4);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (Py_ssize_t ch = ch0; ch < ch1; ch++) {
         _tile_loadd(4, a0 + ch * step, stride);
         _tile_loadd(6, b0 + ch * BLOCK_BYTES, KCHUNK);
         _tile_dpbssd(0, 4, 6);
@@ -174,12 +202,17 @@ AMX_TARGET static void block32(const a_side *A, const int8_t *bp, Py_ssize_t KP,
     _tile_stored(3, o + 16 * ldo + 16, ldo * 4);
 }
 
+AMX_TARGET static void block32(const sides *A, Py_ssize_t KP, Py_ssize_t i,
+                               Py_ssize_t j, int32_t *o, Py_ssize_t ldo) {
+    block32k(A, KP, i, j, 0, KP / KCHUNK, 0, o, ldo);
+}
+
 /* A block past C's edge (i + 32 > M or j + 32 > N): the whole contraction into `edge`
  * (32 x 32), then its part inside M x N copied out. */
-AMX_TARGET static void edge32(const a_side *A, const int8_t *bp, Py_ssize_t KP, int32_t *c,
+AMX_TARGET static void edge32(const sides *A, Py_ssize_t KP, int32_t *c,
                               Py_ssize_t i, Py_ssize_t j, Py_ssize_t M, Py_ssize_t N,
                               int32_t *edge) {
-    block32(A, bp, KP, i, j, edge, 32);
+    block32(A, KP, i, j, edge, 32);
     Py_ssize_t rows = M - i < 32 ? M - i : 32, cols = N - j < 32 ? N - j : 32;
     for (Py_ssize_t r = 0; r < rows; r++) memcpy(c + (i + r) * N + j, edge + r * 32, cols * 4);
 }
@@ -340,13 +373,38 @@ DQ_TARGET static void dq_block(const dq_epi *E, const int32_t *blk, Py_ssize_t i
  * cache blocks of MBLOCK x NBLOCK: a block of B's columns stays in cache while a block of
  * A's rows passes over it. With an epilogue `E`, each 32 x 32 block goes through it from a
  * buffer in L1 and `c` is not written. */
-AMX_TARGET static void product(const a_side *A, const int8_t *bp, int32_t *c, Py_ssize_t M,
+AMX_TARGET static void product(const sides *A, int32_t *c, Py_ssize_t M,
                                Py_ssize_t N, Py_ssize_t KP, Py_ssize_t r0, Py_ssize_t r1,
                                Py_ssize_t c0, Py_ssize_t c1, const dq_epi *E) {
     int32_t edge[32 * 32] __attribute__((aligned(64)));
     Py_ssize_t full_r = M / 32 * 32, full_c = N / 32 * 32;
     int stream = !E && streams(c, M * N * 4, N * 4);
     amx_tiles_on();
+    if (!E && KP > KSPLIT) {
+        /* A long contraction in even passes of at most KSPLIT over C's whole part: each
+         * pass's A and B cache blocks stay in L2, the int32 partial sums go through C (its
+         * edge blocks whole, in the last pass). Integer sums: the same bits in any split. */
+        Py_ssize_t passes = (KP + KSPLIT - 1) / KSPLIT;
+        Py_ssize_t part = round_up((KP + passes - 1) / passes, KCHUNK);
+        for (Py_ssize_t k0 = 0; k0 < KP; k0 += part) {
+            Py_ssize_t k1 = k0 + part < KP ? k0 + part : KP;
+            for (Py_ssize_t jb = c0; jb < c1; jb += NBLOCK)
+                for (Py_ssize_t ib = r0; ib < r1; ib += MBLOCK) {
+                    Py_ssize_t ie = ib + MBLOCK < r1 ? ib + MBLOCK : r1;
+                    Py_ssize_t je = jb + NBLOCK < c1 ? jb + NBLOCK : c1;
+                    for (Py_ssize_t j = jb; j < je; j += 32)
+                        for (Py_ssize_t i = ib; i < ie; i += 32) {
+                            if (i < full_r && j < full_c)
+                                block32k(A, KP, i, j, k0 / KCHUNK, k1 / KCHUNK, k0 > 0,
+                                         c + i * N + j, N);
+                            else if (k1 == KP)
+                                edge32(A, KP, c, i, j, M, N, edge);
+                        }
+                }
+        }
+        _tile_release();
+        return;
+    }
     for (Py_ssize_t jb = c0; jb < c1; jb += NBLOCK)
         for (Py_ssize_t ib = r0; ib < r1; ib += MBLOCK) {
             Py_ssize_t ie = ib + MBLOCK < r1 ? ib + MBLOCK : r1;
@@ -354,16 +412,16 @@ AMX_TARGET static void product(const a_side *A, const int8_t *bp, int32_t *c, Py
             for (Py_ssize_t j = jb; j < je; j += 32)
                 for (Py_ssize_t i = ib; i < ie; i += 32) {
                     if (E) {
-                        block32(A, bp, KP, i, j, edge, 32);
+                        block32(A, KP, i, j, edge, 32);
                         dq_block(E, edge, i, j, M - i < 32 ? M - i : 32,
                                  N - j < 32 ? N - j : 32, N);
                     } else if (i < full_r && j < full_c && stream) {
-                        block32(A, bp, KP, i, j, edge, 32);
+                        block32(A, KP, i, j, edge, 32);
                         stream_block(edge, c + i * N + j, N);
                     } else if (i < full_r && j < full_c)
-                        block32(A, bp, KP, i, j, c + i * N + j, N);
+                        block32(A, KP, i, j, c + i * N + j, N);
                     else
-                        edge32(A, bp, KP, c, i, j, M, N, edge);
+                        edge32(A, KP, c, i, j, M, N, edge);
                 }
         }
     if (stream || (E && E->stream)) _mm_sfence();   /* streamed stores seen before the caller goes on */
@@ -400,47 +458,62 @@ static PyObject *py_amx_pack(PyObject *self, PyObject *args) {
 
 /* The checks both products' wrappers make: A in place (a: row-major, stride lda >= K, K a
  * multiple of 64, every row; ap the rows from M rounded down to 32 packed) or packed (a
- * empty, ap every row), B packed, the unit range and the pieces. */
+ * empty, ap every row), B packed, the unit range and the pieces. A packed side may be a
+ * window of a longer packing: its panels of ka (kb) contraction values, the product's K of
+ * them from chunk a0 (b0) on - ending on a chunk's end or at the panels' own end, so that
+ * the padding the product reads past K is the packing's zeros, never the next values. */
+static int window_ok(Py_ssize_t K, Py_ssize_t k, Py_ssize_t off) {
+    return off >= 0 && k >= K && off * KCHUNK + K <= k &&
+           (K % KCHUNK == 0 || off * KCHUNK + K == k);
+}
+
 static int operands_ok(const Py_buffer *a, Py_ssize_t lda, const Py_buffer *ap,
                        const Py_buffer *bp, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
-                       int by_cols, Py_ssize_t u0, Py_ssize_t u1, int pieces) {
+                       Py_ssize_t ka, Py_ssize_t a0, Py_ssize_t kb, Py_ssize_t b0, int by_cols,
+                       Py_ssize_t u0, Py_ssize_t u1, int pieces) {
     Py_ssize_t direct_rows = a->len > 0 ? M / 32 * 32 : 0;
-    return amx_ready() && M >= 1 && N >= 1 && K >= 1 &&
-           (a->len == 0 || (K % KCHUNK == 0 && lda >= K && holds(a, (M - 1) * lda + K, "a"))) &&
-           sized(ap, packed_bytes(M - direct_rows, K), 1, "ap") &&
-           sized(bp, packed_bytes(N, K), 1, "bp") &&
+    return amx_ready() && M >= 1 && N >= 1 && K >= 1 && window_ok(K, ka, a0) &&
+           window_ok(K, kb, b0) &&
+           (a->len == 0 || (K % KCHUNK == 0 && lda >= K && ka == K && a0 == 0 &&
+                            holds(a, (M - 1) * lda + K, "a"))) &&
+           sized(ap, packed_bytes(M - direct_rows, ka), 1, "ap") &&
+           sized(bp, packed_bytes(N, kb), 1, "bp") &&
            units_ok(u0, u1, round_up(by_cols ? N : M, 32) / 32) && PIECES_OK(pieces);
 }
 
 #if AMX_BUILD
 /* C's 32-line units [lo, hi) - of columns with by_cols, else of rows - by `product`. */
 static void product_units(const Py_buffer *a, Py_ssize_t lda, const Py_buffer *ap,
-                          const int8_t *bp, int32_t *c, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
-                          int by_cols, Py_ssize_t lo, Py_ssize_t hi, const dq_epi *E) {
-    a_side A = {a->len > 0 ? a->buf : NULL, ap->buf, lda, a->len > 0 ? M / 32 * 32 : 0};
+                          const Py_buffer *bp, int32_t *c, Py_ssize_t M, Py_ssize_t N,
+                          Py_ssize_t K, Py_ssize_t ka, Py_ssize_t a0, Py_ssize_t kb,
+                          Py_ssize_t b0, int by_cols, Py_ssize_t lo, Py_ssize_t hi,
+                          const dq_epi *E) {
+    sides A = {a->len > 0 ? a->buf : NULL, (const int8_t *)ap->buf + a0 * BLOCK_BYTES,
+               (const int8_t *)bp->buf + b0 * BLOCK_BYTES, lda, a->len > 0 ? M / 32 * 32 : 0,
+               round_up(ka, KCHUNK), round_up(kb, KCHUNK)};
     Py_ssize_t KP = round_up(K, KCHUNK);
     if (by_cols)
-        product(&A, bp, c, M, N, KP, 0, M, lo * 32, hi * 32 < N ? hi * 32 : N, E);
+        product(&A, c, M, N, KP, 0, M, lo * 32, hi * 32 < N ? hi * 32 : N, E);
     else
-        product(&A, bp, c, M, N, KP, lo * 32, hi * 32 < M ? hi * 32 : M, 0, N, E);
+        product(&A, c, M, N, KP, lo * 32, hi * 32 < M ? hi * 32 : M, 0, N, E);
 }
 #endif
 
 static PyObject *py_amx_product(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer a, ap, bp, c;
-    Py_ssize_t M, N, K, lda, u0, u1;
+    Py_ssize_t M, N, K, ka, a0, kb, b0, lda, u0, u1;
     int by_cols, pieces = 1;
-    if (!PyArg_ParseTuple(args, "y*ny*y*w*nnnpnn|i", &a, &lda, &ap, &bp, &c, &M, &N, &K,
-                          &by_cols, &u0, &u1, &pieces))
+    if (!PyArg_ParseTuple(args, "y*ny*y*w*nnnnnnnpnn|i", &a, &lda, &ap, &bp, &c, &M, &N, &K,
+                          &ka, &a0, &kb, &b0, &by_cols, &u0, &u1, &pieces))
         return NULL;
-    int ok = operands_ok(&a, lda, &ap, &bp, M, N, K, by_cols, u0, u1, pieces) &&
+    int ok = operands_ok(&a, lda, &ap, &bp, M, N, K, ka, a0, kb, b0, by_cols, u0, u1, pieces) &&
              sized(&c, M * N, 4, "c");
 #if AMX_BUILD
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        FOR_PIECES(u0, u1, pieces, product_units(&a, lda, &ap, bp.buf, c.buf, M, N, K, by_cols,
-                                                 p_lo, p_hi, NULL));
+        FOR_PIECES(u0, u1, pieces, product_units(&a, lda, &ap, &bp, c.buf, M, N, K, ka, a0, kb,
+                                                 b0, by_cols, p_lo, p_hi, NULL));
         Py_END_ALLOW_THREADS
     }
 #endif
@@ -451,13 +524,14 @@ static PyObject *py_amx_product(PyObject *self, PyObject *args) {
 static PyObject *py_amx_product_dq(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer a, ap, bp, rs, cs, out, rows, cols;
-    Py_ssize_t M, N, K, lda, u0, u1;
+    Py_ssize_t M, N, K, ka, a0, kb, b0, lda, u0, u1;
     int by_cols, out_bf16, pieces = 1;
-    if (!PyArg_ParseTuple(args, "y*ny*y*y*y*w*pw*w*nnnpnn|i", &a, &lda, &ap, &bp, &rs, &cs, &out,
-                          &out_bf16, &rows, &cols, &M, &N, &K, &by_cols, &u0, &u1, &pieces))
+    if (!PyArg_ParseTuple(args, "y*ny*y*y*y*w*pw*w*nnnnnnnpnn|i", &a, &lda, &ap, &bp, &rs, &cs,
+                          &out, &out_bf16, &rows, &cols, &M, &N, &K, &ka, &a0, &kb, &b0,
+                          &by_cols, &u0, &u1, &pieces))
         return NULL;
     int per_row = rs.len == M * 4;
-    int ok = operands_ok(&a, lda, &ap, &bp, M, N, K, by_cols, u0, u1, pieces) &&
+    int ok = operands_ok(&a, lda, &ap, &bp, M, N, K, ka, a0, kb, b0, by_cols, u0, u1, pieces) &&
              (per_row || rs.len == 4) && sized(&cs, N, 4, "cs") &&
              sized(&out, M * N, out_bf16 ? 2 : 4, "out") &&
              sized(&rows, pieces * M, 8, "rows") && sized(&cols, pieces * N, 8, "cols");
@@ -469,7 +543,8 @@ static PyObject *py_amx_product_dq(PyObject *self, PyObject *args) {
             dq_epi E = {rs.buf, cs.buf, per_row, out_bf16 ? NULL : out.buf,
                         out_bf16 ? out.buf : NULL, (int64_t *)rows.buf + piece * M,
                         (int64_t *)cols.buf + piece * N, stream, v4};
-            product_units(&a, lda, &ap, bp.buf, NULL, M, N, K, by_cols, p_lo, p_hi, &E);
+            product_units(&a, lda, &ap, &bp, NULL, M, N, K, ka, a0, kb, b0, by_cols, p_lo, p_hi,
+                          &E);
         });
         Py_END_ALLOW_THREADS
     }
@@ -511,16 +586,17 @@ EXT_METHODS(amxmm) = {
      "lines of int8 x (element (l, k) at x[l * sl + k * sk]) in the A (b_side False) or B "
      "tile order, zero-padded."},
     {"amx_product", py_amx_product, METH_VARARGS,
-     "amx_product(a, lda, ap, bp, c, M, N, K, by_cols, u0, u1[, pieces]): C's 32-line units "
-     "[u0, u1) (of columns with by_cols, else of rows) of the exact int32 product of A and "
-     "packed B; A packed in ap, or (a not empty) row-major in a with its last M % 32 rows "
-     "packed in ap."},
+     "amx_product(a, lda, ap, bp, c, M, N, K, ka, a0, kb, b0, by_cols, u0, u1[, pieces]): C's "
+     "32-line units [u0, u1) (of columns with by_cols, else of rows) of the exact int32 "
+     "product of A and packed B; A packed in ap, or (a not empty) row-major in a with its "
+     "last M % 32 rows packed in ap; a packed side of ka (kb) values a line, read from its "
+     "chunk a0 (b0) on (ka = K, a0 = 0: the whole packing)."},
     {"amx_stream", py_amx_stream, METH_VARARGS,
      "amx_stream([min_bytes]): the smallest result the tile products store by streaming "
      "stores (before this call); min_bytes sets it."},
     {"amx_product_dq", py_amx_product_dq, METH_VARARGS,
-     "amx_product_dq(a, lda, ap, bp, rs, cs, out, out_bf16, rows, cols, M, N, K, by_cols, u0, "
-     "u1[, pieces]): amx_product's units with open1b_kernels.int8.gemm's dequantization "
+     "amx_product_dq(a, lda, ap, bp, rs, cs, out, out_bf16, rows, cols, M, N, K, ka, a0, kb, "
+     "b0, by_cols, u0, u1[, pieces]): amx_product's units with open1b_kernels.int8.gemm's dequantization "
      "applied per block in cache (out float32 or bf16 bits) and the guard's int64 row and "
      "column sums added into each piece's rows (pieces, M) and cols (pieces, N)."},
     {NULL, NULL, 0, NULL},

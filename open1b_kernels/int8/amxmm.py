@@ -48,13 +48,33 @@ class Packed:
     """An operand for the tile product: ``lines`` x ``k`` int8 values packed into tile
     panels on the A (``b_side`` False) or the B side (``pack``); an A side may instead be
     read in place (``direct``: a flat view of a row-major matrix with row stride ``lda``),
-    ``data`` then holding only its last ``lines % 32`` rows packed."""
+    ``data`` then holding only its last ``lines % 32`` rows packed. A ``window`` of a
+    packing is its contraction values [k0, k0 + k) of the ``stored_k`` packed a line."""
     data: torch.Tensor
     lines: int
     k: int
     b_side: bool
     direct: torch.Tensor | None = None
     lda: int = 0
+    stored_k: int = 0       # 0: k (the whole packing)
+    k0: int = 0
+
+    def geometry(self) -> tuple[int, int]:
+        """(values packed a line, the first chunk read): the C products' (ka, a0)."""
+        return (self.stored_k or self.k), self.k0 // 64
+
+
+def window(p: Packed, k0: int, k: int) -> Packed | None:
+    """The contraction values [k0, k0 + k) of the packed ``p`` as an operand of its own,
+    without a copy (the products of several K ranges of one operand - the LM head's level
+    runs - pack it once), or None where the tiles cannot read it so: ``k0`` not on a 64-wide
+    chunk, a window ending inside a chunk before the packing's end (the product would read
+    the next values as its padding), or an A side read in place."""
+    stored, end = p.stored_k or p.k, p.k0 + k0 + k
+    if (p.direct is not None or k < 1 or k0 < 0 or k0 % 64 or k0 + k > p.k
+            or (end % 64 and end != stored)):
+        return None
+    return Packed(p.data, p.lines, k, p.b_side, None, 0, stored, p.k0 + k0)
 
 
 def _pack_into(x: torch.Tensor, b_side: bool, out: torch.Tensor) -> None:
@@ -103,18 +123,19 @@ def _cut(a: Packed, b: Packed, who: str):
     by_cols = m < UNIT * torch.get_num_threads() * 2 <= n
     sides = (flat(a.direct) if a.direct is not None else _EMPTY, a.lda, flat(a.data),
              flat(b.data))
-    return m, n, by_cols, -(-(n if by_cols else m) // UNIT), sides
+    return m, n, by_cols, -(-(n if by_cols else m) // UNIT), sides, (*a.geometry(),
+                                                                     *b.geometry())
 
 
 def product(a: Packed, b: Packed, out: torch.Tensor) -> torch.Tensor:
     """``out`` (contiguous int32 (M, N)) = the exact product of an A side (M lines) and a
     B side (N lines) of one K. Needs ``available()``."""
-    m, n, by_cols, units, sides = _cut(a, b, "product")
+    m, n, by_cols, units, sides, win = _cut(a, b, "product")
     if out.dtype != torch.int32 or out.shape != (m, n) or not out.is_contiguous():
         raise ValueError(f"amxmm.product: out must be contiguous int32 {(m, n)}")
     c = flat(out)
-    parallel(lambda lo, hi, p: LOOPS.amx_product(*sides, c, m, n, a.k, by_cols, lo, hi, p),
-             units, grain=1)
+    parallel(lambda lo, hi, p: LOOPS.amx_product(*sides, c, m, n, a.k, *win, by_cols, lo, hi,
+                                                 p), units, grain=1)
     return out
 
 
@@ -126,7 +147,7 @@ def product_dequant(a: Packed, b: Packed, row_scale: torch.Tensor, col_scale: to
     int32 product never reaches memory. Returns the int32 product's exact int64 (row sums,
     column sums), taken from the values dequantized, for the caller's check. ``row_scale``
     float32 (M,) or (1,), ``col_scale`` float32 (N,). Needs ``available()``."""
-    m, n, by_cols, units, sides = _cut(a, b, "product_dequant")
+    m, n, by_cols, units, sides, win = _cut(a, b, "product_dequant")
     if (out.dtype not in (torch.float32, torch.bfloat16) or out.shape != (m, n)
             or not out.is_contiguous()):
         raise ValueError(f"amxmm.product_dequant: out must be contiguous float32 or bfloat16 "
@@ -139,7 +160,7 @@ def product_dequant(a: Packed, b: Packed, row_scale: torch.Tensor, col_scale: to
     bf = out.dtype == torch.bfloat16
     args = (*sides, rs.numpy(), cs.numpy(), flat(out.view(torch.int16) if bf else out), bf)
     rows, cols = piece_sums(units, units, (m, n), lambda lo, hi, rp, cp, p: LOOPS.amx_product_dq(
-        *args, rp, cp, m, n, a.k, by_cols, lo, hi, p))
+        *args, rp, cp, m, n, a.k, *win, by_cols, lo, hi, p))
     return rows, cols
 
 
@@ -153,18 +174,23 @@ def stream_min_bytes(n: int | None = None) -> int:
 _EMPTY = torch.empty(0, dtype=torch.int8).numpy()
 
 
-def amx_mm(a: torch.Tensor, b: torch.Tensor | Packed, out: torch.Tensor | None = None
-           ) -> torch.Tensor:
+def amx_mm(a: torch.Tensor | Packed, b: torch.Tensor | Packed,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """Exact int32 ``a @ b.T`` of int8 (M, K) and (N, K) CPU matrices (row-major or
     transposed views), 1 <= K <= MAX_K, into ``out`` (contiguous int32 (M, N)) when given;
-    ``b`` may be packed already (``pack(b, True, ...)``: an operand used several times).
-    Needs ``available()``."""
-    if isinstance(b, Packed):
-        if not b.b_side or a.shape[1] != b.k or a.shape[0] == 0:
-            raise ValueError(f"amx_mm: a packed B side of K = {a.shape[1]}, got one of "
-                             f"K = {b.k} (B side: {b.b_side}) for a {tuple(a.shape)}")
-        c = out if out is not None else torch.empty((a.shape[0], b.lines), dtype=torch.int32)
-        return product(pack(a, False, "amxmm.a"), b, c)
+    either side may be packed already (``pack(b, True, ...)``, ``pack(a, False, ...)`` or a
+    ``window`` of either: an operand used several times). Needs ``available()``."""
+    if isinstance(a, Packed) or isinstance(b, Packed):
+        m, ka = (a.lines, a.k) if isinstance(a, Packed) else a.shape
+        kb = b.k if isinstance(b, Packed) else b.shape[1]
+        if (isinstance(a, Packed) and a.b_side) or (isinstance(b, Packed) and not b.b_side) \
+                or ka != kb or m == 0:
+            raise ValueError(f"amx_mm: packed sides of one K, A as A and B as B, got K = {ka} "
+                             f"and {kb} for {m} rows")
+        ap = a if isinstance(a, Packed) else pack(a, False, "amxmm.a")
+        bp = b if isinstance(b, Packed) else pack(b, True, "amxmm.b")
+        c = out if out is not None else torch.empty((m, bp.lines), dtype=torch.int32)
+        return product(ap, bp, c)
     m, k = a.shape
     n = b.shape[0]
     if (a.dtype != torch.int8 or b.dtype != torch.int8 or b.shape[1] != k

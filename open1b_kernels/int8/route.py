@@ -359,17 +359,16 @@ def _float_int_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) ->
     return acc if out is None else out.copy_(acc)
 
 
-def int_mm_unchecked(a: torch.Tensor, b, out: torch.Tensor | None = None
-                     ) -> torch.Tensor | None:
+def int_mm_unchecked(a, b, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """int32 ``a @ b.T`` by the checked routes' int8 GEMM (``_raw_int_mm``: the AMX tiles or
     the library's; into ``out``, contiguous int32 (M, N), when given), *not* checked - for a
     caller on a checked route ("int", "amx") that checks the exact row
     and column sums of the whole product itself, once, instead of per block
     (``open1b_kernels.ops.lmhead_int`` through ``lmhead_check``); None where the library
-    refuses the layout or shape. On "amx" ``b`` may be packed already (``amxmm.pack``: an
-    operand several products share)."""
-    if a.shape[1] < 2:                  # K = 1: the float route (comment above SGEMM_K)
-        return None
+    refuses the layout or shape. On "amx" ``a`` and ``b`` may be packed already
+    (``amxmm.pack``, ``amxmm.window``: an operand several products share)."""
+    if (a.k if isinstance(a, amxmm.Packed) else a.shape[1]) < 2:   # K = 1: the float route
+        return None                                                # (comment above SGEMM_K)
     try:
         return _raw_int_mm(a, b if isinstance(b, amxmm.Packed) else b.t(), out=out)
     except RuntimeError:

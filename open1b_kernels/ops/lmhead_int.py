@@ -100,6 +100,7 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
             p, products = plans[r0]
             slots = [q for q in products if not q.add]     # one int32 product each
             accs = scratch("lmhead.accs", (len(slots), nr, nc), torch.int32)
+            runs = a_windows(sa, products, rs, k) if tiles and whole else {}
             gathered = None
             n = -1
             for q in products:
@@ -113,7 +114,7 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
                     al = gathered[1]
                     bl = operand(sb, q.b, cs, q, whole, "lmhead.gather_b")
                 else:
-                    al = operand(sa, q.a, rs, q, whole, "lmhead.op_a")
+                    al = runs.get(q.a) or operand(sa, q.a, rs, q, whole, "lmhead.op_a")
                     if once:
                         bl = operand(sb, q.b, cs, q, whole, "lmhead.op_b")
                     else:
@@ -145,6 +146,27 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
             cols_got[cs] += u.sum(0)
             out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
     return check_sums(sa, sb, rows_got, cols_got, slices, "slice products")
+
+
+def a_windows(sa: LevelSlices, products: list[Product], rows: slice, k: int
+              ) -> dict[tuple[int, ...], amxmm.Packed]:
+    """The tiles' A operands of a row block's dense products over the whole contraction,
+    where more than one would be packed: the slices they span packed once, each product's
+    run a window of it (``amxmm.window``) - the weight gradient's level runs [a1], [a1|a2],
+    [a1|a2|a3] of dlogits' transposed slices packed once instead of three times. Empty
+    where the span is read in place (row-major, no packing to save) or is one product's."""
+    at = {q.a: sa.run_at(q.a) for q in products if q.cols is None and not q.sparse}
+    at = {which: got for which, got in at.items() if got is not None}
+    if len(at) < 2:
+        return {}
+    lo, hi = min(g.start for g in at.values()), max(g.stop for g in at.values())
+    span = sa.span(slice(lo, hi), rows)
+    if span.stride(1) == 1 and k % 64 == 0:         # read in place by the tiles: nothing packed
+        return {}
+    whole = amxmm.pack(span, False, "lmhead.op_a_span")
+    got = {which: amxmm.window(whole, (g.start - lo) * k, (g.stop - g.start) * k)
+           for which, g in at.items()}
+    return {which: w for which, w in got.items() if w is not None}
 
 
 def sparse_product(sa: LevelSlices, sb: LevelSlices, q: Product, rs: slice, cs: slice,

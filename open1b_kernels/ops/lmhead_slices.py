@@ -160,11 +160,17 @@ class LevelSlices:
     def run(self, which: tuple[int, ...], rows: slice) -> torch.Tensor | None:
         """The slices ``which`` (1-based) of the rows ``rows`` side by side along K as a view,
         or None where they do not lie one after another in the store."""
+        at = self.run_at(which)
+        return None if at is None else self.span(at, rows)
+
+    def run_at(self, which: tuple[int, ...]) -> slice | None:
+        """Where the slices ``which`` (1-based) lie side by side in the store: their
+        positions, or None where they do not lie one after another."""
         n = len(self.planes)
         pos = [self._pos(i - 1, n) for i in which]
         if pos != list(range(pos[0], pos[0] + len(pos))):
             return None
-        return self._span(slice(pos[0], pos[0] + len(pos)), rows)
+        return slice(pos[0], pos[0] + len(pos))
 
     def gather(self, i: int, rows: slice, cols: torch.Tensor, name: str) -> torch.Tensor:
         """Slice ``i`` (1-based) of the rows ``rows`` at the contraction columns ``cols``:
@@ -181,7 +187,9 @@ class LevelSlices:
         # whole slice first (measured: 1,024 rows of 128,256, 1,100 columns: 62 vs 6 ms)
         return torch.gather(part, 1, cols.expand(part.shape[0], -1), out=got)
 
-    def _span(self, span: slice, rows: slice) -> torch.Tensor:
+    def span(self, span: slice, rows: slice) -> torch.Tensor:
+        """The slices at the store's positions ``span`` of the rows ``rows``, side by side
+        along K: (n, count K), a view."""
         count = span.stop - span.start
         if self.by_cols:
             part = self.store[span]                                   # (count, K, R)

@@ -56,6 +56,95 @@ def test_extremes_at_the_longest_contraction(va, vb):
 
 
 @needs_amx
+@pytest.mark.parametrize("m,k,n", [(64, 8192, 64), (70, 9000, 90), (40, 4160, 300)])
+def test_a_long_contraction_in_passes_is_exact(m, k, n):
+    # K past KSPLIT (4,096): the whole blocks summed in passes through C (int32 partial
+    # sums stored and loaded back), the edge blocks whole in the last; A read in place
+    # (K a multiple of 64) and packed (a transposed view); units of rows and of columns
+    g = torch.Generator().manual_seed(m + k + n)
+    a = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    want = _exact(a, b)
+    for aa in _layouts(a):
+        assert torch.equal(amxmm.amx_mm(aa, b).to(torch.int64), want)
+
+
+@needs_amx
+def test_the_extremes_in_passes_of_whole_blocks():
+    # 2^31 - 2^14 reached by partial sums carried between the passes of a whole 32 x 32 block
+    k = amxmm.MAX_K
+    a = torch.full((64, k), -128, dtype=torch.int8)
+    b = torch.full((32, k), -128, dtype=torch.int8)
+    got = amxmm.amx_mm(a, b)
+    assert torch.equal(got.to(torch.int64), _exact(a, b)) and int(got[0, 0]) == 2**31 - 2**14
+
+
+@needs_amx
+def test_panels_packed_in_groups_across_many_lines():
+    # lines adjacent in memory (a transposed A, a B side read across its lines) are packed
+    # 64 panels at a time per chunk: 1,100 lines cross a group's end and end inside a panel
+    g = torch.Generator().manual_seed(5)
+    a = torch.randint(-128, 128, (1100, 200), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (1050, 200), generator=g, dtype=torch.int8)
+    want = _exact(a, b)
+    for aa in _layouts(a):
+        for bb in _layouts(b):
+            assert torch.equal(amxmm.amx_mm(aa, bb).to(torch.int64), want)
+
+
+@needs_amx
+def test_windows_of_one_packing_give_each_ranges_product():
+    # the LM head's level runs: [a1], [a1|a2], [a1|a2|a3] and [a2|a3] as windows of one
+    # packing of the three side by side, on either side of the product
+    g = torch.Generator().manual_seed(6)
+    k = 192
+    a = torch.randint(-128, 128, (70, 3 * k), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (90, 3 * k), generator=g, dtype=torch.int8)
+    pa = amxmm.pack(a.t().contiguous().t(), False, "t.win_a")
+    pb = amxmm.pack(b, True, "t.win_b")
+    assert pa.direct is None
+    for k0, k1 in [(0, k), (0, 2 * k), (0, 3 * k), (k, 3 * k), (64, 3 * k - 64)]:
+        wa, wb = amxmm.window(pa, k0, k1 - k0), amxmm.window(pb, k0, k1 - k0)
+        want = _exact(a[:, k0:k1], b[:, k0:k1])
+        assert torch.equal(amxmm.amx_mm(wa, b[:, k0:k1]).to(torch.int64), want)
+        assert torch.equal(amxmm.amx_mm(a[:, k0:k1], wb).to(torch.int64), want)
+        assert torch.equal(amxmm.amx_mm(wa, wb).to(torch.int64), want)
+        # a window of a window
+        inner = amxmm.window(wa, 64, k1 - k0 - 64)
+        assert torch.equal(amxmm.amx_mm(inner, b[:, k0 + 64:k1]).to(torch.int64),
+                           _exact(a[:, k0 + 64:k1], b[:, k0 + 64:k1]))
+    # a window's last chunk must be its own (or the packing's last): the product reads the
+    # padding past K, which would be the next values
+    assert amxmm.window(pa, 0, 100) is None and amxmm.window(pa, 32, 64) is None
+    assert amxmm.window(pa, 0, 3 * k + 1) is None
+    tail = amxmm.pack(a[:, :3 * k - 5].t().contiguous().t(), False, "t.win_tail")
+    last = amxmm.window(tail, 2 * k, k - 5)                        # ends at the packing's end
+    assert torch.equal(amxmm.amx_mm(last, b[:, 2 * k:3 * k - 5]).to(torch.int64),
+                       _exact(a[:, 2 * k:3 * k - 5], b[:, 2 * k:3 * k - 5]))
+    assert amxmm.window(amxmm.pack(a, False, "t.win_direct"), 0, k) is None     # read in place
+    with pytest.raises(ValueError, match="one K"):
+        amxmm.amx_mm(amxmm.window(pa, 0, k), pb)
+
+
+@needs_amx
+def test_the_product_refuses_a_window_past_its_packing_or_inside_a_chunk():
+    # the C side checks the windows itself: never reads past a packing or into the next
+    # values as padding
+    g = torch.Generator().manual_seed(7)
+    a = amxmm.pack(torch.randint(-128, 128, (40, 256), generator=g, dtype=torch.int8).t()
+                   .contiguous().t(), False, "t.bad_a")
+    b = amxmm.pack(torch.randint(-128, 128, (40, 256), generator=g, dtype=torch.int8), True,
+                   "t.bad_b")
+    c = torch.empty(40 * 40, dtype=torch.int32).numpy()
+    e = torch.empty(0, dtype=torch.int8).numpy()
+    args = (e, 0, a.data.numpy(), b.data.numpy(), c, 40, 40)
+    amxmm.LOOPS.amx_product(*args, 128, 256, 2, 256, 2, False, 0, 2)        # a fair window
+    for k, ka, a0 in [(128, 256, 3), (100, 256, 0), (128, 64, 0), (128, 256, -1)]:
+        with pytest.raises(ValueError, match="consistent shapes"):
+            amxmm.LOOPS.amx_product(*args, k, ka, a0, 256, 0, False, 0, 2)
+
+
+@needs_amx
 def test_blocks_of_larger_matrices_and_a_strided_copy():
     g = torch.Generator().manual_seed(9)
     big = torch.randint(-128, 128, (300, 640), generator=g, dtype=torch.int8)
@@ -97,7 +186,8 @@ def test_out_and_bad_arguments():
     with pytest.raises(ValueError, match="buffer"):       # the C side checks sizes too
         amxmm.LOOPS.amx_product(e, 0, torch.zeros(4, dtype=torch.int8).numpy(),
                                 torch.zeros(4, dtype=torch.int8).numpy(),
-                                torch.zeros(36, dtype=torch.int32).numpy(), 9, 4, 5, False, 0, 1)
+                                torch.zeros(36, dtype=torch.int32).numpy(), 9, 4, 5, 5, 0, 5, 0,
+                                False, 0, 1)
 
 
 def _dequant_ref(a, b, rs, cs, dtype):
@@ -190,8 +280,8 @@ def test_the_dequantized_product_refuses_bad_arguments():
         amxmm.LOOPS.amx_product_dq(e, 0, a.data.numpy(), b.data.numpy(), torch.ones(9).numpy(),
                                    f, torch.empty(36).numpy(), False,
                                    torch.zeros(9, dtype=torch.int64).numpy(),
-                                   torch.zeros(3, dtype=torch.int64).numpy(), 9, 4, 5, False,
-                                   0, 1)
+                                   torch.zeros(3, dtype=torch.int64).numpy(), 9, 4, 5, 5, 0,
+                                   5, 0, False, 0, 1)
 
 
 @needs_amx
@@ -321,3 +411,25 @@ def test_amx_gives_the_float_routes_bits_through_the_lm_head(route, monkeypatch,
         got = _run(h, w, dl, slices)
     assert calls and gemm_route.int_gemm_status()["failures"] == 0
     assert _same(want, got)
+
+
+@needs_amx
+@pytest.mark.parametrize("tokens", [128, 100])
+def test_the_heads_level_runs_as_windows_of_one_packing(route, monkeypatch, tokens):
+    # the weight gradient's A operands (dlogits' slices, transposed) packed once per row
+    # block, each level's run a window of it - where the tokens fill whole chunks (128);
+    # packed per product otherwise (100): the float route's bits either way
+    from open1b_kernels.ops import lmhead_int as li
+    from tests.kernels.test_lmhead_int import _case, _run, _same
+    monkeypatch.setattr(li, "SHORT_BLOCKS", (32, 64))
+    h, w, dl = _case(m=tokens, k=320, v=150)
+    route("float")
+    want = _run(h, w, dl, 3)
+    route("amx")
+    windows = []
+    real = li.a_windows
+    monkeypatch.setattr(li, "a_windows", lambda *x: windows.append(real(*x)) or windows[-1])
+    got = _run(h, w, dl, 3)
+    assert gemm_route.int_gemm_status()["failures"] == 0 and _same(want, got)
+    used = [len(got) for got in windows if got]
+    assert (max(used) >= 2) if tokens % 64 == 0 else (max(used, default=0) <= 1)
