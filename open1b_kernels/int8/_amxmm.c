@@ -40,12 +40,17 @@
  * 512 2.0-2.1 TOPS; blocking the contraction too (C reloaded per block of 8-16 chunks, so
  * that a B panel pair stays in L1) 1.4-1.9: the reloads of C cost more than they saved. */
 #define MBLOCK 256
-/* A plain product's contraction longer than KSPLIT runs in passes (`product`): measured on
- * the same VM at 1,024 x 2,048 and K = 8,192 / 12,288 (the LM head's weight gradient), 1.41-1.50
- * / 1.19-1.36 TMAC/s in one pass, 1.94-2.07 / 1.94-2.07 in passes of 4,096 (2,048: 1.79-1.91). */
+/* A plain product's contraction longer than KSPLIT runs in passes (`product`) where its int32
+ * C, which carries the partial sums between them, is at most SPLIT_C_BYTES: measured on the
+ * same VM at 1,024 x 2,048 and K = 8,192 / 12,288 (the LM head's weight gradient) 1.41-1.50 /
+ * 1.19-1.36 TMAC/s in one pass of 256-row blocks, 1.85-1.88 / 1.72 in one pass of smaller
+ * ones (A_BLOCK_BYTES), 1.94-2.07 / 1.94-2.07 in passes of 4,096 (2,048: 1.79-1.91); dh's
+ * 1,024 x 2,048 x 32,064 1.06 / 1.14 / 1.81. A larger C costs more to carry than the passes
+ * save (4,096 x 2,048 x 5,632: 1.62-1.86 in passes, 2.11-2.33 in one of smaller blocks). */
 #ifndef KSPLIT
 #define KSPLIT 4096
 #endif
+#define SPLIT_C_BYTES (8 << 20)
 /* Panels packed side by side per 64-wide chunk where the lines are adjacent in memory (a
  * transposed A, or a B side read across its lines): one cache line of a source row serves
  * up to 4 panels, one page many - measured at 1,024 lines x K = 12,288 of a 128,256-wide
@@ -54,6 +59,10 @@
 #define PACK_GROUP 64
 #endif
 #define NBLOCK 512
+/* ... and in one pass at most this much of A a block: at 4,096 x 2,048 x 11,264 (a linear's
+ * dX, dequantized in the tiles) 79 ms in blocks of 256 rows (2.9 MB of A), 51-59 ms in 64;
+ * the head's forward block (1,024 x 4,096 x 6,144) 1.67 -> 2.25 TMAC/s in 160 */
+#define A_BLOCK_BYTES (1 << 20)
 
 static Py_ssize_t round_up(Py_ssize_t x, Py_ssize_t m) { return (x + m - 1) / m * m; }
 
@@ -380,7 +389,7 @@ AMX_TARGET static void product(const sides *A, int32_t *c, Py_ssize_t M,
     Py_ssize_t full_r = M / 32 * 32, full_c = N / 32 * 32;
     int stream = !E && streams(c, M * N * 4, N * 4);
     amx_tiles_on();
-    if (!E && KP > KSPLIT) {
+    if (!E && KP > KSPLIT && M * N * 4 <= SPLIT_C_BYTES) {
         /* A long contraction in even passes of at most KSPLIT over C's whole part: each
          * pass's A and B cache blocks stay in L2, the int32 partial sums go through C (its
          * edge blocks whole, in the last pass). Integer sums: the same bits in any split. */
@@ -405,9 +414,13 @@ AMX_TARGET static void product(const sides *A, int32_t *c, Py_ssize_t M,
         _tile_release();
         return;
     }
+    /* in one pass (the dequantizing product) A's cache block at most A_BLOCK_BYTES: a long
+     * contraction takes fewer rows a block, so that they stay in L2 beside a B panel pair */
+    Py_ssize_t mblock = A_BLOCK_BYTES / KP / 32 * 32;
+    mblock = mblock < 32 ? 32 : mblock > MBLOCK ? MBLOCK : mblock;
     for (Py_ssize_t jb = c0; jb < c1; jb += NBLOCK)
-        for (Py_ssize_t ib = r0; ib < r1; ib += MBLOCK) {
-            Py_ssize_t ie = ib + MBLOCK < r1 ? ib + MBLOCK : r1;
+        for (Py_ssize_t ib = r0; ib < r1; ib += mblock) {
+            Py_ssize_t ie = ib + mblock < r1 ? ib + mblock : r1;
             Py_ssize_t je = jb + NBLOCK < c1 ? jb + NBLOCK : c1;
             for (Py_ssize_t j = jb; j < je; j += 32)
                 for (Py_ssize_t i = ib; i < ie; i += 32) {

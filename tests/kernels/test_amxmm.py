@@ -70,6 +70,18 @@ def test_a_long_contraction_in_passes_is_exact(m, k, n):
 
 
 @needs_amx
+def test_a_long_contraction_into_a_large_result_in_one_pass_is_exact():
+    # C past SPLIT_C_BYTES (1,100 x 2,000 int32: 8.8 MB) keeps one pass, in cache blocks of
+    # 1 MiB of A (128 rows at K = 4,160): several blocks of rows, the edge rows and columns
+    g = torch.Generator().manual_seed(8)
+    a = torch.randint(-128, 128, (1100, 4160), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (2000, 4160), generator=g, dtype=torch.int8)
+    want = torch.mm(a.double(), b.double().t())       # exact: every sum below 2^53
+    for aa in _layouts(a):
+        assert torch.equal(amxmm.amx_mm(aa, b).double(), want)
+
+
+@needs_amx
 def test_the_extremes_in_passes_of_whole_blocks():
     # 2^31 - 2^14 reached by partial sums carried between the passes of a whole 32 x 32 block
     k = amxmm.MAX_K
@@ -203,12 +215,14 @@ def _bits(t):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m,k,n,per_row", [(1, 5, 1, True), (33, 128, 17, True),
                                            (70, 320, 90, False), (100, 2049, 70, True),
-                                           (40, 300, 3000, True), (2048, 64, 1056, True)])
+                                           (40, 300, 3000, True), (2048, 64, 1056, True),
+                                           (300, 8200, 70, True)])
 def test_the_product_dequantized_in_its_tiles_gives_the_second_pass_bits(m, k, n, per_row,
                                                                        dtype):
     # edges (rows and columns not a multiple of 32), per-tensor and per-row steps, units
     # of columns (few rows), and outputs past STREAM_MIN_BYTES (2,048 x 1,056: 8.3 MB of
-    # float32 stored by streaming stores; in bf16 under it), with extremes: the largest
+    # float32 stored by streaming stores; in bf16 under it), a long contraction in one pass
+    # of 64-row cache blocks (A_BLOCK_BYTES: 300 x 8,200), with extremes: the largest
     # product, a zero step, a subnormal one, a NaN one, one that overflows to inf
     g = torch.Generator().manual_seed(m + k + n)
     a = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
