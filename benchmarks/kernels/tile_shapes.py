@@ -65,8 +65,8 @@ def _side(repeats: int) -> dict:
         return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
     out = {}
-    store = ints(12288, 8192)                    # dlogits' slices, tokens x vocabulary
-    dl_t = store[:, 4096:5120].t()               # a block of vocabulary rows: transposed
+    store = ints(12288, 128256)                  # dlogits' slices, tokens x vocabulary
+    dl_t = store[:, 5120:6144].t()               # a block of vocabulary rows: transposed
     h_t = ints(2048, 12288)
     pa = amxmm.pack(dl_t, False, "bench.a")
     out[CASES[0]] = (timed(lambda: amxmm.pack(dl_t, False, "bench.a")), digest(pa.data))
