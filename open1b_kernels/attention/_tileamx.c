@@ -28,17 +28,14 @@
 #include <math.h>
 #include <string.h>
 
-#include "../core/_amx.h"
 #include "../core/_mathfn.h"
 #include "_fixed.h"
+#include "_tileamx.h"
 
-#define BLK 64                   /* BLOCK_M = BLOCK_N (checked by the caller) */
-#define DIG 3072                 /* one chunk's three digit blocks */
 #define EXP_OFFSET 147           /* x = N * 2^(E - 147), open1b_kernels/attention/fixed.py */
 
 
 #if AMX_BUILD
-#define TILE_TARGET __attribute__((target("arch=x86-64-v4,amx-tile,amx-int8")))
 
 /* The digits of n bf16 values, value c in the group of exponent E[c] (or e_all where E is
  * NULL): d0, d1, d2 rows of n bytes. Straight lanes (selects, variable shifts): vectorized. */
@@ -388,15 +385,15 @@ TILE_TARGET static void tile64(pipeline *pl, const int8_t *ad, const int32_t *ae
  * as digits: dsr (BK, nk, 4 panels) ds16's rows (A side, contraction over the tile's keys)
  * with their exponents erow (BK, nk, 64); dsc and pc (BK, nk * 4 panels) ds16's and p16's
  * columns (B side, contraction over the block's query rows) with ecd and ecp (BK, nk * 64). */
-TILE_TARGET static void bwd_tiles_amx(const int8_t *qd, const int32_t *eq, const int8_t *dod,
-                                      const int32_t *edo, const int8_t *kd, const int32_t *ek,
-                                      const int8_t *vd, const int32_t *ev, const float *lse,
-                                      const float *drow, int8_t *dsr, int32_t *erow,
-                                      int8_t *dsc, int32_t *ecd, int8_t *pc, int32_t *ecp,
-                                      Py_ssize_t Hkv, Py_ssize_t G, Py_ssize_t n_blk,
-                                      Py_ssize_t h, Py_ssize_t qb, Py_ssize_t nk,
-                                      Py_ssize_t first, Py_ssize_t DC, int32_t seq,
-                                      int32_t window, float scale, Py_ssize_t u0, Py_ssize_t u1) {
+TILE_TARGET void bwd_tiles_amx(const int8_t *qd, const int32_t *eq, const int8_t *dod,
+                               const int32_t *edo, const int8_t *kd, const int32_t *ek,
+                               const int8_t *vd, const int32_t *ev, const float *lse,
+                               const float *drow, int8_t *dsr, int32_t *erow,
+                               int8_t *dsc, int32_t *ecd, int8_t *pc, int32_t *ecp,
+                               Py_ssize_t Hkv, Py_ssize_t G, Py_ssize_t n_blk,
+                               Py_ssize_t h, Py_ssize_t qb, Py_ssize_t nk,
+                               Py_ssize_t first, Py_ssize_t DC, int32_t seq,
+                               int32_t window, float scale, Py_ssize_t u0, Py_ssize_t u1) {
     pipeline pl = {.cur = 0, .waiting = 0};
     float st[BLK * BLK], dpt[BLK * BLK];
     uint16_t p16[BLK * BLK], ds16[BLK * BLK];
@@ -462,9 +459,9 @@ TILE_TARGET static void bwd_tiles_amx(const int8_t *qd, const int32_t *eq, const
  * fp32(P_0[i, :]) + fp32(P_1[i, :]) + ... (key blocks ascending), P_j = ds16's tile j (dsr)
  * times K's column values of key block first + j (kc, ekc: B side, digit_planes cols) -
  * _tilesc.c's dq_tiles, the products from the tiles. */
-TILE_TARGET static void dq_amx(const int8_t *dsr, const int32_t *erow, const int8_t *kc,
-                               const int32_t *ekc, float *out, Py_ssize_t nk, Py_ssize_t D,
-                               Py_ssize_t n_blk, Py_ssize_t first, Py_ssize_t u0, Py_ssize_t u1) {
+TILE_TARGET void dq_amx(const int8_t *dsr, const int32_t *erow, const int8_t *kc,
+                        const int32_t *ekc, float *out, Py_ssize_t nk, Py_ssize_t D,
+                        Py_ssize_t n_blk, Py_ssize_t first, Py_ssize_t u0, Py_ssize_t u1) {
     pipeline pl = {.cur = 0, .waiting = 0};
     Py_ssize_t dp = D / 16;
     amx_tiles_on();
@@ -496,11 +493,11 @@ TILE_TARGET static void dq_amx(const int8_t *dsr, const int32_t *erow, const int
  * column values transposed (lc, elc: A side, digit_planes cols of the query plane of
  * (bk, h), block qb) times ds16's (or p16's) columns (rc, erc) - _tilesc.c's kv_tiles, the
  * products from the tiles. */
-TILE_TARGET static void kv_amx(const int8_t *lc, const int32_t *elc, const int8_t *rc,
-                               const int32_t *erc, float *acc, Py_ssize_t Hkv, Py_ssize_t G,
-                               Py_ssize_t n_blk, Py_ssize_t h, Py_ssize_t qb, Py_ssize_t nk,
-                               Py_ssize_t D, Py_ssize_t stride, Py_ssize_t offset,
-                               Py_ssize_t u0, Py_ssize_t u1) {
+TILE_TARGET void kv_amx(const int8_t *lc, const int32_t *elc, const int8_t *rc,
+                        const int32_t *erc, float *acc, Py_ssize_t Hkv, Py_ssize_t G,
+                        Py_ssize_t n_blk, Py_ssize_t h, Py_ssize_t qb, Py_ssize_t nk,
+                        Py_ssize_t D, Py_ssize_t stride, Py_ssize_t offset,
+                        Py_ssize_t u0, Py_ssize_t u1) {
     pipeline pl = {.cur = 0, .waiting = 0};
     Py_ssize_t dp = D / 16, L = nk * BLK;
     amx_tiles_on();

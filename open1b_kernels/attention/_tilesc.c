@@ -579,7 +579,8 @@ static PyMethodDef methods[] = {
 };
 
 EXT_TABLE(tileamx);
+EXT_TABLE(tilebwd);
 EXT_TABLE(tilevnni);
 
 EXT_MODULE(_tilesc, "Compiled tile loops of attention's CPU reference (same bits).",
-           {methods, open1b_tileamx_methods, open1b_tilevnni_methods})
+           {methods, open1b_tileamx_methods, open1b_tilebwd_methods, open1b_tilevnni_methods})

@@ -146,3 +146,27 @@ def backward_step(ops: Operands, h: int, qb: int, first: int, nk: int, lse: torc
               n_blk, h, qb, nk, d, acc.shape[2], first * BLOCK_M)
         pieces.parallel(lambda lo, hi, p: _tilesc.amx_kv(*kv, lo, hi, p), bk * (d // 16),
                         grain=1)
+
+
+def backward_loop(ops: Operands, lse: torch.Tensor, drow: torch.Tensor, lo: torch.Tensor,
+                  hi: torch.Tensor, acc_dq: torch.Tensor, acc_dk: torch.Tensor,
+                  acc_dv: torch.Tensor, seq: int, window: int, scale: float) -> None:
+    """Every step of compiled.backward's loop (``backward_step`` for each query head h of the
+    KV groups, then each query block qb with its band [lo[qb], hi[qb]] of key blocks) in one
+    call on the OpenMP team (``_tilebwd.c``): the same units in the same order, so the same
+    bits, without a Python call and four thread dispatches a step. ``lse``, ``drow``: (G,
+    n_qb, B * Hkv, 64); ``acc_dq`` (G, n_qb, B * Hkv, 64, D), ``acc_dk`` / ``acc_dv`` (B *
+    Hkv, D, keys), all contiguous float32."""
+    bk, d, n_blk = ops.k.planes, ops.k.d, ops.k.n_blk
+    lo64, hi64 = lo.to(torch.int64).contiguous(), hi.to(torch.int64).contiguous()
+    nk_max = int((hi64 - lo64).max()) + 1
+    dsr, dsc, pc = (scratch(f"attn.amx.{n}", (bk * nk_max * 4 * DIGITS,), torch.int8)
+                    for n in ("dsr", "dsc", "pc"))
+    erow, ecd, ecp = (scratch(f"attn.amx.{n}", (bk * nk_max * BLOCK_M,), torch.int32)
+                      for n in ("erow", "ecd", "ecp"))
+    bufs = (ops.q.data, ops.q.exps, ops.do.data, ops.do.exps, ops.k.data, ops.k.exps,
+            ops.v.data, ops.v.exps, ops.kc.data, ops.kc.exps, ops.qc.data, ops.qc.exps,
+            ops.doc.data, ops.doc.exps, lse, drow, lo64, hi64, dsr, erow, dsc, ecd, pc, ecp,
+            acc_dq, acc_dk, acc_dv)
+    _tilesc.amx_backward(*(_np(x) for x in bufs), bk, ops.hkv, ops.g, n_blk, lo64.numel(), d,
+                         seq, window, scale, nk_max, torch.get_num_threads())

@@ -112,17 +112,30 @@ def backward_keeps_the_definitions_bits(case, seed, forward=forward_reference):
 
 
 @needs_tiles
-def test_the_probe_passes_here_and_catches_a_forged_product(monkeypatch):
+@pytest.mark.parametrize("one_loop", [True, False])
+def test_the_probe_passes_here_and_catches_a_forged_product(monkeypatch, one_loop):
     # a tile product wrong in one element (lost tile state would look like this) is seen by
-    # the probe, which keeps the float64 products - the definition's bits
+    # the probe, which keeps the float64 products - the definition's bits; on the backward
+    # in one compiled loop and in per-step calls alike
+    monkeypatch.setattr(compiled, "ONE_LOOP", one_loop)
+    compiled.tiles_agree.cache_clear()
     assert compiled.tiles_agree()
-    real = amx.backward_step
+    if one_loop:
+        real_loop = amx.backward_loop
 
-    def forged(ops, h, qb, first, nk, lse, drow, out_dq, acc_dk, acc_dv, *rest):
-        real(ops, h, qb, first, nk, lse, drow, out_dq, acc_dk, acc_dv, *rest)
-        acc_dv[0, 3, first * 64 + 1] *= 1.5
+        def forged_loop(ops, lse, drow, lo, hi, acc_dq, acc_dk, acc_dv, *rest):
+            real_loop(ops, lse, drow, lo, hi, acc_dq, acc_dk, acc_dv, *rest)
+            acc_dv[0, 3, 1] *= 1.5
 
-    monkeypatch.setattr(amx, "backward_step", forged)
+        monkeypatch.setattr(amx, "backward_loop", forged_loop)
+    else:
+        real = amx.backward_step
+
+        def forged(ops, h, qb, first, nk, lse, drow, out_dq, acc_dk, acc_dv, *rest):
+            real(ops, h, qb, first, nk, lse, drow, out_dq, acc_dk, acc_dv, *rest)
+            acc_dv[0, 3, first * 64 + 1] *= 1.5
+
+        monkeypatch.setattr(amx, "backward_step", forged)
     compiled.tiles_agree.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="AMX tile products differ .*dv of the probe"):
@@ -159,8 +172,49 @@ def test_switch_off_keeps_the_float64_products(monkeypatch):
     assert not amx.available() and not compiled.tiles_in_use()
     calls = []
     monkeypatch.setattr(amx, "backward_step", lambda *a: calls.append(1))
+    monkeypatch.setattr(amx, "backward_loop", lambda *a: calls.append(1))
     backward_keeps_the_definitions_bits((1, 2, 1, 70, 16, None), 2, compiled.forward)
     assert not calls
+
+
+@needs_tiles
+@pytest.mark.parametrize("case", [(1, 4, 2, 150, 128, None), (2, 2, 1, 100, 64, 70),
+                                  (1, 4, 1, 300, 16, 100), (1, 2, 2, 64, 256, 30)])
+def test_the_backward_in_one_loop_gives_the_per_step_calls_bits(monkeypatch, case):
+    # the steps in one compiled call on the OpenMP team (the phases split between its
+    # threads, a barrier after each) against the per-step calls from Python: GQA, windows,
+    # partial blocks, head dims 16 to 256 - and both the definition's bits
+    b, hq, hkv, s, d, window = case
+    q = (_extreme((b, hq, s, d), 1).float() * 2.0 ** -40).to(torch.bfloat16)
+    k, v, do = _extreme((b, hkv, s, d), 2), _extreme((b, hkv, s, d), 3), _extreme((b, hq, s, d), 4)
+    out, lse = forward_reference(q, k, v, window)
+    loops = []
+    real = amx.backward_loop
+    monkeypatch.setattr(amx, "backward_loop", lambda *a: loops.append(1) or real(*a))
+    got = {}
+    for one in (True, False):
+        monkeypatch.setattr(compiled, "ONE_LOOP", one)
+        got[one] = compiled._backward_amx(q, k, v, out, lse, do, window)
+    assert len(loops) == (1 if compiled.pieces.team() else 0)
+    for x, y, z in zip(got[True], got[False], backward_reference(q, k, v, out, lse, do, window)):
+        assert torch.equal(bits(x), bits(y)) and torch.equal(bits(x), bits(z))
+
+
+@needs_tiles
+def test_the_backward_loop_refuses_a_band_outside_its_blocks():
+    # the C side checks every query block's band against the key blocks and the scratch
+    q, k, v, do, window = _inputs((1, 2, 1, 128, 16, None), seed=3)
+    ops = amx.Operands(q, k, v, do)
+    lse, drow = torch.zeros(2, 2, 1, 64), torch.zeros(2, 2, 1, 64)
+    acc_dq = torch.zeros(2, 2, 1, 64, 16)
+    acc = torch.zeros(1, 16, 128), torch.zeros(1, 16, 128)
+    for lo, hi in [([0, 0], [0, 2]), ([0, -1], [0, 1]), ([0, 1], [0, 0])]:
+        with pytest.raises(ValueError, match="band"):
+            amx.backward_loop(ops, lse, drow, torch.tensor(lo), torch.tensor(hi), acc_dq, *acc,
+                              128, 0, 0.25)
+    with pytest.raises(ValueError, match="expected"):
+        amx.backward_loop(ops, lse[:1], drow, torch.tensor([0, 0]), torch.tensor([0, 1]),
+                          acc_dq, *acc, 128, 0, 0.25)
 
 
 @needs_tiles
