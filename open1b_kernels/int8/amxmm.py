@@ -183,8 +183,8 @@ def amx_mm(a: torch.Tensor | Packed, b: torch.Tensor | Packed,
     if isinstance(a, Packed) or isinstance(b, Packed):
         m, ka = (a.lines, a.k) if isinstance(a, Packed) else a.shape
         kb = b.k if isinstance(b, Packed) else b.shape[1]
-        if (isinstance(a, Packed) and a.b_side) or (isinstance(b, Packed) and not b.b_side) \
-                or ka != kb or m == 0:
+        if ((isinstance(a, Packed) and a.b_side) or (isinstance(b, Packed) and not b.b_side)
+                or ka != kb or m == 0):
             raise ValueError(f"amx_mm: packed sides of one K, A as A and B as B, got K = {ka} "
                              f"and {kb} for {m} rows")
         ap = a if isinstance(a, Packed) else pack(a, False, "amxmm.a")
