@@ -19,7 +19,7 @@ import time
 import click
 import torch
 
-from benchmarks.machine import LoadLog, alternating_medians, describe
+from benchmarks.machine import LoadLog, alternating_medians, describe, report_end
 from open1b_kernels.attention import compiled
 from open1b_kernels.core import pieces
 
@@ -56,17 +56,13 @@ def main(seq, repeats, out):
         load.sample(str(window))
         rows.append(f"| {window or 'causal'} | {t['per step'] * 1e3:.0f} | "
                     f"{t['one loop'] * 1e3:.0f} | **{t['per step'] / t['one loop']:.2f}x** |")
-    text = "\n".join([
+    report_end([
         f"\n## {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC - `python -m "
         f"benchmarks.kernels.attention_loop {' '.join(sys.argv[1:])}`",
         f"\nMachine: {describe()}. {load.summary()}. Attention's backward, 1 x {seq:,} tokens, "
         f"16/4 heads of 128; medians of {repeats} alternating runs; the gradients bit-equal.\n",
         "| window | per-step calls ms | one loop ms | per step / one loop |", "|---|---|---|---|",
-        *rows])
-    print(text)
-    if out:
-        with open(out, "a") as f:
-            f.write(text + "\n")
+        *rows], out)
 
 
 if __name__ == "__main__":

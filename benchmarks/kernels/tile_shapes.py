@@ -24,14 +24,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 
 import click
 
-from benchmarks.machine import LoadLog, describe
+from benchmarks.machine import LoadLog, describe, median_s, report_end
 
 CASES = ("pack dlogits^T (1024 x 12288)", "head dW 1024x2048 K=12288", "pack W^T (2048 x 32064)",
          "head dh 1024x2048 K=32064", "head fwd 1024x4096 K=6144",
@@ -53,13 +52,7 @@ def _side(repeats: int) -> dict:
         return torch.randint(-127, 128, shape, dtype=torch.int8, generator=g)
 
     def timed(fn):
-        fn()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return median_s(fn, repeats)
 
     def digest(t):
         return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
@@ -99,13 +92,17 @@ def _run_side(root: str, repeats: int) -> dict:
     # this file's measuring code against the checkout's kernels (an anchor older than this
     # file has none of its own)
     got = subprocess.run([sys.executable, os.path.abspath(__file__), "--side", "--repeats",
-                          str(repeats)], cwd=root, check=True, text=True, capture_output=True,
+                          str(repeats)], cwd=root, text=True, capture_output=True,
                          env={**os.environ, "PYTHONPATH": root})
+    if got.returncode != 0:
+        raise SystemExit(f"the side at {root} failed (is its extension built there?): "
+                         f"{got.stderr.strip().splitlines()[-1] if got.stderr.strip() else ''}")
     return json.loads(got.stdout.strip().splitlines()[-1])
 
 
 @click.command()
-@click.option("--against", default=None, help="a checkout (with its extension built) to compare")
+@click.option("--against", default=None, type=click.Path(exists=True, file_okay=False),
+              help="a checkout (with its extension built) to compare")
 @click.option("--repeats", default=7)
 @click.option("--rounds", default=2, help="alternating runs of each side")
 @click.option("--out", default=None, help="append the markdown report here")
@@ -115,6 +112,11 @@ def main(against, repeats, rounds, out, side):
         print(json.dumps(_side(repeats)))
         return
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if against and not os.path.isfile(os.path.join(against, "open1b_kernels", "int8",
+                                                   "amxmm.py")):
+        raise click.BadParameter(f"{against} is not an open1b checkout (no "
+                                 "open1b_kernels/int8/amxmm.py): clone the commit to compare "
+                                 "and build its extension there", param_hint="--against")
     roots = {"this": here, **({"anchor": os.path.abspath(against)} if against else {})}
     commit = {k: subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=r, text=True,
                                 capture_output=True).stdout.strip() or "?"
@@ -144,11 +146,7 @@ def main(against, repeats, rounds, out, side):
         ratio = (f" **{min(cells['anchor']) / max(cells['this']):.2f}-"
                  f"{max(cells['anchor']) / min(cells['this']):.2f}x** |" if against else "")
         lines.append(f"| {case} | {row} |{ratio}")
-    text = "\n".join(lines)
-    print(text)
-    if out:
-        with open(out, "a") as f:
-            f.write(text + "\n")
+    report_end(lines, out)
 
 
 if __name__ == "__main__":

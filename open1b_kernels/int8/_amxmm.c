@@ -389,54 +389,47 @@ AMX_TARGET static void product(const sides *A, int32_t *c, Py_ssize_t M,
     Py_ssize_t full_r = M / 32 * 32, full_c = N / 32 * 32;
     int stream = !E && streams(c, M * N * 4, N * 4);
     amx_tiles_on();
-    if (!E && KP > KSPLIT && M * N * 4 <= SPLIT_C_BYTES) {
-        /* A long contraction in even passes of at most KSPLIT over C's whole part: each
-         * pass's A and B cache blocks stay in L2, the int32 partial sums go through C (its
-         * edge blocks whole, in the last pass). Integer sums: the same bits in any split. */
-        Py_ssize_t passes = (KP + KSPLIT - 1) / KSPLIT;
-        Py_ssize_t part = round_up((KP + passes - 1) / passes, KCHUNK);
-        for (Py_ssize_t k0 = 0; k0 < KP; k0 += part) {
-            Py_ssize_t k1 = k0 + part < KP ? k0 + part : KP;
-            for (Py_ssize_t jb = c0; jb < c1; jb += NBLOCK)
-                for (Py_ssize_t ib = r0; ib < r1; ib += MBLOCK) {
-                    Py_ssize_t ie = ib + MBLOCK < r1 ? ib + MBLOCK : r1;
-                    Py_ssize_t je = jb + NBLOCK < c1 ? jb + NBLOCK : c1;
-                    for (Py_ssize_t j = jb; j < je; j += 32)
-                        for (Py_ssize_t i = ib; i < ie; i += 32) {
-                            if (i < full_r && j < full_c)
+    /* A long plain contraction in even passes of at most KSPLIT over C's whole part where C
+     * is small: each pass's A and B cache blocks stay in L2, the int32 partial sums go through
+     * C (its edge blocks whole, in the last pass; no streaming stores: C is read back). In
+     * one pass (the dequantizing product, a large C) A's cache block is at most A_BLOCK_BYTES:
+     * a long contraction takes fewer rows a block, so that they stay in L2 beside a B panel
+     * pair. Integer sums: the same bits in any split or blocking. */
+    int split = !E && KP > KSPLIT && M * N * 4 <= SPLIT_C_BYTES;
+    Py_ssize_t passes = split ? (KP + KSPLIT - 1) / KSPLIT : 1;
+    Py_ssize_t part = round_up((KP + passes - 1) / passes, KCHUNK);
+    Py_ssize_t mblock = split ? MBLOCK : A_BLOCK_BYTES / KP / 32 * 32;
+    mblock = mblock < 32 ? 32 : mblock > MBLOCK ? MBLOCK : mblock;
+    stream = stream && !split;
+    for (Py_ssize_t k0 = 0; k0 < KP; k0 += part) {
+        Py_ssize_t k1 = k0 + part < KP ? k0 + part : KP;
+        for (Py_ssize_t jb = c0; jb < c1; jb += NBLOCK)
+            for (Py_ssize_t ib = r0; ib < r1; ib += mblock) {
+                Py_ssize_t ie = ib + mblock < r1 ? ib + mblock : r1;
+                Py_ssize_t je = jb + NBLOCK < c1 ? jb + NBLOCK : c1;
+                for (Py_ssize_t j = jb; j < je; j += 32)
+                    for (Py_ssize_t i = ib; i < ie; i += 32) {
+                        int whole = i < full_r && j < full_c;
+                        if (split) {
+                            if (whole)
                                 block32k(A, KP, i, j, k0 / KCHUNK, k1 / KCHUNK, k0 > 0,
                                          c + i * N + j, N);
                             else if (k1 == KP)
                                 edge32(A, KP, c, i, j, M, N, edge);
-                        }
-                }
-        }
-        _tile_release();
-        return;
+                        } else if (E) {
+                            block32(A, KP, i, j, edge, 32);
+                            dq_block(E, edge, i, j, M - i < 32 ? M - i : 32,
+                                     N - j < 32 ? N - j : 32, N);
+                        } else if (whole && stream) {
+                            block32(A, KP, i, j, edge, 32);
+                            stream_block(edge, c + i * N + j, N);
+                        } else if (whole)
+                            block32(A, KP, i, j, c + i * N + j, N);
+                        else
+                            edge32(A, KP, c, i, j, M, N, edge);
+                    }
+            }
     }
-    /* in one pass (the dequantizing product) A's cache block at most A_BLOCK_BYTES: a long
-     * contraction takes fewer rows a block, so that they stay in L2 beside a B panel pair */
-    Py_ssize_t mblock = A_BLOCK_BYTES / KP / 32 * 32;
-    mblock = mblock < 32 ? 32 : mblock > MBLOCK ? MBLOCK : mblock;
-    for (Py_ssize_t jb = c0; jb < c1; jb += NBLOCK)
-        for (Py_ssize_t ib = r0; ib < r1; ib += mblock) {
-            Py_ssize_t ie = ib + mblock < r1 ? ib + mblock : r1;
-            Py_ssize_t je = jb + NBLOCK < c1 ? jb + NBLOCK : c1;
-            for (Py_ssize_t j = jb; j < je; j += 32)
-                for (Py_ssize_t i = ib; i < ie; i += 32) {
-                    if (E) {
-                        block32(A, KP, i, j, edge, 32);
-                        dq_block(E, edge, i, j, M - i < 32 ? M - i : 32,
-                                 N - j < 32 ? N - j : 32, N);
-                    } else if (i < full_r && j < full_c && stream) {
-                        block32(A, KP, i, j, edge, 32);
-                        stream_block(edge, c + i * N + j, N);
-                    } else if (i < full_r && j < full_c)
-                        block32(A, KP, i, j, c + i * N + j, N);
-                    else
-                        edge32(A, KP, c, i, j, M, N, edge);
-                }
-        }
     if (stream || (E && E->stream)) _mm_sfence();   /* streamed stores seen before the caller goes on */
     _tile_release();
 }
