@@ -85,15 +85,14 @@ static void run_loop(const bwd_loop *L, int pieces) {
 }
 #endif
 
-/* Every band [lo[q], hi[q]] inside the key blocks, no longer than the scratch's nk_max and
- * inside the running sums' stride. */
+/* Every band [lo[q], hi[q]] inside the key blocks (so inside the running sums' n_blk * 64
+ * keys) and no longer than the scratch's nk_max. */
 static int bands_ok(const Py_buffer *lo, const Py_buffer *hi, Py_ssize_t n_qb, Py_ssize_t n_blk,
-                    Py_ssize_t nk_max, Py_ssize_t stride) {
+                    Py_ssize_t nk_max) {
     if (!sized(lo, n_qb, 8, "lo") || !sized(hi, n_qb, 8, "hi")) return 0;
     const int64_t *l = lo->buf, *h = hi->buf;
     for (Py_ssize_t q = 0; q < n_qb; q++)
-        if (!(0 <= l[q] && l[q] <= h[q] && h[q] < n_blk && h[q] - l[q] + 1 <= nk_max &&
-              (h[q] + 1) * BLK <= stride)) {
+        if (!(0 <= l[q] && l[q] <= h[q] && h[q] < n_blk && h[q] - l[q] + 1 <= nk_max)) {
             PyErr_Format(PyExc_ValueError, "amx_backward: query block %zd's band [%lld, %lld] "
                          "outside the %zd key blocks or the scratch", q, (long long)l[q],
                          (long long)h[q], n_blk);
@@ -105,7 +104,7 @@ static int bands_ok(const Py_buffer *lo, const Py_buffer *hi, Py_ssize_t n_qb, P
 static PyObject *py_amx_backward(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer b[27];
-    Py_ssize_t BK, Hkv, G, n_blk, n_qb, D, seq, window, nk_max, stride;
+    Py_ssize_t BK, Hkv, G, n_blk, n_qb, D, seq, window, nk_max;
     double scale;
     int pieces = 1;
     if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*y*y*y*y*y*y*y*y*y*w*w*w*w*w*w*w*w*w*"
@@ -118,12 +117,13 @@ static PyObject *py_amx_backward(PyObject *self, PyObject *args) {
     /* b: qd eq dod edo kd ek vd ev | kc ekc qc eqc doc edoc | lse drow lo hi |
      *    dsr erow dsc ecd pc ecp | acc_dq acc_dk acc_dv */
     Py_ssize_t DC = (D + 63) / 64, S_pad = n_blk * BLK, P = BK * G, dg = D / 16;
-    stride = n_blk * BLK;
+    Py_ssize_t stride = S_pad;      /* the running sums' keys */
     int ok = amx_ready() && BK > 0 && Hkv > 0 && BK % Hkv == 0 && G > 0 && n_qb > 0 &&
              n_qb <= n_blk && D >= 16 && D <= 256 && D % 16 == 0 && seq > 0 && seq <= S_pad &&
              window >= 0 && window < INT32_MAX && S_pad < INT32_MAX && nk_max > 0 &&
              PIECES_OK(pieces) &&
-             sized(&b[0], P * n_blk * 4 * DC * DIG, 1, "qd") && sized(&b[1], P * S_pad, 4, "eq") &&
+             sized(&b[0], P * n_blk * 4 * DC * DIG, 1, "qd") &&
+             sized(&b[1], P * S_pad, 4, "eq") &&
              sized(&b[2], P * n_blk * 4 * DC * DIG, 1, "dod") &&
              sized(&b[3], P * S_pad, 4, "edo") &&
              sized(&b[4], BK * n_blk * 4 * DC * DIG, 1, "kd") &&
@@ -132,12 +132,13 @@ static PyObject *py_amx_backward(PyObject *self, PyObject *args) {
              sized(&b[7], BK * S_pad, 4, "ev") &&
              sized(&b[8], BK * n_blk * dg * DIG, 1, "kc") &&
              sized(&b[9], BK * n_blk * D, 4, "ekc") &&
-             sized(&b[10], P * n_blk * dg * DIG, 1, "qc") && sized(&b[11], P * n_blk * D, 4, "eqc") &&
+             sized(&b[10], P * n_blk * dg * DIG, 1, "qc") &&
+             sized(&b[11], P * n_blk * D, 4, "eqc") &&
              sized(&b[12], P * n_blk * dg * DIG, 1, "doc") &&
              sized(&b[13], P * n_blk * D, 4, "edoc") &&
              sized(&b[14], G * n_qb * BK * BLK, 4, "lse") &&
              sized(&b[15], G * n_qb * BK * BLK, 4, "drow") &&
-             bands_ok(&b[16], &b[17], n_qb, n_blk, nk_max, stride) &&
+             bands_ok(&b[16], &b[17], n_qb, n_blk, nk_max) &&
              sized(&b[18], BK * nk_max * 4 * DIG, 1, "dsr") &&
              sized(&b[19], BK * nk_max * BLK, 4, "erow") &&
              sized(&b[20], BK * nk_max * 4 * DIG, 1, "dsc") &&
@@ -145,7 +146,8 @@ static PyObject *py_amx_backward(PyObject *self, PyObject *args) {
              sized(&b[22], BK * nk_max * 4 * DIG, 1, "pc") &&
              sized(&b[23], BK * nk_max * BLK, 4, "ecp") &&
              sized(&b[24], G * n_qb * BK * BLK * D, 4, "acc_dq") &&
-             sized(&b[25], BK * D * stride, 4, "acc_dk") && sized(&b[26], BK * D * stride, 4, "acc_dv");
+             sized(&b[25], BK * D * stride, 4, "acc_dk") &&
+             sized(&b[26], BK * D * stride, 4, "acc_dv");
 #if AMX_BUILD
     if (ok) {
         bwd_loop L = {b[0].buf, b[2].buf, b[4].buf, b[6].buf, b[8].buf, b[10].buf, b[12].buf,

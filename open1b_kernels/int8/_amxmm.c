@@ -35,10 +35,11 @@
 #define KCHUNK 64       /* contraction per block: a tile's 64 bytes a row */
 #define BLOCK_BYTES (LINES * KCHUNK)
 /* Cache blocks of C: MBLOCK rows x NBLOCK columns, each 32 x 32 block summed over the whole
- * contraction in the tiles. Measured on the 2-core Sapphire Rapids VM (one thread, CPU time,
- * the machine shared) at 4,096 x 2,048 x 2,048, x 5,632 x 2,048 and x 2,048 x 11,264: 256 x
- * 512 2.0-2.1 TOPS; blocking the contraction too (C reloaded per block of 8-16 chunks, so
- * that a B panel pair stays in L1) 1.4-1.9: the reloads of C cost more than they saved. */
+ * contraction (or a pass of it: KSPLIT) in the tiles. Measured on the 2-core Sapphire Rapids
+ * VM (one thread, CPU time, the machine shared) at 4,096 x 2,048 x 2,048, x 5,632 x 2,048 and
+ * x 2,048 x 11,264: 256 x 512 2.0-2.1 TOPS; blocking the contraction too (C reloaded per
+ * block of 8-16 chunks, so that a B panel pair stays in L1) 1.4-1.9: the reloads of C cost
+ * more than they saved. */
 #define MBLOCK 256
 /* A plain product's contraction longer than KSPLIT runs in passes (`product`) where its int32
  * C, which carries the partial sums between them, is at most SPLIT_C_BYTES: measured on the
@@ -602,8 +603,9 @@ EXT_METHODS(amxmm) = {
      "stores (before this call); min_bytes sets it."},
     {"amx_product_dq", py_amx_product_dq, METH_VARARGS,
      "amx_product_dq(a, lda, ap, bp, rs, cs, out, out_bf16, rows, cols, M, N, K, ka, a0, kb, "
-     "b0, by_cols, u0, u1[, pieces]): amx_product's units with open1b_kernels.int8.gemm's dequantization "
-     "applied per block in cache (out float32 or bf16 bits) and the guard's int64 row and "
-     "column sums added into each piece's rows (pieces, M) and cols (pieces, N)."},
+     "b0, by_cols, u0, u1[, pieces]): amx_product's units with open1b_kernels.int8.gemm's "
+     "dequantization applied per block in cache (out float32 or bf16 bits) and the guard's "
+     "int64 row and column sums added into each piece's rows (pieces, M) and cols (pieces, "
+     "N)."},
     {NULL, NULL, 0, NULL},
 };

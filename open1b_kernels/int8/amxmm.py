@@ -180,16 +180,10 @@ def amx_mm(a: torch.Tensor | Packed, b: torch.Tensor | Packed,
     transposed views), 1 <= K <= MAX_K, into ``out`` (contiguous int32 (M, N)) when given;
     either side may be packed already (``pack(b, True, ...)``, ``pack(a, False, ...)`` or a
     ``window`` of either: an operand used several times). Needs ``available()``."""
-    if isinstance(a, Packed) or isinstance(b, Packed):
-        m, ka = (a.lines, a.k) if isinstance(a, Packed) else a.shape
-        kb = b.k if isinstance(b, Packed) else b.shape[1]
-        if ((isinstance(a, Packed) and a.b_side) or (isinstance(b, Packed) and not b.b_side)
-                or ka != kb or m == 0):
-            raise ValueError(f"amx_mm: packed sides of one K, A as A and B as B, got K = {ka} "
-                             f"and {kb} for {m} rows")
+    if isinstance(a, Packed) or isinstance(b, Packed):      # pack and _cut check the sides
         ap = a if isinstance(a, Packed) else pack(a, False, "amxmm.a")
         bp = b if isinstance(b, Packed) else pack(b, True, "amxmm.b")
-        c = out if out is not None else torch.empty((m, bp.lines), dtype=torch.int32)
+        c = out if out is not None else torch.empty((ap.lines, bp.lines), dtype=torch.int32)
         return product(ap, bp, c)
     m, k = a.shape
     n = b.shape[0]
