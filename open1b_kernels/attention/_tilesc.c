@@ -51,6 +51,26 @@ static inline float tree64(const float *x) {
     return s[0];
 }
 
+/* The scan m = x[c] > m ? x[c] : m over 64 values from m0 (c ascending), by 16 lanes: the
+ * same value. The scan skips NaNs and keeps the first of equal values; values that compare
+ * equal have the same bits but for a zero's sign, so every order yields the scan's value
+ * except where the maximum is a zero that replaced a negative m0: then the scan keeps the
+ * first zero in order, taken here from x. Written as lanes because GCC leaves the scan's
+ * chain of scalar maxima (each reading back a vector just stored) unvectorized without
+ * -ffast-math: half of the forward's softmax pass (perf, AMX Xeon). */
+static inline float scan_max64(const float *x, float m0) {
+    float acc[16];
+    for (int l = 0; l < 16; l++) acc[l] = m0;
+    for (int c = 0; c < BLK; c += 16)
+        for (int l = 0; l < 16; l++) acc[l] = x[c + l] > acc[l] ? x[c + l] : acc[l];
+    for (int h = 8; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++) acc[l] = acc[l + h] > acc[l] ? acc[l + h] : acc[l];
+    if (acc[0] == 0.0f && m0 < 0.0f)
+        for (int c = 0; c < BLK; c++)
+            if (x[c] == 0.0f) return x[c];
+    return acc[0];
+}
+
 static inline float bf16_value(uint16_t bits) { return from_bits((uint32_t)bits << 16); }
 
 /* fixed_values of open1b_kernels.attention.fixed for a value x (bf16) of a group whose largest
@@ -96,8 +116,7 @@ fwd_rows_body(const void *s, const int s_f32, const int32_t *u, void *p8, const 
                 float x = (s_f32 ? sj32[c] : (float)sj[c]) * scale;
                 sc[c] = vis[c] ? x : -INFINITY;
             }
-            float rowmax = -INFINITY;
-            for (int c = 0; c < BLK; c++) rowmax = sc[c] > rowmax ? sc[c] : rowmax;
+            float rowmax = scan_max64(sc, -INFINITY);
             float m_new = m > rowmax ? m : rowmax;
             float a = m == m_new ? 1.0f : (m == -INFINITY ? 0.0f : exp1(m - m_new));
             for (int c = 0; c < BLK; c++) {  /* exp of 0 - 0 on masked lanes, as the torch code */
@@ -105,8 +124,7 @@ fwd_rows_body(const void *s, const int s_f32, const int32_t *u, void *p8, const 
                 p[c] = vis[c] ? e : 0.0f;
             }
             for (int c = 0; c < BLK; c++) pu[c] = p[c] * pow2i(-uj[c]);
-            float pmax = 0.0f;
-            for (int c = 0; c < BLK; c++) pmax = pu[c] > pmax ? pu[c] : pmax;
+            float pmax = scan_max64(pu, 0.0f);
             int32_t tt = 133 - expo_f32(pmax);
             tt = tt > P_EXP_CAP ? P_EXP_CAP : tt;
             float up = pow2i(tt);

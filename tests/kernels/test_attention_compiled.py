@@ -202,3 +202,41 @@ def test_fixed_point_planes_match_the_torch_definition(kind):
     for x in (q, k):
         assert torch.equal(bits(compiled._fixed(x, 64, False)), bits(blocked_rows(x, 64)))
         assert torch.equal(bits(compiled._fixed(x, 64, True)), bits(column_values(x, 64)))
+
+
+@pytest.mark.parametrize("form", ["fwd_rows", "fwd_rows32"])
+def test_row_maximum_is_the_scans_value_first_zero_sign_and_nans(form):
+    """The softmax pass takes each row's maximum in 16 lanes (scan_max64 in _tilesc.c), not
+    the definition's scan m = x > m ? x : m. Forgery stopped: a maximum in another order
+    returns the last or a tree's zero where the scan keeps the first zero's sign (-0 before
+    +0 and +0 before -0), or lets a NaN in; every row's m must carry the scan's bits."""
+    rng = np.random.default_rng(11)
+    s = -rng.random((64, 64)) * 8 - 0.25                     # negative rows: a zero is the max
+    s[0, 5], s[0, 9] = -0.0, 0.0                             # -0 first: the scan keeps -0
+    s[1, 3], s[1, 40] = 0.0, -0.0                            # +0 first: +0
+    s[2, 63] = -0.0                                          # the only zero, last
+    s[3, 0], s[3, 17] = np.nan, -0.125                       # a NaN skipped, max elsewhere
+    s[4, :] = np.nan                                         # nothing above -inf
+    s[5, 16:32] = -0.0                                       # a lane block of -0, then +0
+    s[5, 50] = 0.0
+    s[6:] = rng.standard_normal((58, 64)) * 4                # positive maxima, ties
+    s[7, 10], s[7, 60] = 9.5, 9.5
+    scale = 0.0883883461356163
+    sc = s.astype(np.float32) * np.float32(scale)
+    want = np.empty(64, dtype=np.float32)
+    for r in range(64):
+        m = np.float32(-np.inf)
+        for x in sc[r]:
+            m = x if x > m else m
+        want[r] = m
+    src = (s if form == "fwd_rows" else s.astype(np.float32)).ravel().copy()
+    p8 = np.zeros(64 * 64, dtype=np.float32 if form == "fwd_rows" else np.int8)
+    alpha, t = np.zeros(64, dtype=np.float32), np.zeros(64, dtype=np.int32)
+    m_out, l_out = np.zeros(64, dtype=np.float32), np.zeros(64, dtype=np.float32)
+    u = np.zeros(64, dtype=np.int32)
+    # query block 1 against key block 0: every key visible from every row
+    getattr(compiled._tilesc, form)(src, u, p8, alpha, t, m_out, l_out, 1, 64, 1, 64, 0, 64,
+                                    128, 0, scale, 0, 64)
+    assert np.array_equal(m_out.view(np.int32), want.view(np.int32))
+    assert m_out.view(np.int32)[0] == np.float32(-0.0).view(np.int32)
+    assert m_out.view(np.int32)[1] == 0 and m_out.view(np.int32)[5] == -2**31
