@@ -1,13 +1,15 @@
-"""Attention's backward on AMX tiles: every step in one compiled call on the OpenMP team
-(``amx.backward_loop``) against the per-step calls from Python (``amx.backward_step``, the
-way before), side by side at Open-1B's shapes.
+"""Attention's forward and backward on AMX tiles: every query block (``amx.forward_loop``)
+and every step (``amx.backward_loop``) in one compiled call on the OpenMP team, against the
+calls a query block or a step from Python (the way before), side by side at Open-1B's
+shapes.
 
     python -m benchmarks.kernels.attention_loop [--seq 4096] [--repeats 5] [--out FILE]
 
 Shapes: one sequence of ``--seq`` tokens, 16 query heads over 4 KV heads of 128 (Open-1B's
-layer), window 512 and fully causal. Both forms run ``compiled.backward`` on the same
-operands (``compiled.ONE_LOOP`` switched), alternating, median of ``--repeats`` after one
-warm-up each; their gradients are asserted bit-equal. Needs AMX tiles in use
+layer), window 512 and fully causal. Both forms run ``compiled.forward`` and
+``compiled.backward`` on the same operands (``compiled.ONE_LOOP`` switched), alternating,
+median of ``--repeats`` after one warm-up each; their outputs, lse and gradients are asserted
+bit-equal. Needs AMX tiles in use
 (``compiled.tiles_in_use()``) and an OpenMP team (``pieces.team()``): elsewhere the per-step
 calls are the only form.
 """
@@ -41,27 +43,34 @@ def main(seq, repeats, out):
         o, lse = compiled.forward(q, k, v, window)
         got = {}
 
-        def run(one: bool):
+        def fwd(one: bool):
             compiled.ONE_LOOP = one
-            got[one] = compiled.backward(q, k, v, o, lse, do, window)
+            got["forward", one] = compiled.forward(q, k, v, window)
 
-        sides = {"one loop": lambda: run(True), "per step": lambda: run(False)}
-        for fn in sides.values():
-            fn()
-        for x, y in zip(got[True], got[False]):
-            if not torch.equal(x.view(torch.int16), y.view(torch.int16)):
-                raise SystemExit(f"the two forms differ at window {window}: not the same bits")
-        t = alternating_medians(sides, repeats)
-        compiled.ONE_LOOP = True
-        load.sample(str(window))
-        rows.append(f"| {window or 'causal'} | {t['per step'] * 1e3:.0f} | "
-                    f"{t['one loop'] * 1e3:.0f} | **{t['per step'] / t['one loop']:.2f}x** |")
+        def bwd(one: bool):
+            compiled.ONE_LOOP = one
+            got["backward", one] = compiled.backward(q, k, v, o, lse, do, window)
+
+        for part, call in (("forward", fwd), ("backward", bwd)):
+            sides = {"one loop": lambda: call(True), "per block": lambda: call(False)}
+            for fn in sides.values():
+                fn()
+            for x, y in zip(got[part, True], got[part, False]):
+                if not torch.equal(x.view(torch.int16), y.view(torch.int16)):
+                    raise SystemExit(f"the two forms of the {part} differ at window {window}: "
+                                     "not the same bits")
+            t = alternating_medians(sides, repeats)
+            compiled.ONE_LOOP = True
+            load.sample(f"{window} {part}")
+            rows.append(f"| {window or 'causal'} | {part} | {t['per block'] * 1e3:.0f} | "
+                        f"{t['one loop'] * 1e3:.0f} | **{t['per block'] / t['one loop']:.2f}x** |")
     report_end([
         f"\n## {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC - `python -m "
         f"benchmarks.kernels.attention_loop {' '.join(sys.argv[1:])}`",
-        f"\nMachine: {describe()}. {load.summary()}. Attention's backward, 1 x {seq:,} tokens, "
-        f"16/4 heads of 128; medians of {repeats} alternating runs; the gradients bit-equal.\n",
-        "| window | per-step calls ms | one loop ms | per step / one loop |", "|---|---|---|---|",
+        f"\nMachine: {describe()}. {load.summary()}. Attention, 1 x {seq:,} tokens, 16/4 heads "
+        f"of 128; medians of {repeats} alternating runs; outputs, lse and gradients bit-equal.\n",
+        "| window | part | calls a block / step ms | one loop ms | calls / one loop |",
+        "|---|---|---|---|---|",
         *rows], out)
 
 

@@ -272,6 +272,42 @@ static inline Py_ssize_t q_plane(Py_ssize_t bk, Py_ssize_t h, Py_ssize_t Hkv, Py
     return (bk / Hkv) * Hkv * G + (bk % Hkv) * G + h;
 }
 
+/* One 16-row panel of the scores below: rows rr .. rr + 15 of KV head bk's R = G * 64 rows
+ * of query block qb (query head rr / 64 of the group, its panel (rr % 64) / 16) against the
+ * band of nk key blocks from `first`, through the pipeline into dst (16 rows, ld apart). */
+TILE_TARGET static inline void scores_unit(pipeline *pl, const int8_t *qd, const int32_t *eq,
+                                           const int8_t *kd, const int32_t *ek, float *dst,
+                                           Py_ssize_t ld, Py_ssize_t Hkv, Py_ssize_t G,
+                                           Py_ssize_t n_blk, Py_ssize_t qb, Py_ssize_t nk,
+                                           Py_ssize_t first, Py_ssize_t DC, Py_ssize_t bk,
+                                           Py_ssize_t rr) {
+    Py_ssize_t S_pad = n_blk * BLK, panel = DC * DIG, h = rr / BLK, pan = (rr % BLK) / 16;
+    Py_ssize_t qp = q_plane(bk, h, Hkv, G);
+    const int8_t *a = qd + ((qp * n_blk + qb) * 4 + pan) * panel;
+    for (Py_ssize_t kp = 0; kp < nk * 4; kp++) {
+        Py_ssize_t key = first * BLK + kp * 16;
+        pending *t = next_slot(pl);
+        xtile(a, DIG, kd + (bk * n_blk * 4 + key / 16) * panel, DIG, DC, pl->g[pl->cur]);
+        t->out = dst + kp * 16;
+        t->stride = ld;
+        t->mode = STORE_F32;
+        scales(t->sa, eq + qp * S_pad + qb * BLK + pan * 16);
+        scales(t->sb, ek + bk * S_pad + key);
+        advance(pl);
+    }
+}
+
+/* scores_unit with a pipeline of its own, drained: the panel's scores are in dst on return
+ * (the forward's one loop, _tileloops.c). Tiles configured by the caller. */
+TILE_TARGET void scores_panel(const int8_t *qd, const int32_t *eq, const int8_t *kd,
+                              const int32_t *ek, float *dst, Py_ssize_t ld, Py_ssize_t Hkv,
+                              Py_ssize_t G, Py_ssize_t n_blk, Py_ssize_t qb, Py_ssize_t nk,
+                              Py_ssize_t first, Py_ssize_t DC, Py_ssize_t bk, Py_ssize_t rr) {
+    pipeline pl = {.cur = 0, .waiting = 0};
+    scores_unit(&pl, qd, eq, kd, ek, dst, ld, Hkv, G, n_blk, qb, nk, first, DC, bk, rr);
+    drain(&pl);
+}
+
 /* Rows [u0, u1) of (BK * R) - R = G * 64: the 64 rows of query block qb of each of the G
  * query heads of KV head bk - of the exact scores against a band of nk key blocks from key
  * block `first`, rounded to float32 into s32 (BK, R, nk * 64): compiled.forward's Q K^T as
@@ -283,23 +319,12 @@ TILE_TARGET static void scores(const int8_t *qd, const int32_t *eq, const int8_t
                                Py_ssize_t n_blk, Py_ssize_t qb, Py_ssize_t nk, Py_ssize_t first,
                                Py_ssize_t DC, Py_ssize_t u0, Py_ssize_t u1) {
     pipeline pl = {.cur = 0, .waiting = 0};
-    Py_ssize_t R = G * BLK, L = nk * BLK, S_pad = n_blk * BLK, panel = DC * DIG;
+    Py_ssize_t R = G * BLK, L = nk * BLK;
     amx_tiles_on();
     for (Py_ssize_t unit = u0; unit < u1; unit++) {
-        Py_ssize_t row = unit * 16, bk = row / R, rr = row % R, h = rr / BLK, pan = (rr % BLK) / 16;
-        Py_ssize_t qp = q_plane(bk, h, Hkv, G);
-        const int8_t *a = qd + ((qp * n_blk + qb) * 4 + pan) * panel;
-        for (Py_ssize_t kp = 0; kp < nk * 4; kp++) {
-            Py_ssize_t key = first * BLK + kp * 16;
-            pending *t = next_slot(&pl);
-            xtile(a, DIG, kd + (bk * n_blk * 4 + key / 16) * panel, DIG, DC, pl.g[pl.cur]);
-            t->out = s32 + (bk * R + rr) * L + kp * 16;
-            t->stride = L;
-            t->mode = STORE_F32;
-            scales(t->sa, eq + qp * S_pad + qb * BLK + pan * 16);
-            scales(t->sb, ek + bk * S_pad + key);
-            advance(&pl);
-        }
+        Py_ssize_t row = unit * 16, bk = row / R, rr = row % R;
+        scores_unit(&pl, qd, eq, kd, ek, s32 + (bk * R + rr) * L, L, Hkv, G, n_blk, qb, nk,
+                    first, DC, bk, rr);
     }
     drain(&pl);
     _tile_release();
@@ -319,6 +344,23 @@ TILE_TARGET static void value_tiles(const int8_t *v8, int8_t *vb, Py_ssize_t n_b
         }
 }
 
+/* One 16-row panel of P V: the panel's int8 P (16 rows, 64 apart) times one key block's V
+ * codes in the B order (vb: D / 16 tiles of 1 KiB) into o (16 x D float32, D apart).
+ * Tiles configured by the caller. */
+TILE_TARGET void pv_panel(const int8_t *p8, const int8_t *vb, float *o, Py_ssize_t D) {
+    int32_t buf[256] __attribute__((aligned(64)));
+    _tile_loadd(2, p8, BLK);
+    for (Py_ssize_t dp = 0; dp < D / 16; dp++) {
+        _tile_zero(0);
+        _tile_loadd(3, vb + dp * 1024, 64);
+        _tile_dpbssd(0, 2, 3);
+        _tile_stored(0, buf, 64);
+        for (int r = 0; r < 16; r++)
+            _mm512_storeu_ps(o + r * D + dp * 16,
+                             _mm512_cvtepi32_ps(_mm512_load_si512(buf + r * 16)));
+    }
+}
+
 /* The forward's P V, 16-row units [u0, u1) of (BK, nk, R): ii[bk, j, r, :] = the exact
  * integer sum over the 64 keys of block first + j of p8[bk, j, r, key] * v8[key, :] (one
  * TDPBSSD a 16 x 16 tile: 0..127 times -127..127 over 64 keys, below 2^24), as float32 -
@@ -326,23 +368,12 @@ TILE_TARGET static void value_tiles(const int8_t *v8, int8_t *vb, Py_ssize_t n_b
 TILE_TARGET static void pv(const int8_t *p8, const int8_t *vb, float *ii, Py_ssize_t R,
                            Py_ssize_t nk, Py_ssize_t first, Py_ssize_t n_blk, Py_ssize_t D,
                            Py_ssize_t u0, Py_ssize_t u1) {
-    int32_t buf[256] __attribute__((aligned(64)));
     Py_ssize_t panels = R / 16;
     amx_tiles_on();
     for (Py_ssize_t unit = u0; unit < u1; unit++) {
         Py_ssize_t rp = unit % panels, bj = unit / panels, bk = bj / nk, j = bj % nk;
-        _tile_loadd(2, p8 + (bj * R + rp * 16) * BLK, BLK);
-        const int8_t *b = vb + ((bk * n_blk + first + j) * (D / 16)) * 1024;
-        float *o = ii + (bj * R + rp * 16) * D;
-        for (Py_ssize_t dp = 0; dp < D / 16; dp++) {
-            _tile_zero(0);
-            _tile_loadd(3, b + dp * 1024, 64);
-            _tile_dpbssd(0, 2, 3);
-            _tile_stored(0, buf, 64);
-            for (int r = 0; r < 16; r++)
-                _mm512_storeu_ps(o + r * D + dp * 16,
-                                 _mm512_cvtepi32_ps(_mm512_load_si512(buf + r * 16)));
-        }
+        pv_panel(p8 + (bj * R + rp * 16) * BLK, vb + ((bk * n_blk + first + j) * (D / 16)) * 1024,
+                 ii + (bj * R + rp * 16) * D, D);
     }
     _tile_release();
 }

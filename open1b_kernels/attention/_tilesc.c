@@ -23,8 +23,8 @@
 #include "../core/_mathfn.h"
 #include "_fixed.h"
 #include "_online.h"
+#include "_tileamx.h"
 
-#define BLK 64  /* BLOCK_M = BLOCK_N of open1b_kernels.attention.tiles (checked by the caller) */
 
 static const float RNE_MAGIC = 12582912.0f;  /* 1.5 * 2^23 */
 static const int32_t P_EXP_CAP = 126;
@@ -164,7 +164,7 @@ CLONES static void fwd_rows_i8(const double *s64, const int32_t *u, int8_t *p8, 
                   window, scale, u0, u1);
 }
 
-CLONES static void fwd_rows32(const float *s32, const int32_t *u, int8_t *p8, float *alpha,
+CLONES void fwd_rows32(const float *s32, const int32_t *u, int8_t *p8, float *alpha,
                               int32_t *t, float *m_out, float *l_out, Py_ssize_t R, Py_ssize_t nk,
                               Py_ssize_t ustride, Py_ssize_t col0, Py_ssize_t row0, int32_t seq,
                               int32_t window, float scale, Py_ssize_t u0, Py_ssize_t u1) {
@@ -174,7 +174,7 @@ CLONES static void fwd_rows32(const float *s32, const int32_t *u, int8_t *p8, fl
 
 /* Forward, the accumulator of rows [u0, u1): acc = acc * alpha + I * 2^-t over the key
  * blocks ascending, then out = acc / l and lse = m + log(l). I (BK, nk, R, D) float32. */
-CLONES static void fwd_acc(const float *ii, const float *alpha, const int32_t *t, const float *m,
+CLONES void fwd_acc(const float *ii, const float *alpha, const int32_t *t, const float *m,
                            const float *l, float *out, float *lse, Py_ssize_t R, Py_ssize_t nk,
                            Py_ssize_t D, Py_ssize_t u0, Py_ssize_t u1) {
     for (Py_ssize_t unit = u0; unit < u1; unit++) {
@@ -597,8 +597,8 @@ static PyMethodDef methods[] = {
 };
 
 EXT_TABLE(tileamx);
-EXT_TABLE(tilebwd);
+EXT_TABLE(tileloops);
 EXT_TABLE(tilevnni);
 
 EXT_MODULE(_tilesc, "Compiled tile loops of attention's CPU reference (same bits).",
-           {methods, open1b_tileamx_methods, open1b_tilebwd_methods, open1b_tilevnni_methods})
+           {methods, open1b_tileamx_methods, open1b_tileloops_methods, open1b_tilevnni_methods})

@@ -84,16 +84,24 @@ def scores(q: torch.Tensor, k: torch.Tensor):
     return fill
 
 
+def value_tiles(v8: torch.Tensor) -> torch.Tensor:
+    """V's int8 codes (B * Hkv, n_blk * 64, D) in the tiles' B order (``amx_value_tiles``):
+    per plane, per key block, D / 16 blocks of 1 KiB."""
+    bk, keys, d = v8.shape
+    vb = torch.empty(bk * keys * d, dtype=torch.int8)
+    src, vbn = _np(v8.contiguous()), _np(vb)
+    pieces.parallel(lambda lo, hi, p: _tilesc.amx_value_tiles(src, vbn, bk, keys // BLOCK_M, d,
+                                                              lo, hi, p), bk, grain=1)
+    return vb
+
+
 def values(v8: torch.Tensor):
     """compiled.forward's P V products: V's int8 codes (B * Hkv, n_blk * 64, D) in the tiles'
     order once, then a function (p8, first, out) filling ``out`` (float32 (B * Hkv, nk, R,
     D)) with the exact products of int8 ``p8`` (B * Hkv, nk, R, 64) and the band's values."""
     bk, keys, d = v8.shape
     n_blk = keys // BLOCK_M
-    vb = torch.empty(bk * keys * d, dtype=torch.int8)
-    src, vbn = _np(v8.contiguous()), _np(vb)
-    pieces.parallel(lambda lo, hi, p: _tilesc.amx_value_tiles(src, vbn, bk, n_blk, d, lo, hi, p),
-                    bk, grain=1)
+    vbn = _np(value_tiles(v8))
 
     def fill(p8: torch.Tensor, first: int, out: torch.Tensor) -> torch.Tensor:
         _, nk, rows, _ = p8.shape
@@ -102,6 +110,26 @@ def values(v8: torch.Tensor):
                         bk * nk * rows // 16, grain=1)
         return out
     return fill
+
+
+def forward_loop(q: torch.Tensor, k: torch.Tensor, v8: torch.Tensor, u: torch.Tensor,
+                 lo: torch.Tensor, hi: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 seq: int, window: int, scale: float) -> None:
+    """compiled.forward's loop over query blocks in one call on the OpenMP team
+    (``_tileloops.c``, ``amx_forward``): every 16-row panel taken from its scores
+    (``scores``' tiles) through the softmax pass (``fwd_rows32``), its P V (``values``) and
+    its ordered sum (``fwd_acc``) in one member's scratch - the same functions on the same
+    rows, so the same bits, without four dispatches and barriers a query block. ``v8``: V's
+    codes (B * Hkv, keys, D), ``u`` their row exponents (B * Hkv, keys); ``lo``, ``hi``: each
+    query block's band; ``out`` (n_qb, B * Hkv, G * 64, D) and ``lse`` (n_qb, B * Hkv, G *
+    64), contiguous float32."""
+    qd, kd = Digits(q, False, False), Digits(k, False, True)
+    lo64, hi64 = lo.to(torch.int64).contiguous(), hi.to(torch.int64).contiguous()
+    bufs = (qd.data, qd.exps, kd.data, kd.exps, value_tiles(v8), u.contiguous(), lo64, hi64,
+            out, lse)
+    _tilesc.amx_forward(*(_np(x) for x in bufs), kd.planes, k.shape[1], q.shape[1] // k.shape[1],
+                        kd.n_blk, lo64.numel(), kd.d, seq, window, scale,
+                        torch.get_num_threads())
 
 
 class Operands:

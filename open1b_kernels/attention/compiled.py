@@ -47,10 +47,11 @@ _np = mathc.flat
 # Open-1B's (4 x 576 x 128) 1.1x / 1.25x (Zen 4 host). The products are exact, so either
 # form gives the same values.
 BATCH_BAND = 1 << 16
-# The AMX backward's steps in one compiled call on the OpenMP team (``amx.backward_loop``)
-# rather than four calls a step from Python: attention's backward at Open-1B's 4,096 tokens
-# 0.34-0.35 -> 0.27-0.28 s under a window of 512, 0.89-0.94 -> 0.82-0.87 s fully causal (AMX
-# Xeon VM, 2 threads). The same bits either way (tests switch it off to compare).
+# The AMX forward's query blocks and backward's steps each in one compiled call on the
+# OpenMP team (``amx.forward_loop``, ``amx.backward_loop``) rather than four calls a block
+# or a step from Python: attention's backward at Open-1B's 4,096 tokens 0.34-0.35 -> 0.27-0.28
+# s under a window of 512, 0.89-0.94 -> 0.82-0.87 s fully causal (AMX Xeon VM, 2 threads).
+# The same bits either way (tests switch it off to compare).
 ONE_LOOP = True
 
 
@@ -294,19 +295,23 @@ def _forward(q, k, v, window: int | None, tiles: bool):
     rows = g * BLOCK_M  # one query block of the group's heads, stacked
     scale = softmax_scale(d)
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
-    # (qb, first, nk, out) -> out: every head of the group at once
-    product = amx.scores(q, k) if tiles else functools.partial(_row_products(q, k, hkv), -1)
     v8, u = quantize_v(v)
     v8 = v8.reshape(bk, n_kb * BLOCK_N, d)
+    lo, hi = block_band(torch.arange(n_qb), window, n_kb)
+    out = torch.empty((n_qb, bk, rows, d))
+    lse = torch.empty((n_qb, bk, rows))
+    if tiles and ONE_LOOP and pieces.team():
+        amx.forward_loop(q, k, v8, u.reshape(bk, n_kb * BLOCK_N), lo, hi, out, lse, s,
+                         window or 0, scale)
+        return _outputs(out, lse, b, hkv, g, s)
+    # (qb, first, nk, out) -> out: every head of the group at once
+    product = amx.scores(q, k) if tiles else functools.partial(_row_products(q, k, hkv), -1)
     # P V: int8 tile products (AMX), int8 products on VNNI, or float32 products of the
     # same integers - the same values
     pv = amx.values(v8) if tiles else None
     vq = vnni.Values(v8) if not tiles and vnni_in_use() else None
     v8f = None if tiles or vq else v8.to(torch.float32).reshape(bk, n_kb, BLOCK_N, d)
     u = u.reshape(bk, n_kb * BLOCK_N).contiguous()
-    lo, hi = block_band(torch.arange(n_qb), window, n_kb)
-    out = torch.empty((n_qb, bk, rows, d))
-    lse = torch.empty((n_qb, bk, rows))
     win = window or 0
     rows_loop = (_tilesc.fwd_rows32 if tiles else _tilesc.fwd_rows_i8 if vq
                  else _tilesc.fwd_rows)
@@ -333,6 +338,13 @@ def _forward(q, k, v, window: int | None, tiles: bool):
         else:
             _band_products(p8, v8f[:, first:first + nk], ii)
         _accumulate(ii, alpha, t, m, l, out[qb], lse[qb])
+    return _outputs(out, lse, b, hkv, g, s)
+
+
+def _outputs(out, lse, b: int, hkv: int, g: int, s: int):
+    """(out bf16 (B, Hq, S, D), lse (B, Hq, S)) from the forward's (n_qb, B * Hkv, G * 64, D)
+    float32 rows and their (n_qb, B * Hkv, G * 64) lse."""
+    n_qb, bk, _, d = out.shape
     out = out.reshape(n_qb, bk, g, BLOCK_M, d).movedim(2, 0)  # (G, n_qb, bk, BM, D)
     lse = lse.reshape(n_qb, bk, g, BLOCK_M, 1).movedim(2, 0)
     out = _ungroup_rows(out.to(torch.bfloat16), b, hkv, s)

@@ -146,19 +146,32 @@ def test_the_probe_passes_here_and_catches_a_forged_product(monkeypatch, one_loo
 
 
 @needs_tiles
-def test_a_forged_score_is_caught_too(monkeypatch):
-    real = amx.scores
+@pytest.mark.parametrize("one_loop", [True, False])
+def test_a_forged_score_is_caught_too(monkeypatch, one_loop):
+    # a forward wrong in one value - the one loop's output, or one score of the per-block
+    # calls - is seen by the probe as well
+    monkeypatch.setattr(compiled, "ONE_LOOP", one_loop)
+    if one_loop:
+        real_loop = amx.forward_loop
 
-    def forged(q, k):
-        fill = real(q, k)
+        def forged_loop(q, k, v8, u, lo, hi, out, lse, *rest):
+            real_loop(q, k, v8, u, lo, hi, out, lse, *rest)
+            out[0, 0, 1, 2] *= 1.5
 
-        def wrong(qb, first, nk, out):
-            fill(qb, first, nk, out)
-            out[0, 0, 0] = out[0, 0, 0] * 2
-            return out
-        return wrong
+        monkeypatch.setattr(amx, "forward_loop", forged_loop)
+    else:
+        real = amx.scores
 
-    monkeypatch.setattr(amx, "scores", forged)
+        def forged(q, k):
+            fill = real(q, k)
+
+            def wrong(qb, first, nk, out):
+                fill(qb, first, nk, out)
+                out[0, 0, 0] = out[0, 0, 0] * 2
+                return out
+            return wrong
+
+        monkeypatch.setattr(amx, "scores", forged)
     compiled.tiles_agree.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="AMX tile products differ"):
@@ -173,6 +186,7 @@ def test_switch_off_keeps_the_float64_products(monkeypatch):
     calls = []
     monkeypatch.setattr(amx, "backward_step", lambda *a: calls.append(1))
     monkeypatch.setattr(amx, "backward_loop", lambda *a: calls.append(1))
+    monkeypatch.setattr(amx, "forward_loop", lambda *a: calls.append(1))
     backward_keeps_the_definitions_bits((1, 2, 1, 70, 16, None), 2, compiled.forward)
     assert not calls
 
@@ -198,6 +212,50 @@ def test_the_backward_in_one_loop_gives_the_per_step_calls_bits(monkeypatch, cas
     assert len(loops) == (1 if compiled.pieces.team() else 0)
     for x, y, z in zip(got[True], got[False], backward_reference(q, k, v, out, lse, do, window)):
         assert torch.equal(bits(x), bits(y)) and torch.equal(bits(x), bits(z))
+
+
+@needs_tiles
+@pytest.mark.parametrize("case", [(1, 4, 2, 150, 128, None), (2, 2, 1, 100, 64, 70),
+                                  (1, 4, 1, 300, 16, 100), (1, 2, 2, 64, 256, 30),
+                                  (1, 16, 4, 700, 128, 512)])
+def test_the_forward_in_one_loop_gives_the_per_block_calls_bits(monkeypatch, case):
+    # every 16-row panel from its scores to its output rows in one compiled call (units
+    # handed out dynamically on the OpenMP team) against the calls a query block from
+    # Python: GQA, windows, partial blocks, head dims 16 to 256, Open-1B's heads - and both
+    # the definition's bits
+    b, hq, hkv, s, d, window = case
+    q = (_extreme((b, hq, s, d), 1).float() * 2.0 ** -40).to(torch.bfloat16)
+    k, v = _extreme((b, hkv, s, d), 2), _extreme((b, hkv, s, d), 3)
+    loops = []
+    real = amx.forward_loop
+    monkeypatch.setattr(amx, "forward_loop", lambda *a: loops.append(1) or real(*a))
+    got = {}
+    for one in (True, False):
+        monkeypatch.setattr(compiled, "ONE_LOOP", one)
+        got[one] = compiled._forward(q, k, v, window, True)
+    assert len(loops) == (1 if compiled.pieces.team() else 0)
+    for x, y, z in zip(got[True], got[False], forward_reference(q, k, v, window)):
+        assert torch.equal(bits(x), bits(y)) and torch.equal(bits(x), bits(z))
+
+
+@needs_tiles
+def test_the_forward_loop_refuses_a_band_or_buffer_that_does_not_fit():
+    # the C side checks every query block's band against the key blocks and each buffer's
+    # size: a forged band would read past K's digits or V's codes
+    q, k, v, _, _ = _inputs((1, 2, 1, 128, 16, None), seed=3)
+    v8 = torch.zeros(1, 128, 16, dtype=torch.int8)
+    u = torch.zeros(1, 128, dtype=torch.int32)
+    out, lse = torch.zeros(2, 1, 128, 16), torch.zeros(2, 1, 128)
+    for lo, hi in [([0, 0], [0, 2]), ([0, -1], [0, 1]), ([0, 1], [0, 0])]:
+        with pytest.raises(ValueError, match="band"):
+            amx.forward_loop(q, k, v8, u, torch.tensor(lo), torch.tensor(hi), out, lse, 128, 0,
+                             0.25)
+    with pytest.raises(ValueError, match="expected"):
+        amx.forward_loop(q, k, v8, u, torch.tensor([0, 0]), torch.tensor([0, 1]), out[:1], lse,
+                         128, 0, 0.25)
+    with pytest.raises(ValueError, match="expected"):
+        amx.forward_loop(q, k, v8[:, :64], u, torch.tensor([0, 0]), torch.tensor([0, 1]), out,
+                         lse, 128, 0, 0.25)
 
 
 @needs_tiles

@@ -71,8 +71,9 @@ LOOPS = {
                                          # the AMX tile products (attention/_tileamx.c)
                                          "amx_bwd_tiles", "amx_dq", "amx_kv", "amx_pv",
                                          "amx_scores", "amx_tiles", "amx_value_tiles",
-                                         # the backward's steps in one loop (_tilebwd.c)
-                                         "amx_backward",
+                                         # the forward's and the backward's steps in one
+                                         # loop each (_tileloops.c)
+                                         "amx_forward", "amx_backward",
                                          # the VNNI row products and P V
                                          # (attention/_tilevnni.c)
                                          "vnni_rows", "vnni_products", "vnni_tiles",
