@@ -181,7 +181,7 @@ def backward_loop(ops: Operands, lse: torch.Tensor, drow: torch.Tensor, lo: torc
                   acc_dv: torch.Tensor, seq: int, window: int, scale: float) -> None:
     """Every step of compiled.backward's loop (``backward_step`` for each query head h of the
     KV groups, then each query block qb with its band [lo[qb], hi[qb]] of key blocks) in one
-    call on the OpenMP team (``_tilebwd.c``): the same units in the same order, so the same
+    call on the OpenMP team (``_tileloops.c``): the same units in the same order, so the same
     bits, without a Python call and four thread dispatches a step. ``lse``, ``drow``: (G,
     n_qb, B * Hkv, 64); ``acc_dq`` (G, n_qb, B * Hkv, 64, D), ``acc_dk`` / ``acc_dv`` (B *
     Hkv, D, keys), all contiguous float32."""

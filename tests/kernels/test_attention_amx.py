@@ -198,20 +198,35 @@ def test_the_backward_in_one_loop_gives_the_per_step_calls_bits(monkeypatch, cas
     # the steps in one compiled call on the OpenMP team (the phases split between its
     # threads, a barrier after each) against the per-step calls from Python: GQA, windows,
     # partial blocks, head dims 16 to 256 - and both the definition's bits
+    q, k, v, do, window = _extreme_case(case)
+    out, lse = forward_reference(q, k, v, window)
+    one, calls = _loop_and_calls(monkeypatch, "backward_loop",
+                                 lambda: compiled._backward_amx(q, k, v, out, lse, do, window))
+    for x, y, z in zip(one, calls, backward_reference(q, k, v, out, lse, do, window)):
+        assert torch.equal(bits(x), bits(y)) and torch.equal(bits(x), bits(z))
+
+
+def _extreme_case(case):
+    """(q, k, v, do, window) of extreme values (``_extreme``) for (B, Hq, Hkv, S, D, window);
+    q scaled so that the softmax is not one-hot."""
     b, hq, hkv, s, d, window = case
     q = (_extreme((b, hq, s, d), 1).float() * 2.0 ** -40).to(torch.bfloat16)
     k, v, do = _extreme((b, hkv, s, d), 2), _extreme((b, hkv, s, d), 3), _extreme((b, hq, s, d), 4)
-    out, lse = forward_reference(q, k, v, window)
+    return q, k, v, do, window
+
+
+def _loop_and_calls(monkeypatch, loop: str, run):
+    """``run()``'s result with ``compiled.ONE_LOOP`` on and off; ``amx.<loop>`` ran once with it
+    on where there is an OpenMP team (else the calls are the only form), never with it off."""
     loops = []
-    real = amx.backward_loop
-    monkeypatch.setattr(amx, "backward_loop", lambda *a: loops.append(1) or real(*a))
+    real = getattr(amx, loop)
+    monkeypatch.setattr(amx, loop, lambda *a: loops.append(1) or real(*a))
     got = {}
     for one in (True, False):
         monkeypatch.setattr(compiled, "ONE_LOOP", one)
-        got[one] = compiled._backward_amx(q, k, v, out, lse, do, window)
+        got[one] = run()
     assert len(loops) == (1 if compiled.pieces.team() else 0)
-    for x, y, z in zip(got[True], got[False], backward_reference(q, k, v, out, lse, do, window)):
-        assert torch.equal(bits(x), bits(y)) and torch.equal(bits(x), bits(z))
+    return got[True], got[False]
 
 
 @needs_tiles
@@ -223,18 +238,10 @@ def test_the_forward_in_one_loop_gives_the_per_block_calls_bits(monkeypatch, cas
     # handed out dynamically on the OpenMP team) against the calls a query block from
     # Python: GQA, windows, partial blocks, head dims 16 to 256, Open-1B's heads - and both
     # the definition's bits
-    b, hq, hkv, s, d, window = case
-    q = (_extreme((b, hq, s, d), 1).float() * 2.0 ** -40).to(torch.bfloat16)
-    k, v = _extreme((b, hkv, s, d), 2), _extreme((b, hkv, s, d), 3)
-    loops = []
-    real = amx.forward_loop
-    monkeypatch.setattr(amx, "forward_loop", lambda *a: loops.append(1) or real(*a))
-    got = {}
-    for one in (True, False):
-        monkeypatch.setattr(compiled, "ONE_LOOP", one)
-        got[one] = compiled._forward(q, k, v, window, True)
-    assert len(loops) == (1 if compiled.pieces.team() else 0)
-    for x, y, z in zip(got[True], got[False], forward_reference(q, k, v, window)):
+    q, k, v, _, window = _extreme_case(case)
+    one, calls = _loop_and_calls(monkeypatch, "forward_loop",
+                                 lambda: compiled._forward(q, k, v, window, True))
+    for x, y, z in zip(one, calls, forward_reference(q, k, v, window)):
         assert torch.equal(bits(x), bits(y)) and torch.equal(bits(x), bits(z))
 
 
