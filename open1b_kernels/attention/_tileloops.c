@@ -136,7 +136,7 @@ static int fwd_scratch_make(fwd_scratch *w, Py_ssize_t nk_max, Py_ssize_t D) {
 /* Unit `unit` of (n_qb, BK, R / 16), query blocks counted from the last: rows rr .. rr + 15
  * of KV head bk's R rows of query block qb, from their scores to their output rows. */
 static void fwd_unit(const fwd_loop *L, const fwd_scratch *w, Py_ssize_t unit) {
-    Py_ssize_t panels = L->G * BLK / 16, R = L->G * BLK, S_pad = L->n_blk * BLK;
+    Py_ssize_t R = L->G * BLK, panels = R / 16, S_pad = L->n_blk * BLK;
     Py_ssize_t qb = L->n_qb - 1 - unit / (L->BK * panels), rest = unit % (L->BK * panels);
     Py_ssize_t bk = rest / panels, rr = rest % panels * 16, DC = (L->D + 63) / 64;
     Py_ssize_t first = L->lo[qb], nk = L->hi[qb] - L->lo[qb] + 1, ld = nk * BLK;

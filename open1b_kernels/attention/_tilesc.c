@@ -25,7 +25,6 @@
 #include "_online.h"
 #include "_tileamx.h"
 
-
 static const float RNE_MAGIC = 12582912.0f;  /* 1.5 * 2^23 */
 static const int32_t P_EXP_CAP = 126;
 
@@ -164,10 +163,10 @@ CLONES static void fwd_rows_i8(const double *s64, const int32_t *u, int8_t *p8, 
                   window, scale, u0, u1);
 }
 
-CLONES void fwd_rows32(const float *s32, const int32_t *u, int8_t *p8, float *alpha,
-                              int32_t *t, float *m_out, float *l_out, Py_ssize_t R, Py_ssize_t nk,
-                              Py_ssize_t ustride, Py_ssize_t col0, Py_ssize_t row0, int32_t seq,
-                              int32_t window, float scale, Py_ssize_t u0, Py_ssize_t u1) {
+CLONES void fwd_rows32(const float *s32, const int32_t *u, int8_t *p8, float *alpha, int32_t *t,
+                       float *m_out, float *l_out, Py_ssize_t R, Py_ssize_t nk,
+                       Py_ssize_t ustride, Py_ssize_t col0, Py_ssize_t row0, int32_t seq,
+                       int32_t window, float scale, Py_ssize_t u0, Py_ssize_t u1) {
     fwd_rows_body(s32, 1, u, p8, 1, alpha, t, m_out, l_out, R, nk, ustride, col0, row0, seq,
                   window, scale, u0, u1);
 }
@@ -175,8 +174,8 @@ CLONES void fwd_rows32(const float *s32, const int32_t *u, int8_t *p8, float *al
 /* Forward, the accumulator of rows [u0, u1): acc = acc * alpha + I * 2^-t over the key
  * blocks ascending, then out = acc / l and lse = m + log(l). I (BK, nk, R, D) float32. */
 CLONES void fwd_acc(const float *ii, const float *alpha, const int32_t *t, const float *m,
-                           const float *l, float *out, float *lse, Py_ssize_t R, Py_ssize_t nk,
-                           Py_ssize_t D, Py_ssize_t u0, Py_ssize_t u1) {
+                    const float *l, float *out, float *lse, Py_ssize_t R, Py_ssize_t nk,
+                    Py_ssize_t D, Py_ssize_t u0, Py_ssize_t u1) {
     for (Py_ssize_t unit = u0; unit < u1; unit++) {
         Py_ssize_t bk = unit / R, r = unit % R;
         float *acc = out + unit * D;

@@ -120,13 +120,12 @@ def forward_loop(q: torch.Tensor, k: torch.Tensor, v8: torch.Tensor, u: torch.Te
     (``scores``' tiles) through the softmax pass (``fwd_rows32``), its P V (``values``) and
     its ordered sum (``fwd_acc``) in one member's scratch - the same functions on the same
     rows, so the same bits, without four dispatches and barriers a query block. ``v8``: V's
-    codes (B * Hkv, keys, D), ``u`` their row exponents (B * Hkv, keys); ``lo``, ``hi``: each
-    query block's band; ``out`` (n_qb, B * Hkv, G * 64, D) and ``lse`` (n_qb, B * Hkv, G *
-    64), contiguous float32."""
+    codes (B * Hkv, keys, D), ``u`` their row exponents (contiguous int32 (B * Hkv, keys));
+    ``lo``, ``hi``: each query block's band; ``out`` (n_qb, B * Hkv, G * 64, D) and ``lse``
+    (n_qb, B * Hkv, G * 64), contiguous float32."""
     qd, kd = Digits(q, False, False), Digits(k, False, True)
     lo64, hi64 = lo.to(torch.int64).contiguous(), hi.to(torch.int64).contiguous()
-    bufs = (qd.data, qd.exps, kd.data, kd.exps, value_tiles(v8), u.contiguous(), lo64, hi64,
-            out, lse)
+    bufs = (qd.data, qd.exps, kd.data, kd.exps, value_tiles(v8), u, lo64, hi64, out, lse)
     _tilesc.amx_forward(*(_np(x) for x in bufs), kd.planes, k.shape[1], q.shape[1] // k.shape[1],
                         kd.n_blk, lo64.numel(), kd.d, seq, window, scale,
                         torch.get_num_threads())

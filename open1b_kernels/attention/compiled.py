@@ -297,13 +297,12 @@ def _forward(q, k, v, window: int | None, tiles: bool):
     scale = softmax_scale(d)
     n_qb, n_kb = -(-s // BLOCK_M), -(-s // BLOCK_N)
     v8, u = quantize_v(v)
-    v8 = v8.reshape(bk, n_kb * BLOCK_N, d)
+    v8, u = v8.reshape(bk, n_kb * BLOCK_N, d), u.reshape(bk, n_kb * BLOCK_N).contiguous()
     lo, hi = block_band(torch.arange(n_qb), window, n_kb)
     out = torch.empty((n_qb, bk, rows, d))
     lse = torch.empty((n_qb, bk, rows))
     if tiles and ONE_LOOP and pieces.team():
-        amx.forward_loop(q, k, v8, u.reshape(bk, n_kb * BLOCK_N), lo, hi, out, lse, s,
-                         window or 0, scale)
+        amx.forward_loop(q, k, v8, u, lo, hi, out, lse, s, window or 0, scale)
         return _outputs(out, lse, b, hkv, g, s)
     # (qb, first, nk, out) -> out: every head of the group at once
     product = amx.scores(q, k) if tiles else functools.partial(_row_products(q, k, hkv), -1)
@@ -312,7 +311,6 @@ def _forward(q, k, v, window: int | None, tiles: bool):
     pv = amx.values(v8) if tiles else None
     vq = vnni.Values(v8) if not tiles and vnni_in_use() else None
     v8f = None if tiles or vq else v8.to(torch.float32).reshape(bk, n_kb, BLOCK_N, d)
-    u = u.reshape(bk, n_kb * BLOCK_N).contiguous()
     win = window or 0
     rows_loop = (_tilesc.fwd_rows32 if tiles else _tilesc.fwd_rows_i8 if vq
                  else _tilesc.fwd_rows)
