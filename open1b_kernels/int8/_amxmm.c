@@ -18,8 +18,8 @@
  * block [16 rows][64 k], B's [16 k-quads][16 columns][4 k] (the TDPBSSD "VNNI" order).
  * Zeros pad the lines to a multiple of 32 and K to a multiple of 64, so every block is
  * whole and a padded line or k adds zero. C is summed in 32 x 32 blocks (four accumulator
- * tiles, two A and two B tiles: the 8 tile registers) over the whole contraction, in cache
- * blocks of rows and columns (BLOCK_A, BLOCK_B).
+ * tiles, two A and two B tiles: the 8 tile registers), in cache blocks of rows and columns
+ * and passes over the contraction (CROWS, CCOLS, PASS).
  *
  * Where it runs: open1b_kernels/core/_amx.h (amx_ready: CPUID, XCR0 and the OS's permission
  * for the tile data, probed once). Elsewhere, or in a build without the AMX intrinsics,
@@ -34,24 +34,26 @@
 #define LINES 16        /* lines per panel: a tile's rows */
 #define KCHUNK 64       /* contraction per block: a tile's 64 bytes a row */
 #define BLOCK_BYTES (LINES * KCHUNK)
-/* Cache blocks of C: MBLOCK rows x NBLOCK columns, each 32 x 32 block summed over the whole
- * contraction (or a pass of it: KSPLIT) in the tiles. Measured on the 2-core Sapphire Rapids
- * VM (one thread, CPU time, the machine shared) at 4,096 x 2,048 x 2,048, x 5,632 x 2,048 and
- * x 2,048 x 11,264: 256 x 512 2.0-2.1 TOPS; blocking the contraction too (C reloaded per
- * block of 8-16 chunks, so that a B panel pair stays in L1) 1.4-1.9: the reloads of C cost
- * more than they saved. */
-#define MBLOCK 256
-/* A plain product's contraction longer than KSPLIT runs in passes (`product`) where its int32
- * C, which carries the partial sums between them, is at most SPLIT_C_BYTES: measured on the
- * same VM at 1,024 x 2,048 and K = 8,192 / 12,288 (the LM head's weight gradient) 1.41-1.50 /
- * 1.19-1.36 TMAC/s in one pass of 256-row blocks, 1.85-1.88 / 1.72 in one pass of smaller
- * ones (A_BLOCK_BYTES), 1.94-2.07 / 1.94-2.07 in passes of 4,096 (2,048: 1.79-1.91); dh's
- * 1,024 x 2,048 x 32,064 1.06 / 1.14 / 1.81. A larger C costs more to carry than the passes
- * save (4,096 x 2,048 x 5,632: 1.62-1.86 in passes, 2.11-2.33 in one of smaller blocks). */
-#ifndef KSPLIT
-#define KSPLIT 4096
-#endif
-#define SPLIT_C_BYTES (8 << 20)
+/* The product runs C in cache blocks of CROWS x CCOLS (its int32 sums, 512 KiB, in L2 beside
+ * B's pass of the block, 512 KiB) and the contraction in passes of PASS chunks: per pass, a
+ * pair of A's 16-row panels (32 rows x 1,024 bytes: 32 KiB) is copied once into an L1
+ * buffer by the tiles themselves (loaded, then stored, as the first 32 x 32 block of the pass
+ * computes with them) and every block of B's columns in the cache block then runs against
+ * it, B's tiles loaded with TILELOADDT1 (no reuse soon: the hint keeps them from evicting A),
+ * the 32 x 32 sums loaded from and stored to the carried blocks at each pass's start and end.
+ * Why: with the whole contraction per block, A and B both came from L2 or beyond, and a
+ * row-major A read in place puts its rows (K apart, K a multiple of 1,024) in the same few
+ * L1 sets. Measured on the 2-core AMX Xeon VM (2 threads, T multiply-adds/s, the step's
+ * shapes at 4,096 tokens, dequantized to bf16, A's packing in the time): 2.4-2.6 -> 2.8-3.1
+ * at the linears' forwards and weight gradients, 2.0-2.2 -> 2.8-3.0 at gate|up's dX; the
+ * earlier form of this blocking (C reloaded every 8-16 chunks, A read where it lay, B with
+ * plain loads) ran 1.4-1.9 against 2.0-2.1 whole. Passes of 12 or 20 chunks, 128-row or
+ * 256-column blocks ran no faster. Integer sums: the same bits in any blocking. */
+#define PASS 16
+#define CROWS 256
+#define CCOLS 512
+#define SUMS_BYTES (CROWS * CCOLS * 4)
+#define SCRATCH_BYTES (SUMS_BYTES + 2 * PASS * BLOCK_BYTES)     /* a piece's: 544 KiB */
 /* Panels packed side by side per 64-wide chunk where the lines are adjacent in memory (a
  * transposed A, or a B side read across its lines): one cache line of a source row serves
  * up to 4 panels, one page many - measured at 1,024 lines x K = 12,288 of a 128,256-wide
@@ -59,11 +61,6 @@
 #ifndef PACK_GROUP
 #define PACK_GROUP 64
 #endif
-#define NBLOCK 512
-/* ... and in one pass at most this much of A a block: at 4,096 x 2,048 x 11,264 (a linear's
- * dX, dequantized in the tiles) 79 ms in blocks of 256 rows (2.9 MB of A), 51-59 ms in 64;
- * the head's forward block (1,024 x 4,096 x 6,144) 1.67 -> 2.25 TMAC/s in 160 */
-#define A_BLOCK_BYTES (1 << 20)
 
 static Py_ssize_t round_up(Py_ssize_t x, Py_ssize_t m) { return (x + m - 1) / m * m; }
 
@@ -177,54 +174,79 @@ static inline const int8_t *a_tiles(const sides *A, Py_ssize_t i, Py_ssize_t *st
     return A->ap + (i - (A->a ? A->direct_rows : 0)) * A->akp;
 }
 
-/* C's 32 x 32 block at (i, j) = its sum over the whole contraction (KP bytes), stored at o
- * (row stride ldo int32). */
-AMX_TARGET static void block32k(const sides *A, Py_ssize_t KP, Py_ssize_t i,
-                                Py_ssize_t j, Py_ssize_t ch0, Py_ssize_t ch1, int load,
-                                int32_t *o, Py_ssize_t ldo) {
-    Py_ssize_t step, stride, half;
-    const int8_t *a0 = a_tiles(A, i, &step, &stride, &half), *a1 = a0 + half;
-    const int8_t *b0 = A->bp + j * A->bkp, *b1 = b0 + LINES * A->bkp;
-    if (load) {
-        _tile_loadd(0, o, ldo * 4);
-        _tile_loadd(1, o + 16, ldo * 4);
-        _tile_loadd(2, o + 16 * ldo, ldo * 4);
-        _tile_loadd(3, o + 16 * ldo + 16, ldo * 4);
+/* The 32 x 32 sums of one block over one pass into the tiles 0-3: loaded from `sums` (row
+ * stride 32) when `carried`, else zero. */
+AMX_TARGET static inline void sums_in(const int32_t *sums, int carried) {
+    if (carried) {
+        _tile_loadd(0, sums, 128);
+        _tile_loadd(1, sums + 16, 128);
+        _tile_loadd(2, sums + 512, 128);
+        _tile_loadd(3, sums + 528, 128);
     } else {
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
     }
-    for (Py_ssize_t ch = ch0; ch < ch1; ch++) {
-        _tile_loadd(4, a0 + ch * step, stride);
-        _tile_loadd(6, b0 + ch * BLOCK_BYTES, KCHUNK);
+}
+
+AMX_TARGET static inline void sums_out(int32_t *sums) {
+    _tile_stored(0, sums, 128);
+    _tile_stored(1, sums + 16, 128);
+    _tile_stored(2, sums + 512, 128);
+    _tile_stored(3, sums + 528, 128);
+}
+
+/* A pass's first block: `n` chunks of the A rows' two tiles (a0, a1: step and stride per
+ * chunk as a_tiles gives them) against B's panels b0, b1, each A tile stored as it is used
+ * into `keep` (two panels of PASS chunks: the rows packed, for the pass's other blocks). */
+AMX_TARGET static void pass_first(const int8_t *a0, const int8_t *a1, Py_ssize_t step,
+                                  Py_ssize_t stride, const int8_t *b0, const int8_t *b1,
+                                  Py_ssize_t n, int carried, int32_t *sums, int8_t *keep) {
+    sums_in(sums, carried);
+    for (Py_ssize_t c = 0; c < n; c++) {
+        _tile_loadd(4, a0 + c * step, stride);
+        _tile_stored(4, keep + c * BLOCK_BYTES, KCHUNK);
+        _tile_stream_loadd(6, b0 + c * BLOCK_BYTES, KCHUNK);
         _tile_dpbssd(0, 4, 6);
-        _tile_loadd(7, b1 + ch * BLOCK_BYTES, KCHUNK);
+        _tile_stream_loadd(7, b1 + c * BLOCK_BYTES, KCHUNK);
         _tile_dpbssd(1, 4, 7);
-        _tile_loadd(5, a1 + ch * step, stride);
+        _tile_loadd(5, a1 + c * step, stride);
+        _tile_stored(5, keep + (PASS + c) * BLOCK_BYTES, KCHUNK);
         _tile_dpbssd(2, 5, 6);
         _tile_dpbssd(3, 5, 7);
     }
-    _tile_stored(0, o, ldo * 4);
-    _tile_stored(1, o + 16, ldo * 4);
-    _tile_stored(2, o + 16 * ldo, ldo * 4);
-    _tile_stored(3, o + 16 * ldo + 16, ldo * 4);
+    sums_out(sums);
 }
 
-AMX_TARGET static void block32(const sides *A, Py_ssize_t KP, Py_ssize_t i,
-                               Py_ssize_t j, int32_t *o, Py_ssize_t ldo) {
-    block32k(A, KP, i, j, 0, KP / KCHUNK, 0, o, ldo);
-}
-
-/* A block past C's edge (i + 32 > M or j + 32 > N): the whole contraction into `edge`
- * (32 x 32), then its part inside M x N copied out. */
-AMX_TARGET static void edge32(const sides *A, Py_ssize_t KP, int32_t *c,
-                              Py_ssize_t i, Py_ssize_t j, Py_ssize_t M, Py_ssize_t N,
-                              int32_t *edge) {
-    block32(A, KP, i, j, edge, 32);
-    Py_ssize_t rows = M - i < 32 ? M - i : 32, cols = N - j < 32 ? N - j : 32;
-    for (Py_ssize_t r = 0; r < rows; r++) memcpy(c + (i + r) * N + j, edge + r * 32, cols * 4);
+/* The pass's other blocks: A from `keep` (in L1), each chunk's tiles loaded while the
+ * previous chunk's last products run (a tile is reloaded as soon as its products have
+ * read it: measured 0.3-0.5 T multiply-adds/s a core above loading each chunk's four tiles
+ * before its products). */
+AMX_TARGET static void pass_next(const int8_t *keep, const int8_t *b0, const int8_t *b1,
+                                 Py_ssize_t n, int carried, int32_t *sums) {
+    const int8_t *a0 = keep, *a1 = keep + PASS * BLOCK_BYTES;
+    sums_in(sums, carried);
+    _tile_loadd(4, a0, KCHUNK);
+    _tile_stream_loadd(6, b0, KCHUNK);
+    _tile_stream_loadd(7, b1, KCHUNK);
+    _tile_loadd(5, a1, KCHUNK);
+    for (Py_ssize_t c = 1; c < n; c++) {
+        const Py_ssize_t o = c * BLOCK_BYTES;
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 4, 7);
+        _tile_loadd(4, a0 + o, KCHUNK);
+        _tile_dpbssd(2, 5, 6);
+        _tile_stream_loadd(6, b0 + o, KCHUNK);
+        _tile_dpbssd(3, 5, 7);
+        _tile_stream_loadd(7, b1 + o, KCHUNK);
+        _tile_loadd(5, a1 + o, KCHUNK);
+    }
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+    sums_out(sums);
 }
 
 /* The dequantization epilogue (open1b_kernels.int8.gemm's, as _gemm.c's dequant_loop runs it)
@@ -379,58 +401,60 @@ DQ_TARGET static void dq_block(const dq_epi *E, const int32_t *blk, Py_ssize_t i
     for (Py_ssize_t c = 0; c < cols; c++) E->cols[j + c] += csum[c];
 }
 
+/* One summed 32 x 32 block of C (rows i.., columns j..; `rows` x `cols` of it inside C) to
+ * its place: through the epilogue E, by streaming stores, or copied. */
+static void block_out(const int32_t *blk, int32_t *c, Py_ssize_t i, Py_ssize_t j,
+                      Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t N, int stream,
+                      const dq_epi *E) {
+    if (E)
+        dq_block(E, blk, i, j, rows, cols, N);
+    else if (stream && rows == 32 && cols == 32)
+        stream_block(blk, c + i * N + j, N);
+    else
+        for (Py_ssize_t r = 0; r < rows; r++) memcpy(c + (i + r) * N + j, blk + r * 32, cols * 4);
+}
+
 /* C's rows [r0, r1) x columns [c0, c1) (multiples of 32 but for the ends at M and N), in
- * cache blocks of MBLOCK x NBLOCK: a block of B's columns stays in cache while a block of
- * A's rows passes over it. With an epilogue `E`, each 32 x 32 block goes through it from a
- * buffer in L1 and `c` is not written. */
+ * cache blocks of CROWS x CCOLS, each summed in passes of PASS chunks (see PASS) into
+ * `sums`, then written by block_out. Every 32-line block is whole in the operands (packed
+ * lines are zero-padded to 32, A's rows in place are whole blocks), so the blocks at C's
+ * edges run as the others and only their writing is cut. `scratch`: SCRATCH_BYTES, 64-byte
+ * aligned, this call's own. */
 AMX_TARGET static void product(const sides *A, int32_t *c, Py_ssize_t M,
                                Py_ssize_t N, Py_ssize_t KP, Py_ssize_t r0, Py_ssize_t r1,
-                               Py_ssize_t c0, Py_ssize_t c1, const dq_epi *E) {
-    int32_t edge[32 * 32] __attribute__((aligned(64)));
-    Py_ssize_t full_r = M / 32 * 32, full_c = N / 32 * 32;
+                               Py_ssize_t c0, Py_ssize_t c1, const dq_epi *E, int8_t *scratch) {
+    int32_t *sums = (int32_t *)scratch;
+    int8_t *keep = scratch + SUMS_BYTES;
     int stream = !E && streams(c, M * N * 4, N * 4);
+    Py_ssize_t chunks = KP / KCHUNK;
     amx_tiles_on();
-    /* A long plain contraction in even passes of at most KSPLIT over C's whole part where C
-     * is small: each pass's A and B cache blocks stay in L2, the int32 partial sums go through
-     * C (its edge blocks whole, in the last pass; no streaming stores: C is read back). In
-     * one pass (the dequantizing product, a large C) A's cache block is at most A_BLOCK_BYTES:
-     * a long contraction takes fewer rows a block, so that they stay in L2 beside a B panel
-     * pair. Integer sums: the same bits in any split or blocking. */
-    int split = !E && KP > KSPLIT && M * N * 4 <= SPLIT_C_BYTES;
-    Py_ssize_t passes = split ? (KP + KSPLIT - 1) / KSPLIT : 1;
-    Py_ssize_t part = round_up((KP + passes - 1) / passes, KCHUNK);
-    Py_ssize_t mblock = split ? MBLOCK : A_BLOCK_BYTES / KP / 32 * 32;
-    mblock = mblock < 32 ? 32 : mblock > MBLOCK ? MBLOCK : mblock;
-    stream = stream && !split;
-    for (Py_ssize_t k0 = 0; k0 < KP; k0 += part) {
-        Py_ssize_t k1 = k0 + part < KP ? k0 + part : KP;
-        for (Py_ssize_t jb = c0; jb < c1; jb += NBLOCK)
-            for (Py_ssize_t ib = r0; ib < r1; ib += mblock) {
-                Py_ssize_t ie = ib + mblock < r1 ? ib + mblock : r1;
-                Py_ssize_t je = jb + NBLOCK < c1 ? jb + NBLOCK : c1;
-                for (Py_ssize_t j = jb; j < je; j += 32)
-                    for (Py_ssize_t i = ib; i < ie; i += 32) {
-                        int whole = i < full_r && j < full_c;
-                        if (split) {
-                            if (whole)
-                                block32k(A, KP, i, j, k0 / KCHUNK, k1 / KCHUNK, k0 > 0,
-                                         c + i * N + j, N);
-                            else if (k1 == KP)
-                                edge32(A, KP, c, i, j, M, N, edge);
-                        } else if (E) {
-                            block32(A, KP, i, j, edge, 32);
-                            dq_block(E, edge, i, j, M - i < 32 ? M - i : 32,
-                                     N - j < 32 ? N - j : 32, N);
-                        } else if (whole && stream) {
-                            block32(A, KP, i, j, edge, 32);
-                            stream_block(edge, c + i * N + j, N);
-                        } else if (whole)
-                            block32(A, KP, i, j, c + i * N + j, N);
+    for (Py_ssize_t jb = c0; jb < c1; jb += CCOLS)
+        for (Py_ssize_t ib = r0; ib < r1; ib += CROWS) {
+            Py_ssize_t ie = ib + CROWS < r1 ? ib + CROWS : r1;
+            Py_ssize_t je = jb + CCOLS < c1 ? jb + CCOLS : c1;
+            Py_ssize_t blocks_j = (je - jb + 31) / 32;
+            for (Py_ssize_t ch = 0; ch < chunks; ch += PASS) {
+                Py_ssize_t n = chunks - ch < PASS ? chunks - ch : PASS;
+                for (Py_ssize_t i = ib; i < ie; i += 32) {
+                    Py_ssize_t step, stride, half;
+                    const int8_t *a0 = a_tiles(A, i, &step, &stride, &half) + ch * step;
+                    int32_t *row = sums + (i - ib) / 32 * blocks_j * 1024;
+                    for (Py_ssize_t j = jb; j < je; j += 32) {
+                        const int8_t *b0 = A->bp + j * A->bkp + ch * BLOCK_BYTES;
+                        const int8_t *b1 = b0 + LINES * A->bkp;
+                        int32_t *blk = row + (j - jb) / 32 * 1024;
+                        if (j == jb)
+                            pass_first(a0, a0 + half, step, stride, b0, b1, n, ch > 0, blk, keep);
                         else
-                            edge32(A, KP, c, i, j, M, N, edge);
+                            pass_next(keep, b0, b1, n, ch > 0, blk);
                     }
+                }
             }
-    }
+            for (Py_ssize_t i = ib; i < ie; i += 32)
+                for (Py_ssize_t j = jb; j < je; j += 32)
+                    block_out(sums + ((i - ib) / 32 * blocks_j + (j - jb) / 32) * 1024, c, i, j,
+                              M - i < 32 ? M - i : 32, N - j < 32 ? N - j : 32, N, stream, E);
+        }
     if (stream || (E && E->stream)) _mm_sfence();   /* streamed stores seen before the caller goes on */
     _tile_release();
 }
@@ -490,19 +514,28 @@ static int operands_ok(const Py_buffer *a, Py_ssize_t lda, const Py_buffer *ap,
 
 #if AMX_BUILD
 /* C's 32-line units [lo, hi) - of columns with by_cols, else of rows - by `product`. */
+/* C's 32-line units [lo, hi) - of columns with by_cols, else of rows - by `product`. */
 static void product_units(const Py_buffer *a, Py_ssize_t lda, const Py_buffer *ap,
                           const Py_buffer *bp, int32_t *c, Py_ssize_t M, Py_ssize_t N,
                           Py_ssize_t K, Py_ssize_t ka, Py_ssize_t a0, Py_ssize_t kb,
                           Py_ssize_t b0, int by_cols, Py_ssize_t lo, Py_ssize_t hi,
-                          const dq_epi *E) {
+                          const dq_epi *E, int8_t *scratch) {
     sides A = {a->len > 0 ? a->buf : NULL, (const int8_t *)ap->buf + a0 * BLOCK_BYTES,
                (const int8_t *)bp->buf + b0 * BLOCK_BYTES, lda, a->len > 0 ? M / 32 * 32 : 0,
                round_up(ka, KCHUNK), round_up(kb, KCHUNK)};
     Py_ssize_t KP = round_up(K, KCHUNK);
     if (by_cols)
-        product(&A, c, M, N, KP, 0, M, lo * 32, hi * 32 < N ? hi * 32 : N, E);
+        product(&A, c, M, N, KP, 0, M, lo * 32, hi * 32 < N ? hi * 32 : N, E, scratch);
     else
-        product(&A, c, M, N, KP, lo * 32, hi * 32 < M ? hi * 32 : M, 0, N, E);
+        product(&A, c, M, N, KP, lo * 32, hi * 32 < M ? hi * 32 : M, 0, N, E, scratch);
+}
+
+/* Every piece's scratch, taken before any is written: NULL (with MemoryError set) if
+ * refused. */
+static int8_t *pieces_scratch(int pieces) {
+    int8_t *s = aligned_alloc(64, (size_t)pieces * SCRATCH_BYTES);
+    if (s == NULL) PyErr_NoMemory();
+    return s;
 }
 #endif
 
@@ -517,12 +550,17 @@ static PyObject *py_amx_product(PyObject *self, PyObject *args) {
     int ok = operands_ok(&a, lda, &ap, &bp, M, N, K, ka, a0, kb, b0, by_cols, u0, u1, pieces) &&
              sized(&c, M * N, 4, "c");
 #if AMX_BUILD
-    if (ok) {
+    int8_t *scratch = ok ? pieces_scratch(pieces) : NULL;
+    int ran = scratch != NULL;
+    if (ran) {
         Py_BEGIN_ALLOW_THREADS
         FOR_PIECES(u0, u1, pieces, product_units(&a, lda, &ap, &bp, c.buf, M, N, K, ka, a0, kb,
-                                                 b0, by_cols, p_lo, p_hi, NULL));
+                                                 b0, by_cols, p_lo, p_hi, NULL,
+                                                 scratch + piece * SCRATCH_BYTES));
         Py_END_ALLOW_THREADS
+        free(scratch);
     }
+    ok = ok && ran;
 #endif
     return FINISH(ok, "amx_product: needs AMX-INT8 (amx_cpu()) and consistent shapes", &a, &ap,
                   &bp, &c);
@@ -543,7 +581,9 @@ static PyObject *py_amx_product_dq(PyObject *self, PyObject *args) {
              sized(&out, M * N, out_bf16 ? 2 : 4, "out") &&
              sized(&rows, pieces * M, 8, "rows") && sized(&cols, pieces * N, 8, "cols");
 #if AMX_BUILD
-    if (ok) {
+    int8_t *scratch = ok ? pieces_scratch(pieces) : NULL;
+    int ran = scratch != NULL;
+    if (ran) {
         int stream = streams(out.buf, out.len, N * (out_bf16 ? 2 : 4)), v4 = cpu_level() >= 2;
         Py_BEGIN_ALLOW_THREADS
         FOR_PIECES(u0, u1, pieces, {
@@ -551,10 +591,12 @@ static PyObject *py_amx_product_dq(PyObject *self, PyObject *args) {
                         out_bf16 ? out.buf : NULL, (int64_t *)rows.buf + piece * M,
                         (int64_t *)cols.buf + piece * N, stream, v4};
             product_units(&a, lda, &ap, &bp, NULL, M, N, K, ka, a0, kb, b0, by_cols, p_lo, p_hi,
-                          &E);
+                          &E, scratch + piece * SCRATCH_BYTES);
         });
         Py_END_ALLOW_THREADS
+        free(scratch);
     }
+    ok = ok && ran;
 #endif
     return FINISH(ok, "amx_product_dq: needs AMX-INT8 (amx_cpu()) and consistent shapes", &a,
                   &ap, &bp, &rs, &cs, &out, &rows, &cols);

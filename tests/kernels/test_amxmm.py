@@ -58,9 +58,9 @@ def test_extremes_at_the_longest_contraction(va, vb):
 @needs_amx
 @pytest.mark.parametrize("m,k,n", [(64, 8192, 64), (70, 9000, 90), (40, 4160, 300)])
 def test_a_long_contraction_in_passes_is_exact(m, k, n):
-    # K past KSPLIT (4,096): the whole blocks summed in passes through C (int32 partial
-    # sums stored and loaded back), the edge blocks whole in the last; A read in place
-    # (K a multiple of 64) and packed (a transposed view); units of rows and of columns
+    # many passes of PASS (16) chunks, the last one short (K = 9,000: 141 chunks), the int32
+    # partial sums stored and loaded back between them; A read in place (K a multiple of
+    # 64) and packed (a transposed view); units of rows and of columns
     g = torch.Generator().manual_seed(m + k + n)
     a = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
     b = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
@@ -71,8 +71,8 @@ def test_a_long_contraction_in_passes_is_exact(m, k, n):
 
 @needs_amx
 def test_a_long_contraction_into_a_large_result_in_one_pass_is_exact():
-    # C past SPLIT_C_BYTES (1,100 x 2,000 int32: 8.8 MB) keeps one pass, in cache blocks of
-    # 1 MiB of A (128 rows at K = 4,160): several blocks of rows, the edge rows and columns
+    # several cache blocks of C (CROWS x CCOLS: 256 x 512) each way, the last ones cut (1,100
+    # rows, 2,000 columns), in passes (K = 4,160: 65 chunks)
     g = torch.Generator().manual_seed(8)
     a = torch.randint(-128, 128, (1100, 4160), generator=g, dtype=torch.int8)
     b = torch.randint(-128, 128, (2000, 4160), generator=g, dtype=torch.int8)
@@ -83,12 +83,60 @@ def test_a_long_contraction_into_a_large_result_in_one_pass_is_exact():
 
 @needs_amx
 def test_the_extremes_in_passes_of_whole_blocks():
-    # 2^31 - 2^14 reached by partial sums carried between the passes of a whole 32 x 32 block
+    # 2^31 - 2^14 reached by partial sums carried between the passes of 32 x 32 blocks
     k = amxmm.MAX_K
     a = torch.full((64, k), -128, dtype=torch.int8)
     b = torch.full((32, k), -128, dtype=torch.int8)
     got = amxmm.amx_mm(a, b)
     assert torch.equal(got.to(torch.int64), _exact(a, b)) and int(got[0, 0]) == 2**31 - 2**14
+
+
+@needs_amx
+@pytest.mark.parametrize("m,k,n", [(257, 1088, 513), (300, 1024 + 64, 530), (31, 2112, 1100),
+                                   (512, 960, 1024), (40, 1025, 33)])
+def test_passes_and_cache_blocks_at_their_edges(m, k, n):
+    # a pass of exactly PASS chunks and one more (1,088 = 17 chunks), fewer than one pass
+    # (960), a pass's last chunk padded (1,025); C's cache blocks (256 x 512) ending one row
+    # or column past a block (257, 513), inside a 32-line block (530, 1,100), on a block's
+    # end (512 x 1,024); one block of C's columns cut by units of columns (31 rows). A row-major
+    # A is copied into the pass's buffer by its first block: both layouts give the product
+    g = torch.Generator().manual_seed(m + 3 * k + n)
+    a = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    want = _exact(a, b)
+    for aa in _layouts(a):
+        for bb in _layouts(b):
+            out = torch.full((m, n), 7, dtype=torch.int32)
+            assert torch.equal(amxmm.amx_mm(aa, bb, out).to(torch.int64), want)
+
+
+@needs_amx
+def test_a_refused_scratch_is_a_memory_error_with_nothing_written():
+    # every piece's scratch (544 KiB) is taken before any piece runs: 4,096 pieces under an
+    # address-space limit of 1 GiB more than the process has get MemoryError, C untouched
+    code = """
+import resource, torch
+from open1b_kernels.int8 import amxmm
+a = amxmm.pack(torch.ones((64, 128), dtype=torch.int8), False, "t.a")
+b = amxmm.pack(torch.ones((64, 128), dtype=torch.int8), True, "t.b")
+c = torch.full((64, 64), 7, dtype=torch.int32)
+m, n, by_cols, units, sides, win = amxmm._cut(a, b, "product")
+size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 30), resource.RLIM_INFINITY))
+try:
+    amxmm.LOOPS.amx_product(*sides, c.numpy().reshape(-1), m, n, 128, *win, by_cols, 0, 2, 4096)
+except MemoryError:
+    print("refused", bool((c == 7).all()))
+amxmm.LOOPS.amx_product(*sides, c.numpy().reshape(-1), m, n, 128, *win, by_cols, 0, 2, 2)
+print("ran", bool((c == 128).all()))
+"""
+    import pathlib
+    import subprocess
+    import sys
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=pathlib.Path(__file__).resolve().parents[2])
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["refused", "True", "ran", "True"]
 
 
 @needs_amx
@@ -221,8 +269,8 @@ def test_the_product_dequantized_in_its_tiles_gives_the_second_pass_bits(m, k, n
                                                                        dtype):
     # edges (rows and columns not a multiple of 32), per-tensor and per-row steps, units
     # of columns (few rows), and outputs past STREAM_MIN_BYTES (2,048 x 1,056: 8.3 MB of
-    # float32 stored by streaming stores; in bf16 under it), a long contraction in one pass
-    # of 64-row cache blocks (A_BLOCK_BYTES: 300 x 8,200), with extremes: the largest
+    # float32 stored by streaming stores; in bf16 under it), a long contraction in passes
+    # (300 x 8,200) and cache blocks cut at C's edges (2,048 x 1,056), with extremes: the largest
     # product, a zero step, a subnormal one, a NaN one, one that overflows to inf
     g = torch.Generator().manual_seed(m + k + n)
     a = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
