@@ -1,9 +1,11 @@
 /* One core's AMX-INT8 rate (TDPBSSD, 16 x 64 by 64 x 16 int8 tiles: 16,384 multiply-adds)
  * where its operands come from: the tile registers alone (the instruction's own rate), and
- * the tile product's 2 x 2 register block (open1b_kernels/int8/_amxmm.c's block32k: two A
- * and two B tiles loaded a 64-wide chunk, four int32 accumulators) over operands in L1, A in
- * L1 with B from L2, both from L2, and beyond L2; and that block with its sums carried
- * through tile loads and stores every 8 chunks. Run by benchmarks/kernels/tile_rate.py;
+ * a 2 x 2 register block (two A and two B tiles loaded a 64-wide chunk, four int32
+ * accumulators; each chunk's four tiles loaded before its products, as the tile product ran
+ * until 2026-12-07) over operands in L1, A in L1 with B from L2, both from L2, and beyond L2;
+ * that block with its sums carried through tile loads and stores every 8 chunks; and the
+ * product's pass (open1b_kernels/int8/_amxmm.c's pass_next: A in L1, B by TILELOADDT1, the
+ * next chunk's tiles loaded as the products free them, sums carried every 16 chunks). Run by benchmarks/kernels/tile_rate.py;
  * x86-64 with AMX-INT8 and a Linux kernel that grants the tile data (arch_prctl). Prints
  * one line per case: its name and the rate in T multiply-adds/s. */
 #include <immintrin.h>
@@ -56,10 +58,11 @@ __attribute__((noinline)) static double registers(long n) {
     return 4.0 * n * 16384 / s / 1e12;
 }
 
-/* block32k's chunk loop over `chunks` chunks of strips a0, a1, b0, b1 (1 KiB a chunk); the
- * sums from and to `carry` (32 x 32, row stride 32) where it is not NULL. */
+/* The chunk loop over `chunks` chunks of strips a0, a1, b0, b1 (1 KiB a chunk); the sums
+ * from and to `carry` (32 x 32, row stride 32) where it is not NULL; `pass`: pass_next's
+ * order and loads instead of each chunk's four plain loads before its products. */
 static inline void block(const int8_t *a0, const int8_t *a1, const int8_t *b0, const int8_t *b1,
-                         long chunks, int32_t *carry) {
+                         long chunks, int32_t *carry, int pass) {
     if (carry) {
         _tile_loadd(0, carry, 128);
         _tile_loadd(1, carry + 16, 128);
@@ -71,6 +74,26 @@ static inline void block(const int8_t *a0, const int8_t *a1, const int8_t *b0, c
         _tile_zero(2);
         _tile_zero(3);
     }
+    if (pass) {
+        _tile_loadd(4, a0, 64);
+        _tile_stream_loadd(6, b0, 64);
+        _tile_stream_loadd(7, b1, 64);
+        _tile_loadd(5, a1, 64);
+        for (long c = 1; c < chunks; c++) {
+            _tile_dpbssd(0, 4, 6);
+            _tile_dpbssd(1, 4, 7);
+            _tile_loadd(4, a0 + c * 1024, 64);
+            _tile_dpbssd(2, 5, 6);
+            _tile_stream_loadd(6, b0 + c * 1024, 64);
+            _tile_dpbssd(3, 5, 7);
+            _tile_stream_loadd(7, b1 + c * 1024, 64);
+            _tile_loadd(5, a1 + c * 1024, 64);
+        }
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 4, 7);
+        _tile_dpbssd(2, 5, 6);
+        _tile_dpbssd(3, 5, 7);
+    } else
     for (long c = 0; c < chunks; c++) {
         _tile_loadd(4, a0 + c * 1024, 64);
         _tile_loadd(6, b0 + c * 1024, 64);
@@ -92,7 +115,7 @@ static inline void block(const int8_t *a0, const int8_t *a1, const int8_t *b0, c
  * A pair against every B pair, B inner: an A pair is reused across all of B), `reps` times;
  * carried: each (A, B) block's sums in its own 4 KB of `sums`. */
 __attribute__((noinline)) static double blocks(long chunks, long na, long nb, int carried,
-                                               long reps) {
+                                               int pass, long reps) {
     long strip = chunks * 1024;
     int8_t *a = aligned_alloc(64, 2 * na * strip), *b = aligned_alloc(64, 2 * nb * strip);
     if (!a || !b) {
@@ -107,7 +130,8 @@ __attribute__((noinline)) static double blocks(long chunks, long na, long nb, in
         for (long i = 0; i < na; i++)
             for (long j = 0; j < nb; j++) {
                 block(a + 2 * i * strip, a + (2 * i + 1) * strip, b + 2 * j * strip,
-                      b + (2 * j + 1) * strip, chunks, carried ? sums + (j % 64) * 1024 : NULL);
+                      b + (2 * j + 1) * strip, chunks, carried ? sums + (j % 64) * 1024 : NULL,
+                      pass);
                 tdp += 4 * chunks;
             }
     double s = now() - t0;
@@ -131,11 +155,12 @@ int main(void) {
     _tile_loadconfig(&cfg);
     /* reps chosen for ~0.3 s a case at ~2 T/s */
     printf("registers %.3f\n", registers(10000000));
-    printf("l1 %.3f\n", blocks(8, 1, 1, 0, 150000));                  /* 16 + 16 KB */
-    printf("a_l1_b_l2 %.3f\n", blocks(8, 1, 32, 0, 4000));             /* 16 KB, 512 KB */
-    printf("a_l1_b_l2_carried %.3f\n", blocks(8, 1, 32, 1, 4000));     /* the same, carried */
-    printf("l2 %.3f\n", blocks(32, 8, 8, 0, 300));                     /* 512 KB + 512 KB */
-    printf("beyond_l2 %.3f\n", blocks(176, 2, 4, 0, 300));             /* 704 KB + 1,408 KB */
+    printf("l1 %.3f\n", blocks(8, 1, 1, 0, 0, 150000));                  /* 16 + 16 KB */
+    printf("a_l1_b_l2 %.3f\n", blocks(8, 1, 32, 0, 0, 4000));             /* 16 KB, 512 KB */
+    printf("a_l1_b_l2_carried %.3f\n", blocks(8, 1, 32, 1, 0, 4000));     /* the same, carried */
+    printf("l2 %.3f\n", blocks(32, 8, 8, 0, 0, 300));                     /* 512 KB + 512 KB */
+    printf("beyond_l2 %.3f\n", blocks(176, 2, 4, 0, 0, 300));             /* 704 KB + 1,408 KB */
+    printf("pass %.3f\n", blocks(16, 1, 16, 1, 1, 4000));                 /* 32 KB, 512 KB */
     _tile_release();
     return 0;
 }

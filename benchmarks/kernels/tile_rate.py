@@ -6,9 +6,12 @@ GEMMs run it - how far the product is from the tiles' own rate, and why.
 Compiles ``tile_rate.c`` with the system's C compiler (``-mamx-tile -mamx-int8``) and runs
 it ``--repeats`` times alone, then twice at once (every core of a 2-core machine busy): the
 TDPBSSD rate with its operands in the tile registers (the anchor: the instruction's own
-rate) and the tile product's 2 x 2 register block (``open1b_kernels/int8/_amxmm.c``,
-``block32k``) with its operands in L1, A in L1 and B from L2, both from L2 and beyond L2,
-and with its sums carried through tile loads and stores every 8 chunks. Beside them, in
+rate) and a 2 x 2 register block (each chunk's four tiles loaded before its products, as
+the tile product ran until 2026-12-07) with its operands in L1, A in L1 and B from L2, both
+from L2 and beyond L2, and with its sums carried through tile loads and stores every 8
+chunks; and the product's pass (``open1b_kernels/int8/_amxmm.c``'s ``pass_next``: A in L1,
+B by TILELOADDT1, the next chunk's tiles loaded as the products free them, its sums carried
+every 16 chunks). Beside them, in
 this process, the tile product itself (``amxmm.product`` of packed operands, the linears'
 shapes at 4,096 tokens) on one thread and on every usable core. Each figure is stated as a
 share of the anchor measured in the same run. Needs an AMX-INT8 CPU (``amxmm.available()``).
@@ -34,7 +37,8 @@ CASES = {"registers": "operands in the tile registers (the anchor)",
          "a_l1_b_l2": "2 x 2 block, A in L1, B from L2 (16 KB, 512 KB)",
          "a_l1_b_l2_carried": "the same, sums carried every 8 chunks",
          "l2": "2 x 2 block, both from L2 (512 + 512 KB)",
-         "beyond_l2": "2 x 2 block, beyond L2 (704 KB + 1.4 MB)"}
+         "beyond_l2": "2 x 2 block, beyond L2 (704 KB + 1.4 MB)",
+         "pass": "the product's pass: A in L1, B from L2 (32 KB, 512 KB), carried every 16"}
 SHAPES = ((4096, 2048, 2048), (4096, 2048, 11264), (4096, 11264, 2048), (4096, 5632, 2048))
 
 

@@ -13,11 +13,8 @@
  * associative: the blocking, the cut between threads and the order of the tiles give the
  * integer product itself, the same bits as every other route.
  *
- * Layout: both operands are packed once into panels of 16 lines (rows of A, columns of B),
- * each 64-wide chunk of the contraction one 1 KiB block that a tile loads in one go: A's
- * block [16 rows][64 k], B's [16 k-quads][16 columns][4 k] (the TDPBSSD "VNNI" order).
- * Zeros pad the lines to a multiple of 32 and K to a multiple of 64, so every block is
- * whole and a padded line or k adds zero. C is summed in 32 x 32 blocks (four accumulator
+ * Layout: both operands packed once into tile panels (_amxlayout.h; the packing:
+ * _amxpack.c). C is summed in 32 x 32 blocks (four accumulator
  * tiles, two A and two B tiles: the 8 tile registers), in cache blocks of rows and columns
  * and passes over the contraction (CROWS, CCOLS, PASS).
  *
@@ -30,10 +27,8 @@
 
 #include "../core/_amx.h"
 #include "../core/_mathfn.h"
+#include "_amxlayout.h"
 
-#define LINES 16        /* lines per panel: a tile's rows */
-#define KCHUNK 64       /* contraction per block: a tile's 64 bytes a row */
-#define BLOCK_BYTES (LINES * KCHUNK)
 /* The product runs C in cache blocks of CROWS x CCOLS (its int32 sums, 512 KiB, in L2 beside
  * B's pass of the block, 512 KiB) and the contraction in passes of PASS chunks: per pass, a
  * pair of A's 16-row panels (32 rows x 1,024 bytes: 32 KiB) is copied once into an L1
@@ -54,96 +49,6 @@
 #define CCOLS 512
 #define SUMS_BYTES (CROWS * CCOLS * 4)
 #define SCRATCH_BYTES (SUMS_BYTES + 2 * PASS * BLOCK_BYTES)     /* a piece's: 544 KiB */
-/* Panels packed side by side per 64-wide chunk where the lines are adjacent in memory (a
- * transposed A, or a B side read across its lines): one cache line of a source row serves
- * up to 4 panels, one page many - measured at 1,024 lines x K = 12,288 of a 128,256-wide
- * store (the head's dlogits slices): 1.2-1.3 GB/s one panel at a time, 6.8-7.6 GB/s with 32-128. */
-#ifndef PACK_GROUP
-#define PACK_GROUP 64
-#endif
-
-static Py_ssize_t round_up(Py_ssize_t x, Py_ssize_t m) { return (x + m - 1) / m * m; }
-
-/* Packed size in bytes of `lines` x K: lines padded to 32, K to 64. */
-static Py_ssize_t packed_bytes(Py_ssize_t lines, Py_ssize_t K) {
-    return round_up(lines, 2 * LINES) * round_up(K, KCHUNK);
-}
-
-/* ---------------------------------------------------------------- packing */
-
-#if AMX_BUILD
-/* 16 x 16 int32: dst row q = column q of src (src rows of 16 words at stride ss words). */
-static inline void transpose16x32(const int32_t *src, Py_ssize_t ss, int32_t *dst) {
-    for (int c0 = 0; c0 < 16; c0 += 4)
-        for (int q0 = 0; q0 < 16; q0 += 4) {
-            __m128i a = _mm_loadu_si128((const __m128i *)(src + (c0 + 0) * ss + q0));
-            __m128i b = _mm_loadu_si128((const __m128i *)(src + (c0 + 1) * ss + q0));
-            __m128i c = _mm_loadu_si128((const __m128i *)(src + (c0 + 2) * ss + q0));
-            __m128i d = _mm_loadu_si128((const __m128i *)(src + (c0 + 3) * ss + q0));
-            __m128i ab0 = _mm_unpacklo_epi32(a, b), ab1 = _mm_unpackhi_epi32(a, b);
-            __m128i cd0 = _mm_unpacklo_epi32(c, d), cd1 = _mm_unpackhi_epi32(c, d);
-            _mm_storeu_si128((__m128i *)(dst + (q0 + 0) * 16 + c0), _mm_unpacklo_epi64(ab0, cd0));
-            _mm_storeu_si128((__m128i *)(dst + (q0 + 1) * 16 + c0), _mm_unpackhi_epi64(ab0, cd0));
-            _mm_storeu_si128((__m128i *)(dst + (q0 + 2) * 16 + c0), _mm_unpacklo_epi64(ab1, cd1));
-            _mm_storeu_si128((__m128i *)(dst + (q0 + 3) * 16 + c0), _mm_unpackhi_epi64(ab1, cd1));
-        }
-}
-
-/* One 1 KiB block of panel lines [l0, l0 + 16) and contraction [k0, k0 + 64): the fast
- * paths for whole blocks, element by element at the edges. */
-static void pack_block(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, int have, int kn,
-                       int b_side, Py_ssize_t l0, Py_ssize_t k0, int8_t *blk) {
-    const int8_t *base = x + l0 * sl + k0 * sk;
-    if (have == LINES && kn == KCHUNK) {
-        if (sk == 1 && !b_side) {
-            for (int r = 0; r < LINES; r++) memcpy(blk + r * KCHUNK, base + r * sl, KCHUNK);
-            return;
-        }
-        if (sl == 1 && !b_side) {          /* 64 k rows of 16 lines: four 16 x 16 transposes */
-            for (int q = 0; q < 4; q++) amx_transpose16(base + 16 * q * sk, sk, blk + 16 * q, KCHUNK);
-            return;
-        }
-        if (sk == 1 && (sl & 3) == 0 && ((uintptr_t)base & 3) == 0) {   /* 16 lines of 16 words */
-            transpose16x32((const int32_t *)base, sl / 4, (int32_t *)blk);
-            return;
-        }
-        if (sl == 1) {
-            for (int q = 0; q < 16; q++) amx_interleave4(base + 4 * q * sk, sk, blk + 64 * q);
-            return;
-        }
-    }
-    memset(blk, 0, BLOCK_BYTES);
-    for (int l = 0; l < have; l++)
-        for (int kk = 0; kk < kn; kk++) {
-            int8_t v = base[l * sl + kk * sk];
-            if (b_side) blk[(kk >> 2) * 64 + l * 4 + (kk & 3)] = v;
-            else blk[l * KCHUNK + kk] = v;
-        }
-}
-
-/* Panels [p0, p1) of x (int8, `lines` x K, element (l, k) at x[l * sl + k * sk]) packed for
- * the A side (b_side 0: block[r][kk] = x[l0 + r, k0 + kk]) or the B side (1: block[q][c][j]
- * = x[l0 + c, k0 + 4q + j]), zero past the lines and past K. */
-static void pack(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, Py_ssize_t lines, Py_ssize_t K,
-                 int b_side, int8_t *out, Py_ssize_t p0, Py_ssize_t p1) {
-    Py_ssize_t KP = round_up(K, KCHUNK), chunks = KP / KCHUNK;
-    Py_ssize_t group = sl == 1 ? PACK_GROUP : 1;
-    for (Py_ssize_t g0 = p0; g0 < p1; g0 += group) {
-        Py_ssize_t g1 = g0 + group < p1 ? g0 + group : p1;
-        for (Py_ssize_t ch = 0; ch < chunks; ch++) {
-            Py_ssize_t k0 = ch * KCHUNK;
-            int kn = K - k0 < KCHUNK ? (int)(K - k0) : KCHUNK;
-            for (Py_ssize_t p = g0; p < g1; p++) {
-                Py_ssize_t l0 = p * LINES;
-                int have = lines - l0 < LINES ? (lines - l0 > 0 ? (int)(lines - l0) : 0) : LINES;
-                pack_block(x, sl, sk, have, kn, b_side, l0, k0,
-                           out + p * LINES * KP + ch * BLOCK_BYTES);
-            }
-        }
-    }
-}
-#endif
-
 /* ---------------------------------------------------------------- the tile product */
 
 #if AMX_BUILD
@@ -462,31 +367,6 @@ AMX_TARGET static void product(const sides *A, int32_t *c, Py_ssize_t M,
 
 /* ---------------------------------------------------------------- Python wrappers */
 
-static PyObject *py_amx_pack(PyObject *self, PyObject *args) {
-    (void)self;
-    Py_buffer x, out;
-    Py_ssize_t sl, sk, lines, K, u0, u1;
-    int b_side, pieces = 1;
-    if (!PyArg_ParseTuple(args, "y*w*nnnnpnn|i", &x, &out, &sl, &sk, &lines, &K, &b_side, &u0,
-                          &u1, &pieces))
-        return NULL;
-    Py_ssize_t span = lines > 0 && K > 0 ? (lines - 1) * sl + (K - 1) * sk + 1 : 0;
-    int ok = lines >= 1 && K >= 1 && sl >= 1 && sk >= 1 && (sl == 1 || sk == 1) &&
-             holds(&x, span, "x") && sized(&out, packed_bytes(lines, K), 1, "out") &&
-             units_ok(u0, u1, round_up(lines, 2 * LINES) / LINES) && PIECES_OK(pieces);
-#if AMX_BUILD
-    if (ok) {
-        Py_BEGIN_ALLOW_THREADS
-        FOR_PIECES(u0, u1, pieces, pack(x.buf, sl, sk, lines, K, b_side, out.buf, p_lo, p_hi));
-        Py_END_ALLOW_THREADS
-    }
-#else
-    ok = 0;     /* no packing without the tile loops (a build for another architecture) */
-#endif
-    return FINISH(ok, "amx_pack: needs the x86-64 build with the AMX loops and consistent "
-                      "shapes", &x, &out);
-}
-
 /* The checks both products' wrappers make: A in place (a: row-major, stride lda >= K, K a
  * multiple of 64, every row; ap the rows from M rounded down to 32 packed) or packed (a
  * empty, ap every row), B packed, the unit range and the pieces. A packed side may be a
@@ -617,23 +497,10 @@ static PyObject *py_amx_cpu(PyObject *self, PyObject *args) {
     return PyBool_FromLong(amx_ready());
 }
 
-static PyObject *py_amx_packed_bytes(PyObject *self, PyObject *args) {
-    (void)self;
-    Py_ssize_t lines, K;
-    if (!PyArg_ParseTuple(args, "nn", &lines, &K)) return NULL;
-    return PyLong_FromSsize_t(packed_bytes(lines, K));
-}
-
 EXT_METHODS(amxmm) = {
     {"amx_cpu", py_amx_cpu, METH_NOARGS,
      "amx_cpu(): whether this process runs AMX-INT8 tiles (CPUID, XCR0 and the OS's "
      "permission for the tile data; probed once)."},
-    {"amx_packed_bytes", py_amx_packed_bytes, METH_VARARGS,
-     "amx_packed_bytes(lines, K): bytes of a packed operand (lines to 32, K to 64)."},
-    {"amx_pack", py_amx_pack, METH_VARARGS,
-     "amx_pack(x, out, sl, sk, lines, K, b_side, u0, u1[, pieces]): panels [u0, u1) of 16 "
-     "lines of int8 x (element (l, k) at x[l * sl + k * sk]) in the A (b_side False) or B "
-     "tile order, zero-padded."},
     {"amx_product", py_amx_product, METH_VARARGS,
      "amx_product(a, lda, ap, bp, c, M, N, K, ka, a0, kb, b0, by_cols, u0, u1[, pieces]): C's "
      "32-line units [u0, u1) (of columns with by_cols, else of rows) of the exact int32 "
