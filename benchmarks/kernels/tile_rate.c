@@ -5,9 +5,10 @@
  * until 2026-12-07) over operands in L1, A in L1 with B from L2, both from L2, and beyond L2;
  * that block with its sums carried through tile loads and stores every 8 chunks; and the
  * product's pass (open1b_kernels/int8/_amxmm.c's pass_next: A in L1, B by TILELOADDT1, the
- * next chunk's tiles loaded as the products free them, sums carried every 16 chunks). Run by benchmarks/kernels/tile_rate.py;
- * x86-64 with AMX-INT8 and a Linux kernel that grants the tile data (arch_prctl). Prints
- * one line per case: its name and the rate in T multiply-adds/s. */
+ * next chunk's tiles loaded as the products free them, sums carried every 16 chunks). Run by
+ * benchmarks/kernels/tile_rate.py; x86-64 with AMX-INT8 and a Linux kernel that grants the
+ * tile data (arch_prctl). Prints one line per case: its name and the rate in T
+ * multiply-adds/s. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>

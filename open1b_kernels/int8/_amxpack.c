@@ -46,7 +46,8 @@ static void pack_block(const int8_t *x, Py_ssize_t sl, Py_ssize_t sk, int have, 
             return;
         }
         if (sl == 1 && !b_side) {          /* 64 k rows of 16 lines: four 16 x 16 transposes */
-            for (int q = 0; q < 4; q++) amx_transpose16(base + 16 * q * sk, sk, blk + 16 * q, KCHUNK);
+            for (int q = 0; q < 4; q++)
+                amx_transpose16(base + 16 * q * sk, sk, blk + 16 * q, KCHUNK);
             return;
         }
         if (sk == 1 && (sl & 3) == 0 && ((uintptr_t)base & 3) == 0) {   /* 16 lines of 16 words */
