@@ -120,8 +120,8 @@ ROTQ_LOAD(rotq_load8, v8f, v8i, v8u16, v8i8)
 #define STAGES_(W) STAGES_##W
 #define STAGES_16 stages16
 #define STAGES_8 stages16_8
-/* AHEAD: pass 1 reads a source row's W columns every C elements, a page or more apart for
- * the step's widths - no stride the hardware prefetchers follow - so it asks for the next 16
+/* Pass 1 below reads a source row's W columns every C elements, a page or more apart at the
+ * step's widths - no stride the hardware prefetchers follow -, so it asks for the next 16
  * rows' lines while the butterflies run on these: measured on the AMX Xeon VM (2 threads,
  * 4,096 rows) q_x's rotation 19.1-19.7 -> 14.6-15.0 ms at 5,632 columns, 6.3 -> 5.0 ms at
  * 2,048, the gradient's at 11,264 25.5-26.0 -> 23.5-24.1 ms (16 rows ahead; 32 the same). */
@@ -137,7 +137,7 @@ ROTQ_LOAD(rotq_load8, v8f, v8i, v8u16, v8i8)
                     VEC(W) v[16];                                                             \
                     for (int t = 0; t < 16; t++)                                              \
                         LOAD(W)(KIND, src, rs, P, y, C, ys, yo, base + q + t, c, &v[t]);      \
-                    if (KIND != 1 && base + q + 32 <= P)    /* the next 16 rows: see AHEAD */ \
+                    if (KIND != 1 && base + q + 32 <= P)    /* the next 16 rows' lines */     \
                         for (int t = 16; t < 32; t++)                                         \
                             __builtin_prefetch((const char *)src + ((base + q + t) * C + c)   \
                                                * (KIND == 0 ? 2 : 1), 0, 3);                  \
