@@ -8,8 +8,9 @@
  * (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): Linux 5.16 and later; without it the
  * first tile instruction raises SIGILL); palette 1 must offer 8 tiles of 16 rows x 64 bytes.
  * amx_ready() checks all of them once per process. A build without the AMX intrinsics (not
- * x86-64 Linux, or a compiler older than GCC 11 / Clang 12) has AMX_BUILD 0 and amx_ready()
- * 0: the callers then take their other paths.
+ * x86-64 Linux, or a compiler older than GCC 11 / Clang 12; or -DOPEN1B_NO_AMX, which the
+ * tests compile every loop file with, so that such a build cannot rot unseen on x86-64) has
+ * AMX_BUILD 0 and amx_ready() 0: the callers then take their other paths.
  *
  * TDPBSSD, the one product used: C[m][n] += sum over k < 64 of A[m][k] * B[k][n] for signed
  * int8 A and B, each group of four products added into a 32-bit sum and that into the int32
@@ -21,7 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__linux__) &&                                              \
+#if !defined(OPEN1B_NO_AMX) && defined(__x86_64__) && defined(__linux__) &&                    \
     ((defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) ||                          \
      (defined(__clang__) && __clang_major__ >= 12))
 #define AMX_BUILD 1

@@ -50,6 +50,10 @@
 #define SUMS_BYTES (CROWS * CCOLS * 4)
 #define SCRATCH_BYTES (SUMS_BYTES + 2 * PASS * BLOCK_BYTES)     /* a piece's: 544 KiB */
 
+/* The smallest result stored by streaming stores (`streams`); amx_stream() reads and sets
+ * it, in every build (a build without the tile loops has the setting and no product). */
+static Py_ssize_t stream_min_bytes = 8 << 20;
+
 /* ---------------------------------------------------------------- the tile product */
 
 #if AMX_BUILD
@@ -262,7 +266,6 @@ static void stream_block(const int32_t *blk, int32_t *c, Py_ssize_t N) {
  * one stays in cache for it), with whole 64-byte lines. Measured on the 2-core AMX Xeon VM
  * at 4,096 x 2,048 x 11,264: the int32 product 49 -> 44 ms, the product dequantized to bf16
  * 61 -> 45 ms (the cache no longer reads each line of C before writing it). */
-static Py_ssize_t stream_min_bytes = 8 << 20;    /* amx_stream() reads and sets it */
 static int streams(const void *base, Py_ssize_t bytes, Py_ssize_t row_bytes) {
     return HAVE_V4 && bytes >= stream_min_bytes && ((uintptr_t)base & 63) == 0 &&
            row_bytes % 64 == 0 && cpu_level() >= 2;

@@ -121,3 +121,31 @@ def test_the_portability_row_names_an_extension_that_failed_to_load():
          "mathc_errors": {"open1b_kernels.int8._int8c": "undefined symbol: pack"}}
     row = port.describe_row({"result": {"machine": m}})
     assert "mathc off (open1b_kernels.int8._int8c: undefined symbol: pack)" in row
+
+
+def test_every_loop_file_compiles_in_a_build_without_the_tile_loops():
+    """A build for another architecture (aarch64) or by an older compiler has AMX_BUILD 0
+    (core/_amx.h). setup.py builds the loop extensions as optional: a file that fails to
+    compile there switches its folder's loops off quietly. So every loop file is compiled
+    here as such a build would (-DOPEN1B_NO_AMX) - once, a setting used outside the AMX
+    section of _amxmm.c was declared inside it and only that build failed."""
+    import pathlib
+    import shutil
+    import subprocess
+    import sysconfig
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc or gcc) on PATH")
+    root = pathlib.Path(__file__).resolve().parents[2]
+    files = sorted((root / "open1b_kernels").glob("*/_*.c"))
+    assert len(files) > 20
+    failed = []
+    for f in files:
+        got = subprocess.run([cc, "-fsyntax-only", "-std=c11", "-DOPEN1B_NO_AMX",
+                              "-Werror=implicit-function-declaration",
+                              f"-I{sysconfig.get_paths()['include']}", str(f)],
+                             capture_output=True, text=True, timeout=120)
+        if got.returncode:
+            errors = [x for x in got.stderr.splitlines() if "error" in x] or [got.stderr]
+            failed.append(f"{f.relative_to(root)}: {errors[0].strip()}")
+    assert not failed, "\n".join(failed)
