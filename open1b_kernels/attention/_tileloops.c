@@ -273,7 +273,7 @@ static PyObject *py_amx_backward(PyObject *self, PyObject *args) {
 static PyObject *py_amx_forward(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer b[10];
-    Py_ssize_t BK, Hkv, G, n_blk, n_qb, D, seq, window, nk_max = 0;
+    Py_ssize_t BK, Hkv, G, n_blk, n_qb, D, seq, window;
     double scale;
     int pieces = 1;
     if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*w*w*nnnnnnnnd|i", &b[0], &b[1], &b[2], &b[3],
@@ -297,6 +297,7 @@ static PyObject *py_amx_forward(PyObject *self, PyObject *args) {
     int ran = 0;
 #if AMX_BUILD
     if (ok) {
+        Py_ssize_t nk_max = 0;
         const int64_t *lo = b[6].buf, *hi = b[7].buf;      /* the scratch's band: the longest */
         for (Py_ssize_t q = 0; q < n_qb; q++)
             nk_max = hi[q] - lo[q] + 1 > nk_max ? hi[q] - lo[q] + 1 : nk_max;
