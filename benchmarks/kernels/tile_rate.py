@@ -9,9 +9,9 @@ TDPBSSD rate with its operands in the tile registers (the anchor: the instructio
 rate) and a 2 x 2 register block (each chunk's four tiles loaded before its products, as
 the tile product ran until 2026-12-07) with its operands in L1, A in L1 and B from L2, both
 from L2 and beyond L2, and with its sums carried through tile loads and stores every 8
-chunks; and the product's pass (``open1b_kernels/int8/_amxmm.c``'s ``pass_next``: A in L1,
+chunks; and the product's pass (``open1b_kernels/int8/_amxpass.h``'s ``pass_next``: A in L1,
 B by TILELOADDT1, the next chunk's tiles loaded as the products free them, its sums carried
-every 16 chunks). Beside them, in
+every 16 chunks: the product's loop itself, included). Beside them, in
 this process, the tile product itself (``amxmm.product`` of packed operands, the linears'
 shapes at 4,096 tokens) on one thread and on every usable core. Each figure is stated as a
 share of the anchor measured in the same run. Needs an AMX-INT8 CPU (``amxmm.available()``).
@@ -22,6 +22,7 @@ import pathlib
 import shutil
 import statistics
 import subprocess
+import sysconfig
 import tempfile
 import time
 
@@ -88,8 +89,11 @@ def main(repeats, out):
     cores = usable_cores()
     with tempfile.TemporaryDirectory() as tmp:
         exe = pathlib.Path(tmp) / "tile_rate"
-        built = subprocess.run([cc, "-O2", "-mamx-tile", "-mamx-int8", str(src), "-o", str(exe)],
-                               capture_output=True, text=True)
+        # Python's headers: the extension's headers it includes (core/_amx.h,
+        # int8/_amxpass.h: the product's own pass loop) use Py_ssize_t
+        built = subprocess.run([cc, "-O2", "-std=gnu11", "-mamx-tile", "-mamx-int8",
+                                f"-I{sysconfig.get_paths()['include']}", str(src), "-o",
+                                str(exe)], capture_output=True, text=True)
         if built.returncode:
             raise click.ClickException(f"{src.name} did not compile with AMX-INT8: {cc} said: "
                                        f"{(built.stderr.strip().splitlines() or ['nothing'])[-1]}")

@@ -28,6 +28,7 @@
 #include "../core/_amx.h"
 #include "../core/_mathfn.h"
 #include "_amxlayout.h"
+#include "_amxpass.h"
 
 /* The product runs C in cache blocks of CROWS x CCOLS (its int32 sums, 512 KiB, in L2 beside
  * B's pass of the block, 512 KiB) and the contraction in passes of PASS chunks: per pass, a
@@ -35,7 +36,8 @@
  * buffer by the tiles themselves (loaded, then stored, as the first 32 x 32 block of the pass
  * computes with them) and every block of B's columns in the cache block then runs against
  * it, B's tiles loaded with TILELOADDT1 (no reuse soon: the hint keeps them from evicting A),
- * the 32 x 32 sums loaded from and stored to the carried blocks at each pass's start and end.
+ * the 32 x 32 sums loaded from and stored to the carried blocks at each pass's start and end
+ * (the pass's loops: _amxpass.h).
  * Why: with the whole contraction per block, A and B both came from L2 or beyond, and a
  * row-major A read in place puts its rows (K apart, K a multiple of 1,024) in the same few
  * L1 sets. Measured on the 2-core AMX Xeon VM (2 threads, T multiply-adds/s, the step's
@@ -44,7 +46,6 @@
  * earlier form of this blocking (C reloaded every 8-16 chunks, A read where it lay, B with
  * plain loads) ran 1.4-1.9 against 2.0-2.1 whole. Passes of 12 or 20 chunks, 128-row or
  * 256-column blocks ran no faster. Integer sums: the same bits in any blocking. */
-#define PASS 16
 #define CROWS 256
 #define CCOLS 512
 #define SUMS_BYTES (CROWS * CCOLS * 4)
@@ -82,82 +83,6 @@ static inline const int8_t *a_tiles(const sides *A, Py_ssize_t i, Py_ssize_t *st
     *stride = KCHUNK;
     *half = LINES * A->akp;
     return A->ap + (i - (A->a ? A->direct_rows : 0)) * A->akp;
-}
-
-/* The 32 x 32 sums of one block over one pass into the tiles 0-3: loaded from `sums` (row
- * stride 32) when `carried`, else zero. */
-AMX_TARGET static inline void sums_in(const int32_t *sums, int carried) {
-    if (carried) {
-        _tile_loadd(0, sums, 128);
-        _tile_loadd(1, sums + 16, 128);
-        _tile_loadd(2, sums + 512, 128);
-        _tile_loadd(3, sums + 528, 128);
-    } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-    }
-}
-
-AMX_TARGET static inline void sums_out(int32_t *sums) {
-    _tile_stored(0, sums, 128);
-    _tile_stored(1, sums + 16, 128);
-    _tile_stored(2, sums + 512, 128);
-    _tile_stored(3, sums + 528, 128);
-}
-
-/* A pass's first block: `n` chunks of the A rows' two tiles (a0, a1: step and stride per
- * chunk as a_tiles gives them) against B's panels b0, b1, each A tile stored as it is used
- * into `keep` (two panels of PASS chunks: the rows packed, for the pass's other blocks). */
-AMX_TARGET static void pass_first(const int8_t *a0, const int8_t *a1, Py_ssize_t step,
-                                  Py_ssize_t stride, const int8_t *b0, const int8_t *b1,
-                                  Py_ssize_t n, int carried, int32_t *sums, int8_t *keep) {
-    sums_in(sums, carried);
-    for (Py_ssize_t c = 0; c < n; c++) {
-        _tile_loadd(4, a0 + c * step, stride);
-        _tile_stored(4, keep + c * BLOCK_BYTES, KCHUNK);
-        _tile_stream_loadd(6, b0 + c * BLOCK_BYTES, KCHUNK);
-        _tile_dpbssd(0, 4, 6);
-        _tile_stream_loadd(7, b1 + c * BLOCK_BYTES, KCHUNK);
-        _tile_dpbssd(1, 4, 7);
-        _tile_loadd(5, a1 + c * step, stride);
-        _tile_stored(5, keep + (PASS + c) * BLOCK_BYTES, KCHUNK);
-        _tile_dpbssd(2, 5, 6);
-        _tile_dpbssd(3, 5, 7);
-    }
-    sums_out(sums);
-}
-
-/* The pass's other blocks: A from `keep` (in L1), each chunk's tiles loaded while the
- * previous chunk's last products run (a tile is reloaded as soon as its products have read
- * it: measured 2.9-3.1 T multiply-adds/s against 2.6-2.85 with each chunk's four tiles loaded
- * before its products, 2 threads, the step's shapes; in pass_first, which loads A where it
- * lies, the same order measured no faster). */
-AMX_TARGET static void pass_next(const int8_t *keep, const int8_t *b0, const int8_t *b1,
-                                 Py_ssize_t n, int carried, int32_t *sums) {
-    const int8_t *a0 = keep, *a1 = keep + PASS * BLOCK_BYTES;
-    sums_in(sums, carried);
-    _tile_loadd(4, a0, KCHUNK);
-    _tile_stream_loadd(6, b0, KCHUNK);
-    _tile_stream_loadd(7, b1, KCHUNK);
-    _tile_loadd(5, a1, KCHUNK);
-    for (Py_ssize_t c = 1; c < n; c++) {
-        const Py_ssize_t o = c * BLOCK_BYTES;
-        _tile_dpbssd(0, 4, 6);
-        _tile_dpbssd(1, 4, 7);
-        _tile_loadd(4, a0 + o, KCHUNK);
-        _tile_dpbssd(2, 5, 6);
-        _tile_stream_loadd(6, b0 + o, KCHUNK);
-        _tile_dpbssd(3, 5, 7);
-        _tile_stream_loadd(7, b1 + o, KCHUNK);
-        _tile_loadd(5, a1 + o, KCHUNK);
-    }
-    _tile_dpbssd(0, 4, 6);
-    _tile_dpbssd(1, 4, 7);
-    _tile_dpbssd(2, 5, 6);
-    _tile_dpbssd(3, 5, 7);
-    sums_out(sums);
 }
 
 /* The dequantization epilogue (open1b_kernels.int8.gemm's, as _gemm.c's dequant_loop runs it)
