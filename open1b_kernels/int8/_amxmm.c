@@ -23,11 +23,13 @@
  * amx_cpu() is False and the caller takes another route. */
 #include "../core/_ext.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "../core/_amx.h"
 #include "../core/_mathfn.h"
 #include "_amxlayout.h"
+#include "_amxlevels.h"
 #include "_amxpass.h"
 
 /* The product runs C in cache blocks of CROWS x CCOLS (its int32 sums, 512 KiB, in L2 beside
@@ -49,7 +51,8 @@
 #define CROWS 256
 #define CCOLS 512
 #define SUMS_BYTES (CROWS * CCOLS * 4)
-#define SCRATCH_BYTES (SUMS_BYTES + 2 * PASS * BLOCK_BYTES)     /* a piece's: 544 KiB */
+#define KEEP_BYTES (2 * PASS * BLOCK_BYTES)
+#define SCRATCH_BYTES (SUMS_BYTES + KEEP_BYTES)     /* a piece's: 544 KiB (amx_levels: a SUMS_BYTES a level) */
 
 /* The smallest result stored by streaming stores (`streams`); amx_stream() reads and sets
  * it, in every build (a build without the tile loops has the setting and no product). */
@@ -249,48 +252,70 @@ static void block_out(const int32_t *blk, int32_t *c, Py_ssize_t i, Py_ssize_t j
         for (Py_ssize_t r = 0; r < rows; r++) memcpy(c + (i + r) * N + j, blk + r * 32, cols * 4);
 }
 
+/* One cache block of C - rows [ib, ie) x columns [jb, je), multiples of 32 but for the ends
+ * at M and N - summed in passes of PASS chunks (see PASS) into `sums` (32 x 32 blocks, a
+ * row of blocks after another). Every 32-line block is whole in the operands (packed lines
+ * are zero-padded to 32, A's rows in place are whole blocks), so the blocks at C's edges run
+ * as the others and only their writing is cut. `keep`: the pass's copy of A's rows. */
+AMX_TARGET static void cache_block(const sides *A, Py_ssize_t chunks, Py_ssize_t ib,
+                                   Py_ssize_t ie, Py_ssize_t jb, Py_ssize_t je, int32_t *sums,
+                                   int8_t *keep) {
+    Py_ssize_t blocks_j = (je - jb + 31) / 32;
+    for (Py_ssize_t ch = 0; ch < chunks; ch += PASS) {
+        Py_ssize_t n = chunks - ch < PASS ? chunks - ch : PASS;
+        for (Py_ssize_t i = ib; i < ie; i += 32) {
+            Py_ssize_t step, stride, half;
+            const int8_t *a0 = a_tiles(A, i, &step, &stride, &half) + ch * step;
+            int32_t *row = sums + (i - ib) / 32 * blocks_j * 1024;
+            for (Py_ssize_t j = jb; j < je; j += 32) {
+                const int8_t *b0 = A->bp + j * A->bkp + ch * BLOCK_BYTES;
+                const int8_t *b1 = b0 + LINES * A->bkp;
+                int32_t *blk = row + (j - jb) / 32 * 1024;
+                if (j == jb)
+                    pass_first(a0, a0 + half, step, stride, b0, b1, n, ch > 0, blk, keep);
+                else
+                    pass_next(keep, b0, b1, n, ch > 0, blk);
+            }
+        }
+    }
+}
+
 /* C's rows [r0, r1) x columns [c0, c1) (multiples of 32 but for the ends at M and N), in
- * cache blocks of CROWS x CCOLS, each summed in passes of PASS chunks (see PASS) into
- * `sums`, then written by block_out. Every 32-line block is whole in the operands (packed
- * lines are zero-padded to 32, A's rows in place are whole blocks), so the blocks at C's
- * edges run as the others and only their writing is cut. `scratch`: SCRATCH_BYTES, 64-byte
- * aligned, this call's own. */
-AMX_TARGET static void product(const sides *A, int32_t *c, Py_ssize_t M,
-                               Py_ssize_t N, Py_ssize_t KP, Py_ssize_t r0, Py_ssize_t r1,
-                               Py_ssize_t c0, Py_ssize_t c1, const dq_epi *E, int8_t *scratch) {
+ * cache blocks of CROWS x CCOLS, each summed by cache_block, then written by block_out.
+ * With `nl` levels (V: amx_levels) each cache block is summed once per level - level l's
+ * operands A[l], its chunks KP[l] / KCHUNK - into a sums plane of its own, and its blocks go
+ * through the level epilogue (_amxlevels.h). The planes keep the whole cache block: at the
+ * head's forward blocks (1,024 x 4,096, three levels) narrower blocks whose planes fit in
+ * SUMS_BYTES ran slower (256 x 160: 0.95-0.99x the levels' products written and summed
+ * apart, 256 x 256: 1.05-1.08x, 256 x 512: 1.06-1.12x; the 2-core AMX Xeon VM). `scratch`:
+ * nl * SUMS_BYTES + KEEP_BYTES, 64-byte aligned, this call's own. */
+AMX_TARGET static void product(const sides *A, const Py_ssize_t *KP, int nl, int32_t *c,
+                               Py_ssize_t M, Py_ssize_t N, Py_ssize_t r0, Py_ssize_t r1,
+                               Py_ssize_t c0, Py_ssize_t c1, const dq_epi *E, const lv_epi *V,
+                               int8_t *scratch) {
     int32_t *sums = (int32_t *)scratch;
-    int8_t *keep = scratch + SUMS_BYTES;
-    int stream = !E && streams(c, M * N * 4, N * 4);
-    Py_ssize_t chunks = KP / KCHUNK;
+    int8_t *keep = scratch + nl * SUMS_BYTES;
+    int stream = !E && !V && streams(c, M * N * 4, N * 4);
+    const Py_ssize_t plane = CROWS * CCOLS;
     amx_tiles_on();
     for (Py_ssize_t jb = c0; jb < c1; jb += CCOLS)
         for (Py_ssize_t ib = r0; ib < r1; ib += CROWS) {
             Py_ssize_t ie = ib + CROWS < r1 ? ib + CROWS : r1;
             Py_ssize_t je = jb + CCOLS < c1 ? jb + CCOLS : c1;
             Py_ssize_t blocks_j = (je - jb + 31) / 32;
-            for (Py_ssize_t ch = 0; ch < chunks; ch += PASS) {
-                Py_ssize_t n = chunks - ch < PASS ? chunks - ch : PASS;
-                for (Py_ssize_t i = ib; i < ie; i += 32) {
-                    Py_ssize_t step, stride, half;
-                    const int8_t *a0 = a_tiles(A, i, &step, &stride, &half) + ch * step;
-                    int32_t *row = sums + (i - ib) / 32 * blocks_j * 1024;
-                    for (Py_ssize_t j = jb; j < je; j += 32) {
-                        const int8_t *b0 = A->bp + j * A->bkp + ch * BLOCK_BYTES;
-                        const int8_t *b1 = b0 + LINES * A->bkp;
-                        int32_t *blk = row + (j - jb) / 32 * 1024;
-                        if (j == jb)
-                            pass_first(a0, a0 + half, step, stride, b0, b1, n, ch > 0, blk, keep);
-                        else
-                            pass_next(keep, b0, b1, n, ch > 0, blk);
-                    }
-                }
-            }
+            for (int l = 0; l < nl; l++)
+                cache_block(A + l, KP[l] / KCHUNK, ib, ie, jb, je, sums + l * plane, keep);
             for (Py_ssize_t i = ib; i < ie; i += 32)
-                for (Py_ssize_t j = jb; j < je; j += 32)
-                    block_out(sums + ((i - ib) / 32 * blocks_j + (j - jb) / 32) * 1024, c, i, j,
-                              M - i < 32 ? M - i : 32, N - j < 32 ? N - j : 32, N, stream, E);
+                for (Py_ssize_t j = jb; j < je; j += 32) {
+                    const int32_t *blk = sums + ((i - ib) / 32 * blocks_j + (j - jb) / 32) * 1024;
+                    Py_ssize_t rows = M - i < 32 ? M - i : 32, cols = N - j < 32 ? N - j : 32;
+                    if (V)
+                        levels_block(V, blk, plane, i, j, rows, cols);
+                    else
+                        block_out(blk, c, i, j, rows, cols, N, stream, E);
+                }
         }
-    if (stream || (E && E->stream)) _mm_sfence();   /* streamed stores seen before the caller */
+    if (stream || (E && E->stream) || (V && V->stream)) _mm_sfence();  /* seen by the caller */
     _tile_release();
 }
 #endif
@@ -335,15 +360,15 @@ static void product_units(const Py_buffer *a, Py_ssize_t lda, const Py_buffer *a
                round_up(ka, KCHUNK), round_up(kb, KCHUNK)};
     Py_ssize_t KP = round_up(K, KCHUNK);
     if (by_cols)
-        product(&A, c, M, N, KP, 0, M, lo * 32, hi * 32 < N ? hi * 32 : N, E, scratch);
+        product(&A, &KP, 1, c, M, N, 0, M, lo * 32, hi * 32 < N ? hi * 32 : N, E, NULL, scratch);
     else
-        product(&A, c, M, N, KP, lo * 32, hi * 32 < M ? hi * 32 : M, 0, N, E, scratch);
+        product(&A, &KP, 1, c, M, N, lo * 32, hi * 32 < M ? hi * 32 : M, 0, N, E, NULL, scratch);
 }
 
-/* Every piece's scratch, taken before any is written: NULL (with MemoryError set) if
- * refused. */
-static int8_t *pieces_scratch(int pieces) {
-    int8_t *s = aligned_alloc(64, (size_t)pieces * SCRATCH_BYTES);
+/* Every piece's scratch (`bytes` each), taken before any is written: NULL (with MemoryError
+ * set) if refused. */
+static int8_t *pieces_scratch(int pieces, Py_ssize_t bytes) {
+    int8_t *s = aligned_alloc(64, (size_t)pieces * (size_t)bytes);
     if (s == NULL) PyErr_NoMemory();
     return s;
 }
@@ -360,7 +385,7 @@ static PyObject *py_amx_product(PyObject *self, PyObject *args) {
     int ok = operands_ok(&a, lda, &ap, &bp, M, N, K, ka, a0, kb, b0, by_cols, u0, u1, pieces) &&
              sized(&c, M * N, 4, "c");
 #if AMX_BUILD
-    int8_t *scratch = ok ? pieces_scratch(pieces) : NULL;
+    int8_t *scratch = ok ? pieces_scratch(pieces, SCRATCH_BYTES) : NULL;
     int ran = scratch != NULL;
     if (ran) {
         Py_BEGIN_ALLOW_THREADS
@@ -391,7 +416,7 @@ static PyObject *py_amx_product_dq(PyObject *self, PyObject *args) {
              sized(&out, M * N, out_bf16 ? 2 : 4, "out") &&
              sized(&rows, pieces * M, 8, "rows") && sized(&cols, pieces * N, 8, "cols");
 #if AMX_BUILD
-    int8_t *scratch = ok ? pieces_scratch(pieces) : NULL;
+    int8_t *scratch = ok ? pieces_scratch(pieces, SCRATCH_BYTES) : NULL;
     int ran = scratch != NULL;
     if (ran) {
         int stream = streams(out.buf, out.len, N * (out_bf16 ? 2 : 4)), v4 = cpu_level() >= 2;
@@ -410,6 +435,85 @@ static PyObject *py_amx_product_dq(PyObject *self, PyObject *args) {
 #endif
     return FINISH(ok, "amx_product_dq: needs AMX-INT8 (amx_cpu()) and consistent shapes", &a,
                   &ap, &bp, &rs, &cs, &out, &rows, &cols);
+}
+
+/* amx_levels: the levels' operands, each (a, lda, ap, bp, K, ka, a0, kb, b0, shift) as
+ * amx_product takes them, with the level's weight 2^shift. */
+static int level_parse(PyObject *item, Py_buffer *buf, Py_ssize_t *lda, Py_ssize_t *geo,
+                       int *shift) {
+    return PyArg_ParseTuple(item, "y*ny*y*nnnnni", &buf[0], lda, &buf[1], &buf[2], &geo[0],
+                            &geo[1], &geo[2], &geo[3], &geo[4], shift);
+}
+
+static PyObject *py_amx_levels(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *seq;
+    Py_buffer bufs[5 + 3 * MAX_LEVELS];     /* rowf, colf, out, rows, cols, then a level's 3 */
+    Py_ssize_t M, N, ldo, u0, u1, lda[MAX_LEVELS], geo[MAX_LEVELS][5];
+    int by_cols, pieces = 1, shift[MAX_LEVELS], nb = 5;
+    if (!PyArg_ParseTuple(args, "Oy*y*w*nw*w*nnpnn|i", &seq, &bufs[0], &bufs[1], &bufs[2], &ldo,
+                          &bufs[3], &bufs[4], &M, &N, &by_cols, &u0, &u1, &pieces))
+        return NULL;
+    PyObject *fast = PySequence_Fast(seq, "amx_levels: the levels must be a sequence");
+    Py_ssize_t nl = fast ? PySequence_Fast_GET_SIZE(fast) : 0;
+    int ok = fast != NULL;
+    if (ok && (nl < 1 || nl > MAX_LEVELS)) {
+        PyErr_Format(PyExc_ValueError, "amx_levels: %zd levels, needs 1 to %d", nl, MAX_LEVELS);
+        ok = 0;
+    }
+    for (Py_ssize_t l = 0; ok && l < nl; l++) {
+        ok = level_parse(PySequence_Fast_GET_ITEM(fast, l), bufs + nb, &lda[l], geo[l], &shift[l]);
+        if (!ok) break;
+        nb += 3;
+        ok = operands_ok(&bufs[nb - 3], lda[l], &bufs[nb - 2], &bufs[nb - 1], M, N, geo[l][0],
+                         geo[l][1], geo[l][2], geo[l][3], geo[l][4], by_cols, u0, u1, pieces);
+        if (ok && (shift[l] < 0 || shift[l] > 52)) {
+            PyErr_Format(PyExc_ValueError, "amx_levels: shift %d outside [0, 52]", shift[l]);
+            ok = 0;
+        }
+    }
+    Py_XDECREF(fast);
+    ok = ok && sized(&bufs[0], M, 8, "rowf") && sized(&bufs[1], N, 8, "colf") &&
+         ldo >= N && holds(&bufs[2], ((M - 1) * ldo + N) * 4, "out") &&
+         sized(&bufs[3], pieces * M, 8, "rows") && sized(&bufs[4], pieces * N, 8, "cols");
+#if AMX_BUILD
+    Py_ssize_t each = nl * SUMS_BYTES + KEEP_BYTES;
+    int8_t *scratch = ok ? pieces_scratch(pieces, each) : NULL;
+    int ran = scratch != NULL;
+    if (ran) {
+        sides A[MAX_LEVELS];
+        Py_ssize_t KP[MAX_LEVELS];
+        lv_epi V = {bufs[0].buf, bufs[1].buf, {0}, {0}, (int)nl, bufs[2].buf, ldo, NULL, NULL,
+                    streams(bufs[2].buf, M * ldo * 4, ldo * 4), cpu_level() >= 2};
+        for (Py_ssize_t l = 0; l < nl; l++) {
+            const Py_buffer *a = &bufs[5 + 3 * l];
+            const int8_t *ap = bufs[6 + 3 * l].buf, *bp = bufs[7 + 3 * l].buf;
+            A[l] = (sides){a->len > 0 ? a->buf : NULL, ap + geo[l][2] * BLOCK_BYTES,
+                           bp + geo[l][4] * BLOCK_BYTES, lda[l], a->len > 0 ? M / 32 * 32 : 0,
+                           round_up(geo[l][1], KCHUNK), round_up(geo[l][3], KCHUNK)};
+            KP[l] = round_up(geo[l][0], KCHUNK);
+            V.w[l] = ldexp(1.0, shift[l]);
+            V.sh[l] = shift[l];
+        }
+        Py_BEGIN_ALLOW_THREADS
+        FOR_PIECES(u0, u1, pieces, {
+            lv_epi P = V;
+            P.rows = (uint64_t *)bufs[3].buf + piece * M;
+            P.cols = (uint64_t *)bufs[4].buf + piece * N;
+            Py_ssize_t lo = p_lo * 32, hi = p_hi * 32;
+            if (by_cols)
+                product(A, KP, (int)nl, NULL, M, N, 0, M, lo, hi < N ? hi : N, NULL, &P,
+                        scratch + piece * each);
+            else
+                product(A, KP, (int)nl, NULL, M, N, lo, hi < M ? hi : M, 0, N, NULL, &P,
+                        scratch + piece * each);
+        });
+        Py_END_ALLOW_THREADS
+        free(scratch);
+    }
+    ok = ok && ran;
+#endif
+    return finish(bufs, nb, ok, "amx_levels: needs AMX-INT8 (amx_cpu()) and consistent shapes");
 }
 
 static PyObject *py_amx_stream(PyObject *self, PyObject *args) {
@@ -437,6 +541,12 @@ EXT_METHODS(amxmm) = {
      "product of A and packed B; A packed in ap, or (a not empty) row-major in a with its "
      "last M % 32 rows packed in ap; a packed side of ka (kb) values a line, read from its "
      "chunk a0 (b0) on (ka = K, a0 = 0: the whole packing)."},
+    {"amx_levels", py_amx_levels, METH_VARARGS,
+     "amx_levels(levels, rowf, colf, out, ldo, rows, cols, M, N, by_cols, u0, u1[, pieces]): "
+     "the units' LM-head block from its levels, each (a, lda, ap, bp, K, ka, a0, kb, b0, "
+     "shift) as amx_product's operands: T = sum of each level's exact product times "
+     "2^shift, out[r, c] (float32, row stride ldo) = (float)((T * rowf[r]) * colf[c]), and "
+     "T's sums modulo 2^64 added into each piece's rows (pieces, M) and cols (pieces, N)."},
     {"amx_stream", py_amx_stream, METH_VARARGS,
      "amx_stream([min_bytes]): the smallest result the tile products store by streaming "
      "stores (before this call); min_bytes sets it."},

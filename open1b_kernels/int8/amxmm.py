@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from open1b_kernels.core.mathc import Loops, flat
+from open1b_kernels.core.mathc import Loops, flat, span
 from open1b_kernels.core.pieces import parallel, piece_sums
 from open1b_kernels.core.workspace import scratch
 from open1b_kernels.int8.pairmm import source
@@ -162,6 +162,42 @@ def product_dequant(a: Packed, b: Packed, row_scale: torch.Tensor, col_scale: to
     rows, cols = piece_sums(units, units, (m, n), lambda lo, hi, rp, cp, p: LOOPS.amx_product_dq(
         *args, rp, cp, m, n, a.k, *win, by_cols, lo, hi, p))
     return rows, cols
+
+
+MAX_LEVELS = 4      # _amxlevels.h's
+
+
+def product_levels(levels: list[tuple[Packed, Packed, int]], rowf: torch.Tensor,
+                   colf: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The LM head's output block from its levels (``open1b_kernels.ops.lmhead_int``), the
+    level products summed per 32 x 32 block in cache and never written: ``levels`` =
+    [(A side, B side, shift), ...] (1 to MAX_LEVELS, each pair of one K, every A of M lines
+    and every B of N), T = sum of ``product(a, b) * 2^shift`` (exact: an integer below
+    2^53), ``out`` (float32 (M, N), unit stride along its rows, e.g. a block of the logits)
+    = ``fp32((T * rowf[m]) * colf[n])`` for float64 ``rowf`` (M,) and ``colf`` (N,) - the
+    bits of ``_lmhead_sums.c``'s levels_round_weighted. Returns T's (row sums, column sums)
+    modulo 2^64 as int64, for the caller's check. Needs ``available()``."""
+    if not 1 <= len(levels) <= MAX_LEVELS:
+        raise ValueError(f"amxmm.product_levels: 1 to {MAX_LEVELS} levels, got {len(levels)}")
+    cuts = [_cut(a, b, "product_levels") for a, b, _ in levels]
+    m, n, by_cols, units = cuts[0][:4]
+    if any(cut[:4] != (m, n, by_cols, units) for cut in cuts):
+        raise ValueError("amxmm.product_levels: every level's A of the same lines, its B too, "
+                         f"got {[(a.lines, b.lines) for a, b, _ in levels]}")
+    if (out.dtype != torch.float32 or out.shape != (m, n) or out.stride(1) != 1
+            or out.stride(0) < n):
+        raise ValueError(f"amxmm.product_levels: out must be float32 {(m, n)} with a unit "
+                         f"stride along its rows, got {out.dtype} {tuple(out.shape)} "
+                         f"strides {out.stride()}")
+    if (rowf.dtype != torch.float64 or colf.dtype != torch.float64 or rowf.numel() != m
+            or colf.numel() != n):
+        raise ValueError(f"amxmm.product_levels: float64 rowf ({m},) and colf ({n},), got "
+                         f"{rowf.dtype} {tuple(rowf.shape)} and {colf.dtype} {tuple(colf.shape)}")
+    spec = [(*cut[4], a.k, *cut[5], shift) for (a, _, shift), cut in zip(levels, cuts)]
+    rf, cf = rowf.contiguous().numpy(), colf.contiguous().numpy()
+    o, ldo = flat(span(out)), out.stride(0)     # a block of the logits, written in place
+    return tuple(piece_sums(units, units, (m, n), lambda lo, hi, rp, cp, p: LOOPS.amx_levels(
+        spec, rf, cf, o, ldo, rp, cp, m, n, by_cols, lo, hi, p)))
 
 
 def stream_min_bytes(n: int | None = None) -> int:

@@ -11,7 +11,10 @@ pairs one by one onto their level's int32 sums (``lmhead_sparse``, VNNI CPUs). O
 compiled pass per block (``_lmhead_sums.c``, ``levels_round_weighted``) adds the int32 products with their
 power-of-two weights into T - exact in float64 below 2^53 - rounds T once into the output
 and takes T's row and column sums, which ``lmhead_check.check_sums`` compares with the
-definition's once per call.
+definition's once per call. On the AMX tiles a block of dense level products over the whole
+contraction (the forward's, the weight gradient's: ``fused``) runs as one call that does
+the same per 32 x 32 block while its levels' sums are in cache (``amxmm.product_levels``):
+the int32 products are never written - the same bits, the same sums checked.
 """
 from __future__ import annotations
 
@@ -98,9 +101,19 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
                 p = plan(sa, sb, rs, slices, sparse=sparse)
                 plans[r0] = (p, level_products(p, k, sparse_b))
             p, products = plans[r0]
+            runs = a_windows(sa, products, rs, k) if tiles and whole else {}
+            if tiles and fused(p, products):
+                levels = [(runs.get(q.a) or amxmm.pack(operand(sa, q.a, rs, q, whole,
+                                                               f"lmhead.lv_a{n}"),
+                                                       False, f"lmhead.lv_pa{n}"),
+                           tile_b(sb, q, cs, whole, kept, once, n), int(q.weight).bit_length() - 1)
+                          for n, q in enumerate(products)]
+                got_r, got_c = amxmm.product_levels(levels, rowf[rs], colf[cs], out[rs, cs])
+                rows_got[rs] += got_r
+                cols_got[cs] += got_c
+                continue
             slots = [q for q in products if not q.add]     # one int32 product each
             accs = scratch("lmhead.accs", (len(slots), nr, nc), torch.int32)
-            runs = a_windows(sa, products, rs, k) if tiles and whole else {}
             gathered = None
             n = -1
             for q in products:
@@ -117,14 +130,12 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
                     al = runs.get(q.a) or operand(sa, q.a, rs, q, whole, "lmhead.op_a")
                     if once:
                         bl = operand(sb, q.b, cs, q, whole, "lmhead.op_b")
+                    elif tiles:
+                        bl = tile_b(sb, q, cs, whole, kept, once, n)
                     else:
                         key = (q.b, q.k0)
                         if key not in kept:
-                            name = f"lmhead.op_b{len(kept)}"
-                            # on the tiles, packed once into their order from one reused copy
-                            kept[key] = (amxmm.pack(operand(sb, q.b, cs, q, whole, "lmhead.op_b"),
-                                                    True, name) if tiles
-                                         else operand(sb, q.b, cs, q, whole, name))
+                            kept[key] = operand(sb, q.b, cs, q, whole, f"lmhead.op_b{len(kept)}")
                         bl = kept[key]
                 if int_mm_unchecked(al, bl, out=accs[n]) is None:
                     return False                # a layout the library refuses: not a fault
@@ -146,6 +157,30 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
             cols_got[cs] += u.sum(0)
             out[rs, cs] = t.mul_(rowf[rs, None]).mul_(colf[None, cs])
     return check_sums(sa, sb, rows_got, cols_got, slices, "slice products")
+
+
+def fused(p, products: list[Product]) -> bool:
+    """Whether a row block's products run as one tile call with the levels' epilogue
+    (``amxmm.product_levels``): dense level products over the whole contraction only - no
+    row-sparse part of T, no compacted, sparse or chunk-added product - and at most
+    ``amxmm.MAX_LEVELS`` of them (the forward's and the weight gradient's blocks)."""
+    return (not p.by_rows and 1 <= len(products) <= amxmm.MAX_LEVELS
+            and all(q.cols is None and not q.sparse and not q.add for q in products))
+
+
+def tile_b(sb: LevelSlices, q: Product, cols: slice, whole: bool, kept: dict, once: bool,
+           n: int) -> amxmm.Packed:
+    """``q``'s B operand on the tiles, packed from one reused copy: kept for the column
+    block's other row blocks (``kept``, by its slices and contraction range) unless the
+    block has one row block (``once``: packed into the level's own buffer, ``n``)."""
+    if once:
+        return amxmm.pack(operand(sb, q.b, cols, q, whole, "lmhead.op_b"), True,
+                          f"lmhead.lv_b{n}")
+    key = (q.b, q.k0)
+    if key not in kept:
+        kept[key] = amxmm.pack(operand(sb, q.b, cols, q, whole, "lmhead.op_b"), True,
+                               f"lmhead.op_b{len(kept)}")
+    return kept[key]
 
 
 def a_windows(sa: LevelSlices, products: list[Product], rows: slice, k: int

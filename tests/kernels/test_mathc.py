@@ -64,7 +64,7 @@ LOOPS = {
                                    "product64", "round", "pair_cpu",
                                    # the AMX tile GEMM (int8/_amxmm.c)
                                    "amx_cpu", "amx_pack", "amx_packed_bytes", "amx_product",
-                                   "amx_product_dq", "amx_stream"},
+                                   "amx_product_dq", "amx_stream", "amx_levels"},
     "open1b_kernels.attention._tilesc": {"fwd_rows", "fwd_acc", "bwd_tiles", "dq_tiles",
                                          "kv_tiles", "fixed_planes", "tile_level",
                                          "fwd_rows32", "fwd_rows_i8", "digit_planes",
