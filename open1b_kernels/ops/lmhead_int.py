@@ -98,7 +98,7 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
             rs = slice(r0, r0 + row_block)
             nr, nc = min(r, r0 + row_block) - r0, min(c, c0 + col_block) - c0
             if r0 not in plans:
-                p = plan(sa, sb, rs, slices, sparse=sparse)
+                p = plan(sa, sb, rs, slices, sparse=sparse, tiles=tiles)
                 plans[r0] = (p, level_products(p, k, sparse_b))
             p, products = plans[r0]
             runs = a_windows(sa, products, rs, k) if tiles and whole else {}

@@ -66,6 +66,14 @@ COMPACT_ROWS = 1024  # rows over which a slice's nonzero columns are gathered (p
 # on both the Zen 3's pair route and the Zen 4's int8 GEMM (140 and ~400 G/s against ~7 and
 # ~10)
 ROW_SPARSE_MAX = 1 / 64
+# The same bound where the dense products run on AMX tiles (``int_gemm_route() == "amx"``),
+# at several times the rate of the GEMMs above while a nonzero still costs a row of each b
+# slice from memory: measured on the 2-core AMX Xeon VM at dh's row block (1,024 rows of
+# dlogits' slice 2 against the weight's slices 1 and 2, K = 128,256), row by row against
+# the two dense pairs on the tiles: 264 / 212 ms at 420 nonzeros a row (the head at
+# initialization), 572 / 227 at 1,000, 1,049 / 210 at 2,000 - they meet near 1/300, so
+# row by row only below 1/256 there
+ROW_SPARSE_MAX_TILES = 1 / 256
 # Rows apart of the rows whose nonzeros estimate a slice's share (``row_sparse``): the choice
 # changes which exact grouping computes T, never T, and counting a whole 1,024-row block of
 # the demo's logits gradient (a strided view of the slice store) took 3-6 ms, twice a demo
@@ -150,13 +158,13 @@ def sparse_slices(x: LevelSlices, rows: slice, candidates, k: int,
 
 
 def row_sparse(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
-               skip: set[int] | frozenset[int]) -> list[int]:
+               skip: set[int] | frozenset[int], most: float | None = None) -> list[int]:
     """The slices of ``a`` after the compacted ones (``skip``), in order while they last,
-    with at most ROW_SPARSE_MAX of their elements over ``rows`` nonzero (estimated from every
-    ROW_SPARSE_SAMPLE-th row). None of them where the extension is missing or a or b is not
-    read in place there: a's slices need their rows contiguous and b's the contraction as
-    their rows (dh = dlogits W has both; the forward's b, the weight, and the weight
-    gradient's a, dlogits^T, do not)."""
+    with at most ``most`` (default ROW_SPARSE_MAX) of their elements over ``rows`` nonzero
+    (estimated from every ROW_SPARSE_SAMPLE-th row). None of them where the extension is
+    missing or a or b is not read in place there: a's slices need their rows contiguous and
+    b's the contraction as their rows (dh = dlogits W has both; the forward's b, the weight,
+    and the weight gradient's a, dlogits^T, do not)."""
     if not (lmhead_rowsparse.available() and lmhead_rowsparse.fits(sa[0][rows])
             and lmhead_rowsparse.fits(sb[0].t())):
         return []
@@ -165,7 +173,7 @@ def row_sparse(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
         if i in skip:
             continue
         plane = sa[i - 1][rows][::ROW_SPARSE_SAMPLE]
-        if torch.count_nonzero(plane) > ROW_SPARSE_MAX * plane.numel():
+        if torch.count_nonzero(plane) > (most or ROW_SPARSE_MAX) * plane.numel():
             break
         out.append(i)
     return out
@@ -206,10 +214,11 @@ class Plan:
 
 def plan(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
          part_rows: int | None = None, by_rows: bool = True, sparse: bool = False,
-         pairs: bool = False) -> Plan:
+         pairs: bool = False, tiles: bool = False) -> Plan:
     """The plan of the rows ``rows`` of ``a`` against ``b``: compacted slices per part of
     ``part_rows`` rows (None: the block is one part), then - with ``by_rows`` - the
-    row-sparse ones, then - with ``sparse`` - the sparse slices among the dense ones (by the
+    row-sparse ones (below ROW_SPARSE_MAX_TILES with ``tiles``: the dense products on AMX
+    tiles), then - with ``sparse`` - the sparse slices among the dense ones (by the
     pair route's measure with ``pairs``: ``sparse_slices``)."""
     r0, r1 = rows.start, min(rows.stop, sa.shape[1])
     step = part_rows or max(1, r1 - r0)
@@ -219,7 +228,8 @@ def plan(sa: LevelSlices, sb: LevelSlices, rows: slice, slices: int,
         parts = ((slice(r0, r0), {}),)
     p = Plan(rows, slices, parts)
     if by_rows:
-        p = Plan(rows, slices, parts, tuple(row_sparse(sa, sb, rows, slices, p.compact)))
+        p = Plan(rows, slices, parts, tuple(row_sparse(
+            sa, sb, rows, slices, p.compact, ROW_SPARSE_MAX_TILES if tiles else None)))
     if sparse:
         p = Plan(rows, slices, parts, p.by_rows,
                  sparse_slices(sa, slice(r0, r1), p.dense, sa.shape[2], pairs))

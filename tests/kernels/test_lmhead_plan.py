@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from open1b_kernels.core import backend, mathc
+from open1b_kernels.int8 import amxmm
 from open1b_kernels.int8 import route as gemm_route
 from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops import lmhead_int as li
@@ -271,3 +272,48 @@ def test_every_route_runs_the_one_plan(route, monkeypatch):
     assert not want_plans[0][2] and set(want_plans[1][2]) == {1}   # dh's slice 1 compacted
     for plans, bits in others:
         assert plans == want_plans and _same(want, bits)
+
+
+def _rows_of_density(m, k, share, seed):
+    """m rows of k values: each row's largest 1.0, ``share`` of its values 2^-10 (slice 2 of
+    three: nonzero only there), the rest 2^-30 (below every slice)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.full((m, k), 2.0 ** -30)
+    x[torch.rand(m, k, generator=g) < share] = 2.0 ** -10
+    x[:, 0] = 1.0
+    return x
+
+
+def test_the_tiles_bound_on_row_by_row_slices(route, monkeypatch):
+    # a slice with ~1/100 of its elements nonzero runs row by row where the dense products
+    # are the library's GEMM (below ROW_SPARSE_MAX = 1/64) and dense on AMX tiles (above
+    # ROW_SPARSE_MAX_TILES = 1/256: there the tiles' two pairs cost less than its rows);
+    # with ~1/1000 both run it row by row - the same bits every way (the float route's)
+    from open1b_kernels.ops import lmhead_rowsparse
+    if not lmhead_rowsparse.available():
+        pytest.skip("the row-sparse loop is not built")
+    monkeypatch.setattr(lp, "ROW_SPARSE_SAMPLE", 1)
+    w = (torch.randn(2000, 64, generator=torch.Generator().manual_seed(3)) * 0.02)
+    real, rowwise = lmhead_rowsparse.rows_add, []
+    monkeypatch.setattr(lmhead_rowsparse, "rows_add", lambda *x: rowwise.append(1) or real(*x))
+    # enough rows that slice 2's nonzeros cover most columns: not compacted
+    for share, m, tiles_rows in ((1 / 100, 300, ()), (1 / 1000, 2000, (2, 3))):
+        dl = _rows_of_density(m, 2000, share, seed=7)
+        sa = _level_slices(dl, 3, "t.a", False)
+        sb = _level_slices(w.t().to(torch.bfloat16), 3, "t.b", True)
+        rows = slice(0, m)
+        assert lp.plan(sa, sb, rows, 3).by_rows == (2, 3)         # slice 3: all zero
+        assert lp.plan(sa, sb, rows, 3, tiles=True).by_rows == tiles_rows
+        route("float")
+        with backend.force("cpu"):
+            want = ozaki_mm(dl, w.t().to(torch.bfloat16))
+        for which in ("int", "amx"):
+            if which == "amx" and not amxmm.available():
+                continue
+            route(which)
+            rowwise.clear()
+            with backend.force("cpu"):
+                got = ozaki_mm(dl, w.t().to(torch.bfloat16))
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+            assert gemm_route.int_gemm_status()["failures"] == 0
+            assert bool(rowwise) == (which == "int" or tiles_rows == (2, 3))
