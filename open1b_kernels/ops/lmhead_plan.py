@@ -70,10 +70,11 @@ ROW_SPARSE_MAX = 1 / 64
 # at several times the rate of the GEMMs above while a nonzero still costs a row of each b
 # slice from memory: measured on the 2-core AMX Xeon VM at dh's row block (1,024 rows of
 # dlogits' slice 2 against the weight's slices 1 and 2, K = 128,256), row by row against
-# the two dense pairs on the tiles: 264 / 212 ms at 420 nonzeros a row (the head at
-# initialization), 572 / 227 at 1,000, 1,049 / 210 at 2,000 - they meet near 1/300, so
-# row by row only below 1/256 there
-ROW_SPARSE_MAX_TILES = 1 / 256
+# the two dense pairs on the tiles, their A operand's packing timed
+# (``benchmarks.kernels.lmhead_levels --part rows``): 256 / 209 ms at 420 nonzeros a row
+# (1/306: the head at initialization), 544 / 211 at 1,000, 979 / 211 at 2,000 - they meet
+# near 1/360, the weight's slice 2 packed once more for the dense pairs (~8 ms a block)
+ROW_SPARSE_MAX_TILES = 1 / 384
 # Rows apart of the rows whose nonzeros estimate a slice's share (``row_sparse``): the choice
 # changes which exact grouping computes T, never T, and counting a whole 1,024-row block of
 # the demo's logits gradient (a strided view of the slice store) took 3-6 ms, twice a demo

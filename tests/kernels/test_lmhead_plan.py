@@ -287,7 +287,7 @@ def _rows_of_density(m, k, share, seed):
 def test_the_tiles_bound_on_row_by_row_slices(route, monkeypatch):
     # a slice with ~1/100 of its elements nonzero runs row by row where the dense products
     # are the library's GEMM (below ROW_SPARSE_MAX = 1/64) and dense on AMX tiles (above
-    # ROW_SPARSE_MAX_TILES = 1/256: there the tiles' two pairs cost less than its rows);
+    # ROW_SPARSE_MAX_TILES = 1/384: there the tiles' two pairs cost less than its rows);
     # with ~1/1000 both run it row by row - the same bits every way (the float route's)
     from open1b_kernels.ops import lmhead_rowsparse
     if not lmhead_rowsparse.available():
