@@ -52,7 +52,8 @@
 #define CCOLS 512
 #define SUMS_BYTES (CROWS * CCOLS * 4)
 #define KEEP_BYTES (2 * PASS * BLOCK_BYTES)
-#define SCRATCH_BYTES (SUMS_BYTES + KEEP_BYTES)     /* a piece's: 544 KiB (amx_levels: a SUMS_BYTES a level) */
+/* a piece's: 544 KiB (amx_levels: one SUMS_BYTES a level, then KEEP_BYTES) */
+#define SCRATCH_BYTES (SUMS_BYTES + KEEP_BYTES)
 
 /* The smallest result stored by streaming stores (`streams`); amx_stream() reads and sets
  * it, in every build (a build without the tile loops has the setting and no product). */
