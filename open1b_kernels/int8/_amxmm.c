@@ -52,8 +52,9 @@
 #define CCOLS 512
 #define SUMS_BYTES (CROWS * CCOLS * 4)
 #define KEEP_BYTES (2 * PASS * BLOCK_BYTES)
-/* a piece's: 544 KiB (amx_levels: one SUMS_BYTES a level, then KEEP_BYTES) */
-#define SCRATCH_BYTES (SUMS_BYTES + KEEP_BYTES)
+
+/* A piece's scratch for `nl` levels (one product: 1): a sums plane a level, then A's copy. */
+static inline Py_ssize_t scratch_bytes(int nl) { return nl * SUMS_BYTES + KEEP_BYTES; }
 
 /* The smallest result stored by streaming stores (`streams`); amx_stream() reads and sets
  * it, in every build (a build without the tile loops has the setting and no product). */
@@ -289,7 +290,7 @@ AMX_TARGET static void cache_block(const sides *A, Py_ssize_t chunks, Py_ssize_t
  * head's forward blocks (1,024 x 4,096, three levels) narrower blocks whose planes fit in
  * SUMS_BYTES ran slower (256 x 160: 0.95-0.99x the levels' products written and summed
  * apart, 256 x 256: 1.05-1.08x, 256 x 512: 1.06-1.12x; the 2-core AMX Xeon VM). `scratch`:
- * nl * SUMS_BYTES + KEEP_BYTES, 64-byte aligned, this call's own. */
+ * scratch_bytes(nl), 64-byte aligned, this call's own. */
 AMX_TARGET static void product(const sides *A, const Py_ssize_t *KP, int nl, int32_t *c,
                                Py_ssize_t M, Py_ssize_t N, Py_ssize_t r0, Py_ssize_t r1,
                                Py_ssize_t c0, Py_ssize_t c1, const dq_epi *E, const lv_epi *V,
@@ -349,21 +350,26 @@ static int operands_ok(const Py_buffer *a, Py_ssize_t lda, const Py_buffer *ap,
 }
 
 #if AMX_BUILD
-/* C's 32-line units [lo, hi) - of columns with by_cols, else of rows - by `product`. */
-/* C's 32-line units [lo, hi) - of columns with by_cols, else of rows - by `product`. */
-static void product_units(const Py_buffer *a, Py_ssize_t lda, const Py_buffer *ap,
-                          const Py_buffer *bp, int32_t *c, Py_ssize_t M, Py_ssize_t N,
-                          Py_ssize_t K, Py_ssize_t ka, Py_ssize_t a0, Py_ssize_t kb,
-                          Py_ssize_t b0, int by_cols, Py_ssize_t lo, Py_ssize_t hi,
-                          const dq_epi *E, int8_t *scratch) {
-    sides A = {a->len > 0 ? a->buf : NULL, (const int8_t *)ap->buf + a0 * BLOCK_BYTES,
-               (const int8_t *)bp->buf + b0 * BLOCK_BYTES, lda, a->len > 0 ? M / 32 * 32 : 0,
-               round_up(ka, KCHUNK), round_up(kb, KCHUNK)};
-    Py_ssize_t KP = round_up(K, KCHUNK);
+/* The tiles' view of one product's checked operands (operands_ok's arguments). */
+static sides side_of(const Py_buffer *a, Py_ssize_t lda, const Py_buffer *ap,
+                     const Py_buffer *bp, Py_ssize_t M, Py_ssize_t ka, Py_ssize_t a0,
+                     Py_ssize_t kb, Py_ssize_t b0) {
+    return (sides){a->len > 0 ? a->buf : NULL, (const int8_t *)ap->buf + a0 * BLOCK_BYTES,
+                   (const int8_t *)bp->buf + b0 * BLOCK_BYTES, lda,
+                   a->len > 0 ? M / 32 * 32 : 0, round_up(ka, KCHUNK), round_up(kb, KCHUNK)};
+}
+
+/* C's 32-line units [lo, hi) - of columns with by_cols, else of rows - by `product`, with
+ * `nl` levels' operands A and padded contractions KP (one product: nl 1). */
+static void product_units(const sides *A, const Py_ssize_t *KP, int nl, int32_t *c,
+                          Py_ssize_t M, Py_ssize_t N, int by_cols, Py_ssize_t lo, Py_ssize_t hi,
+                          const dq_epi *E, const lv_epi *V, int8_t *scratch) {
+    lo *= 32;
+    hi *= 32;
     if (by_cols)
-        product(&A, &KP, 1, c, M, N, 0, M, lo * 32, hi * 32 < N ? hi * 32 : N, E, NULL, scratch);
+        product(A, KP, nl, c, M, N, 0, M, lo, hi < N ? hi : N, E, V, scratch);
     else
-        product(&A, &KP, 1, c, M, N, lo * 32, hi * 32 < M ? hi * 32 : M, 0, N, E, NULL, scratch);
+        product(A, KP, nl, c, M, N, lo, hi < M ? hi : M, 0, N, E, V, scratch);
 }
 
 /* Every piece's scratch (`bytes` each), taken before any is written: NULL (with MemoryError
@@ -386,13 +392,14 @@ static PyObject *py_amx_product(PyObject *self, PyObject *args) {
     int ok = operands_ok(&a, lda, &ap, &bp, M, N, K, ka, a0, kb, b0, by_cols, u0, u1, pieces) &&
              sized(&c, M * N, 4, "c");
 #if AMX_BUILD
-    int8_t *scratch = ok ? pieces_scratch(pieces, SCRATCH_BYTES) : NULL;
+    int8_t *scratch = ok ? pieces_scratch(pieces, scratch_bytes(1)) : NULL;
     int ran = scratch != NULL;
     if (ran) {
+        sides A = side_of(&a, lda, &ap, &bp, M, ka, a0, kb, b0);
+        Py_ssize_t KP = round_up(K, KCHUNK);
         Py_BEGIN_ALLOW_THREADS
-        FOR_PIECES(u0, u1, pieces, product_units(&a, lda, &ap, &bp, c.buf, M, N, K, ka, a0, kb,
-                                                 b0, by_cols, p_lo, p_hi, NULL,
-                                                 scratch + piece * SCRATCH_BYTES));
+        FOR_PIECES(u0, u1, pieces, product_units(&A, &KP, 1, c.buf, M, N, by_cols, p_lo, p_hi,
+                                                 NULL, NULL, scratch + piece * scratch_bytes(1)));
         Py_END_ALLOW_THREADS
         free(scratch);
     }
@@ -417,17 +424,19 @@ static PyObject *py_amx_product_dq(PyObject *self, PyObject *args) {
              sized(&out, M * N, out_bf16 ? 2 : 4, "out") &&
              sized(&rows, pieces * M, 8, "rows") && sized(&cols, pieces * N, 8, "cols");
 #if AMX_BUILD
-    int8_t *scratch = ok ? pieces_scratch(pieces, SCRATCH_BYTES) : NULL;
+    int8_t *scratch = ok ? pieces_scratch(pieces, scratch_bytes(1)) : NULL;
     int ran = scratch != NULL;
     if (ran) {
         int stream = streams(out.buf, out.len, N * (out_bf16 ? 2 : 4)), v4 = cpu_level() >= 2;
+        sides A = side_of(&a, lda, &ap, &bp, M, ka, a0, kb, b0);
+        Py_ssize_t KP = round_up(K, KCHUNK);
         Py_BEGIN_ALLOW_THREADS
         FOR_PIECES(u0, u1, pieces, {
             dq_epi E = {rs.buf, cs.buf, per_row, out_bf16 ? NULL : out.buf,
                         out_bf16 ? out.buf : NULL, (int64_t *)rows.buf + piece * M,
                         (int64_t *)cols.buf + piece * N, stream, v4};
-            product_units(&a, lda, &ap, &bp, NULL, M, N, K, ka, a0, kb, b0, by_cols, p_lo, p_hi,
-                          &E, scratch + piece * SCRATCH_BYTES);
+            product_units(&A, &KP, 1, NULL, M, N, by_cols, p_lo, p_hi, &E, NULL,
+                          scratch + piece * scratch_bytes(1));
         });
         Py_END_ALLOW_THREADS
         free(scratch);
@@ -478,7 +487,7 @@ static PyObject *py_amx_levels(PyObject *self, PyObject *args) {
          ldo >= N && holds(&bufs[2], ((M - 1) * ldo + N) * 4, "out") &&
          sized(&bufs[3], pieces * M, 8, "rows") && sized(&bufs[4], pieces * N, 8, "cols");
 #if AMX_BUILD
-    Py_ssize_t each = nl * SUMS_BYTES + KEEP_BYTES;
+    Py_ssize_t each = scratch_bytes((int)nl);
     int8_t *scratch = ok ? pieces_scratch(pieces, each) : NULL;
     int ran = scratch != NULL;
     if (ran) {
@@ -487,11 +496,8 @@ static PyObject *py_amx_levels(PyObject *self, PyObject *args) {
         lv_epi V = {bufs[0].buf, bufs[1].buf, {0}, {0}, (int)nl, bufs[2].buf, ldo, NULL, NULL,
                     streams(bufs[2].buf, M * ldo * 4, ldo * 4), cpu_level() >= 2};
         for (Py_ssize_t l = 0; l < nl; l++) {
-            const Py_buffer *a = &bufs[5 + 3 * l];
-            const int8_t *ap = bufs[6 + 3 * l].buf, *bp = bufs[7 + 3 * l].buf;
-            A[l] = (sides){a->len > 0 ? a->buf : NULL, ap + geo[l][2] * BLOCK_BYTES,
-                           bp + geo[l][4] * BLOCK_BYTES, lda[l], a->len > 0 ? M / 32 * 32 : 0,
-                           round_up(geo[l][1], KCHUNK), round_up(geo[l][3], KCHUNK)};
+            A[l] = side_of(&bufs[5 + 3 * l], lda[l], &bufs[6 + 3 * l], &bufs[7 + 3 * l], M,
+                           geo[l][1], geo[l][2], geo[l][3], geo[l][4]);
             KP[l] = round_up(geo[l][0], KCHUNK);
             V.w[l] = ldexp(1.0, shift[l]);
             V.sh[l] = shift[l];
@@ -501,13 +507,8 @@ static PyObject *py_amx_levels(PyObject *self, PyObject *args) {
             lv_epi P = V;
             P.rows = (uint64_t *)bufs[3].buf + piece * M;
             P.cols = (uint64_t *)bufs[4].buf + piece * N;
-            Py_ssize_t lo = p_lo * 32, hi = p_hi * 32;
-            if (by_cols)
-                product(A, KP, (int)nl, NULL, M, N, 0, M, lo, hi < N ? hi : N, NULL, &P,
-                        scratch + piece * each);
-            else
-                product(A, KP, (int)nl, NULL, M, N, lo, hi < M ? hi : M, 0, N, NULL, &P,
-                        scratch + piece * each);
+            product_units(A, KP, (int)nl, NULL, M, N, by_cols, p_lo, p_hi, NULL, &P,
+                          scratch + piece * each);
         });
         Py_END_ALLOW_THREADS
         free(scratch);
