@@ -1,12 +1,14 @@
-"""The linears' weight-side work made once per optimizer step instead of once per window.
+"""The weights' weight-side work made once per optimizer step instead of once per window.
 
 Within one step every window (1,152 of them in Open-1B's main batch) multiplies by the same
 weights: the CPU path's weight codes (``linear.weight_codes_cpu``: the steps, the int8 codes
 and the clipped positions) and the weight's rotation for dX (``rotate_quantize_cols_cpu`` of
 w_hat) are functions of the weight alone, ~0.1 s of every windowed layer on 2 cores of an
-AMX Xeon (``benchmarks/HISTORY.md``). Inside ``held()`` - the trainer opens it around a
-step's gradient, where the parameters are only read - each is made on the first window and
-reused by the others.
+AMX Xeon (``benchmarks/HISTORY.md``); so are the LM head weight's int8 slices, both ways
+(the forward's by rows, dh's by columns: ``open1b_kernels.ops.lmhead``'s ``weight=``) and
+their column sums for the head's check, ~0.45 s of a window there. Inside ``held()`` - the
+trainer opens it around a step's gradient, where the parameters are only read - each is
+made on the first window and reused by the others.
 
 Why a reuse cannot serve a wrong value:
 - nothing outlives the scope: ``held()`` empties the memo on the way out, whatever happens
@@ -19,7 +21,8 @@ Why a reuse cannot serve a wrong value:
   are computed, never what (tests compare memo on and off bit for bit, across windows).
 
 It holds the int8 codes and the rotated codes of every linear weight: ~2 bytes per weight
-element, 1.1 GB for Open-1B's 24 layers, counted in the resident plan's estimate
+element, 1.1 GB for Open-1B's 24 layers, and the head weight's slices both ways: 6 bytes per
+element at three slices, 1.6 GB - counted in the resident plan's estimate
 (``open1b_train.memory.memplan``); the lean plan, built to stay under 16 GB, does not open it.
 Nothing here is read from a file or a run's publication: the memo only holds what this
 process computed from the weights it holds.

@@ -56,6 +56,7 @@ from __future__ import annotations
 import torch
 
 from open1b_kernels.core.backend import HAVE_TRITON, use_triton
+from open1b_kernels.int8 import weightmemo
 from open1b_kernels.int8.route import CHECKED, int_gemm_route
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from open1b_kernels.core.workspace import release, scratch
@@ -140,15 +141,39 @@ def combine_cpu(t: torch.Tensor, ea: torch.Tensor, eb: torch.Tensor,
     return torch.where(bad, torch.full_like(y, float("nan")), y)
 
 
-def _level_slices(x: torch.Tensor, slices: int, name: str, descending: bool) -> LevelSlices:
+def _level_slices(x: torch.Tensor, slices: int, name: str | None, descending: bool
+                  ) -> LevelSlices:
     """``x``'s slices in the level-ready layout: by the compiled slicer, or (without it) the
-    torch slicer's planes arranged so - the same values either way."""
+    torch slicer's planes arranged so - the same values either way. ``name``: the scratch
+    buffer, or None for a buffer of their own."""
     got = LevelSlices.make(x, slices, name, descending)
     return got if got is not None else LevelSlices.from_planes(*slice_rows_cpu(x, slices),
                                                                name, descending)
 
 
-def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torch.Tensor:
+def _weight_slices(b: torch.Tensor, weight: torch.Tensor, slices: int) -> LevelSlices:
+    """The b side's slices where ``b`` is ``weight`` or its transpose: outside
+    ``weightmemo.held()`` sliced as any operand; inside it, sliced into a buffer of their
+    own by the step's first window and reused by its others (``weightmemo``: keyed by the
+    weight, its version and which way ``b`` reads it; a weight written in place is sliced
+    again). At Open-1B's head both ways are 1.6 GB of int8, counted in the resident
+    plan's estimate (``open1b_train.memory.memplan``); measured, they saved ~0.25 s of a
+    window's slicing and ~0.1 s of its checks' column sums (BENCHMARKS.md)."""
+    ways = {"rows": weight, "cols": weight.t()}
+    way = next((n for n, v in ways.items() if b.data_ptr() == v.data_ptr()
+                and b.shape == v.shape and b.stride() == v.stride()), None)
+    if way is None:
+        raise ValueError(f"ozaki_mm: weight= must be b itself or its transpose, got b "
+                         f"{tuple(b.shape)} strides {b.stride()} for a weight "
+                         f"{tuple(weight.shape)} strides {weight.stride()}")
+    if not weightmemo.active():
+        return _level_slices(b, slices, "lmhead.slices_b", True)
+    return weightmemo.get(weight, f"lmhead.slices{slices}.{way}",
+                          lambda: _level_slices(b, slices, None, True))
+
+
+def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES,
+                 weight: torch.Tensor | None = None) -> torch.Tensor:
     """CPU reference of ``ozaki_mm``: T of step 2 computed exactly, then ``combine_cpu``'s
     rounding, blocked so the temporaries stay small.
 
@@ -162,7 +187,11 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     every way, checked by ``lmhead_check``.
     ``fp32(T * 2^(Ea - bias_a) * 2^(Eb - bias_b))`` then equals ``combine_cpu``'s
     ``fp32(float64(T) * 2^(Ea + Eb - bias))``: the power-of-two multiplies are exact in
-    float64, and one rounding to float32 follows."""
+    float64, and one rounding to float32 follows.
+
+    ``weight``: ``b`` is this weight or its transpose (the head's ``w``): inside
+    ``weightmemo.held()`` its slices (and their column sums) are made by a step's first
+    window and reused by the others while the weight is unchanged (``_weight_slices``)."""
     _check(a, b, slices)
     route = int_gemm_route() if a.device.type == "cpu" else "float"
     if route in CHECKED and _narrow_transposed(a, b):
@@ -170,8 +199,9 @@ def ozaki_mm_cpu(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torc
     r, k = a.shape
     c = b.shape[0]
     if r and c and k:
-        sa, sb = (_level_slices(a, slices, "lmhead.slices_a", False),
-                  _level_slices(b, slices, "lmhead.slices_b", True))
+        sa = _level_slices(a, slices, "lmhead.slices_a", False)
+        sb = (_weight_slices(b, weight, slices) if weight is not None
+              else _level_slices(b, slices, "lmhead.slices_b", True))
         ea, eb = sa.exps, sb.exps
     else:
         _, ea = slice_rows_cpu(a, slices)
@@ -228,19 +258,20 @@ def _check(a: torch.Tensor, b: torch.Tensor, slices: int) -> None:
 
 
 def ozaki_mm(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES,
-             sparse_a: bool = False) -> torch.Tensor:
+             sparse_a: bool = False, weight: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ b.T`` for bf16/fp32 (R, K) and (C, K), fp32 out, same bits on every backend.
-    ``sparse_a``: a hint for the Triton path (``ozaki_mm_triton``); the bits do not change."""
+    ``sparse_a``: a hint for the Triton path (``ozaki_mm_triton``); ``weight``: ``b`` is
+    that weight or its transpose (``ozaki_mm_cpu``); the bits do not change."""
     _check(a, b, slices)
     if use_triton(a):
         return ozaki_mm_triton(a, b, slices, sparse_a)
-    return ozaki_mm_cpu(a, b, slices)
+    return ozaki_mm_cpu(a, b, slices, weight)
 
 
 # ------------------------------------------------------------------- the op
 def lmhead_forward(h: torch.Tensor, w: torch.Tensor, slices: int = SLICES) -> torch.Tensor:
     """logits (M, V) fp32 = h (M, K) @ w (V, K)^T."""
-    logits = ozaki_mm(h, w, slices)
+    logits = ozaki_mm(h, w, slices, weight=w)
     release("lmhead.")  # the CPU path's slice buffers: the backward slices other operands
     return logits
 
@@ -252,7 +283,7 @@ def lmhead_backward(dlogits: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
     ``sparse_a``; the same bits either way)."""
     # dlogits' rows have a mostly zero top slice (probabilities far below the row's largest
     # entry); its columns, which dw slices, do not (benchmarks.kernels.lmhead_tiles)
-    grads = (ozaki_mm(dlogits, w.t(), slices, sparse_a=sparse_dlogits),
+    grads = (ozaki_mm(dlogits, w.t(), slices, sparse_a=sparse_dlogits, weight=w),
              ozaki_mm(dlogits.t(), h.t(), slices))
     release("lmhead.")  # the CPU path's slice buffers (GBs at a full vocabulary): a step's
     return grads        # last use of them - the optimizer and the layers need the memory

@@ -89,9 +89,10 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
     made: dict[tuple, object] = {}       # the sparse slices' nonzeros (``sparse_product``)
     for c0 in range(0, c, col_block):
         cs = slice(c0, c0 + col_block)
-        # with one row block each b operand is used once: built when used, into one buffer
-        # (all of them at once are twice the slices: 1.6 GB for the head weight's
-        # transpose); with several, a level's chunk operand is kept for the column block
+        # with one row block each b operand of the library's GEMM is used once: built when
+        # used, into one buffer (all of them at once are twice the slices: 1.6 GB for the
+        # head weight's transpose); with several, a level's chunk operand is kept for the
+        # column block - on the tiles each chunk's run of slices, packed once (``tile_b``)
         kept: dict[tuple, torch.Tensor] = {}
         made = {key: got for key, got in made.items() if key[0] == "a"}  # b's: this block's
         for r0 in range(0, r, row_block):
@@ -106,7 +107,8 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
                 levels = [(runs.get(q.a) or amxmm.pack(operand(sa, q.a, rs, q, whole,
                                                                f"lmhead.lv_a{n}"),
                                                        False, f"lmhead.lv_pa{n}"),
-                           tile_b(sb, q, cs, whole, kept, once, n), int(q.weight).bit_length() - 1)
+                           tile_b(sb, q, products, cs, whole, kept),
+                           int(q.weight).bit_length() - 1)
                           for n, q in enumerate(products)]
                 got_r, got_c = amxmm.product_levels(levels, rowf[rs], colf[cs], out[rs, cs])
                 rows_got[rs] += got_r
@@ -131,7 +133,7 @@ def int_blocks(sa: LevelSlices, sb: LevelSlices, rowf: torch.Tensor, colf: torch
                     if once:
                         bl = operand(sb, q.b, cs, q, whole, "lmhead.op_b")
                     elif tiles:
-                        bl = tile_b(sb, q, cs, whole, kept, once, n)
+                        bl = tile_b(sb, q, products, cs, whole, kept)
                     else:
                         key = (q.b, q.k0)
                         if key not in kept:
@@ -168,19 +170,34 @@ def fused(p, products: list[Product]) -> bool:
             and all(q.cols is None and not q.sparse and not q.add for q in products))
 
 
-def tile_b(sb: LevelSlices, q: Product, cols: slice, whole: bool, kept: dict, once: bool,
-           n: int) -> amxmm.Packed:
-    """``q``'s B operand on the tiles, packed from one reused copy: kept for the column
-    block's other row blocks (``kept``, by its slices and contraction range) unless the
-    block has one row block (``once``: packed into the level's own buffer, ``n``)."""
-    if once:
-        return amxmm.pack(operand(sb, q.b, cols, q, whole, "lmhead.op_b"), True,
-                          f"lmhead.lv_b{n}")
-    key = (q.b, q.k0)
-    if key not in kept:
-        kept[key] = amxmm.pack(operand(sb, q.b, cols, q, whole, "lmhead.op_b"), True,
+def tile_b(sb: LevelSlices, q: Product, products: list[Product], cols: slice, whole: bool,
+           kept: dict) -> amxmm.Packed:
+    """``q``'s B operand on the tiles: a window (``amxmm.window``) of its contraction chunk's
+    run of b slices - the store positions the chunk's dense products read, packed once and
+    kept for the column block's row blocks (``kept``, by chunk) - so the forward's level
+    runs [w3|w2|w1], [w2|w1], [w1] of the head weight's slices are packed once instead of
+    three times, half the bytes packed and kept; its own packing where its slices are not
+    one run of the store or the window cannot be read so."""
+    at, key = sb.run_at(q.b), ("run", q.k0, q.k1)
+    if at is not None and key not in kept:
+        runs = [sb.run_at(p.b) for p in products
+                if p.cols is None and not p.sparse and (p.k0, p.k1) == (q.k0, q.k1)]
+        lo = min(r.start for r in runs if r is not None)
+        hi = max(r.stop for r in runs if r is not None)
+        run = (sb.span(slice(lo, hi), cols) if whole else
+               level_copy(sb, sb.slices_at(slice(lo, hi)), cols, q.k0, q.k1, "lmhead.op_b"))
+        kept[key] = (amxmm.pack(run, True, f"lmhead.op_b{len(kept)}"), lo)
+    if at is not None:
+        packed, lo = kept[key]
+        width = q.k1 - q.k0
+        got = amxmm.window(packed, (at.start - lo) * width, (at.stop - at.start) * width)
+        if got is not None:
+            return got
+    own = ("own", q.b, q.k0)
+    if own not in kept:
+        kept[own] = amxmm.pack(operand(sb, q.b, cols, q, whole, "lmhead.op_b"), True,
                                f"lmhead.op_b{len(kept)}")
-    return kept[key]
+    return kept[own]
 
 
 def a_windows(sa: LevelSlices, products: list[Product], rows: slice, k: int

@@ -119,21 +119,26 @@ class LevelSlices:
         self.store, self.exps, self.by_cols, self.descending = store, exps, by_cols, descending
         n = store.shape[0] if by_cols else store.shape[1]
         self.planes = [self._at(self._pos(i, n)) for i in range(n)]
+        self._col_sums: list[torch.Tensor] | None = None
 
     @classmethod
-    def make(cls, x: torch.Tensor, slices: int, name: str, descending: bool
+    def make(cls, x: torch.Tensor, slices: int, name: str | None, descending: bool
              ) -> LevelSlices | None:
-        out = scratch(name, (slices * x.numel(),), torch.int8)
+        """``x`` sliced into the scratch buffer ``name``, or (``name`` None) into a buffer
+        of its own: slices kept past the call (the head weight's, ``weightmemo``)."""
+        out = (scratch(name, (slices * x.numel(),), torch.int8) if name is not None
+               else torch.empty((slices * x.numel(),), dtype=torch.int8))
         got = slice_store(x, slices, out, descending)
         return None if got is None else cls(got[0], got[1], got[2], descending)
 
     @classmethod
-    def from_planes(cls, planes: torch.Tensor, exps: torch.Tensor, name: str,
+    def from_planes(cls, planes: torch.Tensor, exps: torch.Tensor, name: str | None,
                     descending: bool) -> LevelSlices:
         """The planes (S, R, K) of ``slice_rows_cpu`` copied into the row-interleaved
-        layout (R, S, K): the same values."""
+        layout (R, S, K): the same values (``name`` None: a buffer of its own)."""
         s, r, k = planes.shape
-        store = scratch(name, (r, s, k), torch.int8)
+        store = (scratch(name, (r, s, k), torch.int8) if name is not None
+                 else torch.empty((r, s, k), dtype=torch.int8))
         for i in range(s):
             store[:, s - 1 - i if descending else i] = planes[i]
         return cls(store, exps, False, descending)
@@ -172,6 +177,10 @@ class LevelSlices:
             return None
         return slice(pos[0], pos[0] + len(pos))
 
+    def slices_at(self, span: slice) -> list[int]:
+        """The slices (1-based) at the store's positions ``span``, in store order."""
+        return [self._pos(p, len(self.planes)) + 1 for p in range(span.start, span.stop)]
+
     def gather(self, i: int, rows: slice, cols: torch.Tensor, name: str) -> torch.Tensor:
         """Slice ``i`` (1-based) of the rows ``rows`` at the contraction columns ``cols``:
         (n, len(cols)), a copy into the scratch buffer ``name`` (contiguous, or for a
@@ -198,7 +207,15 @@ class LevelSlices:
         return part.reshape(part.shape[0], count * part.shape[2])
 
     def col_sums(self) -> list[torch.Tensor]:
-        """Each slice's exact int64 column sums (K,), slice order, from one pass."""
+        """Each slice's exact int64 column sums (K,), slice order, from one pass - made
+        once per object: kept slices (the head weight's, held across a step's windows)
+        are summed by their first check only. The slices are never written after
+        ``make``, so the sums stay theirs."""
+        if self._col_sums is None:
+            self._col_sums = self._sums()
+        return self._col_sums
+
+    def _sums(self) -> list[torch.Tensor]:
         s, k = len(self.planes), self.planes[0].shape[1]
         flat = self.store.view(s * k, -1).t() if self.by_cols else self.store.view(-1, s * k)
         sums = col_sums(flat)                                         # (S K,) by position

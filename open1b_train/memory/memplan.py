@@ -126,7 +126,8 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str, kept: int = 0) -> int:
     when dp_shard > 1. resident adds both moments (8 per slot), the micro-batch's gradient
     dict (4 per parameter), every layer's saved activations and int8 weight codes, the
     logits and dlogits with the loss's full-size temporaries (about 5 x 4 bytes per token
-    per vocabulary entry), the weights' rotated dX codes a step keeps (``weightmemo``), the
+    per vocabulary entry), the weights' rotated dX codes and the head weight's slices a step
+    keeps (``weightmemo``), the
     AdamW temporaries of the largest parameter, a checkpoint's bytes held in memory,
     attention's and the linears' working sets; TreeFold partials when dp_replicate > 1
     (log2 R + 1). lean adds every layer's input with its attention's output and log-sum-exp
@@ -167,8 +168,10 @@ def estimate(cfg: TrainConfig, tokens: int, plan: str, kept: int = 0) -> int:
     if plan == "resident":
         head = 5 * 4 * tokens * m.vocab
         # a step of several micro-batches keeps each weight's rotated dX codes (int8) for
-        # the whole step (open1b_kernels.int8.weightmemo; its codes are in ``layer``)
-        memo = m.n_layers * d * (2 * hq + 2 * hkv + 3 * f)
+        # the whole step (open1b_kernels.int8.weightmemo; its codes are in ``layer``), and
+        # the LM head weight's int8 slices both ways (the forward's rows, dh's columns)
+        memo = (m.n_layers * d * (2 * hq + 2 * hkv + 3 * f)
+                + 2 * m.lmhead_slices * m.vocab * d)
         return (base + 2 * flat + 4 * sum(s.numel for s in specs) + m.n_layers * layer
                 + head + 10 * largest + params + 2 * flat + fold + attention + linears
                 + memo + RUNTIME)
