@@ -334,9 +334,12 @@ def main() -> None:
                 f"{t['recompute']:.2f} | {t['backward']:.2f} | "
                 f"{t.get('resident_memo_off', t['resident']):.2f} | {t['resident']:.2f} | "
                 f"{t['lean']:.2f} |" for w, t in layers.items()]
+        memo = head.get("memo_at_4096")
         rows.append(f"| LM head + loss, {head['tokens']} tokens | {head['forward']:.1f} | - | "
                     f"{head['backward']:.1f} | {head['at_4096']:.1f} (x "
-                    f"{SEQ // head['tokens']}, at {SEQ:,} tokens) | the same | the same |")
+                    f"{SEQ // head['tokens']}, at {SEQ:,} tokens) | "
+                    + (f"{memo:.1f} (the weight's slices held)" if memo is not None
+                       else "the same") + " | the same |")
         runs = [f"{name}: {t['runs']}" for name, t in [*layers.items(), ("head", head)]
                 if "runs" in t]
         lines += [
