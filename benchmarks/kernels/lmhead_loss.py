@@ -9,7 +9,9 @@ slice GEMMs), once as now and once as before (the same bits, checked here): on t
 float route the S = 3 two-GEMM form (``CPU_S3_TWO_GEMMS``) against the six slice
 products, on the integer routes the plan with its sparse pairs (``lmhead_plan.SPARSE_MAX``,
 where the VNNI loop runs; ``PAIR_SPARSE_MAX`` on the pair route, where the AVX2 or VNNI loop
-runs) against the dense plan. Anchor: torch float32
+runs) against the dense plan; and ours as a step's later window meets it inside the weight
+memo (``open1b_kernels.int8.weightmemo``: the head weight's slices both ways and their
+column sums made by the scope's first window, timed on its second). Anchor: torch float32
 ``F.linear`` + ``F.cross_entropy`` forward and backward (to h and w) of the same shape.
 Alternating, median of ``--repeats`` after one warm-up; ratio = torch time / ours.
 Freed memory is kept for reuse as the trainer's process keeps it (``keep_freed_memory``,
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 from benchmarks.machine import LoadLog, describe
 from open1b_train.memory.allocator import keep_freed_memory
 from open1b_kernels.core.backend import force
-from open1b_kernels.int8 import route
+from open1b_kernels.int8 import route, weightmemo
 from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops import lmhead_plan
 from open1b_kernels.ops.xent import xent_backward, xent_forward
@@ -62,6 +64,14 @@ def main(tokens, repeats, out, fresh_pages):
                 return (loss, *lm.lmhead_backward(dl, h, w, 3))
         return run
 
+    def memo():
+        # the scope's first window makes the weight's values, its second is timed
+        with weightmemo.held():
+            ours(True)()
+            t0 = time.perf_counter()
+            got = ours(True)()
+            return got, time.perf_counter() - t0
+
     def anchor():
         hh = h32.clone().requires_grad_(True)
         ww = w32.clone().requires_grad_(True)
@@ -71,16 +81,18 @@ def main(tokens, repeats, out, fresh_pages):
     sparse_max, pair_sparse_max = lmhead_plan.SPARSE_MAX, lmhead_plan.PAIR_SPARSE_MAX
     before = ("ours before (six slice products)" if route.int_gemm_route() == "float"
               else "ours before (no sparse pairs: the dense plan)")
-    sides = {"ours": ours(True), before: ours(False), "torch fp32 F.linear + cross_entropy": anchor}
+    held = "ours, a step's later window (the head weight's slices held: `weightmemo`)"
+    sides = {"ours": ours(True), held: memo, before: ours(False),
+             "torch fp32 F.linear + cross_entropy": anchor}
     res = {k: f() for k, f in sides.items()}
     same = all(torch.equal(a.view(torch.int32), b.view(torch.int32))
-               for a, b in zip(res["ours"], res[before]))
+               for other in (res[before], res[held][0]) for a, b in zip(res["ours"], other))
     times = {k: [] for k in sides}
     for i in range(repeats):
         for k, f in sides.items():
             t0 = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t0)
+            got = f()
+            times[k].append(got[1] if k == held else time.perf_counter() - t0)
             print(f"run {i} {k}: {times[k][-1]:.2f} s", flush=True)
         load.sample(f"run {i}")
     lm.CPU_S3_TWO_GEMMS, lmhead_plan.SPARSE_MAX = True, sparse_max
@@ -92,7 +104,8 @@ def main(tokens, repeats, out, fresh_pages):
              f"\nMachine: {describe()}. {tokens} tokens x {D} -> {V:,} columns, forward + "
              f"backward (dh, dw); median of {repeats} alternating runs; freed memory "
              f"{'kept for reuse (as the trainer keeps it)' if kept else 'returned (fresh pages)'}"
-             f". Ours and ours before give the same bits: {same}.\n",
+             f". Ours, ours in the memo's later window and ours before give the same bits: "
+             f"{same}; the memo's window against ours: **{med['ours'] / med[held]:.2f}x**.\n",
              "| side | median s | runs | ratio torch / side |", "|---|---|---|---|"]
     for k, v in med.items():
         lines.append(f"| {k} | {v:.2f} | {', '.join(f'{x:.2f}' for x in times[k])} | "
