@@ -6,7 +6,7 @@ and the clipped positions) and the weight's rotation for dX (``rotate_quantize_c
 w_hat) are functions of the weight alone, ~0.1 s of every windowed layer on 2 cores of an
 AMX Xeon (``benchmarks/HISTORY.md``); so are the LM head weight's int8 slices, both ways
 (the forward's by rows, dh's by columns: ``open1b_kernels.ops.lmhead``'s ``weight=``) and
-their column sums for the head's check, ~0.45 s of a window there. Inside ``held()`` - the
+their column sums for the head's check, ~0.3 s of a window there. Inside ``held()`` - the
 trainer opens it around a step's gradient, where the parameters are only read - each is
 made on the first window and reused by the others.
 
