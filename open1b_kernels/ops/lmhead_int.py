@@ -180,10 +180,9 @@ def tile_b(sb: LevelSlices, q: Product, products: list[Product], cols: slice, wh
     one run of the store or the window cannot be read so."""
     at, key = sb.run_at(q.b), ("run", q.k0, q.k1)
     if at is not None and key not in kept:
-        runs = [sb.run_at(p.b) for p in products
-                if p.cols is None and not p.sparse and (p.k0, p.k1) == (q.k0, q.k1)]
-        lo = min(r.start for r in runs if r is not None)
-        hi = max(r.stop for r in runs if r is not None)
+        runs = [r for r in (sb.run_at(p.b) for p in products if p.cols is None
+                            and not p.sparse and (p.k0, p.k1) == (q.k0, q.k1)) if r is not None]
+        lo, hi = min(r.start for r in runs), max(r.stop for r in runs)
         run = (sb.span(slice(lo, hi), cols) if whole else
                level_copy(sb, sb.slices_at(slice(lo, hi)), cols, q.k0, q.k1, "lmhead.op_b"))
         kept[key] = (amxmm.pack(run, True, f"lmhead.op_b{len(kept)}"), lo)

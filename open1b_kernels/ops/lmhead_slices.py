@@ -108,6 +108,12 @@ def _slice(x: torch.Tensor, slices: int, out: torch.Tensor, descending: bool | N
     return (out.view(r, slices, k) if interleave else out.view(slices, r, k)), exps, by_cols
 
 
+def _buffer(name: str | None, shape: tuple[int, ...]) -> torch.Tensor:
+    """An int8 store for slices: the scratch buffer ``name``, or (None) one of its own."""
+    return (scratch(name, shape, torch.int8) if name is not None
+            else torch.empty(shape, dtype=torch.int8))
+
+
 class LevelSlices:
     """The S slices of ``x`` (R, K) in the level-ready layout (module docstring), the
     exponents in ``exps``; ``planes[i]`` is slice i + 1 as an (R, K) view. ``make`` slices
@@ -126,9 +132,7 @@ class LevelSlices:
              ) -> LevelSlices | None:
         """``x`` sliced into the scratch buffer ``name``, or (``name`` None) into a buffer
         of its own: slices kept past the call (the head weight's, ``weightmemo``)."""
-        out = (scratch(name, (slices * x.numel(),), torch.int8) if name is not None
-               else torch.empty((slices * x.numel(),), dtype=torch.int8))
-        got = slice_store(x, slices, out, descending)
+        got = slice_store(x, slices, _buffer(name, (slices * x.numel(),)), descending)
         return None if got is None else cls(got[0], got[1], got[2], descending)
 
     @classmethod
@@ -137,8 +141,7 @@ class LevelSlices:
         """The planes (S, R, K) of ``slice_rows_cpu`` copied into the row-interleaved
         layout (R, S, K): the same values (``name`` None: a buffer of its own)."""
         s, r, k = planes.shape
-        store = (scratch(name, (r, s, k), torch.int8) if name is not None
-                 else torch.empty((r, s, k), dtype=torch.int8))
+        store = _buffer(name, (r, s, k))
         for i in range(s):
             store[:, s - 1 - i if descending else i] = planes[i]
         return cls(store, exps, False, descending)
