@@ -27,7 +27,7 @@ import click
 import torch
 import torch.nn.functional as F
 
-from benchmarks.machine import LoadLog, describe
+from benchmarks.machine import LoadLog, describe, simd_flags
 from open1b_train.memory.allocator import keep_freed_memory
 from open1b_kernels.core.backend import force
 from open1b_kernels.int8 import route, weightmemo
@@ -101,7 +101,8 @@ def main(tokens, repeats, out, fresh_pages):
     t_anchor = med["torch fp32 F.linear + cross_entropy"]
     lines = [f"\n## {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC - "
              f"`python -m benchmarks.kernels.lmhead_loss {' '.join(sys.argv[1:])}`",
-             f"\nMachine: {describe()}. {tokens} tokens x {D} -> {V:,} columns, forward + "
+             f"\nMachine: {describe()}; CPU flags: {simd_flags()}. {tokens} tokens x {D} -> "
+             f"{V:,} columns, forward + "
              f"backward (dh, dw); median of {repeats} alternating runs; freed memory "
              f"{'kept for reuse (as the trainer keeps it)' if kept else 'returned (fresh pages)'}"
              f". Ours, ours in the memo's later window and ours before give the same bits: "
