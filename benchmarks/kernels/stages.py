@@ -8,7 +8,9 @@ The linear (``open1b_kernels.int8.linear``'s CPU path, the calls of
 ``linear_int8_backward_cpu`` one by one) at Open-1B's shapes for ``--tokens``: gate|up
 (2,048 -> 11,264), down (5,632 -> 2,048) and q|o (2,048 -> 2,048): the four rotations and
 quantizations, the dX and dW GEMMs with their dequantization and checks, the STE and the
-LSQ tree, and the whole backward; beside them the route's bare int8 GEMM of the dX product.
+LSQ tree (today in one pass, each block of the term's tree summed as it is made, beside the
+term written and summed after: ``FUSED_STE`` off, before 2026-12-07), and the whole
+backward; beside them the route's bare int8 GEMM of the dX product.
 Side by side with today's three rotations along the columns (the weight's columns for
 dX, the gradient's and the input codes' for dW: ``rotate_quantize_cols_cpu``'s fused pass,
 each strip of columns through L2 once) the way before it (``FUSED_COLS`` off: a float32
@@ -61,6 +63,8 @@ def _off(module, switch: str):
 # the columns' rotations before the fused pass (``FUSED_COLS`` off: the tiles into a float32
 # copy, then the codes' sweep)
 _tiles = _off(quantize, "FUSED_COLS")
+# the STE's term written, then summed by the tree (``FUSED_STE`` off), as before 2026-12-07
+_ste_apart = _off(quantize, "FUSED_STE")
 
 
 def _second_pass(fn):
@@ -107,6 +111,8 @@ def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:
     for way, off in (("the fused pass", _tiles), ("the tiles' dequantization", _second_pass)):
         if not all(torch.equal(a, b) for a, b in zip(off(backward)(), now)):
             raise SystemExit(f"the backward differs with {way} off: not comparable")
+    if not all(torch.equal(a, b) for a, b in zip(_ste_apart(backward)(), now)):
+        raise SystemExit("the backward differs with the STE's term apart: not comparable")
     if not torch.equal(forward().view(torch.int16), _second_pass(forward)().view(torch.int16)):
         raise SystemExit("the forward differs with the tiles' dequantization off: not comparable")
     dx_gemm = lambda: lin.exact_dequant_cpu(qa, qb.t(), sa, sb, torch.float32)  # noqa: E731
@@ -123,8 +129,12 @@ def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:
         "dW GEMM in slabs": dw_gemm,
         "dW GEMM in slabs (second pass, before)": _second_pass(dw_gemm),
         "STE + term": lambda: lin.ste_cpu(dx_hat, x, sx, want_term=True, out_bf16=True),
+        "STE + the term's tree sum": lambda: quantize.ste_term_sum_cpu(dx_hat, x, sx),
+        "STE + the term's tree sum (term apart, before)": _ste_apart(
+            lambda: quantize.ste_term_sum_cpu(dx_hat, x, sx)),
         "whole backward": backward,
         "whole backward (before)": _tiles(backward),
+        "whole backward (term apart, before)": _ste_apart(backward),
         "whole backward (second pass, before)": _second_pass(backward),
         "whole forward": forward,
         "whole forward (second pass, before)": _second_pass(forward),
@@ -137,6 +147,10 @@ def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:
     rows = [f"| {m} x {k} -> {n} | {name} | {t:.1f} |" for name, t in ms.items()]
     pairs = [(name, f"{name} (tiles, before)", name) for name in rotations] + [
         ("whole backward", "whole backward (before)", "whole backward")] + [
+        ("STE + the term's tree sum, fused", "STE + the term's tree sum (term apart, before)",
+         "STE + the term's tree sum"),
+        ("whole backward, the STE's term fused", "whole backward (term apart, before)",
+         "whole backward")] + [
         (f"{name}, tiles' dequantization", f"{name} (second pass, before)", name)
         for name in ("dX GEMM + dequant + check", "dW GEMM in slabs", "whole backward",
                      "whole forward")]

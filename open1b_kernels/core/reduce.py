@@ -98,6 +98,15 @@ def _tree_1d_compiled(x: torch.Tensor) -> torch.Tensor | None:
     src, out = flat(x), flat(partials)
     parallel(lambda lo, hi, k: LOOPS.tree_blocks(src, out, n, TREE_BLOCK, lo, hi, k),
              partials.numel(), grain=8)
+    return tree_of_partials(partials)
+
+
+def tree_of_partials(partials: torch.Tensor) -> torch.Tensor:
+    """The blockable tree's levels above its blocks: ``partials`` (float32 on the CPU, a
+    power of two of them, each the tree sum of one aligned block of the zero-padded vector,
+    ``tree_blocks``' form) summed by the same tree, as a 0-d tensor - the compiled loop's
+    callers' (``_tree_1d_compiled``; the quantizer's STE, which sums its blocks as it makes
+    them). Needs the compiled loop."""
     while partials.numel() > 1:       # P / B partials: a power of two, summed by the tree
         m = partials.numel()
         b = min(m, TREE_BLOCK)

@@ -1,9 +1,9 @@
 /* open1b_kernels.int8.quantize's CPU passes, compiled: the rotate-then-quantize of a column
  * block (rotq: fill, butterflies, scale, column extremes; widen_t: a transposed bf16
  * source), the rotation's steps (rot_steps) and codes (codes), the same in one pass per
- * strip of columns (rotq_codes; the rows' pass is _rotrows.c), the per-row quantizer (quant)
- * and the straight-through estimator (ste). Float work is the torch code's IEEE float32
- * operations in its order (-ffp-contract=off); the rest are maxima, integer and bit
+ * strip of columns (rotq_codes; the rows' pass is _rotrows.c) and the per-row quantizer
+ * (quant); its straight-through estimator is _ste.c's. Float work is the torch code's IEEE
+ * float32 operations in its order (-ffp-contract=off); the rest are maxima, integer and bit
  * operations - the same bits, in any cut of the rows or columns. */
 #include "../core/_ext.h"
 
@@ -613,66 +613,6 @@ static PyObject *py_codes(PyObject *self, PyObject *args) {
     return FINISH(ok, "codes: inconsistent shapes or row range", &y, &div, &out);
 }
 
-/* The quantizer's straight-through estimator (open1b_kernels.int8.quantize.ste_cpu) for rows
- * [r0, r1) of (R, C): v = x / div[row] (div one per row, or one for all when per_row is 0),
- * inside = -127 <= v <= 127, dx = bf16_rne(inside ? g : 0); with `term`, the LSQ term
- * (inside ? rne(clamp(v)) - v : clamp(v)) * g. x is bf16 bits or float32. */
-/* One row of ste_loop; the flags are constants at each call below, so every variant is a
- * branch-free loop that vectorizes (a flag tested inside the loop kept it scalar). */
-static inline void ste_row(const float *gr, const void *x, int x_bf16, float d, uint16_t *o,
-                           float *tr, Py_ssize_t C) {
-    for (Py_ssize_t c = 0; c < C; c++) {
-        float xv = x_bf16 ? from_bits((uint32_t)((const uint16_t *)x)[c] << 16)
-                          : ((const float *)x)[c];
-        float v = xv / d;
-        int inside = (v >= -127.0f) & (v <= 127.0f);
-        o[c] = bf16_rne1(inside ? gr[c] : 0.0f);
-        if (tr) {
-            float vc = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
-            float t = inside ? rintf(vc) - v : vc;
-            tr[c] = t * gr[c];
-        }
-    }
-}
-
-CLONES static void ste_loop(const float *g, const void *x, int x_bf16, const float *div,
-                            int per_row, uint16_t *dx, float *term, Py_ssize_t C,
-                            Py_ssize_t r0, Py_ssize_t r1) {
-    for (Py_ssize_t r = r0; r < r1; r++) {
-        float d = div[per_row ? r : 0];
-        const float *gr = g + r * C;
-        uint16_t *o = dx + r * C;
-        const void *xr = x_bf16 ? (const void *)((const uint16_t *)x + r * C)
-                                : (const void *)((const float *)x + r * C);
-        if (x_bf16 && term) ste_row(gr, xr, 1, d, o, term + r * C, C);
-        else if (x_bf16) ste_row(gr, xr, 1, d, o, NULL, C);
-        else if (term) ste_row(gr, xr, 0, d, o, term + r * C, C);
-        else ste_row(gr, xr, 0, d, o, NULL, C);
-    }
-}
-
-static PyObject *py_ste(PyObject *self, PyObject *args) {
-    (void)self;
-    int pieces = 1;
-    Py_buffer g, x, div, dx, term;
-    Py_ssize_t R, C, r0, r1;
-    int x_bf16, per_row;
-    if (!PyArg_ParseTuple(args, "y*y*py*pw*w*nnnn|i", &g, &x, &x_bf16, &div, &per_row, &dx, &term,
-                          &R, &C, &r0, &r1, &pieces))
-        return NULL;
-    int ok = R >= 0 && C >= 0 && 0 <= r0 && r0 <= r1 && r1 <= R && g.len == R * C * 4 &&
-             x.len == R * C * (x_bf16 ? 2 : 4) && div.len == (per_row ? R : 1) * 4 &&
-             dx.len == R * C * 2 && (term.len == 0 || term.len == R * C * 4);
-    ok = ok && PIECES_OK(pieces);
-    if (ok) {
-        Py_BEGIN_ALLOW_THREADS
-        FOR_PIECES(r0, r1, pieces, ste_loop(g.buf, x.buf, x_bf16, div.buf, per_row, dx.buf,
-                                            term.len ? term.buf : NULL, C, p_lo, p_hi));
-        Py_END_ALLOW_THREADS
-    }
-    return FINISH(ok, "ste: inconsistent shapes or row range", &g, &x, &div, &dx, &term);
-}
-
 EXT_METHODS(quantize) = {
     {"v4", py_v4, METH_VARARGS,
      "v4([on]): whether the x86-64-v4 copies run; on=0/1 switches them off/back on"},
@@ -698,7 +638,5 @@ EXT_METHODS(quantize) = {
     {"codes", py_codes, METH_VARARGS,
      "codes(y, div, clamp, out, transposed, R, C, r0, r1[, pieces]): its int8 codes of rows "
      "[r0, r1)."},
-    {"ste", py_ste, METH_VARARGS,
-     "ste(g, x, x_bf16, div, per_row, dx, term, R, C, r0, r1[, pieces]): the quantizer's STE."},
     {NULL, NULL, 0, NULL},
 };

@@ -67,7 +67,8 @@ from open1b_kernels.int8.quantize import (BLOCK_K, BLOCK_R, FLT_MIN, HADAMARD_BL
                               Q_MAX, RND, ROT_ROWS, SLAB, codes_, quantize, quantize_cpu,
                               rotate_quantize, rotate_quantize_cols_cpu,
                               rotate_quantize_dim0_cpu, row_absmax_step,
-                              row_absmax_step_cpu, safe_step, ste, ste_cpu)
+                              row_absmax_step_cpu, safe_step, ste, ste_cpu,
+                              ste_term_sum_cpu)
 from open1b_kernels.core.reduce import tree_sum, tree_sum_cpu
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from open1b_kernels.core.workspace import scratch
@@ -217,9 +218,11 @@ def linear_int8_backward_cpu(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     qa2, sa2 = rotate_quantize_cols_cpu(dy, "linear.codes_g", transposed=True)
     qb2, sb2 = rotate_quantize_cols_cpu(q_x, "linear.codes_x")                    # (Mp, K)
     dw = _dw_cpu(qa2, qb2.t(), sa2, sb2 * sx, outside, dw_dtype)
-    dx, term = ste_cpu(dx_hat, x, sx, want_term=True, out_bf16=True)
+    # dx and the tree sum of the LSQ term (ste_cpu's term, summed as tree_sum_cpu sums it
+    # flattened) in one pass: the term's M x K floats are never written
+    dx, term_sum = ste_term_sum_cpu(dx_hat, x, sx)
     g = float(torch.tensor(1.0 / math.sqrt(m * k * Q_MAX), dtype=torch.float32))
-    ds = tree_sum_cpu(term.reshape(-1), 0) * g
+    ds = term_sum * g
     return dx, dw, ds.reshape(s_x.shape)
 
 

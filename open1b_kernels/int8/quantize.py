@@ -36,6 +36,8 @@ import torch
 
 from open1b_kernels.core.mathc import PARALLEL_MIN, Loops, flat, none
 from open1b_kernels.core.pieces import parallel
+from open1b_kernels.core.reduce import LOOPS as REDUCE_LOOPS
+from open1b_kernels.core.reduce import TREE_BLOCK, next_pow2, tree_of_partials, tree_sum_cpu
 from open1b_kernels.core.backend import HAVE_TRITON, LAUNCH_OPTIONS, interpreting, use_triton
 from open1b_kernels.int8.hadamard import hadamard, hadamard_dim0_cpu_, inv_sqrt, padded_width
 from open1b_kernels.int8.gemm import bf16_operand, bf16_rne
@@ -69,6 +71,10 @@ STRIP = 128
 # gradient 2.7x. False: the tiles and the codes' sweep (the same bits; tests, and the
 # benchmark's side by side).
 FUSED_COLS = True
+# ``ste_term_sum_cpu`` in one compiled pass (``ste_sums`` in _ste.c: each aligned block of
+# the term's tree summed as it is made) - False: the STE's term written, then summed by
+# ``tree_sum_cpu`` (the same bits; the benchmark's side by side).
+FUSED_STE = True
 
 
 def _l2_bytes(default: int = 1 << 20) -> int:
@@ -154,6 +160,19 @@ def ste_cpu(g: torch.Tensor, x: torch.Tensor, step: torch.Tensor, want_term: boo
     # for a zero rne: -0 - (-0) = +0 - (-0) = +0 and -0 - v = +0 - v for v != 0.
     t = torch.where(inside, vc.round().sub_(v), vc)
     return dx, t.mul_(g)
+
+
+def ste_term_sum_cpu(g: torch.Tensor, x: torch.Tensor, step: torch.Tensor):
+    """(bf16 dx, the LSQ term's pairwise tree sum as a 0-d float32): ``ste_cpu(g, x, step,
+    True, True)`` with ``tree_sum_cpu`` of its term flattened in place of the term - what a
+    linear's backward needs for its scale's gradient. Compiled, one pass by aligned blocks
+    of the tree, each block's term summed while it is in cache (the term's R x K floats
+    never written and read back); the same operations, so the same bits."""
+    fast = _ste_sums_compiled(g, x, safe_step(step.reshape(-1)))
+    if fast is not None:
+        return fast
+    dx, term = ste_cpu(g, x, step, True, True)
+    return dx, tree_sum_cpu(term.reshape(-1), 0)
 
 
 def rotate_quantize_dim0_cpu(y: torch.Tensor, name: str, fill=None):
@@ -283,6 +302,33 @@ def _ste_compiled(g: torch.Tensor, x: torch.Tensor, div: torch.Tensor, want_term
             term.reshape(-1).numpy())
     parallel(lambda lo, hi, p: LOOPS.ste(*args, r, c, lo, hi, p), r, grain=16)
     return dx, (term if want_term else None)
+
+
+def _ste_sums_compiled(g: torch.Tensor, x: torch.Tensor, div: torch.Tensor):
+    """``ste_term_sum_cpu`` by the compiled loop (``ste_sums``: the blocks of the term's tree
+    that hold values, cut among the threads; the padding's blocks sum to +0.0 as
+    ``tree_blocks`` gives them), then the tree over the blocks' partials; None where a loop
+    is unavailable or the operands do not fit (fewer than one block of values)."""
+    if (not (FUSED_STE and LOOPS.available() and REDUCE_LOOPS.available())
+            or g.device.type != "cpu"
+            or g.dtype != torch.float32 or x.dtype not in (torch.bfloat16, torch.float32)
+            or g.dim() != 2 or g.shape != x.shape or g.numel() < TREE_BLOCK
+            or not (g.is_contiguous() and x.is_contiguous())):
+        return None
+    r, c = g.shape
+    d = div.reshape(-1).to(torch.float32).contiguous()
+    if d.numel() not in (1, r):
+        return None
+    n = r * c
+    dx = torch.empty((r, c), dtype=torch.bfloat16)
+    partials = torch.zeros(next_pow2(n) // TREE_BLOCK, dtype=torch.float32)
+    xs = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+    args = (g.reshape(-1).numpy(), xs.reshape(-1).numpy(), x.dtype == torch.bfloat16,
+            d.numpy(), d.numel() == r and r != 1, dx.view(torch.int16).reshape(-1).numpy(),
+            partials.numpy())
+    parallel(lambda lo, hi, p: LOOPS.ste_sums(*args, r, c, TREE_BLOCK, lo, hi, p),
+             -(-n // TREE_BLOCK), grain=8)
+    return dx, tree_of_partials(partials)
 
 
 def _rotate_cols_compiled(kind: int, src: torch.Tensor, row_scale: torch.Tensor | None,

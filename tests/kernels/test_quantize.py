@@ -406,3 +406,65 @@ def test_compiled_ste_and_bf16_rounding_equal_the_torch_code(monkeypatch, x_dtyp
     for (dx, t), (dx_w, t_w) in zip(got, want):
         assert torch.equal(dx.view(torch.int16), dx_w.view(torch.int16))
         assert (t is None and t_w is None) or torch.equal(t.view(torch.int32), t_w.view(torch.int32))
+
+
+@needs_loops
+@pytest.mark.parametrize("per_row", [True, False])
+def test_ste_with_its_terms_tree_sum_gives_the_definitions_bits(monkeypatch, per_row):
+    """``ste_term_sum_cpu`` - the STE's dx with its term summed block by block of the tree as
+    it is made, the term never written - against ``ste_cpu``'s term summed by the torch tree
+    (OPEN1B_MATHC=0): bits of dx and of the sum. Shapes whose rows cross the tree's blocks
+    (a row of 4,099 and of 1,500 values), a last block partly past the values (the padding's
+    +0.0 inside it) and whole padding blocks, exactly one block, a sum a block of -0.0 terms
+    ends in (a tree that skipped the padding's +0.0 keeps -0.0), a NaN, a vector too short
+    for a block (the torch path). A block cut one value off, a run given another row's
+    divisor, or a last block's tree cut to its values (no padding) each fails it (tried)."""
+    from open1b_kernels.core.reduce import TREE_BLOCK, tree_sum_cpu
+    from open1b_kernels.int8.quantize import _ste_sums_compiled, safe_step, ste_cpu
+    from open1b_kernels.int8.quantize import ste_term_sum_cpu
+
+    g = torch.Generator().manual_seed(46)
+    cases = []
+    for r, c in ((7, 4099), (11, 1500), (2, TREE_BLOCK // 2), (3, 5), (40, 1000)):
+        step = torch.rand(r if per_row else 1, generator=g) * 0.1 + 0.01
+        x = (torch.randn(r, c, generator=g) * 3.0).to(torch.bfloat16)
+        grad = torch.randn(r, c, generator=g) * 10.0 ** torch.randint(-30, 30, (r, c),
+                                                                       generator=g).float()
+        cases.append((grad, x, step))
+    grad, x, step = cases[1]
+    nan = grad.clone()
+    nan[5, 7] = float("nan")
+    cases.append((nan, x, step))
+    # every term -0.0 (x = 0: rne(0) - 0 = +0.0, times a -0.0 gradient), 3 whole blocks and
+    # 64 values of a 4th, no block of padding alone: the definition's sum is +0.0 (the
+    # padding's +0.0 inside the 4th block), not -0.0
+    cases.append((torch.full((4, 3088), -0.0), torch.zeros(4, 3088, dtype=torch.bfloat16),
+                  torch.full((4 if per_row else 1,), 0.05)))
+    got = [ste_term_sum_cpu(*case) for case in cases]
+    assert [_ste_sums_compiled(grad, x, safe_step(step)) is not None
+            for grad, x, step in cases] == [True, True, True, False, True, True, True]
+    monkeypatch.setenv("OPEN1B_MATHC", "0")
+    for (grad, x, step), (dx, total) in zip(cases, got):
+        dx_w, term = ste_cpu(grad, x, step, want_term=True, out_bf16=True)
+        want = tree_sum_cpu(term.reshape(-1), 0)
+        assert torch.equal(dx.view(torch.int16), dx_w.view(torch.int16))
+        assert total.shape == () and total.view(torch.int32) == want.view(torch.int32)
+    assert got[-1][1].view(torch.int32) == 0               # +0.0
+
+
+@needs_loops
+def test_ste_sums_loop_refuses_inconsistent_buffers():
+    """The fused STE's loop checks its block size, block range and buffers against the shape
+    before touching them."""
+    f = mathc.flat
+    g, x = torch.zeros(3, 4000), torch.zeros(3, 4000, dtype=torch.bfloat16)
+    div, dx, partials = torch.ones(1), torch.empty(3, 4000, dtype=torch.bfloat16), torch.empty(4)
+    good = [f(g), f(x.view(torch.int16)), True, f(div), False, f(dx.view(torch.int16)),
+            f(partials), 3, 4000, 4096, 0, 3]
+    quantize.LOOPS.ste_sums(*good)
+    for i, bad in ((8, 4001), (9, 4095), (9, 1 << 21), (11, 4), (10, 4), (6, f(torch.empty(3))),
+                   (4, True)):
+        args = list(good)        # C, B (not a power of two, too big), b1, b0 > b1, partials,
+        args[i] = bad            # per-row divisors for one
+        with pytest.raises(ValueError, match="ste_sums"):
+            quantize.LOOPS.ste_sums(*args)
