@@ -14,7 +14,12 @@ B by TILELOADDT1, the next chunk's tiles loaded as the products free them, its s
 every 16 chunks: the product's loop itself, included). Beside them, in
 this process, the tile product itself (``amxmm.product`` of packed operands, the linears'
 shapes at 4,096 tokens) on one thread and on every usable core. Each figure is stated as a
-share of the anchor measured in the same run. Needs an AMX-INT8 CPU (``amxmm.available()``).
+share of the anchor measured in the same run. Every operand is pseudo-random bytes, as the
+GEMMs' codes are: the tiles' rate depends on the values - the register and pass rates with
+zero operands are printed too (on the AMX Xeon VM, 2026-12-07: the pass 1.24-1.37x faster
+on zeros; the register rate about the same). Before 2026-12-07 the anchor ran on ones and
+the blocks on a regular pattern. The product's own side is random codes throughout. Needs
+an AMX-INT8 CPU (``amxmm.available()``).
 """
 from __future__ import annotations
 
@@ -39,7 +44,9 @@ CASES = {"registers": "operands in the tile registers (the anchor)",
          "a_l1_b_l2_carried": "the same, sums carried every 8 chunks",
          "l2": "2 x 2 block, both from L2 (512 + 512 KB)",
          "beyond_l2": "2 x 2 block, beyond L2 (704 KB + 1.4 MB)",
-         "pass": "the product's pass: A in L1, B from L2 (32 KB, 512 KB), carried every 16"}
+         "pass": "the product's pass: A in L1, B from L2 (32 KB, 512 KB), carried every 16",
+         "registers_zeros": "operands in the tile registers, zeros",
+         "pass_zeros": "the product's pass, zeros"}
 SHAPES = ((4096, 2048, 2048), (4096, 2048, 11264), (4096, 11264, 2048), (4096, 5632, 2048))
 
 
