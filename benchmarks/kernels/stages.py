@@ -37,7 +37,7 @@ import torch
 from benchmarks.machine import alternating_medians, report_end, report_head
 from open1b_kernels.core.backend import force
 from open1b_kernels.int8 import linear as lin
-from open1b_kernels.int8 import amxmm, gemm, quantize, route
+from open1b_kernels.int8 import amxmm, gemm, quantize, route, ste
 from open1b_kernels.ops import lmhead as lm
 from open1b_kernels.ops.xent import xent_backward, xent_forward
 from open1b_train.memory.allocator import keep_freed_memory
@@ -64,7 +64,7 @@ def _off(module, switch: str):
 # copy, then the codes' sweep)
 _tiles = _off(quantize, "FUSED_COLS")
 # the STE's term written, then summed by the tree (``FUSED_STE`` off), as before 2026-12-07
-_ste_apart = _off(quantize, "FUSED_STE")
+_ste_apart = _off(ste, "FUSED_STE")
 
 
 def _second_pass(fn):
@@ -129,9 +129,9 @@ def _linear_rows(m: int, k: int, n: int, repeats: int) -> list[str]:
         "dW GEMM in slabs": dw_gemm,
         "dW GEMM in slabs (second pass, before)": _second_pass(dw_gemm),
         "STE + term": lambda: lin.ste_cpu(dx_hat, x, sx, want_term=True, out_bf16=True),
-        "STE + the term's tree sum": lambda: quantize.ste_term_sum_cpu(dx_hat, x, sx),
+        "STE + the term's tree sum": lambda: ste.ste_term_sum_cpu(dx_hat, x, sx),
         "STE + the term's tree sum (term apart, before)": _ste_apart(
-            lambda: quantize.ste_term_sum_cpu(dx_hat, x, sx)),
+            lambda: ste.ste_term_sum_cpu(dx_hat, x, sx)),
         "whole backward": backward,
         "whole backward (before)": _tiles(backward),
         "whole backward (term apart, before)": _ste_apart(backward),

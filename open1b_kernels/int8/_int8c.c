@@ -16,6 +16,7 @@ EXT_TABLE(amxmm);
 EXT_TABLE(amxpack);
 
 EXT_MODULE(_int8c, "Compiled CPU loops of open1b_kernels/int8 (exact: the torch code's bits).",
-           {open1b_hadamard_methods, open1b_quantize_methods, open1b_ste_methods, open1b_rotrows_methods,
-            open1b_gemm_methods, open1b_checksum_methods, open1b_route_methods,
-            open1b_pairmm_methods, open1b_amxmm_methods, open1b_amxpack_methods})
+           {open1b_hadamard_methods, open1b_quantize_methods, open1b_ste_methods,
+            open1b_rotrows_methods, open1b_gemm_methods, open1b_checksum_methods,
+            open1b_route_methods, open1b_pairmm_methods, open1b_amxmm_methods,
+            open1b_amxpack_methods})

@@ -1,4 +1,4 @@
-/* open1b_kernels.int8.quantize's straight-through estimator, compiled: the quantizer's dx
+/* open1b_kernels.int8.ste's straight-through estimator, compiled: the quantizer's dx
  * and its LSQ term per element (ste), or dx with the term's pairwise tree sum instead of the
  * term (ste_sums: the scale's gradient needs only that sum). Float work is the torch code's
  * IEEE float32 operations in its order (-ffp-contract=off), element by element - the same
@@ -47,7 +47,7 @@ CLONES static void ste_run(const float *g, const void *x, int x_bf16, const floa
     else ste_row(g + e, xe, 0, d, dx + e, NULL, n);
 }
 
-/* open1b_kernels.int8.quantize.ste_cpu for rows [r0, r1) of (R, C): dx, and the term where
+/* open1b_kernels.int8.ste.ste_cpu for rows [r0, r1) of (R, C): dx, and the term where
  * `term` is given. */
 static void ste_loop(const float *g, const void *x, int x_bf16, const float *div, int per_row,
                      uint16_t *dx, float *term, Py_ssize_t C, Py_ssize_t r0, Py_ssize_t r1) {

@@ -67,8 +67,8 @@ from open1b_kernels.int8.quantize import (BLOCK_K, BLOCK_R, FLT_MIN, HADAMARD_BL
                               Q_MAX, RND, ROT_ROWS, SLAB, codes_, quantize, quantize_cpu,
                               rotate_quantize, rotate_quantize_cols_cpu,
                               rotate_quantize_dim0_cpu, row_absmax_step,
-                              row_absmax_step_cpu, safe_step, ste, ste_cpu,
-                              ste_term_sum_cpu)
+                              row_absmax_step_cpu, safe_step)
+from open1b_kernels.int8.ste import ste, ste_cpu, ste_term_sum_cpu  # noqa: F401
 from open1b_kernels.core.reduce import tree_sum, tree_sum_cpu
 from open1b_kernels.core.registry import Cost, GpuCheck, scaled, seeded_generator
 from open1b_kernels.core.workspace import scratch

@@ -59,7 +59,8 @@ LOOPS = {
                                  "sparse_quads", "sparse_mm", "sparse_loop"},
     "open1b_kernels.int8._int8c": {"fwht_dim0", "rotq", "rotq_rows", "rotq_codes", "widen_t", "quant",
                                    "rot_steps",
-                                   "codes", "ste", "v4", "v3", "dequant", "bf16_rne",
+                                   "codes", "ste", "ste_sums", "v4", "v3", "dequant",
+                                   "bf16_rne",
                                    "int_sums", "mv_int8", "widen_sq", "pack", "product",
                                    "product64", "round", "pair_cpu",
                                    # the AMX tile GEMM (int8/_amxmm.c)

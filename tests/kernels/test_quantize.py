@@ -7,6 +7,7 @@ import torch
 
 from open1b_kernels.core import backend, mathc
 from open1b_kernels.int8 import hadamard, linear as linear_int8, quantize, rotrows
+from open1b_kernels.int8 import ste as ste_mod
 from tests.kernels.support import bits, needs_interpreter, same_bits
 from tests.kernels.support import needs_loops
 
@@ -49,9 +50,9 @@ def test_ste_parity(want_term, out_bf16):
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
     for xt, step in ((x.to(torch.bfloat16), tensor), (x, rows)):
         with backend.force("cpu"):
-            ref = quantize.ste(g, xt, step, want_term, out_bf16)
+            ref = ste_mod.ste(g, xt, step, want_term, out_bf16)
         with backend.force("triton"):
-            got = quantize.ste(g, xt, step, want_term, out_bf16)
+            got = ste_mod.ste(g, xt, step, want_term, out_bf16)
         for r, o in zip(ref, got):
             assert (r is None and o is None) or torch.equal(bits(r), bits(o))
 
@@ -259,9 +260,10 @@ def test_rotate_quantize_rows_is_the_stage_order_and_the_scale():
 
 def test_linear_int8_keeps_exporting_the_quantizers():
     for name in ("quantize", "quantize_cpu", "rotate_quantize", "row_absmax_step",
-                 "row_absmax_step_cpu", "ste", "ste_cpu", "Q_MAX", "RND", "INV_127",
-                 "HADAMARD_BLOCK"):
+                 "row_absmax_step_cpu", "Q_MAX", "RND", "INV_127", "HADAMARD_BLOCK"):
         assert getattr(linear_int8, name) is getattr(quantize, name), name
+    for name in ("ste", "ste_cpu", "ste_term_sum_cpu"):
+        assert getattr(linear_int8, name) is getattr(ste_mod, name), name
 
 
 @pytest.mark.parametrize("kind", [0, 2, 3])
@@ -379,12 +381,12 @@ def test_compiled_quantizer_equals_torch(dtype, per_row, monkeypatch):
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("per_row", [True, False])
 def test_compiled_ste_and_bf16_rounding_equal_the_torch_code(monkeypatch, x_dtype, per_row):
-    """The linear's straight-through estimator (open1b_kernels.int8.quantize.ste_cpu) and the
+    """The linear's straight-through estimator (open1b_kernels.int8.ste.ste_cpu) and the
     float32 -> bf16 rounding (open1b_kernels.int8.gemm.bf16_rne) compiled vs the torch code: codes
     clipped on both sides, exact +-127 and .5 ties of v, a zero step, subnormal and huge
     gradients, NaN."""
     from open1b_kernels.int8.gemm import bf16_rne
-    from open1b_kernels.int8.quantize import ste_cpu
+    from open1b_kernels.int8.ste import ste_cpu
 
     g = torch.Generator().manual_seed(9)
     r, c = 33, 257
@@ -420,8 +422,8 @@ def test_ste_with_its_terms_tree_sum_gives_the_definitions_bits(monkeypatch, per
     for a block (the torch path). A block cut one value off, a run given another row's
     divisor, or a last block's tree cut to its values (no padding) each fails it (tried)."""
     from open1b_kernels.core.reduce import TREE_BLOCK, tree_sum_cpu
-    from open1b_kernels.int8.quantize import _ste_sums_compiled, safe_step, ste_cpu
-    from open1b_kernels.int8.quantize import ste_term_sum_cpu
+    from open1b_kernels.int8.quantize import safe_step
+    from open1b_kernels.int8.ste import _ste_sums_compiled, ste_cpu, ste_term_sum_cpu
 
     g = torch.Generator().manual_seed(46)
     cases = []
@@ -461,10 +463,10 @@ def test_ste_sums_loop_refuses_inconsistent_buffers():
     div, dx, partials = torch.ones(1), torch.empty(3, 4000, dtype=torch.bfloat16), torch.empty(4)
     good = [f(g), f(x.view(torch.int16)), True, f(div), False, f(dx.view(torch.int16)),
             f(partials), 3, 4000, 4096, 0, 3]
-    quantize.LOOPS.ste_sums(*good)
+    ste_mod.LOOPS.ste_sums(*good)
     for i, bad in ((8, 4001), (9, 4095), (9, 1 << 21), (11, 4), (10, 4), (6, f(torch.empty(3))),
                    (4, True)):
         args = list(good)        # C, B (not a power of two, too big), b1, b0 > b1, partials,
         args[i] = bad            # per-row divisors for one
         with pytest.raises(ValueError, match="ste_sums"):
-            quantize.LOOPS.ste_sums(*args)
+            ste_mod.LOOPS.ste_sums(*args)

@@ -1,5 +1,5 @@
 """The fused dX GEMM + STE epilogue (open1b_kernels/int8/stegemm.py) gives the bits of the
-op-by-op form: int8_mm's dequantization, quantize.ste, and the tree of the LSQ term."""
+op-by-op form: int8_mm's dequantization, ste.ste, and the tree of the LSQ term."""
 import pytest
 import torch
 
@@ -7,7 +7,7 @@ from open1b_kernels.core.backend import force
 from open1b_kernels.core.reduce import tree_sum
 from open1b_kernels.int8 import stegemm
 from open1b_kernels.int8.gemm import int8_mm
-from open1b_kernels.int8.quantize import ste
+from open1b_kernels.int8.ste import ste
 from tests.kernels.support import bits, needs_triton
 
 
