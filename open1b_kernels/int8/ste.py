@@ -72,25 +72,34 @@ def ste_term_sum_cpu(g: torch.Tensor, x: torch.Tensor, step: torch.Tensor):
     return dx, tree_sum_cpu(term.reshape(-1), 0)
 
 
-def _ste_compiled(g: torch.Tensor, x: torch.Tensor, div: torch.Tensor, want_term: bool):
-    """``ste_cpu`` with bf16 dx by the compiled loop - the same float32 operations (division,
-    comparisons, clamp, round half to even, subtraction, product) - for contiguous (R, C)
-    float32 ``g`` and bf16/float32 ``x``, ``div`` the safe step per row (R,) or for all
-    (1,): (dx bf16, term float32 or None), or None when unavailable."""
-    if (not LOOPS.available() or g.device.type != "cpu"
-            or g.dtype != torch.float32 or x.dtype not in (torch.bfloat16, torch.float32)
-            or g.dim() != 2 or g.shape != x.shape or not (g.is_contiguous() and x.is_contiguous())):
+def _loop_operands(g: torch.Tensor, x: torch.Tensor, div: torch.Tensor):
+    """(R, C, the loops' leading arguments: g, x, whether x is bf16, div, whether div is per
+    row) for contiguous (R, C) float32 ``g`` and bf16/float32 ``x`` on the CPU with ``div``
+    the safe step per row (R,) or for all (1,), or None where they do not fit the loops."""
+    if (g.device.type != "cpu" or g.dtype != torch.float32
+            or x.dtype not in (torch.bfloat16, torch.float32) or g.dim() != 2
+            or g.shape != x.shape or not (g.is_contiguous() and x.is_contiguous())):
         return None
     r, c = g.shape
     d = div.reshape(-1).to(torch.float32).contiguous()
     if d.numel() not in (1, r):
         return None
+    xs = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+    return r, c, (g.reshape(-1).numpy(), xs.reshape(-1).numpy(), x.dtype == torch.bfloat16,
+                  d.numpy(), d.numel() == r and r != 1)
+
+
+def _ste_compiled(g: torch.Tensor, x: torch.Tensor, div: torch.Tensor, want_term: bool):
+    """``ste_cpu`` with bf16 dx by the compiled loop - the same float32 operations (division,
+    comparisons, clamp, round half to even, subtraction, product): (dx bf16, term float32
+    or None), or None when the loop is unavailable or the operands do not fit it."""
+    got = _loop_operands(g, x, div) if LOOPS.available() else None
+    if got is None:
+        return None
+    r, c, lead = got
     dx = torch.empty((r, c), dtype=torch.bfloat16)
     term = torch.empty((r, c)) if want_term else torch.empty(0)
-    xs = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
-    args = (g.reshape(-1).numpy(), xs.reshape(-1).numpy(), x.dtype == torch.bfloat16,
-            d.numpy(), d.numel() == r and r != 1, dx.view(torch.int16).reshape(-1).numpy(),
-            term.reshape(-1).numpy())
+    args = (*lead, dx.view(torch.int16).reshape(-1).numpy(), term.reshape(-1).numpy())
     parallel(lambda lo, hi, p: LOOPS.ste(*args, r, c, lo, hi, p), r, grain=16)
     return dx, (term if want_term else None)
 
@@ -100,23 +109,15 @@ def _ste_sums_compiled(g: torch.Tensor, x: torch.Tensor, div: torch.Tensor):
     that hold values, cut among the threads; the padding's blocks sum to +0.0 as
     ``tree_blocks`` gives them), then the tree over the blocks' partials; None where a loop
     is unavailable or the operands do not fit (fewer than one block of values)."""
-    if (not (FUSED_STE and LOOPS.available() and REDUCE_LOOPS.available())
-            or g.device.type != "cpu"
-            or g.dtype != torch.float32 or x.dtype not in (torch.bfloat16, torch.float32)
-            or g.dim() != 2 or g.shape != x.shape or g.numel() < TREE_BLOCK
-            or not (g.is_contiguous() and x.is_contiguous())):
+    fits = FUSED_STE and LOOPS.available() and REDUCE_LOOPS.available()
+    got = _loop_operands(g, x, div) if fits and g.numel() >= TREE_BLOCK else None
+    if got is None:
         return None
-    r, c = g.shape
-    d = div.reshape(-1).to(torch.float32).contiguous()
-    if d.numel() not in (1, r):
-        return None
+    r, c, lead = got
     n = r * c
     dx = torch.empty((r, c), dtype=torch.bfloat16)
     partials = torch.zeros(next_pow2(n) // TREE_BLOCK, dtype=torch.float32)
-    xs = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
-    args = (g.reshape(-1).numpy(), xs.reshape(-1).numpy(), x.dtype == torch.bfloat16,
-            d.numpy(), d.numel() == r and r != 1, dx.view(torch.int16).reshape(-1).numpy(),
-            partials.numpy())
+    args = (*lead, dx.view(torch.int16).reshape(-1).numpy(), partials.numpy())
     parallel(lambda lo, hi, p: LOOPS.ste_sums(*args, r, c, TREE_BLOCK, lo, hi, p),
              -(-n // TREE_BLOCK), grain=8)
     return dx, tree_of_partials(partials)
